@@ -1,0 +1,95 @@
+/// The contracts between the stages of the audio path.
+///
+/// Capture side: an `AudioSource` (ALSA `Recorder`, `ToneSource`, `WAVFileSource`) produces chunks of frames that a
+/// consumer thread reads and hands on (packetize → send). Playback side: an `AudioSink` (ALSA `Player`,
+/// `WAVFileSink`) pulls exactly the frames its clock needs from an `AudioRenderer` (jitter buffer → conceal →
+/// resample). The relay assembles these in one place (`MeshRelay`).
+
+/// Where a chunk of captured frames sits in the capture stream.
+public struct ChunkInfo: Sendable, Equatable {
+    /// Index, in frames since the source started, of the chunk's first frame.
+    public var firstFrameIndex: UInt64
+    /// Frames in the chunk.
+    public var frames: Int
+    /// Monotonic time (`CLOCK_MONOTONIC`, nanoseconds) at which the chunk's first frame was captured, as well as
+    /// the source can tell.
+    public var timestampNanos: UInt64
+
+    public init(firstFrameIndex: UInt64, frames: Int, timestampNanos: UInt64) {
+        self.firstFrameIndex = firstFrameIndex
+        self.frames = frames
+        self.timestampNanos = timestampNanos
+    }
+}
+
+/// Counters every device and its file siblings keep. All are readable from any thread.
+public struct AudioStats: Sendable, Equatable {
+    /// Frames captured from the device (sources) or taken from the renderer (sinks).
+    public var framesIn: UInt64 = 0
+    /// Frames handed to the consumer (sources) or written to the device (sinks).
+    public var framesOut: UInt64 = 0
+    /// Under- and overruns recovered with `snd_pcm_recover`.
+    public var xruns: UInt64 = 0
+    /// Frames dropped because the consumer did not keep up (sources only).
+    public var overflowFrames: UInt64 = 0
+    /// The device's current delay (`snd_pcm_delay`) in frames; 0 for file siblings.
+    public var delayFrames: Int = 0
+
+    public init() {}
+}
+
+/// A producer of captured audio, clocked in real time.
+///
+/// `start()` begins capture on the source's own thread; `read(into:timeoutNanos:)` is called by exactly one
+/// consumer thread and returns the next chunk, or `nil` on timeout or after `stop()`.
+public protocol AudioSource: AnyObject, Sendable {
+    /// The format of the frames `read` produces.
+    var format: AudioFormat { get }
+    /// Frames per chunk (the device period).
+    var periodFrames: Int { get }
+    /// Starts the capture thread.
+    func start() throws
+    /// Stops capture; a blocked `read` returns `nil`.
+    func stop()
+    /// Copies the next chunk's interleaved samples into `buffer` (which holds at least
+    /// `periodFrames * format.channels` samples) and describes it.
+    func read(into buffer: UnsafeMutableBufferPointer<Float>, timeoutNanos: UInt64) -> ChunkInfo?
+    /// A snapshot of the counters.
+    var stats: AudioStats { get }
+}
+
+/// Timing facts handed to a renderer on each pull.
+public struct RenderContext: Sendable {
+    /// Frames requested.
+    public var frames: Int
+    /// Frames already queued in the device ahead of this block (`snd_pcm_delay`), 0 for files.
+    public var deviceDelayFrames: Int
+    /// Monotonic time of the pull, nanoseconds.
+    public var nowNanos: UInt64
+
+    public init(frames: Int, deviceDelayFrames: Int, nowNanos: UInt64) {
+        self.frames = frames
+        self.deviceDelayFrames = deviceDelayFrames
+        self.nowNanos = nowNanos
+    }
+}
+
+/// The upstream stage of a sink. Called on the sink's real-time thread: it must not allocate, lock, log or
+/// touch Foundation. It fills exactly `context.frames` interleaved frames.
+public protocol AudioRenderer: AnyObject, Sendable {
+    func render(into buffer: UnsafeMutableBufferPointer<Float>, context: RenderContext)
+}
+
+/// A consumer of audio clocked in real time that pulls from an `AudioRenderer`.
+public protocol AudioSink: AnyObject, Sendable {
+    /// The format the sink plays.
+    var format: AudioFormat { get }
+    /// Frames per pull.
+    var periodFrames: Int { get }
+    /// Starts the sink's thread, which pulls from `renderer` at the sink's pace.
+    func start(renderer: any AudioRenderer) throws
+    /// Stops pulling and flushes (WAV files are finalized).
+    func stop()
+    /// A snapshot of the counters.
+    var stats: AudioStats { get }
+}

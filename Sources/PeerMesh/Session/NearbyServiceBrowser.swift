@@ -1,0 +1,92 @@
+import Foundation
+import Synchronization
+
+/// Receives a browser's events, as MC's `MCNearbyServiceBrowserDelegate`. Called on the browser's queue, in order.
+public protocol NearbyServiceBrowserDelegate: AnyObject, Sendable {
+    /// A peer advertising the service appeared.
+    func browser(_ browser: NearbyServiceBrowser, foundPeer peer: PeerID, withDiscoveryInfo info: [String: String]?)
+    /// A peer went away.
+    func browser(_ browser: NearbyServiceBrowser, lostPeer peer: PeerID)
+    /// Browsing failed; the error says what to do.
+    func browser(_ browser: NearbyServiceBrowser, didNotStartBrowsingForPeers error: PeerMeshError)
+}
+
+public extension NearbyServiceBrowserDelegate {
+    func browser(_ browser: NearbyServiceBrowser, didNotStartBrowsingForPeers error: PeerMeshError) {}
+}
+
+/// Finds peers advertising a service type and invites them into sessions, as MC's `MCNearbyServiceBrowser`.
+public final class NearbyServiceBrowser: Sendable {
+    /// This peer (its own advertisement is ignored).
+    public let myPeerID: PeerID
+    /// The MC-style service type.
+    public let serviceType: String
+
+    private let discovery: any DiscoveryBackend
+    private let found = Mutex<[PeerID: DiscoveredPeer]>([:])
+    private let registration = Mutex<(any DiscoveryRegistration)?>(nil)
+    private let delegateBox = Mutex(WeakBrowserDelegate(nil))
+
+    /// Validates the service type. `discovery` defaults to `AvahiDiscovery`.
+    public init(peer: PeerID, serviceType: String, discovery: (any DiscoveryBackend)? = nil) throws(PeerMeshError) {
+        try DiscoveryValidation.validate(serviceType: serviceType)
+        myPeerID = peer
+        self.serviceType = serviceType
+        if let discovery { self.discovery = discovery } else { self.discovery = try AvahiDiscovery() }
+    }
+
+    deinit { stopBrowsingForPeers() }
+
+    /// The delegate, held weakly.
+    public var delegate: (any NearbyServiceBrowserDelegate)? {
+        get { delegateBox.withLock { $0.value } }
+        set { delegateBox.withLock { $0 = WeakBrowserDelegate(newValue) } }
+    }
+
+    /// Peers currently visible, with what discovery said of them.
+    public var foundPeers: [DiscoveredPeer] { found.withLock { Array($0.values) } }
+
+    /// Starts browsing. Found and lost events go to the delegate.
+    public func startBrowsingForPeers() throws(PeerMeshError) {
+        guard registration.withLock({ $0 == nil }) else { return }
+        let r = try discovery.browse(serviceType: serviceType, localPeer: myPeerID) { [weak self] event in
+            guard let self else { return }
+            switch event {
+            case .found(let p):
+                let isNew = self.found.withLock { f in
+                    let new = f[p.peer] == nil
+                    f[p.peer] = p
+                    return new
+                }
+                if isNew { self.delegate?.browser(self, foundPeer: p.peer, withDiscoveryInfo: p.discoveryInfo.isEmpty ? nil : p.discoveryInfo) }
+            case .lost(let peer):
+                let known = self.found.withLock { $0.removeValue(forKey: peer) != nil }
+                if known { self.delegate?.browser(self, lostPeer: peer) }
+            case .failed(let e):
+                self.delegate?.browser(self, didNotStartBrowsingForPeers: e)
+            }
+        }
+        registration.withLock { $0 = r }
+    }
+
+    /// Stops browsing. Peers already found are forgotten.
+    public func stopBrowsingForPeers() {
+        let r = registration.withLock { r in let old = r; r = nil; return old }
+        r?.cancel()
+        found.withLock { $0.removeAll() }
+    }
+
+    /// Invites a found peer into `session`. A timeout of 0 or less means 30 s. A decline or a timeout leaves the
+    /// peer `notConnected` in `session`, and the session's delegate hears why.
+    public func invitePeer(_ peer: PeerID, to session: Session, withContext context: Data?, timeout: Duration) throws(PeerMeshError) {
+        guard let p = found.withLock({ $0[peer] }), let endpoint = p.endpoints.first else {
+            throw .invalidParameter("invitePeer: \(peer) has not been found by this browser")
+        }
+        try session.core.invite(expected: peer, endpoint: endpoint, context: context, timeout: timeout)
+    }
+}
+
+private struct WeakBrowserDelegate {
+    weak var value: (any NearbyServiceBrowserDelegate)?
+    init(_ v: (any NearbyServiceBrowserDelegate)?) { value = v }
+}

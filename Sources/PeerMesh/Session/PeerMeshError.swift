@@ -1,0 +1,29 @@
+/// Every error PeerMesh throws. Each case's text names the rule that was broken or what to do.
+public enum PeerMeshError: Error, Equatable, Sendable, CustomStringConvertible {
+    /// A display name outside 1–63 UTF-8 bytes.
+    case invalidDisplayName(String)
+    /// A service type that breaks MC's rule.
+    case invalidServiceType(String)
+    /// Discovery info that breaks the size rules.
+    case invalidDiscoveryInfo(String)
+    /// An argument the call cannot take (empty data, empty peer list, oversize datagram, bad timeout…).
+    case invalidParameter(String)
+    /// A listed peer is not connected; nothing was sent.
+    case notConnected(String)
+    /// A socket call failed (bind, listen, connect…); the text carries `strerror`.
+    case transport(String)
+    /// The discovery daemon is missing or failed; the text says what to do.
+    case discovery(String)
+    /// The session was already shut down.
+    case sessionClosed
+
+    public var description: String {
+        switch self {
+        case .invalidDisplayName(let s), .invalidServiceType(let s), .invalidDiscoveryInfo(let s),
+             .invalidParameter(let s), .notConnected(let s), .transport(let s), .discovery(let s):
+            return s
+        case .sessionClosed:
+            return "the session has been shut down"
+        }
+    }
+}

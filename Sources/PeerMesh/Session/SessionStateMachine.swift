@@ -1,0 +1,292 @@
+/// Identifies one TCP connection inside a session. Assigned by the driver.
+typealias LinkID = Int
+
+/// Monotonic time in nanoseconds. The state machine never reads a clock: time is passed in, so tests run on
+/// virtual time.
+typealias Nanos = UInt64
+
+/// The session's protocol logic as a pure state machine: invitations, simultaneous invites, the peer limit,
+/// heartbeats, liveness, goodbye — and the per-peer state each report is derived from.
+///
+/// Each event is one `mutating` method returning the actions the driver must perform, in order. The machine does
+/// no I/O and never reads a clock. A peer may briefly have two links (during a simultaneous invite); the peer's
+/// reported state is the best of its links, so every change is reported exactly once, in order.
+struct SessionStateMachine: Sendable {
+    /// What the driver must do.
+    enum Action: Equatable {
+        /// Tell the app that `peer` is now in `state`.
+        case report(PeerID, SessionState)
+        /// Write `frame` on `link`.
+        case send(LinkID, ControlFrame)
+        /// Close `link`'s socket (after writing any frames queued before).
+        case close(LinkID)
+        /// `link` is connected: route datagrams to and from it.
+        case linkUp(LinkID, PeerID, remoteUDPPort: UInt16, remoteToken: UInt64)
+        /// `link` no longer carries datagrams.
+        case linkDown(LinkID)
+        /// Deliver a reliable message from `peer`.
+        case deliver(PeerID, [UInt8])
+        /// An invitation this session sent ended without a connection.
+        case invitationFailed(LinkID, PeerID?, DeclineReason)
+    }
+
+    /// Timing and limits.
+    struct Configuration: Equatable, Sendable {
+        var localPeer: PeerID
+        var maximumPeers: Int
+        var peerTimeout: Nanos
+        var heartbeatInterval: Nanos
+    }
+
+    private enum LinkState {
+        /// We invited; the peer has not said HELLO yet.
+        case inviting(expected: PeerID?, deadline: Nanos, localToken: UInt64)
+        /// We invited and know who answered; waiting for ACCEPT or DECLINE.
+        case awaitingReply(peer: PeerID, deadline: Nanos, localToken: UInt64)
+        /// Both sides agreed; data flows.
+        case connected(peer: PeerID, lastHeard: Nanos, nextHeartbeat: Nanos)
+    }
+
+    private let config: Configuration
+    private var links: [LinkID: LinkState] = [:]
+    /// The state last reported for each peer; absent means `notConnected`.
+    private var reported: [PeerID: SessionState] = [:]
+
+    init(configuration: Configuration) {
+        precondition(configuration.maximumPeers >= 2, "a session needs room for at least one remote peer")
+        precondition(configuration.heartbeatInterval > 0 && configuration.heartbeatInterval < configuration.peerTimeout)
+        config = configuration
+    }
+
+    // MARK: Queries
+
+    /// Peers whose state is `connected`.
+    var connectedPeers: [PeerID] { reported.filter { $0.value == .connected }.map(\.key) }
+
+    /// The state of `peer` as last reported.
+    func state(of peer: PeerID) -> SessionState { reported[peer] ?? .notConnected }
+
+    /// The link that carries `peer`'s reliable data: its oldest connected link.
+    func primaryLink(for peer: PeerID) -> LinkID? {
+        links.filter { if case .connected(let p, _, _) = $0.value { p == peer } else { false } }.keys.min()
+    }
+
+    /// Peers that count against the limit: connected or connecting, plus ourselves.
+    private var occupancy: Int { 1 + reported.count }
+
+    // MARK: Events
+
+    /// We opened `link` to invite a peer (known from discovery, or `nil` for a direct connect).
+    mutating func inviteStarted(link: LinkID, expected: PeerID?, context: [UInt8], timeout: Nanos,
+                                localUDPPort: UInt16, localToken: UInt64, now: Nanos) -> [Action] {
+        precondition(links[link] == nil, "link ids are unique")
+        if let expected, expected == config.localPeer { return [.close(link), .invitationFailed(link, expected, .unavailable)] }
+        if let expected, reported[expected] == .connected {
+            return [.close(link), .invitationFailed(link, expected, .alreadyConnected)]
+        }
+        if expected.map({ reported[$0] == nil }) ?? true, occupancy >= config.maximumPeers {
+            return [.close(link), .invitationFailed(link, expected, .peerLimit)]
+        }
+        links[link] = .inviting(expected: expected, deadline: now &+ timeout, localToken: localToken)
+        let invite = ControlFrame.InviteBody(context: context, timeoutMillis: UInt32(clamping: timeout / 1_000_000),
+                                             udpPort: localUDPPort, token: localToken)
+        var actions: [Action] = [.send(link, .hello(peer: config.localPeer)), .send(link, .invite(invite))]
+        if let expected { actions += refresh(expected) }
+        return actions
+    }
+
+    /// An advertiser handed us an invitation the app accepted into this session. `link` has already exchanged
+    /// HELLO and INVITE.
+    mutating func invitationAccepted(link: LinkID, from peer: PeerID, remoteUDPPort: UInt16, remoteToken: UInt64,
+                                     acceptUDPPort: UInt16, localToken: UInt64, now: Nanos) -> [Action] {
+        precondition(links[link] == nil, "link ids are unique")
+        func decline(_ r: DeclineReason) -> [Action] { [.send(link, .decline(r, r.description)), .close(link)] }
+        if peer == config.localPeer { return decline(.unavailable) }
+        if reported[peer] == .connected { return decline(.alreadyConnected) }
+        let pendingOutgoing = links.filter { (_, s) in
+            switch s {
+            case .inviting(let e, _, _): e == peer
+            case .awaitingReply(let p, _, _): p == peer
+            case .connected: false
+            }
+        }.map(\.key)
+        if !pendingOutgoing.isEmpty, config.localPeer.identity < peer.identity {
+            // Simultaneous invitations: the one sent by the lower identity wins, on both sides.
+            return decline(.simultaneousInvite)
+        }
+        if reported[peer] == nil, occupancy >= config.maximumPeers { return decline(.peerLimit) }
+        var actions: [Action] = []
+        if reported[peer] == nil {
+            // As in MC, the invitee passes through `connecting` while it answers.
+            reported[peer] = .connecting
+            actions.append(.report(peer, .connecting))
+        }
+        links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: now &+ config.heartbeatInterval)
+        actions += [.send(link, .accept(udpPort: acceptUDPPort, token: localToken)),
+                                 .linkUp(link, peer, remoteUDPPort: remoteUDPPort, remoteToken: remoteToken)]
+        // Our own pending invitation to the same peer lost the race: the peer will decline it.
+        actions += refresh(peer)
+        return actions
+    }
+
+    /// A frame arrived on `link`.
+    mutating func received(_ frame: ControlFrame, on link: LinkID, now: Nanos) -> [Action] {
+        guard let state = links[link] else { return [] }
+        switch (state, frame) {
+        case (.inviting(let expected, let deadline, let token), .hello(let peer)):
+            if let expected, expected != peer {
+                // A different peer now answers at that address: the advertisement was stale.
+                return drop(link, failure: (expected, .unavailable))
+            }
+            if peer == config.localPeer { return drop(link, failure: (peer, .unavailable)) }
+            if expected == nil, reported[peer] == .connected {
+                return drop(link, failure: (peer, .alreadyConnected))
+            }
+            links[link] = .awaitingReply(peer: peer, deadline: deadline, localToken: token)
+            return refresh(peer)
+        case (.awaitingReply(let peer, _, _), .accept(let udpPort, let token)):
+            if reported[peer] == .connected {
+                // Already connected through another link: keep that one.
+                links[link] = nil
+                return [.send(link, .goodbye), .close(link)]
+            }
+            links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: now &+ config.heartbeatInterval)
+            return [.linkUp(link, peer, remoteUDPPort: udpPort, remoteToken: token)] + refresh(peer)
+        case (.awaitingReply(let peer, _, _), .decline(let reason, _)):
+            return drop(link, failure: (peer, reason))
+        case (.connected(let peer, _, let next), .data(let bytes)):
+            links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
+            return [.deliver(peer, bytes)]
+        case (.connected(let peer, _, let next), .heartbeat):
+            links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
+            return []
+        case (.connected, .goodbye), (.awaitingReply, .goodbye):
+            return drop(link, failure: nil)
+        default:
+            // A frame that makes no sense in this state: the peer is broken. Close its link.
+            return drop(link, failure: failure(for: state, reason: .unavailable))
+        }
+    }
+
+    /// A datagram from the peer on `link` proves it is alive.
+    mutating func heardDatagram(on link: LinkID, now: Nanos) {
+        if case .connected(let peer, _, let next) = links[link] {
+            links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
+        }
+    }
+
+    /// `link`'s socket reached end-of-file or failed, or its byte stream was garbage.
+    mutating func linkClosed(_ link: LinkID) -> [Action] {
+        guard let state = links[link] else { return [] }
+        return drop(link, failure: failure(for: state, reason: .unavailable), sendGoodbye: false)
+    }
+
+    /// Time passed: send heartbeats, expire invitations and silent peers.
+    mutating func tick(now: Nanos) -> [Action] {
+        var actions: [Action] = []
+        for link in links.keys.sorted() {
+            guard let state = links[link] else { continue }
+            switch state {
+            case .inviting(let expected, let deadline, _) where now >= deadline:
+                actions += drop(link, failure: (expected, .timedOut))
+            case .awaitingReply(let peer, let deadline, _) where now >= deadline:
+                actions += drop(link, failure: (peer, .timedOut))
+            case .connected(let peer, let lastHeard, let next):
+                if now &- lastHeard >= config.peerTimeout {
+                    actions += drop(link, failure: nil, sendGoodbye: false)
+                } else if now >= next {
+                    links[link] = .connected(peer: peer, lastHeard: lastHeard, nextHeartbeat: now &+ config.heartbeatInterval)
+                    actions.append(.send(link, .heartbeat))
+                }
+            default:
+                break
+            }
+        }
+        return actions
+    }
+
+    /// The app disconnected: say goodbye on every link and report every peer `notConnected`.
+    mutating func disconnect() -> [Action] {
+        var actions: [Action] = []
+        for link in links.keys.sorted() {
+            let state = links[link]!
+            if case .connected = state { actions.append(.linkDown(link)) }
+            if case .inviting = state {} else { actions.append(.send(link, .goodbye)) }
+            actions.append(.close(link))
+            if let f = failure(for: state, reason: .unavailable) { actions.append(.invitationFailed(link, f.0, f.1)) }
+        }
+        links.removeAll()
+        for peer in reported.keys.sorted(by: { $0.identity < $1.identity }) { actions += refresh(peer) }
+        return actions
+    }
+
+    /// The next instant at which `tick` has work, for the driver's poll timeout.
+    func nextDeadline() -> Nanos? {
+        links.values.map { s -> Nanos in
+            switch s {
+            case .inviting(_, let d, _), .awaitingReply(_, let d, _): d
+            case .connected(_, let heard, let next): min(next, heard &+ config.peerTimeout)
+            }
+        }.min()
+    }
+
+    // MARK: Helpers
+
+    private func failure(for state: LinkState, reason: DeclineReason) -> (PeerID?, DeclineReason)? {
+        switch state {
+        case .inviting(let e, _, _): (e, reason)
+        case .awaitingReply(let p, _, _): (p, reason)
+        case .connected: nil
+        }
+    }
+
+    private mutating func drop(_ link: LinkID, failure: (PeerID?, DeclineReason)?, sendGoodbye: Bool = true) -> [Action] {
+        guard let state = links.removeValue(forKey: link) else { return [] }
+        var actions: [Action] = []
+        var peer: PeerID?
+        switch state {
+        case .inviting(let e, _, _): peer = e
+        case .awaitingReply(let p, _, _): peer = p
+        case .connected(let p, _, _):
+            peer = p
+            actions.append(.linkDown(link))
+        }
+        if sendGoodbye, case .connected = state { actions.append(.send(link, .goodbye)) }
+        actions.append(.close(link))
+        if let failure { actions.append(.invitationFailed(link, failure.0, failure.1)) }
+        if let peer { actions += refresh(peer) }
+        return actions
+    }
+
+    /// Recomputes `peer`'s state from its links and reports a change, exactly once.
+    private mutating func refresh(_ peer: PeerID) -> [Action] {
+        var best: SessionState = .notConnected
+        for state in links.values {
+            switch state {
+            case .connected(let p, _, _) where p == peer: best = .connected
+            case .awaitingReply(let p, _, _) where p == peer && best == .notConnected: best = .connecting
+            case .inviting(let e?, _, _) where e == peer && best == .notConnected: best = .connecting
+            default: break
+            }
+        }
+        let old = reported[peer] ?? .notConnected
+        guard best != old else { return [] }
+        reported[peer] = best == .notConnected ? nil : best
+        return [.report(peer, best)]
+    }
+}
+
+/// A peer's state in a session, as MultipeerConnectivity's `MCSessionState`.
+public enum SessionState: Sendable, Equatable, CustomStringConvertible {
+    case notConnected
+    case connecting
+    case connected
+
+    public var description: String {
+        switch self {
+        case .notConnected: "notConnected"
+        case .connecting: "connecting"
+        case .connected: "connected"
+        }
+    }
+}

@@ -1,0 +1,78 @@
+/// The header of every PeerMesh UDP datagram (20 bytes, big-endian):
+///
+/// | bytes | field |
+/// |---|---|
+/// | 0–1 | magic `PM` (0x50 0x4D) |
+/// | 2 | protocol version (1) |
+/// | 3 | kind: 1 data, 2 ping, 3 pong |
+/// | 4–11 | the receiver's link token, chosen by the receiver during the handshake |
+/// | 12–19 | the sender's per-link sequence number, starting at 1 |
+///
+/// A datagram whose magic, version, kind, token, sequence or source address does not match a connected peer is a
+/// stranger's: dropped and counted.
+struct DatagramHeader: Equatable, Sendable {
+    enum Kind: UInt8, Sendable { case data = 1, ping = 2, pong = 3 }
+
+    static let size = 20
+    static let magic0: UInt8 = 0x50
+    static let magic1: UInt8 = 0x4d
+
+    var kind: Kind
+    var token: UInt64
+    var sequence: UInt64
+
+    /// Writes the header into the first 20 bytes of `out`.
+    func write(to out: UnsafeMutableRawBufferPointer) {
+        precondition(out.count >= Self.size)
+        out[0] = Self.magic0; out[1] = Self.magic1; out[2] = peerMeshProtocolVersion; out[3] = kind.rawValue
+        for i in 0..<8 { out[4 + i] = UInt8((token >> UInt64(56 - 8 * i)) & 0xff) }
+        for i in 0..<8 { out[12 + i] = UInt8((sequence >> UInt64(56 - 8 * i)) & 0xff) }
+    }
+
+    enum DecodeError: Error, Equatable { case short, badMagic, badVersion, badKind }
+
+    /// Parses a header; pure, never traps.
+    static func decode(_ d: UnsafeRawBufferPointer) -> Result<DatagramHeader, DecodeError> {
+        var r = ByteReader(d)
+        guard d.count >= size, let m0 = r.u8(), let m1 = r.u8(), let v = r.u8(), let k = r.u8(),
+              let token = r.u64(), let seq = r.u64() else { return .failure(.short) }
+        guard m0 == magic0, m1 == magic1 else { return .failure(.badMagic) }
+        guard v == peerMeshProtocolVersion else { return .failure(.badVersion) }
+        guard let kind = Kind(rawValue: k) else { return .failure(.badKind) }
+        return .success(DatagramHeader(kind: kind, token: token, sequence: seq))
+    }
+}
+
+/// Rejects duplicated datagrams: remembers the highest sequence seen and a 1024-wide window behind it
+/// (RFC 4303's anti-replay window). Pure.
+struct ReplayWindow: Sendable {
+    static let width: UInt64 = 1024
+    private var highest: UInt64 = 0
+    private var bits = [UInt64](repeating: 0, count: Int(width / 64))
+
+    /// Returns `true` the first time `sequence` is seen and it is inside or ahead of the window; `false` for a
+    /// duplicate, for 0, or for one too old to tell.
+    mutating func accept(_ sequence: UInt64) -> Bool {
+        guard sequence != 0 else { return false }
+        if sequence > highest {
+            let shift = sequence - highest
+            if shift >= Self.width {
+                for i in bits.indices { bits[i] = 0 }
+            } else {
+                for s in (highest + 1)...sequence { clear(s) }
+            }
+            highest = sequence
+            set(sequence)
+            return true
+        }
+        guard highest - sequence < Self.width else { return false }
+        if isSet(sequence) { return false }
+        set(sequence)
+        return true
+    }
+
+    private func slot(_ s: UInt64) -> (Int, UInt64) { (Int((s % Self.width) / 64), UInt64(1) << (s % 64)) }
+    private mutating func set(_ s: UInt64) { let (i, m) = slot(s); bits[i] |= m }
+    private mutating func clear(_ s: UInt64) { let (i, m) = slot(s); bits[i] &= ~m }
+    private func isSet(_ s: UInt64) -> Bool { let (i, m) = slot(s); return bits[i] & m != 0 }
+}
