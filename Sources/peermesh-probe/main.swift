@@ -23,11 +23,13 @@ struct ProbeConfig {
     var datagrams = 100
     var timeout: Double = 10
     var peerTimeout: Double = 2
+    /// Skip DNS-SD: reachable only with --connect.
+    var direct = false
 }
 
 func usage() -> Never {
     FileHandle.standardError.write(Data("""
-    usage: peermesh-probe host --service TYPE [--name NAME] [--port N] [--duration S] [--peer-timeout S]
+    usage: peermesh-probe host --service TYPE [--name NAME] [--port N] [--direct] [--duration S] [--peer-timeout S]
            peermesh-probe join --service TYPE [--name NAME] [--connect HOST:PORT] [--reliable N] [--datagrams N] [--timeout S]
     Discovery goes through avahi-daemon unless --connect is given.
 
@@ -62,6 +64,7 @@ func parse(_ args: [String]) -> ProbeConfig {
         case "--timeout": guard let t = Double(value()) else { usage() }; c.timeout = t
         case "--peer-timeout": guard let t = Double(value()) else { usage() }; c.peerTimeout = t
         case "--avahi": break // the default
+        case "--direct": c.direct = true
         default: usage()
         }
         i += 1
@@ -135,7 +138,8 @@ do {
     case .host:
         let probe = Probe(session: session, echo: true)
         session.delegate = probe
-        let advertiser = try NearbyServiceAdvertiser(peer: me, discoveryInfo: ["probe": "1"], serviceType: config.service, port: config.port)
+        let advertiser = try NearbyServiceAdvertiser(peer: me, discoveryInfo: ["probe": "1"], serviceType: config.service,
+                                                      discovery: config.direct ? InProcessDiscovery() : nil, port: config.port)
         advertiser.delegate = probe
         try advertiser.startAdvertisingPeer()
         emit(["event": "advertising", "port": Int(advertiser.port ?? 0), "udpPort": Int(session.udpPort), "id": me.identityString])

@@ -19,4 +19,302 @@ struct SessionIntegrationTests {
         let events = pair.guestLog.snapshot.eventThreads
         #expect(!events.isEmpty && !events.contains(UInt(pthread_self())))
     }
+
+    @Test("Three peers: two guests join one host and everyone hears everyone's data")
+    func threePeers() throws {
+        let pair = try Pair()
+        let third = try PeerID(displayName: "guest") // same name, different identity
+        let s3 = try Session(peer: third)
+        let log3 = MeshEventLog()
+        s3.delegate = log3
+        let b3 = try NearbyServiceBrowser(peer: third, serviceType: "pm-test", discovery: pair.discovery)
+        b3.delegate = log3
+        try b3.startBrowsingForPeers()
+        #expect(log3.wait(5) { $0.found.contains(pair.hostPeer) })
+        try b3.invitePeer(pair.hostPeer, to: s3, withContext: nil, timeout: .seconds(5))
+        #expect(log3.wait(5) { s in s.states.contains { $0.0 == pair.hostPeer && $0.1 == .connected } })
+        #expect(eventually { Set(pair.host.connectedPeers) == [pair.guestPeer, third] })
+        try pair.host.send(Data("to both".utf8), toPeers: [pair.guestPeer, third], with: .reliable)
+        #expect(pair.guestLog.wait(5) { $0.reliable.count == 1 })
+        #expect(log3.wait(5) { $0.reliable.count == 1 })
+        #expect(log3.snapshot.reliable.first?.1 == Data("to both".utf8))
+    }
+
+    @Test("Reliable messages arrive exactly once and in order, both ways")
+    func reliableOrder() throws {
+        let pair = try Pair()
+        let n = 2_000
+        for i in 0..<n {
+            var d = Data("message-\(i)-".utf8)
+            d.append(Data(repeating: UInt8(i & 0xff), count: i % 700))
+            try pair.guest.send(d, toPeers: [pair.hostPeer], with: .reliable)
+        }
+        let big = Data((0..<1_000_000).map { UInt8(truncatingIfNeeded: $0 &* 31) })
+        try pair.host.send(big, toPeers: [pair.guestPeer], with: .reliable)
+        #expect(pair.hostLog.wait(10) { $0.reliable.count == n })
+        let got = pair.hostLog.snapshot.reliable
+        #expect(got.count == n)
+        for (i, (peer, d)) in got.enumerated() {
+            var expected = Data("message-\(i)-".utf8)
+            expected.append(Data(repeating: UInt8(i & 0xff), count: i % 700))
+            #expect(peer == pair.guestPeer)
+            if d != expected { Issue.record("message \(i) differs"); break }
+        }
+        #expect(pair.guestLog.wait(10) { $0.reliable.count == 1 })
+        #expect(pair.guestLog.snapshot.reliable.first?.1 == big)
+    }
+
+    @Test("10 000 unreliable datagrams: at least 99 % delivered, none corrupted or duplicated")
+    func unreliableDelivery() throws {
+        let pair = try Pair()
+        let n = 10_000
+        for i in 0..<n {
+            var d = Data(count: 1_000)
+            d.withUnsafeMutableBytes { raw in
+                raw.storeBytes(of: UInt32(i).bigEndian, as: UInt32.self)
+                for j in 4..<raw.count { raw[j] = UInt8(truncatingIfNeeded: i &* 7 &+ j) }
+            }
+            try pair.guest.send(d, toPeers: [pair.hostPeer], with: .unreliable)
+            if i % 200 == 199 { usleep(1_000) }
+        }
+        pair.hostLog.wait(5) { $0.datagrams.count >= n }
+        usleep(100_000)
+        let got = pair.hostLog.snapshot.datagrams
+        var seen = Set<UInt32>()
+        var corrupted = 0
+        for (_, d) in got {
+            let i = d.withUnsafeBytes { UInt32(bigEndian: $0.loadUnaligned(as: UInt32.self)) }
+            let ok = d.count == 1_000 && d.withUnsafeBytes { raw in (4..<raw.count).allSatisfy { raw[$0] == UInt8(truncatingIfNeeded: Int(i) &* 7 &+ $0) } }
+            if !ok { corrupted += 1 }
+            seen.insert(i)
+        }
+        #expect(corrupted == 0)
+        #expect(seen.count == got.count, "no duplicates")
+        #expect(Double(got.count) >= 0.99 * Double(n), "delivered \(got.count) of \(n)")
+        #expect(pair.host.statistics.datagramsReceived == UInt64(got.count))
+        #expect(pair.guest.statistics.datagramsSent == UInt64(n))
+    }
+
+    @Test("send: empty data, empty peer list, oversize datagram and unconnected peers are refused; nothing is sent")
+    func sendValidation() throws {
+        let pair = try Pair()
+        let stranger = try PeerID(displayName: "stranger")
+        #expect(throws: PeerMeshError.self) { try pair.guest.send(Data(), toPeers: [pair.hostPeer], with: .reliable) }
+        #expect(throws: PeerMeshError.self) { try pair.guest.send(Data([1]), toPeers: [], with: .unreliable) }
+        #expect(throws: PeerMeshError.self) {
+            try pair.guest.send(Data(count: Session.maximumDatagramSize + 1), toPeers: [pair.hostPeer], with: .unreliable)
+        }
+        try pair.guest.send(Data(count: Session.maximumDatagramSize), toPeers: [pair.hostPeer], with: .unreliable)
+        let before = pair.guest.statistics.datagramsSent
+        do {
+            try pair.guest.send(Data([1, 2, 3]), toPeers: [pair.hostPeer, stranger], with: .unreliable)
+            Issue.record("expected notConnected")
+        } catch {
+            let e = error
+            guard case .notConnected = e else { Issue.record("wrong error \(e)"); return }
+        }
+        do {
+            try pair.guest.send(Data([1, 2, 3]), toPeers: [pair.hostPeer, stranger], with: .reliable)
+            Issue.record("expected notConnected")
+        } catch {
+            let e = error
+            guard case .notConnected = e else { Issue.record("wrong error \(e)"); return }
+        }
+        #expect(pair.guest.statistics.datagramsSent == before)
+        usleep(100_000)
+        #expect(pair.hostLog.snapshot.reliable.isEmpty)
+        #expect(pair.hostLog.snapshot.datagrams.count == 1)
+    }
+
+    @Test("disconnect(): the other side sees notConnected within 100 ms")
+    func disconnectIsPrompt() throws {
+        let pair = try Pair()
+        let start = Date()
+        pair.guest.disconnect()
+        #expect(pair.hostLog.wait(2) { s in s.states.contains { $0.0 == pair.guestPeer && $0.1 == .notConnected } })
+        let elapsed = Date().timeIntervalSince(start)
+        #expect(elapsed < 0.1, "took \(elapsed * 1000) ms")
+        #expect(eventually { pair.guestLog.states(of: pair.hostPeer) == [.connecting, .connected, .notConnected] })
+        #expect(pair.hostLog.states(of: pair.guestPeer) == [.connecting, .connected, .notConnected])
+        #expect(pair.host.connectedPeers.isEmpty)
+    }
+
+    @Test("A declined invitation leaves the peer notConnected and says why")
+    func decline() throws {
+        let pair = try Pair(connect: false)
+        pair.hostLog.acceptInto.withLock { $0 = nil }
+        try pair.advertiser.startAdvertisingPeer()
+        try pair.browser.startBrowsingForPeers()
+        #expect(pair.guestLog.wait(5) { $0.found.contains(pair.hostPeer) })
+        try pair.browser.invitePeer(pair.hostPeer, to: pair.guest, withContext: nil, timeout: .seconds(5))
+        #expect(pair.guestLog.wait(5) { !$0.failures.isEmpty })
+        #expect(pair.guestLog.snapshot.failures.first?.1 == .declined)
+        #expect(eventually { pair.guestLog.states(of: pair.hostPeer) == [.connecting, .notConnected] })
+    }
+
+    @Test("An unanswered invitation times out on both sides")
+    func inviteTimeout() throws {
+        let pair = try Pair(connect: false)
+        pair.hostLog.autoAnswer.withLock { $0 = false }
+        try pair.advertiser.startAdvertisingPeer()
+        try pair.browser.startBrowsingForPeers()
+        #expect(pair.guestLog.wait(5) { $0.found.contains(pair.hostPeer) })
+        let start = Date()
+        try pair.browser.invitePeer(pair.hostPeer, to: pair.guest, withContext: nil, timeout: .milliseconds(400))
+        #expect(pair.guestLog.wait(5) { !$0.failures.isEmpty })
+        let elapsed = Date().timeIntervalSince(start)
+        #expect(pair.guestLog.snapshot.failures.first?.1 == .timedOut)
+        #expect(elapsed >= 0.35 && elapsed < 2)
+        #expect(pair.guestLog.states(of: pair.hostPeer) == [.connecting, .notConnected])
+        // A late answer changes nothing.
+        for reply in pair.hostLog.heldReplies.withLock({ $0 }) { reply(true, pair.host) }
+        usleep(200_000)
+        #expect(pair.host.connectedPeers.isEmpty)
+    }
+
+    @Test("Beyond the peer limit an invitation is declined with a reason")
+    func peerLimit() throws {
+        let pair = try Pair(hostConfig: .init(maximumPeers: 2))
+        let third = try PeerID(displayName: "third")
+        let s3 = try Session(peer: third)
+        let log3 = MeshEventLog()
+        s3.delegate = log3
+        let b3 = try NearbyServiceBrowser(peer: third, serviceType: "pm-test", discovery: pair.discovery)
+        b3.delegate = log3
+        try b3.startBrowsingForPeers()
+        #expect(log3.wait(5) { $0.found.contains(pair.hostPeer) })
+        try b3.invitePeer(pair.hostPeer, to: s3, withContext: nil, timeout: .seconds(5))
+        #expect(log3.wait(5) { !$0.failures.isEmpty })
+        #expect(log3.snapshot.failures.first?.1 == .peerLimit)
+        #expect(pair.host.connectedPeers == [pair.guestPeer])
+    }
+
+    @Test("Peers that invite each other at the same time end with one connection")
+    func simultaneousInvite() throws {
+        let discovery = InProcessDiscovery()
+        let a = try PeerID(displayName: "a"), b = try PeerID(displayName: "b")
+        let sa = try Session(peer: a), sb = try Session(peer: b)
+        let la = MeshEventLog(), lb = MeshEventLog()
+        sa.delegate = la; sb.delegate = lb
+        la.acceptInto.withLock { $0 = sa }; lb.acceptInto.withLock { $0 = sb }
+        let adA = try NearbyServiceAdvertiser(peer: a, discoveryInfo: nil, serviceType: "pm-sim", discovery: discovery, bindHost: "127.0.0.1")
+        let adB = try NearbyServiceAdvertiser(peer: b, discoveryInfo: nil, serviceType: "pm-sim", discovery: discovery, bindHost: "127.0.0.1")
+        adA.delegate = la; adB.delegate = lb
+        let brA = try NearbyServiceBrowser(peer: a, serviceType: "pm-sim", discovery: discovery)
+        let brB = try NearbyServiceBrowser(peer: b, serviceType: "pm-sim", discovery: discovery)
+        brA.delegate = la; brB.delegate = lb
+        try adA.startAdvertisingPeer(); try adB.startAdvertisingPeer()
+        try brA.startBrowsingForPeers(); try brB.startBrowsingForPeers()
+        #expect(la.wait(5) { $0.found.contains(b) })
+        #expect(lb.wait(5) { $0.found.contains(a) })
+        try brA.invitePeer(b, to: sa, withContext: nil, timeout: .seconds(5))
+        try brB.invitePeer(a, to: sb, withContext: nil, timeout: .seconds(5))
+        #expect(eventually(5) { sa.connectedPeers == [b] && sb.connectedPeers == [a] })
+        usleep(300_000)
+        #expect(la.states(of: b) == [.connecting, .connected])
+        #expect(lb.states(of: a) == [.connecting, .connected])
+        try sa.send(Data("x".utf8), toPeers: [b], with: .reliable)
+        #expect(lb.wait(5) { $0.reliable.count == 1 })
+    }
+
+    @Test("Garbage datagrams and garbage TCP streams change nothing for connected peers")
+    func garbageIsHarmless() throws {
+        let pair = try Pair()
+        let udp = socket(AF_INET, Int32(SOCK_DGRAM.rawValue), 0)
+        defer { close(udp) }
+        var to = sockaddr_in()
+        to.sin_family = sa_family_t(AF_INET)
+        to.sin_port = pair.host.udpPort.bigEndian
+        to.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var rng = SystemRandomNumberGenerator()
+        var sentMalformed = 0, sentStrangers = 0
+        for i in 0..<500 {
+            var bytes: [UInt8]
+            if i % 2 == 0 {
+                bytes = (0..<Int.random(in: 0...300, using: &rng)).map { _ in UInt8.random(in: 0...255, using: &rng) }
+                if bytes.count >= 2 { bytes[0] = 0 } // never accidentally a PeerMesh magic
+                sentMalformed += 1
+            } else {
+                // Well formed, but a token nobody issued: a stranger.
+                bytes = [0x50, 0x4d, 1, 1] + (0..<16).map { _ in UInt8.random(in: 0...255, using: &rng) } + [1, 2, 3]
+                sentStrangers += 1
+            }
+            _ = withUnsafePointer(to: &to) { p in
+                p.withMemoryRebound(to: sockaddr.self, capacity: 1) { sendto(udp, bytes, bytes.count, 0, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+        }
+        // Garbage at the advertiser's TCP port.
+        for _ in 0..<5 {
+            let t = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            var a = sockaddr_in()
+            a.sin_family = sa_family_t(AF_INET)
+            a.sin_port = pair.advertiser.port!.bigEndian
+            a.sin_addr.s_addr = inet_addr("127.0.0.1")
+            let r = withUnsafePointer(to: &a) { p in p.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(t, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+            #expect(r == 0)
+            let junk = (0..<4096).map { _ in UInt8.random(in: 0...255, using: &rng) }
+            _ = send(t, junk, junk.count, Int32(MSG_NOSIGNAL))
+            var buf = [UInt8](repeating: 0, count: 4096)
+            var tv = timeval(tv_sec: 2, tv_usec: 0)
+            setsockopt(t, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+            var total = 0
+            while true { let n = recv(t, &buf, buf.count, 0); if n <= 0 { #expect(n == 0, "closed by the advertiser"); break }; total += n }
+            close(t)
+        }
+        #expect(eventually(3) {
+            let s = pair.host.statistics
+            return s.malformedDatagrams == UInt64(sentMalformed) && s.strangerDatagrams == UInt64(sentStrangers)
+        }, "\(pair.host.statistics)")
+        #expect(pair.host.statistics.datagramsReceived == 0)
+        #expect(pair.host.connectedPeers == [pair.guestPeer])
+        try pair.guest.send(Data("still here".utf8), toPeers: [pair.hostPeer], with: .unreliable)
+        try pair.guest.send(Data("still here".utf8), toPeers: [pair.hostPeer], with: .reliable)
+        #expect(pair.hostLog.wait(5) { $0.datagrams.count == 1 && $0.reliable.count == 1 })
+        #expect(pair.hostLog.states(of: pair.guestPeer) == [.connecting, .connected])
+    }
+
+    @Test("connect(to:) a closed port fails with a clear error")
+    func connectClosedPort() throws {
+        let me = try PeerID(displayName: "me")
+        let s = try Session(peer: me)
+        let log = MeshEventLog()
+        s.delegate = log
+        let l = try FileDescriptor.tcpListener(host: "127.0.0.1", port: 0)
+        let port = try l.localAddress().port
+        l.close() // nothing listens there now
+        try s.connect(to: PeerEndpoint(host: "127.0.0.1", port: port), timeout: .seconds(2))
+        #expect(log.wait(3) { !$0.failures.isEmpty })
+        let f = log.snapshot.failures.first
+        #expect(f?.0 == nil)
+        #expect(f?.2.contains("Connection refused") == true, "\(f?.2 ?? "")")
+        #expect(log.snapshot.states.isEmpty)
+    }
+}
+
+@Suite("Peer processes that vanish", .serialized)
+struct VanishingPeerTests {
+    @Test("A peer killed with SIGKILL is notConnected within the timeout; a frozen one by heartbeat loss")
+    func killAndFreeze() throws {
+        let probe = builtProduct("peermesh-probe")
+        try #require(FileManager.default.isExecutableFile(atPath: probe.path), "build peermesh-probe first (swift build)")
+        for signal in [SIGKILL, SIGSTOP] {
+            let child = try Child(probe, ["host", "--service", "pm-kill", "--name", "victim", "--peer-timeout", "2", "--direct"])
+            #expect(eventually(10) { child.json(containing: "advertising") != nil }, "probe did not start: \(child.output)")
+            let port = try #require(child.json(containing: "advertising")?["port"] as? Int)
+            let me = try PeerID(displayName: "watcher")
+            let s = try Session(peer: me, configuration: .init(peerTimeout: .seconds(2)))
+            let log = MeshEventLog()
+            s.delegate = log
+            try s.connect(to: PeerEndpoint(host: "127.0.0.1", port: UInt16(port)), timeout: .seconds(5))
+            #expect(log.wait(5) { s in s.states.contains { $0.1 == .connected } })
+            let start = Date()
+            child.signal(signal)
+            #expect(log.wait(4) { s in s.states.contains { $0.1 == .notConnected } })
+            let elapsed = Date().timeIntervalSince(start)
+            print("peer \(signal == SIGKILL ? "killed (SIGKILL)" : "frozen (SIGSTOP)") → notConnected after \(Int(elapsed * 1000)) ms")
+            #expect(elapsed <= 2.5)
+            if signal == SIGSTOP { #expect(elapsed >= 1.5, "a frozen peer is only detected by heartbeat loss") }
+            child.signal(SIGKILL)
+        }
+    }
 }
