@@ -25,9 +25,13 @@ public struct PeerEndpoint: Hashable, Sendable, CustomStringConvertible {
             guard let colon = s.lastIndex(of: ":") else { return nil }
             hostPart = s[..<colon]
             portPart = s[s.index(after: colon)...]
+            // An IPv6 host must be bracketed: "fe80::1" is not host "fe80:" port 1.
+            guard !hostPart.contains(":") else { return nil }
         }
         if hostPart == "localhost" { hostPart = "127.0.0.1" }
-        guard !hostPart.isEmpty, let p = UInt16(portPart), p != 0 else { return nil }
+        // Digits only (`UInt16` alone takes "+80"); no stray bracket in the host ("[::1:80").
+        guard !hostPart.isEmpty, !hostPart.contains("["), !hostPart.contains("]"),
+              portPart.allSatisfy({ $0.isASCII && $0.isNumber }), let p = UInt16(portPart), p != 0 else { return nil }
         self.init(host: String(hostPart), port: p)
     }
 
@@ -160,11 +164,13 @@ public enum TXTRecord {
             } else {
                 key = entry[...]; value = ""
             }
-            if key == versionKey { version = String(value) }
-            else if key == displayNameKey { name = String(value) }
-            else if key.hasPrefix("__") { info[String(key.dropFirst())] = String(value) }
+            // RFC 6763 §6.4: an entry without a key is ignored, and only a key's first occurrence counts.
+            if key.isEmpty { continue }
+            if key == versionKey { if version == nil { version = String(value) } }
+            else if key == displayNameKey { if name == nil { name = String(value) } }
+            else if key.hasPrefix("__") { let k = String(key.dropFirst()); if info[k] == nil { info[k] = String(value) } }
             else if key.hasPrefix("_") { continue } // a future PeerMesh key: ignore
-            else { info[String(key)] = String(value) }
+            else if info[String(key)] == nil { info[String(key)] = String(value) }
         }
         guard let version else { return .failure(.missingKey(versionKey)) }
         guard version == String(peerMeshProtocolVersion) else { return .failure(.unsupportedVersion(version)) }

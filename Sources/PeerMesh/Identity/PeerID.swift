@@ -42,7 +42,9 @@ public struct PeerID: Hashable, Sendable, Codable, CustomStringConvertible {
 
     /// Parses `identityString` back.
     public static func identity(fromString s: some StringProtocol) -> UInt64? {
-        guard s.count == 16 else { return nil }
+        // Hex digits only: `UInt64(_:radix:)` alone would also take a sign ("+00000000000000a").
+        guard s.utf8.count == 16, s.utf8.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0 | 0x20) })
+        else { return nil }
         return UInt64(s, radix: 16)
     }
 

@@ -11,6 +11,8 @@ final class LinkIO: Sendable {
     let socket: FileDescriptor
     /// The TCP port we reached (inviter) or were reached on (invitee).
     let remoteAddress: SocketAddress?
+    /// Whether we opened this connection (and so learn last that it is connected).
+    let isInviter: Bool
 
     struct Outbound {
         var bytes: [UInt8] = []
@@ -28,6 +30,7 @@ final class LinkIO: Sendable {
         self.id = id
         self.socket = socket
         self.remoteAddress = remoteAddress
+        isInviter = !connected
         out = Mutex(Outbound(connected: connected))
         var a = FrameAssembler()
         pending.withUnsafeBytes { a.append($0) }
@@ -281,9 +284,12 @@ final class SessionCore: Sendable {
                     remote.raw.sin_port = (port == 0 ? (io.remoteAddress?.port ?? remote.port) : port).bigEndian
                     s.routes[local] = Route(link: l, peer: p, remote: remote, remoteToken: token)
                     s.tokenByPeer[p] = local
-                    // Ping at once, so the far side latches our address and measures the RTT early.
-                    pings.append((remote, DatagramHeader(kind: .ping, token: token, sequence: s.routes[local]!.nextSequence)))
-                    s.routes[local]!.nextSequence += 1
+                    // The inviter learns last that the link is up: it pings at once, so the far side latches its
+                    // address and both measure the RTT early. (An invitee's ping could outrun its ACCEPT.)
+                    if io.isInviter {
+                        pings.append((remote, DatagramHeader(kind: .ping, token: token, sequence: s.routes[local]!.nextSequence)))
+                        s.routes[local]!.nextSequence += 1
+                    }
                 case .linkDown(let l):
                     if let local = s.localTokens[l], let r = s.routes.removeValue(forKey: local) {
                         if s.tokenByPeer[r.peer] == local {

@@ -51,6 +51,9 @@ struct SessionStateMachine: Sendable {
     private var links: [LinkID: LinkState] = [:]
     /// The state last reported for each peer; absent means `notConnected`.
     private var reported: [PeerID: SessionState] = [:]
+    /// Peers whose invitation to us won a simultaneous invite (they declined ours with `.simultaneousInvite`):
+    /// they stay `connecting` until that invitation is accepted here or this deadline passes.
+    private var yielding: [PeerID: Nanos] = [:]
 
     init(configuration: Configuration) {
         precondition(configuration.maximumPeers >= 2, "a session needs room for at least one remote peer")
@@ -121,6 +124,7 @@ struct SessionStateMachine: Sendable {
             reported[peer] = .connecting
             actions.append(.report(peer, .connecting))
         }
+        yielding[peer] = nil
         links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: now &+ config.heartbeatInterval)
         actions += [.send(link, .accept(udpPort: acceptUDPPort, token: localToken)),
                                  .linkUp(link, peer, remoteUDPPort: remoteUDPPort, remoteToken: remoteToken)]
@@ -142,6 +146,10 @@ struct SessionStateMachine: Sendable {
             if expected == nil, reported[peer] == .connected {
                 return drop(link, failure: (peer, .alreadyConnected))
             }
+            if expected == nil, reported[peer] == nil, occupancy >= config.maximumPeers {
+                // A direct connect only learns who it reached now: the limit is checked here.
+                return drop(link, failure: (peer, .peerLimit))
+            }
             links[link] = .awaitingReply(peer: peer, deadline: deadline, localToken: token)
             return refresh(peer)
         case (.awaitingReply(let peer, _, _), .accept(let udpPort, let token)):
@@ -152,7 +160,9 @@ struct SessionStateMachine: Sendable {
             }
             links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: now &+ config.heartbeatInterval)
             return [.linkUp(link, peer, remoteUDPPort: udpPort, remoteToken: token)] + refresh(peer)
-        case (.awaitingReply(let peer, _, _), .decline(let reason, _)):
+        case (.awaitingReply(let peer, let deadline, _), .decline(let reason, _)):
+            // The peer's own invitation to us wins: it is on its way, so the peer stays `connecting`.
+            if reason == .simultaneousInvite { yielding[peer] = max(yielding[peer] ?? 0, deadline) }
             return drop(link, failure: (peer, reason))
         case (.connected(let peer, _, let next), .data(let bytes)):
             links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
@@ -160,8 +170,11 @@ struct SessionStateMachine: Sendable {
         case (.connected(let peer, _, let next), .heartbeat):
             links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
             return []
-        case (.connected, .goodbye), (.awaitingReply, .goodbye):
+        case (.connected, .goodbye):
             return drop(link, failure: nil)
+        case (.awaitingReply(let peer, _, _), .goodbye):
+            // The invitee left before answering: the invitation ended without a connection.
+            return drop(link, failure: (peer, .unavailable))
         default:
             // A frame that makes no sense in this state: the peer is broken. Close its link.
             return drop(link, failure: failure(for: state, reason: .unavailable))
@@ -192,7 +205,8 @@ struct SessionStateMachine: Sendable {
             case .awaitingReply(let peer, let deadline, _) where now >= deadline:
                 actions += drop(link, failure: (peer, .timedOut))
             case .connected(let peer, let lastHeard, let next):
-                if now &- lastHeard >= config.peerTimeout {
+                // `lastHeard` may be a little after `now` (another thread read the clock later): never wrap.
+                if now > lastHeard, now - lastHeard >= config.peerTimeout {
                     actions += drop(link, failure: nil, sendGoodbye: false)
                 } else if now >= next {
                     links[link] = .connected(peer: peer, lastHeard: lastHeard, nextHeartbeat: now &+ config.heartbeatInterval)
@@ -201,6 +215,10 @@ struct SessionStateMachine: Sendable {
             default:
                 break
             }
+        }
+        for (peer, deadline) in yielding.sorted(by: { $0.key.identity < $1.key.identity }) where now >= deadline {
+            yielding[peer] = nil
+            actions += refresh(peer)
         }
         return actions
     }
@@ -216,18 +234,19 @@ struct SessionStateMachine: Sendable {
             if let f = failure(for: state, reason: .unavailable) { actions.append(.invitationFailed(link, f.0, f.1)) }
         }
         links.removeAll()
+        yielding.removeAll()
         for peer in reported.keys.sorted(by: { $0.identity < $1.identity }) { actions += refresh(peer) }
         return actions
     }
 
     /// The next instant at which `tick` has work, for the driver's poll timeout.
     func nextDeadline() -> Nanos? {
-        links.values.map { s -> Nanos in
+        (links.values.map { s -> Nanos in
             switch s {
             case .inviting(_, let d, _), .awaitingReply(_, let d, _): d
             case .connected(_, let heard, let next): min(next, heard &+ config.peerTimeout)
             }
-        }.min()
+        } + yielding.values).min()
     }
 
     // MARK: Helpers
@@ -269,6 +288,7 @@ struct SessionStateMachine: Sendable {
             default: break
             }
         }
+        if best == .notConnected, yielding[peer] != nil { best = .connecting }
         let old = reported[peer] ?? .notConnected
         guard best != old else { return [] }
         reported[peer] = best == .notConnected ? nil : best

@@ -98,7 +98,13 @@ enum ControlFrame: Equatable, Sendable {
         case .decline(let reason, let text):
             w.u8(Kind.decline.rawValue)
             w.u8(reason.rawValue)
-            let t = Array(text.utf8.prefix(Self.maximumDeclineText))
+            var t = Array(text.utf8.prefix(Self.maximumDeclineText + 1))
+            if t.count > Self.maximumDeclineText {
+                // Cut on a character boundary: a split UTF-8 sequence would make the frame undecodable.
+                var cut = Self.maximumDeclineText
+                while cut > 0, t[cut] & 0xc0 == 0x80 { cut -= 1 }
+                t.removeSubrange(cut...)
+            }
             w.u16(UInt16(t.count))
             w.raw(t)
         case .data(let payload):

@@ -1,0 +1,173 @@
+import Synchronization
+
+/// Captures from an ALSA device on a dedicated real-time thread and hands periods to one consumer.
+///
+/// The capture thread reads one period at a time (`snd_pcm_readi`, blocking), stamps it with its frame index and
+/// the monotonic time its first frame was captured, and pushes it into a preallocated `ChunkRing`. It never
+/// allocates, locks or logs. Over/underruns are recovered with `snd_pcm_recover` and counted in `stats.xruns`;
+/// chunks that do not fit because the consumer is late are dropped and counted in `stats.overflowFrames`
+/// (the next chunk's `firstFrameIndex` then jumps, so the consumer can see the gap).
+///
+/// A device that refuses Float32LE or the requested rate/channels is re-opened as `plug:<device>` automatically.
+public final class Recorder: AudioSource {
+    public let format: AudioFormat
+    /// Frames per chunk, as granted by the device.
+    public let periodFrames: Int
+    /// Frames in the device buffer, as granted by the device.
+    public let bufferFrames: Int
+    /// The ALSA name actually opened (`plug:…` when conversion was needed).
+    public let deviceName: String
+    /// True when the device was re-opened through ALSA's `plug` conversion.
+    public let usesPlugConversion: Bool
+
+    private let loop: CaptureLoop
+    private let lifecycle = Mutex<StageLifecycle>(.idle)
+
+    /// Opens `device` for capture. Throws `AudioFormatError` for an unsupported format and `ALSAError` when the
+    /// device cannot be opened or configured (the message names the device and says to run `arecord -L`).
+    ///
+    /// - Parameters:
+    ///   - periodFrames: frames per chunk (the device may round it).
+    ///   - bufferFrames: device buffer; defaults to four periods.
+    ///   - ringChunks: chunks the hand-over ring holds before dropping (rounded up to a power of two).
+    public init(device: String = "default", format: AudioFormat = .default, periodFrames: Int = 128,
+                bufferFrames: Int? = nil, ringChunks: Int = 64) throws {
+        try format.validate()
+        precondition(periodFrames > 0 && ringChunks > 0, "periodFrames and ringChunks must be positive")
+        let configuration = PCMConfiguration(format: format, periodFrames: periodFrames,
+                                             bufferFrames: bufferFrames ?? periodFrames * 4, startThresholdFrames: nil)
+        let handle = try PCMHandle.open(device: device, stream: .capture, configuration: configuration)
+        self.format = format
+        self.periodFrames = handle.periodFrames
+        self.bufferFrames = handle.bufferFrames
+        self.deviceName = handle.deviceName
+        self.usesPlugConversion = handle.usesPlugConversion
+        self.loop = CaptureLoop(handle: handle, ringChunks: ringChunks)
+    }
+
+    deinit {
+        stop()
+    }
+
+    /// Starts the device and the capture thread. Calling it while running does nothing.
+    public func start() throws {
+        try lifecycle.withLock { state throws in
+            switch state {
+            case .running: return
+            case .stopped: throw AudioStageError.restartNotSupported(stage: "Recorder(\(deviceName))")
+            case .idle:
+                try loop.handle.start()
+                loop.running.store(true, ordering: .releasing)
+                let loop = self.loop
+                state = .running(try RealtimeThread(name: "mesh-capture") { loop.run() })
+            }
+        }
+    }
+
+    /// Stops the capture thread (within one period) and the device. A blocked `read` returns `nil` once the
+    /// chunks already captured have been read.
+    public func stop() {
+        let thread = lifecycle.withLock { state -> RealtimeThread? in
+            defer { state = .stopped }
+            if case .running(let thread) = state { return thread }
+            return nil
+        }
+        loop.running.store(false, ordering: .releasing)
+        thread?.join()
+        if thread != nil { loop.handle.finish() }
+        loop.ring.finish()
+    }
+
+    public func read(into buffer: UnsafeMutableBufferPointer<Float>, timeoutNanos: UInt64) -> ChunkInfo? {
+        guard let info = loop.ring.read(into: buffer, timeoutNanos: timeoutNanos) else { return nil }
+        AudioCounters.bump(loop.counters.framesOut, by: info.frames)
+        return info
+    }
+
+    public var stats: AudioStats { loop.counters.snapshot() }
+
+    /// Whether the capture thread got `SCHED_FIFO` (false before `start`).
+    public var isRealtime: Bool {
+        lifecycle.withLock { if case .running(let thread) = $0 { thread.isRealtime } else { false } }
+    }
+
+    /// The error that ended capture, if the device failed in a way `snd_pcm_recover` could not fix.
+    public var failure: ALSAError? { loop.failure }
+}
+
+/// Where a device or file stage is in its one-shot life (idle → running → stopped), kept in a `Mutex`.
+///
+/// `start()` creates the thread while holding the lock so a concurrent `stop()` can never miss it; that is the one
+/// action taken under the lock, and it calls no user code. `stop()` decides under the lock and joins after it.
+enum StageLifecycle {
+    case idle
+    case running(RealtimeThread)
+    case stopped
+}
+
+/// Everything the capture thread touches, so the thread does not keep the `Recorder` alive.
+final class CaptureLoop: @unchecked Sendable {  // `scratch` is used only by the capture thread; the rest is Sendable.
+    let handle: PCMHandle
+    let ring: ChunkRing
+    let counters = AudioCounters()
+    let running = Atomic<Bool>(false)
+    /// Negative ALSA code that ended the loop (0 = none); `failedInRead` tells which call.
+    private let failureCode = Atomic<Int>(0)
+    private let failedInRead = Atomic<Bool>(false)
+    private let scratch: UnsafeMutablePointer<Float>
+
+    init(handle: PCMHandle, ringChunks: Int) {
+        self.handle = handle
+        self.ring = ChunkRing(channels: handle.format.channels, maxChunkFrames: handle.periodFrames,
+                              minimumChunks: ringChunks)
+        self.scratch = .allocate(capacity: handle.periodFrames * handle.format.channels)
+        self.scratch.initialize(repeating: 0, count: handle.periodFrames * handle.format.channels)
+    }
+
+    deinit {
+        scratch.deallocate()
+    }
+
+    var failure: ALSAError? {
+        let code = failureCode.load(ordering: .acquiring)
+        guard code != 0 else { return nil }
+        let call = failedInRead.load(ordering: .relaxed) ? "snd_pcm_readi" : "snd_pcm_recover"
+        return handle.error(call: call, code: Int32(truncatingIfNeeded: code))
+    }
+
+    /// The real-time loop. No allocation, locks, logging or Foundation below this line.
+    func run() {
+        let period = handle.periodFrames
+        let channels = handle.format.channels
+        let rate = UInt64(handle.format.sampleRate)
+        var frameIndex: UInt64 = 0
+        while running.load(ordering: .acquiring) {
+            let got = handle.readFrames(into: scratch, frames: period)
+            let now = MonotonicClock.nowNanos()
+            if got < 0 {
+                guard PCMHandle.isXrun(got) else { fail(code: got, inRead: true); break }
+                let recovered = handle.recover(from: got)
+                guard recovered >= 0 else { fail(code: Int(recovered), inRead: false); break }
+                counters.xruns.wrappingAdd(1, ordering: .relaxed)
+                continue
+            }
+            guard got > 0 else { continue }
+            // Frames still waiting in the device were captured after ours: age of our first frame.
+            let waiting = max(handle.delayFrames() ?? 0, 0)
+            counters.delayFrames.store(waiting, ordering: .relaxed)
+            let age = UInt64(waiting + got) &* 1_000_000_000 / rate
+            let info = ChunkInfo(firstFrameIndex: frameIndex, frames: got, timestampNanos: now >= age ? now - age : 0)
+            AudioCounters.bump(counters.framesIn, by: got)
+            if !ring.push(UnsafeBufferPointer(start: scratch, count: got * channels), info: info) {
+                AudioCounters.bump(counters.overflowFrames, by: got)
+            }
+            frameIndex &+= UInt64(got)
+        }
+        ring.finish()
+    }
+
+    private func fail(code: Int, inRead: Bool) {
+        failedInRead.store(inRead, ordering: .relaxed)
+        failureCode.store(code, ordering: .releasing)
+    }
+}

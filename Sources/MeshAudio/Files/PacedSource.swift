@@ -1,0 +1,129 @@
+import Synchronization
+
+/// Fills chunks for a `PacedSource`: the generator behind a file sibling of `Recorder`.
+protocol ChunkProducer: AnyObject, Sendable {
+    /// Writes up to `frames` interleaved frames into `buffer`; returns how many (0 = end of stream).
+    /// Called only on the source's thread.
+    func produce(into buffer: UnsafeMutablePointer<Float>, frames: Int) -> Int
+}
+
+/// The file/synthetic sibling of the device capture loop: a thread that pulls chunks from a `ChunkProducer`
+/// and delivers them through the same `ChunkRing` hand-over as `Recorder`.
+///
+/// In real-time mode the thread is paced by a `PacingClock`: a chunk is handed over when its last frame
+/// "would have been captured", so one second of audio takes one second. Otherwise it runs as fast as the consumer
+/// reads (waiting for ring space instead of dropping).
+final class PacedSource: @unchecked Sendable {  // `scratch` is used only by the source thread; the rest is Sendable.
+    let format: AudioFormat
+    let periodFrames: Int
+    let realtime: Bool
+    let ring: ChunkRing
+    let counters = AudioCounters()
+    private let producer: any ChunkProducer
+    private let running = Atomic<Bool>(false)
+    private let lifecycle = Mutex<StageLifecycle>(.idle)
+    private let scratch: UnsafeMutablePointer<Float>
+    private let name: String
+
+    init(name: String, format: AudioFormat, periodFrames: Int, realtime: Bool, ringChunks: Int,
+         producer: any ChunkProducer) {
+        precondition(periodFrames > 0 && ringChunks > 0, "periodFrames and ringChunks must be positive")
+        self.name = name
+        self.format = format
+        self.periodFrames = periodFrames
+        self.realtime = realtime
+        self.producer = producer
+        self.ring = ChunkRing(channels: format.channels, maxChunkFrames: periodFrames, minimumChunks: ringChunks)
+        self.scratch = .allocate(capacity: periodFrames * format.channels)
+        self.scratch.initialize(repeating: 0, count: periodFrames * format.channels)
+    }
+
+    deinit {
+        scratch.deallocate()
+    }
+
+    func start() throws {
+        try lifecycle.withLock { state throws in
+            switch state {
+            case .running: return
+            case .stopped: throw AudioStageError.restartNotSupported(stage: name)
+            case .idle:
+                running.store(true, ordering: .releasing)
+                state = .running(try RealtimeThread(name: name) { [self] in run() })
+            }
+        }
+    }
+
+    func stop() {
+        let thread = lifecycle.withLock { state -> RealtimeThread? in
+            defer { state = .stopped }
+            if case .running(let thread) = state { return thread }
+            return nil
+        }
+        running.store(false, ordering: .releasing)
+        thread?.join()
+        ring.finish()
+    }
+
+    func read(into buffer: UnsafeMutableBufferPointer<Float>, timeoutNanos: UInt64) -> ChunkInfo? {
+        guard let info = ring.read(into: buffer, timeoutNanos: timeoutNanos) else { return nil }
+        AudioCounters.bump(counters.framesOut, by: info.frames)
+        return info
+    }
+
+    /// The source thread.
+    private func run() {
+        let channels = format.channels
+        let clock = PacingClock(sampleRate: format.sampleRate)
+        var frameIndex: UInt64 = 0
+        produce: while running.load(ordering: .acquiring) {
+            let frames = producer.produce(into: scratch, frames: periodFrames)
+            guard frames > 0 else { break }
+            let timestamp: UInt64
+            if realtime {
+                timestamp = clock.time(ofFrame: frameIndex)
+                clock.sleep(untilFrame: frameIndex + UInt64(frames))
+            } else {
+                while !ring.waitForSpace(sampleCount: frames * channels,
+                                         untilNanos: MonotonicClock.nowNanos() + 50_000_000) {
+                    if !running.load(ordering: .acquiring) { break produce }
+                }
+                timestamp = MonotonicClock.nowNanos()
+            }
+            AudioCounters.bump(counters.framesIn, by: frames)
+            let info = ChunkInfo(firstFrameIndex: frameIndex, frames: frames, timestampNanos: timestamp)
+            if !ring.push(UnsafeBufferPointer(start: scratch, count: frames * channels), info: info) {
+                AudioCounters.bump(counters.overflowFrames, by: frames)
+            }
+            frameIndex &+= UInt64(frames)
+        }
+        ring.finish()
+    }
+}
+
+/// A real-time pacing clock for file siblings of devices: maps frame counts to `CLOCK_MONOTONIC` deadlines
+/// from a fixed origin (no drift accumulates) and sleeps with `clock_nanosleep(TIMER_ABSTIME)`.
+public struct PacingClock: Sendable {
+    /// The sample rate frames are counted at.
+    public let sampleRate: Int
+    /// Monotonic time of frame 0.
+    public let originNanos: UInt64
+
+    /// Starts the clock now (or at `originNanos`).
+    public init(sampleRate: Int, originNanos: UInt64 = MonotonicClock.nowNanos()) {
+        precondition(sampleRate > 0, "sample rate must be positive")
+        self.sampleRate = sampleRate
+        self.originNanos = originNanos
+    }
+
+    /// Monotonic time at which `frame` is due.
+    public func time(ofFrame frame: UInt64) -> UInt64 {
+        originNanos &+ frame / UInt64(sampleRate) * 1_000_000_000
+            &+ frame % UInt64(sampleRate) * 1_000_000_000 / UInt64(sampleRate)
+    }
+
+    /// Sleeps until `frame` is due (returns at once if it already is).
+    public func sleep(untilFrame frame: UInt64) {
+        MonotonicClock.sleep(untilNanos: time(ofFrame: frame))
+    }
+}

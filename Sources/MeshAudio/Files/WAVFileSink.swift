@@ -1,0 +1,146 @@
+import Synchronization
+
+/// Records what a renderer produces into a WAV file, the file sibling of `Player`.
+///
+/// A thread pulls `periodFrames` at a time from the renderer (with `deviceDelayFrames` 0) and writes them,
+/// paced in real time unless `realtime` is false. The header is kept up to date as frames are written and
+/// finalized by `stop()`, so a caller that handles SIGINT by calling `stop()` leaves a valid file.
+/// With `maxFrames`, the sink stops pulling after that many frames (`waitUntilFinished` waits for it).
+public final class WAVFileSink: AudioSink {
+    /// The file's path.
+    public let path: String
+    public let format: AudioFormat
+    public let periodFrames: Int
+    /// Sample encoding in the file.
+    public let encoding: WAVEncoding
+    /// Frames after which the sink stops pulling, if set.
+    public let maxFrames: Int?
+    private let loop: SinkLoop
+    private let lifecycle = Mutex<StageLifecycle>(.idle)
+
+    /// Creates (or truncates) the WAV file at `path`. Throws `SndfileError` if it cannot be created and
+    /// `AudioFormatError` for an unsupported format.
+    public init(path: String, format: AudioFormat = .default, periodFrames: Int = 128, encoding: WAVEncoding = .float32,
+                realtime: Bool = true, maxFrames: Int? = nil) throws {
+        try format.validate()
+        precondition(periodFrames > 0, "periodFrames must be positive")
+        let file = try SoundFile.createWAV(path: path, format: format, encoding: encoding)
+        self.path = path
+        self.format = format
+        self.periodFrames = periodFrames
+        self.encoding = encoding
+        self.maxFrames = maxFrames
+        self.loop = SinkLoop(file: file, format: format, periodFrames: periodFrames, realtime: realtime,
+                             maxFrames: maxFrames)
+    }
+
+    deinit {
+        stop()
+    }
+
+    public func start(renderer: any AudioRenderer) throws {
+        try lifecycle.withLock { state throws in
+            switch state {
+            case .running: return
+            case .stopped: throw AudioStageError.restartNotSupported(stage: "WAVFileSink(\(path))")
+            case .idle:
+                loop.running.store(true, ordering: .releasing)
+                let loop = self.loop
+                state = .running(try RealtimeThread(name: "mesh-wav-sink") { loop.run(renderer: renderer) })
+            }
+        }
+    }
+
+    /// Stops pulling and closes the file, finalizing its header. Safe to call more than once.
+    public func stop() {
+        let thread = lifecycle.withLock { state -> RealtimeThread? in
+            defer { state = .stopped }
+            if case .running(let thread) = state { return thread }
+            return nil
+        }
+        loop.running.store(false, ordering: .releasing)
+        thread?.join()
+        loop.close()
+    }
+
+    /// Waits until `maxFrames` have been written (or a write failed). Returns `false` on timeout.
+    public func waitUntilFinished(timeoutNanos: UInt64) -> Bool {
+        let deadline = MonotonicClock.nowNanos() &+ timeoutNanos
+        while !loop.done.load(ordering: .acquiring) {
+            if !loop.doneSignal.wait(untilNanos: deadline) { return loop.done.load(ordering: .acquiring) }
+        }
+        return true
+    }
+
+    public var stats: AudioStats { loop.counters.snapshot() }
+
+    /// The write or close error, if one happened.
+    public var failure: SndfileError? { loop.failure }
+}
+
+/// Everything the sink thread touches.
+final class SinkLoop: @unchecked Sendable {  // `file` and `block` are used by the sink thread, then by `close` after join.
+    let counters = AudioCounters()
+    let running = Atomic<Bool>(false)
+    let done = Atomic<Bool>(false)
+    let doneSignal = WakeSignal()
+    private let file: SoundFile
+    private let format: AudioFormat
+    private let periodFrames: Int
+    private let realtime: Bool
+    private let maxFrames: Int?
+    private let block: UnsafeMutablePointer<Float>
+    private let failureStore = Mutex<SndfileError?>(nil)
+
+    init(file: SoundFile, format: AudioFormat, periodFrames: Int, realtime: Bool, maxFrames: Int?) {
+        self.file = file
+        self.format = format
+        self.periodFrames = periodFrames
+        self.realtime = realtime
+        self.maxFrames = maxFrames
+        self.block = .allocate(capacity: periodFrames * format.channels)
+        self.block.initialize(repeating: 0, count: periodFrames * format.channels)
+    }
+
+    deinit {
+        block.deallocate()
+    }
+
+    var failure: SndfileError? { failureStore.withLock { $0 } }
+
+    func run(renderer: any AudioRenderer) {
+        let channels = format.channels
+        let clock = PacingClock(sampleRate: format.sampleRate)
+        var written = 0
+        while running.load(ordering: .acquiring) {
+            let frames = min(periodFrames, (maxFrames ?? Int.max) - written)
+            guard frames > 0 else { break }
+            let context = RenderContext(frames: frames, deviceDelayFrames: 0, nowNanos: MonotonicClock.nowNanos())
+            renderer.render(into: UnsafeMutableBufferPointer(start: block, count: frames * channels), context: context)
+            AudioCounters.bump(counters.framesIn, by: frames)
+            let stored = file.writeFrames(from: block, frames: frames)
+            AudioCounters.bump(counters.framesOut, by: stored)
+            written += stored
+            if stored < frames {
+                let error = file.error(operation: "write")
+                    ?? SndfileError(path: file.path, operation: "write", message: "short write (\(stored) of \(frames) frames)")
+                failureStore.withLock { $0 = error }
+                break
+            }
+            if realtime { clock.sleep(untilFrame: UInt64(written)) }
+        }
+        done.store(true, ordering: .releasing)
+        doneSignal.signal()
+    }
+
+    /// Closes the file; records a close error. Called after the thread has been joined (or never started).
+    func close() {
+        do {
+            try file.close()
+        } catch {
+            failureStore.withLock { if $0 == nil { $0 = error } }
+        }
+        done.store(true, ordering: .releasing)
+        doneSignal.signal()
+    }
+}

@@ -1,0 +1,107 @@
+import Synchronization
+
+/// A decoded packet as it waits in a `PacketRing` slot.
+public struct ReceivedPacket: Sendable, Equatable {
+    /// The packet's header.
+    public var header: AudioPacketHeader
+    /// Receiver `CLOCK_MONOTONIC` nanoseconds at which the datagram arrived.
+    public var arrivalNanos: UInt64
+
+    public init(header: AudioPacketHeader, arrivalNanos: UInt64) {
+        self.header = header
+        self.arrivalNanos = arrivalNanos
+    }
+}
+
+/// A preallocated single-producer single-consumer ring of fixed-size packet slots.
+///
+/// The network receive thread (the only producer) decodes datagrams straight into free slots with `push`; the
+/// playback real-time thread (the only consumer) reads them in place with `pop`. Slot ownership is handed over
+/// by the release/acquire `head`/`tail` atomics; nothing allocates or locks after `init`.
+public final class PacketRing: @unchecked Sendable {
+    // @unchecked: slot memory is written only by the producer before releasing `head` and read only by the
+    // consumer before releasing `tail`, so the raw pointers are never accessed concurrently.
+
+    /// Outcome of a producer `push`.
+    public enum PushResult: Equatable, Sendable {
+        case pushed
+        case full
+        case malformed(AudioPacketError)
+    }
+
+    /// Slots in the ring.
+    public let capacity: Int
+    /// Samples each slot can hold.
+    public let samplesPerSlot: Int
+    private let headers: UnsafeMutablePointer<ReceivedPacket>
+    private let samples: UnsafeMutablePointer<Float>
+    private let head = Atomic<Int>(0)  // next slot to write; written by the producer only
+    private let tail = Atomic<Int>(0)  // next slot to read; written by the consumer only
+
+    /// Allocates `capacity` slots of `samplesPerSlot` samples each.
+    public init(capacity: Int, samplesPerSlot: Int = AudioPacket.maximumSamples) {
+        precondition(capacity > 0 && samplesPerSlot > 0, "PacketRing needs at least one slot of one sample")
+        self.capacity = capacity
+        self.samplesPerSlot = samplesPerSlot
+        headers = .allocate(capacity: capacity)
+        let blank = ReceivedPacket(
+            header: AudioPacketHeader(sequence: 0, firstFrameIndex: 0, frameCount: 0, format: .default), arrivalNanos: 0)
+        headers.initialize(repeating: blank, count: capacity)
+        samples = .allocate(capacity: capacity * samplesPerSlot)
+        samples.initialize(repeating: 0, count: capacity * samplesPerSlot)
+    }
+
+    deinit {
+        headers.deinitialize(count: capacity)
+        headers.deallocate()
+        samples.deallocate()
+    }
+
+    /// Packets waiting (approximate when read from a third thread).
+    public var count: Int { head.load(ordering: .acquiring) - tail.load(ordering: .acquiring) }
+
+    /// Producer: decodes `bytes` into the next free slot. Malformed bytes are rejected (and nothing is stored).
+    public func push(encoded bytes: UnsafeRawBufferPointer, arrivalNanos: UInt64) -> PushResult {
+        let header: AudioPacketHeader
+        do { header = try AudioPacket.decodeHeader(bytes) } catch { return .malformed(error) }
+        guard header.frameCount * header.format.channels <= samplesPerSlot else { return .malformed(.tooLarge(bytes.count)) }
+        let h = head.load(ordering: .relaxed)
+        guard h - tail.load(ordering: .acquiring) < capacity else { return .full }
+        let slot = h % capacity
+        do {
+            try AudioPacket.decodeSamples(
+                bytes, header: header,
+                into: UnsafeMutableBufferPointer(start: samples + slot * samplesPerSlot, count: samplesPerSlot))
+        } catch { return .malformed(error) }
+        headers[slot] = ReceivedPacket(header: header, arrivalNanos: arrivalNanos)
+        head.store(h + 1, ordering: .releasing)
+        return .pushed
+    }
+
+    /// Producer: copies an already decoded packet into the next free slot. Returns false when full.
+    public func push(header: AudioPacketHeader, samples source: UnsafeBufferPointer<Float>, arrivalNanos: UInt64) -> Bool {
+        let n = header.frameCount * header.format.channels
+        precondition(n <= samplesPerSlot && source.count >= n, "packet larger than a PacketRing slot")
+        let h = head.load(ordering: .relaxed)
+        guard h - tail.load(ordering: .acquiring) < capacity else { return false }
+        let slot = h % capacity
+        (samples + slot * samplesPerSlot).update(from: source.baseAddress!, count: n)
+        headers[slot] = ReceivedPacket(header: header, arrivalNanos: arrivalNanos)
+        head.store(h + 1, ordering: .releasing)
+        return true
+    }
+
+    /// Consumer: hands the oldest packet and its interleaved samples to `body`, then frees the slot.
+    /// Returns nil (without calling `body`) when the ring is empty.
+    @inline(__always)
+    public func pop<R>(_ body: (ReceivedPacket, UnsafeBufferPointer<Float>) -> R) -> R? {
+        let t = tail.load(ordering: .relaxed)
+        guard head.load(ordering: .acquiring) > t else { return nil }
+        let slot = t % capacity
+        let packet = headers[slot]
+        let n = packet.header.frameCount * packet.header.format.channels
+        let r = body(packet, UnsafeBufferPointer(start: samples + slot * samplesPerSlot, count: n))
+        tail.store(t + 1, ordering: .releasing)
+        return r
+    }
+}

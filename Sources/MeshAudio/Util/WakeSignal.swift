@@ -1,0 +1,48 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A counting wake-up signal over a POSIX semaphore.
+///
+/// `signal()` never blocks and is safe on a real-time thread (it is `sem_post`). `wait(untilNanos:)` is for the
+/// other side only. Waiters must re-check their condition after waking: the count may run ahead of the events
+/// it stands for, so a wake-up can be spurious.
+public final class WakeSignal: @unchecked Sendable {  // sem_t is designed for concurrent use; the pointer never changes.
+    private let semaphore: UnsafeMutablePointer<sem_t>
+
+    public init() {
+        semaphore = .allocate(capacity: 1)
+        sem_init(semaphore, 0, 0)
+    }
+
+    deinit {
+        sem_destroy(semaphore)
+        semaphore.deallocate()
+    }
+
+    /// Wakes one waiter (or the next one to wait). Real-time safe.
+    @inline(__always)
+    public func signal() {
+        sem_post(semaphore)
+    }
+
+    /// Waits for a signal until `CLOCK_MONOTONIC` reaches `deadlineNanos`. Returns `false` on timeout.
+    ///
+    /// `sem_timedwait` takes a `CLOCK_REALTIME` deadline, so the remaining monotonic time is re-based on the
+    /// wall clock at each attempt; a wall-clock step can stretch or shorten one wait, never the overall deadline.
+    @discardableResult
+    public func wait(untilNanos deadlineNanos: UInt64) -> Bool {
+        while true {
+            let now = MonotonicClock.nowNanos()
+            guard now < deadlineNanos else { return sem_trywait(semaphore) == 0 }
+            var wall = timespec()
+            clock_gettime(CLOCK_REALTIME, &wall)
+            let wallDeadline = UInt64(wall.tv_sec) * 1_000_000_000 + UInt64(wall.tv_nsec) + (deadlineNanos - now)
+            var ts = timespec(tv_sec: Int(wallDeadline / 1_000_000_000), tv_nsec: Int(wallDeadline % 1_000_000_000))
+            if sem_timedwait(semaphore, &ts) == 0 { return true }
+            let error = errno
+            if error == ETIMEDOUT { return false }
+            if error != EINTR { return false }
+        }
+    }
+}

@@ -1,0 +1,65 @@
+/// The two directions a datagram can travel through the proxy.
+enum Way: Int, Sendable {
+    case toTarget = 0
+    case fromTarget = 1
+}
+
+extension ImpairmentProxy {
+    /// Exact UDP counters for one direction. Invariant: `received == forwarded + dropped + pending + failed`.
+    public struct DirectionStatistics: Sendable, Equatable {
+        /// Datagrams read from the socket.
+        public var received: UInt64 = 0
+        /// Datagrams sent on (first copy; counted once the send succeeded).
+        public var forwarded: UInt64 = 0
+        /// Datagrams dropped by the loss setting.
+        public var dropped: UInt64 = 0
+        /// Extra copies sent (each also reaches the far side).
+        public var duplicated: UInt64 = 0
+        /// Datagrams that were held back and sent after a later datagram.
+        public var reordered: UInt64 = 0
+        /// Datagrams scheduled with a non-zero added delay.
+        public var delayed: UInt64 = 0
+        /// Datagrams decided but not yet sent (waiting in the delay queue or held for reordering).
+        public var pending: UInt64 = 0
+        /// Datagrams not delivered for another reason: send error, queue or session table full, or discarded at stop.
+        public var failed: UInt64 = 0
+
+        public init() {}
+
+        var json: String {
+            "{\"received\":\(received),\"forwarded\":\(forwarded),\"dropped\":\(dropped),\"duplicated\":\(duplicated),"
+                + "\"reordered\":\(reordered),\"delayed\":\(delayed),\"pending\":\(pending),\"failed\":\(failed)}"
+        }
+    }
+
+    /// A consistent snapshot of all counters (taken under one lock).
+    public struct Statistics: Sendable, Equatable {
+        /// Client → target UDP.
+        public var toTarget = DirectionStatistics()
+        /// Target → client UDP.
+        public var fromTarget = DirectionStatistics()
+        /// UDP clients with a live session (one upstream socket each).
+        public var udpSessions = 0
+        /// TCP connections accepted so far, and those still open.
+        public var tcpConnectionsAccepted: UInt64 = 0
+        public var tcpConnectionsOpen = 0
+        /// TCP payload bytes passed through, per direction.
+        public var tcpBytesToTarget: UInt64 = 0
+        public var tcpBytesFromTarget: UInt64 = 0
+
+        public init() {}
+
+        /// One JSON object on one line; `kind` labels it (for example "counters" or "final").
+        public func jsonLine(kind: String = "counters") -> String {
+            "{\"kind\":\"\(kind)\",\"toTarget\":\(toTarget.json),\"fromTarget\":\(fromTarget.json),"
+                + "\"udpSessions\":\(udpSessions),\"tcpConnectionsAccepted\":\(tcpConnectionsAccepted),"
+                + "\"tcpConnectionsOpen\":\(tcpConnectionsOpen),\"tcpBytesToTarget\":\(tcpBytesToTarget),"
+                + "\"tcpBytesFromTarget\":\(tcpBytesFromTarget)}"
+        }
+
+        subscript(way: Way) -> DirectionStatistics {
+            get { way == .toTarget ? toTarget : fromTarget }
+            set { if way == .toTarget { toTarget = newValue } else { fromTarget = newValue } }
+        }
+    }
+}

@@ -1,0 +1,163 @@
+import PeerMesh
+
+/// How a player finds its host.
+public enum JoinTarget: Sendable, Equatable {
+    /// Browse DNS-SD; join the host with this display name, or the first found when `nil`.
+    case discover(hostName: String?)
+    /// Invite the advertiser at a known address, without mDNS.
+    case direct(PeerEndpoint)
+}
+
+/// The player's join logic as a pure state machine: search, invite, join, and after a loss go back to searching
+/// and rejoin — with bounded, backed-off retries for direct connects. Time is passed in (nanoseconds).
+public struct JoinStateMachine: Sendable {
+    /// What the driver must do.
+    public enum Action: Sendable, Equatable {
+        /// Invite this discovered host.
+        case invite(PeerID)
+        /// Connect to the address (direct mode).
+        case connect(PeerEndpoint)
+        /// Tell the user (one line).
+        case announce(String)
+        /// Stop: the join cannot succeed. The text says why.
+        case giveUp(String)
+    }
+
+    /// The player's phase, for status lines.
+    public enum Phase: Sendable, Equatable {
+        case searching
+        case joining(String)
+        case joined(String)
+        case stopped
+    }
+
+    private enum State {
+        case searching
+        case joining(host: PeerID?, deadline: UInt64)
+        case joined(host: PeerID)
+        case waitingToRetry(until: UInt64)
+        case stopped
+    }
+
+    public let target: JoinTarget
+    /// Direct connects tried in a row before giving up.
+    public let maximumAttempts: Int
+    /// How long one invitation may take.
+    public let inviteTimeout: UInt64
+
+    private var state: State = .searching
+    private var candidates: [PeerID] = []
+    private var attempts = 0
+
+    public init(target: JoinTarget, maximumAttempts: Int = 5, inviteTimeoutNanos: UInt64 = 5_000_000_000) {
+        self.target = target
+        self.maximumAttempts = maximumAttempts
+        inviteTimeout = inviteTimeoutNanos
+    }
+
+    public var phase: Phase {
+        switch state {
+        case .searching, .waitingToRetry: .searching
+        case .joining(let h, _): .joining(h?.displayName ?? describeTarget)
+        case .joined(let h): .joined(h.displayName)
+        case .stopped: .stopped
+        }
+    }
+
+    private var describeTarget: String {
+        switch target {
+        case .discover(let name): name ?? "first host found"
+        case .direct(let e): e.description
+        }
+    }
+
+    /// Begins: direct mode connects at once; discovery mode waits for `found`.
+    public mutating func start(now: UInt64) -> [Action] {
+        switch target {
+        case .direct(let e):
+            attempts = 1
+            state = .joining(host: nil, deadline: now + inviteTimeout)
+            return [.connect(e)]
+        case .discover(let name):
+            return [.announce(name.map { "searching for host \"\($0)\"…" } ?? "searching for a host…")]
+        }
+    }
+
+    /// The browser found a host.
+    public mutating func found(_ peer: PeerID, now: UInt64) -> [Action] {
+        guard case .discover(let wanted) = target else { return [] }
+        if let wanted, peer.displayName != wanted { return [] }
+        if !candidates.contains(peer) { candidates.append(peer) }
+        guard case .searching = state else { return [] }
+        return join(peer, now: now, first: true)
+    }
+
+    /// The browser lost a host.
+    public mutating func lost(_ peer: PeerID) -> [Action] {
+        candidates.removeAll { $0 == peer }
+        return []
+    }
+
+    /// The session reported a state for `peer`.
+    public mutating func sessionState(_ peer: PeerID, _ s: SessionState, now: UInt64) -> [Action] {
+        switch (state, s) {
+        case (.joining(let host, _), .connected) where host == nil || host == peer:
+            state = .joined(host: peer)
+            attempts = 0
+            return [.announce("joined \(peer.displayName)")]
+        case (.joined(let host), .notConnected) where host == peer:
+            return retry(after: "host \(peer.displayName) went away; searching again", now: now, demote: peer)
+        default:
+            return []
+        }
+    }
+
+    /// An invitation failed (declined, timed out, refused).
+    public mutating func invitationFailed(_ peer: PeerID?, reason: String, now: UInt64) -> [Action] {
+        guard case .joining(let host, _) = state, peer == nil || host == nil || host == peer else { return [] }
+        if case .direct(let e) = target, attempts >= maximumAttempts {
+            state = .stopped
+            return [.giveUp("cannot join \(e): \(reason) (\(attempts) attempts)")]
+        }
+        return retry(after: "could not join \(host?.displayName ?? describeTarget): \(reason)", now: now, demote: host)
+    }
+
+    /// Time passed: retry when a backoff expires; give up an invitation stuck past its timeout.
+    public mutating func tick(now: UInt64) -> [Action] {
+        switch state {
+        case .waitingToRetry(let until) where now >= until:
+            switch target {
+            case .direct(let e):
+                attempts += 1
+                state = .joining(host: nil, deadline: now + inviteTimeout)
+                return [.connect(e)]
+            case .discover:
+                state = .searching
+                if let next = candidates.first { return join(next, now: now, first: false) }
+                return []
+            }
+        case .joining(let host, let deadline) where now >= deadline + 1_000_000_000:
+            // The session reports invitation timeouts itself; this only guards against a lost report.
+            return invitationFailed(host, reason: "no answer", now: now)
+        default:
+            return []
+        }
+    }
+
+    /// The player is shutting down.
+    public mutating func stop() { state = .stopped }
+
+    private mutating func join(_ peer: PeerID, now: UInt64, first: Bool) -> [Action] {
+        state = .joining(host: peer, deadline: now + inviteTimeout)
+        return [.announce("found host \(peer.displayName); joining"), .invite(peer)]
+    }
+
+    private mutating func retry(after message: String, now: UInt64, demote: PeerID?) -> [Action] {
+        // Try other hosts before the one that just failed (a killed host's advertisement may linger).
+        if let demote, let i = candidates.firstIndex(of: demote) { candidates.append(candidates.remove(at: i)) }
+        // Back off 0.25 s, 0.5 s, 1 s, 2 s (capped) between direct attempts; 0.25 s before re-inviting a host.
+        let shift = UInt64(min(max(attempts - 1, 0), 3))
+        state = .waitingToRetry(until: now + (250_000_000 << shift))
+        return [.announce(message)]
+    }
+}

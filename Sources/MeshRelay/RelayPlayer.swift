@@ -1,0 +1,253 @@
+import Foundation
+import MeshAudio
+import PeerMesh
+import Synchronization
+
+/// The playback side of the relay: finds a host (DNS-SD or a direct address), joins its session, and plays what
+/// it sends. When the host goes away it says so, searches again and rejoins by itself.
+///
+/// The chain is receive → jitter buffer → conceal/resample → play: `Session` delivers each datagram to
+/// `PlayoutRenderer.enqueue` on the session's I/O thread; the sink's real-time thread pulls
+/// `PlayoutRenderer.render`. The sink is built for the host's format by `makeSink`.
+public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, Sendable {
+    /// What the player needs to run.
+    public struct Configuration: Sendable {
+        /// Where the host is.
+        public var target: JoinTarget
+        /// The service type browsed.
+        public var serviceType: String = "mesh-audio"
+        /// The player's display name.
+        public var name: String
+        /// Jitter-buffer policy (`--latency`).
+        public var latency: JitterBuffer.Mode = .auto
+        /// Discovery backend; `nil` means Avahi.
+        public var discovery: (any DiscoveryBackend)?
+        /// Host silent this long is gone.
+        public var peerTimeout: Duration = .seconds(2)
+        /// Direct connects in a row before giving up.
+        public var maximumConnectAttempts: Int = 5
+        /// The format assumed before the first packet says otherwise.
+        public var initialFormat: AudioFormat = .default
+
+        public init(target: JoinTarget, name: String, serviceType: String = "mesh-audio",
+                    latency: JitterBuffer.Mode = .auto, discovery: (any DiscoveryBackend)? = nil) {
+            self.target = target
+            self.name = name
+            self.serviceType = serviceType
+            self.latency = latency
+            self.discovery = discovery
+        }
+    }
+
+    /// A snapshot for the status line and `--json`.
+    public struct Statistics: Sendable {
+        public var phase: JoinStateMachine.Phase = .searching
+        public var host: PeerID?
+        public var playout = PlayoutStats()
+        public var device = AudioStats()
+        public var roundTripMilliseconds: Double?
+        /// Network one-way (half the RTT) + jitter buffer + both devices' delays.
+        public var mouthToEarMilliseconds: Double?
+        public var datagrams: UInt64 = 0
+        public var strangerDatagrams: UInt64 = 0
+        public var malformedDatagrams: UInt64 = 0
+        /// Seconds from `start()` to the first datagram of audio, or nil before.
+        public var firstAudioSeconds: Double?
+        public var format: AudioFormat = .default
+    }
+
+    /// Builds the sink for a format (an ALSA `Player`, or a `WAVFileSink`).
+    public typealias SinkFactory = @Sendable (AudioFormat) throws -> any AudioSink
+
+    public let configuration: Configuration
+    public let session: Session
+    public let peer: PeerID
+    private let makeSink: SinkFactory
+    private let browser: NearbyServiceBrowser?
+    private let join: Mutex<JoinStateMachine>
+    private let chain = Mutex<Chain?>(nil)
+    private let counters = Mutex(Counters())
+    private let control = DispatchQueue(label: "mesh-play.control")
+    private let ticking = Atomic<Bool>(false)
+    private let log: @Sendable (String) -> Void
+    private let onGiveUp: @Sendable (String) -> Void
+    private let started = Atomic<UInt64>(0)
+
+    private struct Chain: Sendable {
+        let format: AudioFormat
+        let renderer: PlayoutRenderer
+        let sink: any AudioSink
+    }
+
+    private struct Counters {
+        var host: PeerID?
+        var firstAudio: UInt64?
+        var pendingFormat: AudioFormat?
+    }
+
+    /// - Parameters:
+    ///   - log: one human-readable line per event.
+    ///   - onGiveUp: called once when joining cannot succeed (direct connects exhausted).
+    public init(configuration: Configuration, makeSink: @escaping SinkFactory,
+                log: @escaping @Sendable (String) -> Void = { _ in },
+                onGiveUp: @escaping @Sendable (String) -> Void = { _ in }) throws {
+        self.configuration = configuration
+        self.makeSink = makeSink
+        self.log = log
+        self.onGiveUp = onGiveUp
+        let name = String(decoding: configuration.name.utf8.prefix(PeerID.maximumDisplayNameBytes), as: UTF8.self)
+        peer = try PeerID(displayName: name.isEmpty ? "mesh-play" : name)
+        session = try Session(peer: peer, configuration: .init(peerTimeout: configuration.peerTimeout))
+        if case .discover = configuration.target {
+            browser = try NearbyServiceBrowser(peer: peer, serviceType: configuration.serviceType, discovery: configuration.discovery)
+        } else {
+            browser = nil
+        }
+        join = Mutex(JoinStateMachine(target: configuration.target, maximumAttempts: configuration.maximumConnectAttempts))
+        session.delegate = self
+        browser?.delegate = self
+    }
+
+    /// Builds the playback chain, starts the sink (it plays silence until audio arrives) and starts joining.
+    public func start() throws {
+        started.store(monotonicNow(), ordering: .releasing)
+        try buildChain(configuration.initialFormat)
+        try browser?.startBrowsingForPeers()
+        let actions = join.withLock { $0.start(now: monotonicNow()) }
+        perform(actions)
+        ticking.store(true, ordering: .releasing)
+        scheduleTick()
+    }
+
+    /// Says goodbye to the host, stops the sink (a WAV file is finalized) and stops browsing.
+    public func stop() {
+        ticking.store(false, ordering: .releasing)
+        join.withLock { $0.stop() }
+        browser?.stopBrowsingForPeers()
+        session.disconnect()
+        let c = chain.withLock { c in let old = c; c = nil; return old }
+        c?.sink.stop()
+    }
+
+    /// A snapshot of every counter.
+    public var statistics: Statistics {
+        var s = Statistics()
+        s.phase = join.withLock { $0.phase }
+        let c = counters.withLock { $0 }
+        s.host = c.host
+        if let ch = chain.withLock({ $0 }) {
+            s.playout = ch.renderer.stats
+            s.device = ch.sink.stats
+            s.format = ch.format
+        }
+        let st = session.statistics
+        s.datagrams = st.datagramsReceived
+        s.strangerDatagrams = st.strangerDatagrams
+        s.malformedDatagrams = st.malformedDatagrams
+        if let h = c.host, let rtt = session.roundTripTime(to: h) {
+            s.roundTripMilliseconds = Double(rtt.components.seconds) * 1000 + Double(rtt.components.attoseconds) / 1e15
+        }
+        if let first = c.firstAudio {
+            s.firstAudioSeconds = Double(first &- started.load(ordering: .acquiring)) / 1e9
+            s.mouthToEarMilliseconds = (s.roundTripMilliseconds ?? 0) / 2 + s.playout.playoutLatencyMilliseconds
+                + s.playout.hostLatencyMilliseconds
+        }
+        return s
+    }
+
+    // MARK: Chain
+
+    private func buildChain(_ format: AudioFormat) throws {
+        let renderer = try PlayoutRenderer(format: format, configuration: .init(mode: configuration.latency))
+        let sink = try makeSink(format)
+        try sink.start(renderer: renderer)
+        let old = chain.withLock { c in let o = c; c = Chain(format: format, renderer: renderer, sink: sink); return o }
+        old?.sink.stop()
+    }
+
+    // MARK: Join driver
+
+    private func perform(_ actions: [JoinStateMachine.Action]) {
+        for a in actions {
+            switch a {
+            case .announce(let text): log(text)
+            case .invite(let host):
+                do { try browser?.invitePeer(host, to: session, withContext: nil, timeout: .seconds(5)) } catch {
+                    let more = join.withLock { $0.invitationFailed(host, reason: "\(error)", now: monotonicNow()) }
+                    perform(more)
+                }
+            case .connect(let endpoint):
+                do { try session.connect(to: endpoint, timeout: .seconds(5)) } catch {
+                    let more = join.withLock { $0.invitationFailed(nil, reason: "\(error)", now: monotonicNow()) }
+                    perform(more)
+                }
+            case .giveUp(let why):
+                log(why)
+                onGiveUp(why)
+            }
+        }
+    }
+
+    private func scheduleTick() {
+        control.asyncAfter(deadline: .now() + .milliseconds(50)) { [weak self] in
+            guard let self, self.ticking.load(ordering: .acquiring) else { return }
+            self.tick()
+            self.scheduleTick()
+        }
+    }
+
+    private func tick() {
+        perform(join.withLock { $0.tick(now: monotonicNow()) })
+        // A host with another format: rebuild the chain here, off the network thread.
+        if let f = counters.withLock({ c in let p = c.pendingFormat; c.pendingFormat = nil; return p }),
+           chain.withLock({ $0?.format }) != f {
+            log("host sends \(f); reopening playback")
+            do { try buildChain(f) } catch { log("cannot play \(f): \(error)") }
+        }
+    }
+
+    // MARK: Delegates
+
+    public func session(_ session: Session, peer: PeerID, didChange state: SessionState) {
+        counters.withLock { c in
+            if state == .connected { c.host = peer } else if c.host == peer { c.host = nil }
+        }
+        let actions = join.withLock { $0.sessionState(peer, state, now: monotonicNow()) }
+        control.async { self.perform(actions) }
+    }
+
+    public func session(_ session: Session, didReceiveDatagram data: Data, fromPeer peer: PeerID) {
+        let now = monotonicNow()
+        guard let ch = chain.withLock({ $0 }) else { return }
+        data.withUnsafeBytes { raw in
+            if let h = try? AudioPacket.decodeHeader(raw), h.format != ch.format {
+                counters.withLock { $0.pendingFormat = h.format }
+                return
+            }
+            ch.renderer.enqueue(packet: raw, arrivalNanos: now)
+        }
+        counters.withLock { c in if c.firstAudio == nil { c.firstAudio = now } }
+    }
+
+    public func session(_ session: Session, invitationTo peer: PeerID?, failedWith reason: DeclineReason, detail: String) {
+        let actions = join.withLock { $0.invitationFailed(peer, reason: detail, now: monotonicNow()) }
+        control.async { self.perform(actions) }
+    }
+
+    public func browser(_ browser: NearbyServiceBrowser, foundPeer peer: PeerID, withDiscoveryInfo info: [String: String]?) {
+        let actions = join.withLock { $0.found(peer, now: monotonicNow()) }
+        control.async { self.perform(actions) }
+    }
+
+    public func browser(_ browser: NearbyServiceBrowser, lostPeer peer: PeerID) {
+        let actions = join.withLock { $0.lost(peer) }
+        control.async { self.perform(actions) }
+    }
+
+    public func browser(_ browser: NearbyServiceBrowser, didNotStartBrowsingForPeers error: PeerMeshError) {
+        log("browsing failed: \(error)")
+    }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds.
+func monotonicNow() -> UInt64 { MonotonicClock.nowNanos() }

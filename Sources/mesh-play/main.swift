@@ -1,0 +1,106 @@
+// mesh-play --find: discovers a mesh-record host on the LAN, joins it and plays.
+import Foundation
+import MeshAudio
+import MeshRelay
+import PeerMesh
+import Synchronization
+
+let terminal: Terminal
+let options: PlayOptions
+switch Result(catching: { () throws(UsageError) in try PlayOptions.parse(Array(CommandLine.arguments.dropFirst())) }) {
+case .success(.run(let o)):
+    options = o
+    terminal = Terminal(program: "mesh-play", quiet: o.quiet)
+case .success(.help):
+    print(PlayOptions.usage)
+    exit(0)
+case .success(.version):
+    print("mesh-play \(meshVersion)")
+    exit(0)
+case .failure(let e):
+    FileHandle.standardError.write(Data("mesh-play: \(e)\n\(PlayOptions.usage)\n".utf8))
+    exit(2)
+}
+
+func fail(_ text: String) -> Never {
+    terminal.error(text)
+    exit(1)
+}
+
+// --list: print the hosts found within two seconds, then exit.
+if options.list {
+    final class Lister: NearbyServiceBrowserDelegate, @unchecked Sendable { // only touched on the browser's queue
+        func browser(_ browser: NearbyServiceBrowser, foundPeer peer: PeerID, withDiscoveryInfo info: [String: String]?) {
+            let endpoints = browser.foundPeers.first { $0.peer == peer }?.endpoints.map(\.description).joined(separator: ",") ?? ""
+            let details = (info ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
+            print("\(peer.displayName)\t\(endpoints)\t\(details)")
+        }
+        func browser(_ browser: NearbyServiceBrowser, lostPeer peer: PeerID) {}
+    }
+    do {
+        let me = try PeerID(displayName: options.name)
+        let browser = try NearbyServiceBrowser(peer: me, serviceType: options.service)
+        let lister = Lister()
+        browser.delegate = lister
+        try browser.startBrowsingForPeers()
+        Thread.sleep(forTimeInterval: options.duration ?? 2)
+        browser.stopBrowsingForPeers()
+        exit(0)
+    } catch {
+        fail("\(error)")
+    }
+}
+
+let target: JoinTarget = options.connect.map { .direct($0) } ?? .discover(hostName: options.hostName)
+let output = options.output
+let makeSink: RelayPlayer.SinkFactory = { format in
+    switch output {
+    case .device(let name): try Player(device: name, format: format, periodFrames: 128)
+    case .file(let path): try WAVFileSink(path: path, format: format, periodFrames: 128)
+    }
+}
+
+let done = DispatchSemaphore(value: 0)
+let exitCode = Mutex<Int32>(0)
+let player: RelayPlayer
+do {
+    var config = RelayPlayer.Configuration(target: target, name: options.name, serviceType: options.service, latency: options.latency)
+    config.maximumConnectAttempts = 5
+    player = try RelayPlayer(configuration: config, makeSink: makeSink, log: { terminal.log($0) }, onGiveUp: { _ in
+        exitCode.withLock { $0 = 1 }
+        done.signal()
+    })
+    try player.start()
+} catch {
+    fail("\(error)")
+}
+
+let trap = SignalTrap(queue: .global()) { _ in done.signal() }
+let reporter = DispatchQueue(label: "mesh-play.status")
+let ticker = DispatchSource.makeTimerSource(queue: reporter)
+ticker.schedule(deadline: .now() + 1, repeating: 1)
+ticker.setEventHandler {
+    let s = player.statistics
+    terminal.status(StatusReport.line(player: s))
+    if options.json { terminal.stdout(StatusReport.encode(StatusReport.json(player: s))) }
+}
+ticker.resume()
+if let d = options.duration {
+    _ = done.wait(timeout: .now() + d)
+} else {
+    done.wait()
+}
+ticker.cancel()
+terminal.finish()
+let final = player.statistics
+player.stop()
+if options.json {
+    var summary = StatusReport.json(player: final)
+    summary["final"] = true
+    terminal.stdout(StatusReport.encode(summary))
+}
+terminal.log(String(format: "played %.1f s of audio; loss %.2f%%, concealed %.0f ms",
+                    Double(final.device.framesOut) / Double(final.format.sampleRate), final.playout.lossPercent,
+                    final.playout.concealedMilliseconds))
+_ = trap
+exit(exitCode.withLock { $0 })

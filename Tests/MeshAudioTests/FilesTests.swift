@@ -1,0 +1,202 @@
+import Testing
+import Foundation
+@testable import MeshAudio
+
+@Suite("Tone, WAV files and input specs")
+struct FilesTests {
+    // MARK: Tone
+
+    @Test func toneSamplesFollowTheSineFormula() throws {
+        let format = AudioFormat(sampleRate: 48_000, channels: 2)
+        let tone = try ToneSource(frequency: 1000, amplitude: 0.25, format: format, periodFrames: 100, realtime: false)
+        try tone.start()
+        defer { tone.stop() }
+        let capture = collect(tone, frames: 4_800)
+        #expect(capture.samples.count == 4_800 * 2)
+        #expect(capture.isContiguous)
+        #expect(capture.chunks.first?.firstFrameIndex == 0)
+        var worst: Float = 0
+        for n in 0..<4_800 {
+            let expected = Float(0.25 * sin(2 * Double.pi * 1000 * Double(n) / 48_000))
+            worst = max(worst, abs(capture.samples[2 * n] - expected))
+            #expect(capture.samples[2 * n] == capture.samples[2 * n + 1], "both channels carry the same sample")
+        }
+        #expect(worst < 1e-5)
+        // 1 kHz over 0.1 s: 100 cycles, 200 sign changes (give or take the exact zero at n = 0).
+        let crossings = zip(capture.samples.enumerated().filter { $0.offset % 2 == 0 }.map(\.element).dropFirst(),
+                            capture.samples.enumerated().filter { $0.offset % 2 == 0 }.map(\.element).dropFirst(2))
+            .filter { ($0 < 0) != ($1 < 0) }.count
+        #expect((198...200).contains(crossings))
+    }
+
+    @Test func toneParsesValidSpecs() throws {
+        #expect(try ToneSource.frequency(inSpec: "tone:440", sampleRate: 44_100) == 440)
+        #expect(try ToneSource.frequency(inSpec: "tone:997.5", sampleRate: 44_100) == 997.5)
+        let tone = try ToneSource.parse("tone:440", realtime: false)
+        #expect(tone.frequency == 440)
+        #expect(tone.format == .default)
+    }
+
+    @Test(arguments: ["tone:0", "tone:-5", "tone:22050", "tone:30000", "tone:nan", "tone:inf", "tone:abc", "tone:", "tune:440"])
+    func toneRefusesInvalidSpecs(spec: String) {
+        #expect {
+            _ = try ToneSource.parse(spec, realtime: false)
+        } throws: { error in
+            guard let error = error as? ToneError else { return false }
+            let text = error.description
+            switch error {
+            case .invalidFrequency: return text.contains("22050") && text.contains("above 0")
+            case .invalidSpec(let s): return s == spec && text.contains("tone:440")
+            case .invalidAmplitude: return false
+            }
+        }
+    }
+
+    @Test func toneRefusesBadAmplitude() {
+        #expect(throws: ToneError.invalidAmplitude(1.5)) { try ToneSource(frequency: 440, amplitude: 1.5, realtime: false) }
+    }
+
+    @Test func realtimeToneIsPacedByTheClock() throws {
+        let tone = try ToneSource(frequency: 440, periodFrames: 441, realtime: true)
+        try tone.start()
+        defer { tone.stop() }
+        let capture = collect(tone, frames: 11_025)  // 0.25 s
+        #expect(capture.samples.count == 11_025)
+        #expect(capture.elapsedSeconds > 0.2 && capture.elapsedSeconds < 1.5, "took \(capture.elapsedSeconds) s")
+        // Timestamps advance by exactly one period of time per chunk (10 ms), from a fixed origin.
+        let steps = zip(capture.chunks, capture.chunks.dropFirst()).map { $1.timestampNanos - $0.timestampNanos }
+        #expect(steps.allSatisfy { $0 == 10_000_000 })
+    }
+
+    // MARK: Input specs
+
+    @Test func inputSpecParses() throws {
+        #expect(try InputSpec.parse("tone:440") == .tone(frequency: 440))
+        #expect(try InputSpec.parse("take1.WAV") == .file(path: "take1.WAV"))
+        #expect(try InputSpec.parse("file:/tmp/x") == .file(path: "/tmp/x"))
+        #expect(try InputSpec.parse("plug:hw:0") == .device("plug:hw:0"))
+        #expect(throws: ToneError.self) { try InputSpec.parse("tone:0") }
+    }
+
+    // MARK: WAV
+
+    /// Writes `signal` through a non-real-time WAVFileSink, reads it back through a non-real-time WAVFileSource.
+    private func roundTrip(_ signal: [Float], format: AudioFormat, encoding: WAVEncoding) throws -> (WAVFileSource, Capture) {
+        let path = temporaryPath("roundtrip.wav")
+        let frames = signal.count / format.channels
+        let sink = try WAVFileSink(path: path, format: format, periodFrames: 100, encoding: encoding,
+                                   realtime: false, maxFrames: frames)
+        try sink.start(renderer: SignalRenderer(signal, channels: format.channels))
+        #expect(sink.waitUntilFinished(timeoutNanos: 10_000_000_000))
+        sink.stop()
+        #expect(sink.failure == nil)
+        #expect(sink.stats.framesOut == UInt64(frames))
+
+        let source = try WAVFileSource(path: path, periodFrames: 64, realtime: false)
+        try source.start()
+        let capture = collect(source, frames: frames + 1_000, timeoutSeconds: 10)
+        source.stop()
+        return (source, capture)
+    }
+
+    @Test func wavFloatRoundTripIsExact() throws {
+        let signal = (0..<10_007).map { Float(sin(Double($0) * 0.01)) * 0.9 }
+        let (source, capture) = try roundTrip(signal, format: .default, encoding: .float32)
+        #expect(source.format == .default)
+        #expect(source.frameCount == signal.count)
+        #expect(bits(capture.samples) == bits(signal))
+        #expect(capture.isContiguous)
+        #expect(capture.chunks.last?.frames == 10_007 % 64, "the last chunk is the file's remainder")
+        #expect(source.isFinished)
+    }
+
+    @Test func wav48kStereoRoundTripIsExact() throws {
+        let format = AudioFormat(sampleRate: 48_000, channels: 2)
+        let signal: [Float] = (0..<(4_800 * 2)).map { (i: Int) -> Float in
+            let x = Float(i)
+            return i % 2 == 0 ? x / 9_600 - 0.5 : -x / 19_200
+        }
+        let (source, capture) = try roundTrip(signal, format: format, encoding: .float32)
+        #expect(source.format == format)
+        #expect(bits(capture.samples) == bits(signal))
+    }
+
+    @Test func wavPCM16RoundTripIsWithinOneStep() throws {
+        let signal = (0..<4_410).map { Float(sin(Double($0) * 0.05)) * 0.8 }
+        let (_, capture) = try roundTrip(signal, format: .default, encoding: .pcm16)
+        #expect(capture.samples.count == signal.count)
+        let worst = zip(capture.samples, signal).map { abs($0 - $1) }.max() ?? 1
+        #expect(worst <= 1.0 / 32_768)
+    }
+
+    @Test func wavSourceLoopsWhenAsked() throws {
+        let path = temporaryPath("loop.wav")
+        let sink = try WAVFileSink(path: path, periodFrames: 10, realtime: false, maxFrames: 30)
+        try sink.start(renderer: SignalRenderer((0..<30).map(Float.init)))
+        #expect(sink.waitUntilFinished(timeoutNanos: 5_000_000_000))
+        sink.stop()
+        let source = try WAVFileSource(path: path, periodFrames: 16, loop: true, realtime: false)
+        try source.start()
+        let capture = collect(source, frames: 75)
+        source.stop()
+        #expect(Array(capture.samples.prefix(75)) == (0..<75).map { Float($0 % 30) })
+        #expect(!source.loops || capture.isContiguous)
+    }
+
+    @Test func wavSinkHeaderIsValidBeforeStop() throws {
+        // The header is updated as frames are written, so a crash before stop() still leaves a readable file.
+        let path = temporaryPath("live.wav")
+        let sink = try WAVFileSink(path: path, periodFrames: 50, realtime: false, maxFrames: 500)
+        try sink.start(renderer: SignalRenderer([Float](repeating: 0.5, count: 500)))
+        #expect(sink.waitUntilFinished(timeoutNanos: 5_000_000_000))
+        let reader = try WAVFileSource(path: path, realtime: false)
+        #expect(reader.frameCount == 500)
+        sink.stop()
+    }
+
+    @Test func garbageWAVGivesAClearError() throws {
+        let path = temporaryPath("garbage.wav")
+        try Data((0..<4_000).map { UInt8(truncatingIfNeeded: $0 &* 37 &+ 11) }).write(to: URL(fileURLWithPath: path))
+        #expect {
+            _ = try WAVFileSource(path: path)
+        } throws: { error in
+            let text = "\(error)"
+            return error is SndfileError && text.contains(path) && text.contains("open for reading")
+                && text.count > path.count + 30
+        }
+    }
+
+    @Test func wavWithHeaderCutShortGivesAClearError() throws {
+        let good = temporaryPath("good.wav")
+        let sink = try WAVFileSink(path: good, periodFrames: 100, realtime: false, maxFrames: 1_000)
+        try sink.start(renderer: SignalRenderer([Float](repeating: 0.25, count: 1_000)))
+        #expect(sink.waitUntilFinished(timeoutNanos: 5_000_000_000))
+        sink.stop()
+        let bytes = try Data(contentsOf: URL(fileURLWithPath: good))
+        let cut = temporaryPath("cut.wav")
+        try bytes.prefix(30).write(to: URL(fileURLWithPath: cut))
+        #expect {
+            _ = try WAVFileSource(path: cut)
+        } throws: { error in
+            guard let error = error as? SndfileError else { return false }
+            return error.path == cut && !error.message.isEmpty && "\(error)".contains(cut)
+        }
+    }
+
+    @Test func missingWAVNamesTheFile() {
+        let path = "/nonexistent/dir/take.wav"
+        #expect {
+            _ = try WAVFileSource(path: path)
+        } throws: { error in
+            "\(error)".contains(path) && "\(error)".lowercased().contains("no such file")
+        }
+    }
+
+    @Test func pacingClockMapsFramesWithoutDrift() {
+        let clock = PacingClock(sampleRate: 44_100, originNanos: 1_000)
+        #expect(clock.time(ofFrame: 0) == 1_000)
+        #expect(clock.time(ofFrame: 44_100) == 1_000 + 1_000_000_000)
+        #expect(clock.time(ofFrame: 44_100 * 3_600) == 1_000 + 3_600 * 1_000_000_000)
+        #expect(clock.time(ofFrame: 441) == 1_000 + 10_000_000)
+    }
+}

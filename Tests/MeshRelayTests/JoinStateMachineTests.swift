@@ -1,0 +1,133 @@
+import Foundation
+import PeerMesh
+import Testing
+@testable import MeshRelay
+
+@Suite("Join state machine (pure, virtual time)")
+struct JoinStateMachineTests {
+    let host = try! PeerID(displayName: "kitchen")
+    let other = try! PeerID(displayName: "garage")
+    let ms: UInt64 = 1_000_000
+
+    @Test("Discover: the first host found is invited; connected means joined")
+    func discoverFirst() {
+        var m = JoinStateMachine(target: .discover(hostName: nil))
+        #expect(m.start(now: 0) == [.announce("searching for a host…")])
+        #expect(m.found(host, now: 10 * ms) == [.announce("found host kitchen; joining"), .invite(host)])
+        #expect(m.found(other, now: 11 * ms) == [], "one join at a time")
+        #expect(m.sessionState(host, .connecting, now: 12 * ms) == [])
+        #expect(m.sessionState(host, .connected, now: 13 * ms) == [.announce("joined kitchen")])
+        #expect(m.phase == .joined("kitchen"))
+    }
+
+    @Test("Discover with --host: other hosts are ignored")
+    func discoverByName() {
+        var m = JoinStateMachine(target: .discover(hostName: "kitchen"))
+        _ = m.start(now: 0)
+        #expect(m.found(other, now: 1) == [])
+        #expect(m.found(host, now: 2) == [.announce("found host kitchen; joining"), .invite(host)])
+    }
+
+    @Test("Host lost: say so, back off, rejoin the next host found (a restarted host has a new identity)")
+    func rejoinAfterLoss() {
+        var m = JoinStateMachine(target: .discover(hostName: nil))
+        _ = m.start(now: 0)
+        _ = m.found(host, now: 0)
+        _ = m.sessionState(host, .connected, now: 1 * ms)
+        #expect(m.sessionState(host, .notConnected, now: 100 * ms) == [.announce("host kitchen went away; searching again")])
+        #expect(m.phase == .searching)
+        let restarted = try! PeerID(displayName: "kitchen")
+        #expect(m.lost(host) == [])
+        #expect(m.found(restarted, now: 150 * ms) == [], "waits out the backoff")
+        #expect(m.tick(now: 200 * ms) == [])
+        #expect(m.tick(now: 360 * ms) == [.announce("found host kitchen; joining"), .invite(restarted)])
+        #expect(m.sessionState(restarted, .connected, now: 400 * ms) == [.announce("joined kitchen")])
+    }
+
+    @Test("A host whose invitation fails is retried after the others")
+    func failedHostIsDemoted() {
+        var m = JoinStateMachine(target: .discover(hostName: nil))
+        _ = m.start(now: 0)
+        _ = m.found(host, now: 0)
+        _ = m.found(other, now: 0)
+        #expect(m.invitationFailed(host, reason: "refused", now: 10 * ms) == [.announce("could not join kitchen: refused")])
+        #expect(m.tick(now: 300 * ms) == [.announce("found host garage; joining"), .invite(other)])
+    }
+
+    @Test("Direct: bounded retries with backoff, then give up")
+    func directGivesUp() {
+        let e = PeerEndpoint(host: "127.0.0.1", port: 9)
+        var m = JoinStateMachine(target: .direct(e), maximumAttempts: 3)
+        #expect(m.start(now: 0) == [.connect(e)])
+        var now: UInt64 = 0
+        var connects = 1
+        var gaveUp: String?
+        for _ in 0..<100 {
+            now += 50 * ms
+            let a = m.invitationFailed(nil, reason: "Connection refused", now: now)
+            if case .giveUp(let why)? = a.first { gaveUp = why; break }
+            var t: [JoinStateMachine.Action] = []
+            while t.isEmpty { now += 50 * ms; t = m.tick(now: now) }
+            #expect(t == [.connect(e)])
+            connects += 1
+        }
+        #expect(connects == 3)
+        #expect(gaveUp == "cannot join 127.0.0.1:9: Connection refused (3 attempts)")
+        #expect(m.phase == .stopped)
+    }
+
+    @Test("Direct: after a join, a loss starts a fresh round of attempts")
+    func directRejoins() {
+        let e = PeerEndpoint(host: "127.0.0.1", port: 9)
+        var m = JoinStateMachine(target: .direct(e), maximumAttempts: 2)
+        _ = m.start(now: 0)
+        _ = m.sessionState(host, .connected, now: 1)
+        _ = m.sessionState(host, .notConnected, now: 2)
+        #expect(m.tick(now: 300 * ms) == [.connect(e)])
+        #expect(m.invitationFailed(nil, reason: "refused", now: 310 * ms).first == .announce("could not join 127.0.0.1:9: refused"))
+    }
+}
+
+@Suite("Command-line parsing")
+struct OptionsTests {
+    @Test("mesh-record defaults and flags")
+    func record() throws {
+        guard case .run(let d) = try RecordOptions.parse(["--host"]) else { Issue.record("no config"); return }
+        #expect(d.service == "mesh-audio" && d.rate == 44_100 && d.channels == 1 && d.period == 128 && d.acceptAll)
+        guard case .run(let o) = try RecordOptions.parse(["--host", "--name", "den", "--input", "tone:440", "--port", "7000",
+                                                         "--max-peers", "8", "--accept", "ask", "--json", "--quiet"])
+        else { Issue.record("no config"); return }
+        #expect(o.name == "den" && o.input == .tone(440) && o.port == 7000 && o.maxPeers == 8 && !o.acceptAll && o.json && o.quiet)
+        guard case .help = try RecordOptions.parse(["--help"]) else { Issue.record("help"); return }
+        guard case .version = try RecordOptions.parse(["--version"]) else { Issue.record("version"); return }
+    }
+
+    @Test("mesh-record refuses bad flags with a message", arguments: [
+        ["--host", "--bogus"], [], ["--host", "--rate", "abc"], ["--host", "--port", "0"], ["--host", "--accept", "maybe"],
+        ["--host", "--input", "tone:-5"], ["--host", "--input", "tone:30000"], ["--host", "--service", "Bad_Type"],
+        ["--host", "--name"], ["--host", "--channels", "9"],
+    ])
+    func recordBad(args: [String]) {
+        #expect(throws: UsageError.self) { try RecordOptions.parse(args) }
+    }
+
+    @Test("mesh-play defaults and flags")
+    func play() throws {
+        guard case .run(let d) = try PlayOptions.parse(["--find"]) else { Issue.record("no config"); return }
+        #expect(d.latency == .auto && d.output == .device("default") && d.hostName == nil && d.duration == nil)
+        guard case .run(let o) = try PlayOptions.parse(["--find", "--host", "kitchen", "--output", "x.wav", "--latency", "low",
+                                                       "--duration", "2.5", "--json"])
+        else { Issue.record("no config"); return }
+        #expect(o.hostName == "kitchen" && o.output == .file("x.wav") && o.latency == .low && o.duration == 2.5 && o.json)
+        guard case .run(let c) = try PlayOptions.parse(["--connect", "127.0.0.1:7000", "--latency", "20"]) else { Issue.record("no config"); return }
+        #expect(c.connect == PeerEndpoint(host: "127.0.0.1", port: 7000) && c.latency == .fixed(milliseconds: 20))
+    }
+
+    @Test("mesh-play refuses bad flags with a message", arguments: [
+        ["--find", "--bogus"], [], ["--connect", "nohost"], ["--find", "--latency", "fast"], ["--find", "--duration", "-1"],
+        ["--find", "--device", "hw:0", "--output", "a.wav"], ["--list", "--connect", "127.0.0.1:1"],
+    ])
+    func playBad(args: [String]) {
+        #expect(throws: UsageError.self) { try PlayOptions.parse(args) }
+    }
+}

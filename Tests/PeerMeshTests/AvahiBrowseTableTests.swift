@@ -1,0 +1,108 @@
+import Testing
+@testable import PeerMesh
+
+/// The pure browse table behind `AvahiDiscovery`: no daemon, no sockets.
+@Suite struct AvahiBrowseTableTests {
+    typealias Key = AvahiBrowseTable.ItemKey
+    let alice = try! PeerID(displayName: "Alice", identity: 0x0123_4567_89ab_cdef)
+    let me = try! PeerID(displayName: "Me", identity: 0xfeed)
+
+    func key(_ name: String, interface: Int32 = 1, proto: Int32 = 0) -> Key {
+        Key(interface: interface, proto: proto, name: name, domain: "local")
+    }
+
+    func txt(_ peer: PeerID, _ info: [String: String] = [:]) -> [String] { TXTRecord.encode(peer: peer, discoveryInfo: info) }
+
+    @Test func collisionSuffixIsStripped() {
+        #expect(AvahiDiscovery.identityPart(ofInstanceName: "0123456789abcdef #2") == "0123456789abcdef")
+        #expect(AvahiDiscovery.identityPart(ofInstanceName: "0123456789abcdef #17") == "0123456789abcdef")
+        #expect(AvahiDiscovery.identityPart(ofInstanceName: "0123456789abcdef") == "0123456789abcdef")
+        #expect(AvahiDiscovery.identityPart(ofInstanceName: "abc #x") == "abc #x")
+        #expect(AvahiDiscovery.identityPart(ofInstanceName: "#2") == "#2")
+        #expect(AvahiDiscovery.dnssdType("mesh-audio") == "_mesh-audio._tcp")
+    }
+
+    @Test func foundOnceAcrossInterfacesAndLostWithTheLastInstance() {
+        var t = AvahiBrowseTable(serviceType: "t", localIdentity: me.identity)
+        let a = PeerEndpoint(host: "127.0.0.1", port: 5000)
+        let b = PeerEndpoint(host: "198.18.0.1", port: 5000)
+        let first = t.resolved(key(alice.identityString, interface: 1), txt: txt(alice, ["k": "v"]), endpoint: a)
+        #expect(first == [.deliver(.found(DiscoveredPeer(peer: alice, discoveryInfo: ["k": "v"], endpoints: [a])))])
+        // The same instance resolved again with the same data: nothing new.
+        #expect(t.resolved(key(alice.identityString, interface: 1), txt: txt(alice, ["k": "v"]), endpoint: a) == [])
+        // Seen on a second interface: endpoints merged, still one peer.
+        let second = t.resolved(key(alice.identityString, interface: 2), txt: txt(alice, ["k": "v"]), endpoint: b)
+        #expect(second == [.deliver(.found(DiscoveredPeer(peer: alice, discoveryInfo: ["k": "v"], endpoints: [a, b])))])
+        // Gone from the first interface: endpoints shrink, not lost.
+        #expect(t.removed(key(alice.identityString, interface: 1))
+            == [.deliver(.found(DiscoveredPeer(peer: alice, discoveryInfo: ["k": "v"], endpoints: [b])))])
+        #expect(t.removed(key(alice.identityString, interface: 2)) == [.deliver(.lost(alice))])
+        #expect(t.knownIdentities.isEmpty)
+        // Removing an unknown item is harmless.
+        #expect(t.removed(key("nobody")) == [])
+    }
+
+    @Test func alternativeNameKeepsTheIdentity() {
+        var t = AvahiBrowseTable(serviceType: "t", localIdentity: me.identity)
+        let e = PeerEndpoint(host: "127.0.0.1", port: 7)
+        let out = t.resolved(key(alice.identityString + " #2"), txt: txt(alice), endpoint: e)
+        #expect(out == [.deliver(.found(DiscoveredPeer(peer: alice, discoveryInfo: [:], endpoints: [e])))])
+    }
+
+    @Test func ownAdvertisementIsIgnored() {
+        var t = AvahiBrowseTable(serviceType: "t", localIdentity: me.identity)
+        #expect(t.resolved(key(me.identityString), txt: txt(me), endpoint: PeerEndpoint(host: "127.0.0.1", port: 1)) == [])
+        #expect(t.knownIdentities.isEmpty)
+    }
+
+    @Test func malformedRecordsAreSkippedAndLoggedOnce() {
+        var t = AvahiBrowseTable(serviceType: "t", localIdentity: me.identity)
+        let e = PeerEndpoint(host: "127.0.0.1", port: 9)
+        let first = t.resolved(key("0000000000000bad"), txt: ["k=v"], endpoint: e)
+        #expect(first.count == 1)
+        guard case .log(let line)? = first.first else { Issue.record("expected one log line, got \(first)"); return }
+        #expect(line.contains("0000000000000bad") && line.contains("_v") && line.contains("_t._tcp"))
+        // Same instance again (another interface, or a TXT update): not logged twice.
+        #expect(t.resolved(key("0000000000000bad", interface: 2), txt: ["k=v"], endpoint: e) == [])
+        // Not a hex identity, wrong version, missing display name: skipped.
+        #expect(t.resolved(key("printer"), txt: txt(alice), endpoint: e).count == 1)
+        #expect(t.resolved(key("00000000000000aa"), txt: ["_v=99", "_d=X"], endpoint: e).count == 1)
+        #expect(t.resolved(key("00000000000000ab"), txt: ["_v=1"], endpoint: e).count == 1)
+        #expect(t.knownIdentities.isEmpty)
+    }
+
+    @Test func recordTurningBadWithdrawsThePeer() {
+        var t = AvahiBrowseTable(serviceType: "t", localIdentity: me.identity)
+        let e = PeerEndpoint(host: "127.0.0.1", port: 9)
+        _ = t.resolved(key(alice.identityString), txt: txt(alice), endpoint: e)
+        let out = t.resolved(key(alice.identityString), txt: ["_v=1"], endpoint: e)
+        #expect(out.first == .deliver(.lost(alice)))
+        #expect(out.count == 2) // and the one log line
+    }
+
+    @Test func infoChangeIsReportedAsFound() {
+        var t = AvahiBrowseTable(serviceType: "t", localIdentity: me.identity)
+        let e = PeerEndpoint(host: "127.0.0.1", port: 9)
+        _ = t.resolved(key(alice.identityString), txt: txt(alice, ["room": "1"]), endpoint: e)
+        #expect(t.resolved(key(alice.identityString), txt: txt(alice, ["room": "2"]), endpoint: e)
+            == [.deliver(.found(DiscoveredPeer(peer: alice, discoveryInfo: ["room": "2"], endpoints: [e])))])
+    }
+
+    @Test func daemonRestartRefindsPresentPeersAndLosesVanishedOnes() {
+        var t = AvahiBrowseTable(serviceType: "t", localIdentity: me.identity)
+        let bob = try! PeerID(displayName: "Bob", identity: 0xb0b)
+        let e1 = PeerEndpoint(host: "127.0.0.1", port: 1)
+        let e2 = PeerEndpoint(host: "127.0.0.1", port: 2)
+        _ = t.resolved(key(alice.identityString), txt: txt(alice), endpoint: e1)
+        _ = t.resolved(key(bob.identityString), txt: txt(bob), endpoint: e2)
+        t.daemonLost()
+        #expect(t.knownIdentities == [alice.identity, bob.identity])
+        // Alice is seen again after the restart: found again, even with unchanged data.
+        #expect(t.resolved(key(alice.identityString), txt: txt(alice), endpoint: e1)
+            == [.deliver(.found(DiscoveredPeer(peer: alice, discoveryInfo: [:], endpoints: [e1])))])
+        // Bob never comes back: lost when the window closes; a second expiry reports nothing.
+        #expect(t.reconfirmExpired() == [.deliver(.lost(bob))])
+        #expect(t.reconfirmExpired() == [])
+        #expect(t.knownIdentities == [alice.identity])
+    }
+}

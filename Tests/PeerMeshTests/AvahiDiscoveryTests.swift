@@ -1,0 +1,194 @@
+import Foundation
+import Testing
+import PeerMesh
+
+/// `AvahiDiscovery` against a real avahi-daemon bound to `lo` (scripts/lib/avahi-rig.sh). Enabled only with
+/// `MESH_AVAHI_RIG=1`; serialized because some tests stop or restart the shared daemon. Each test browses its own
+/// service type, so tests never see each other's services.
+@Suite(.serialized, .enabled(if: AvahiRig.enabled, "needs MESH_AVAHI_RIG=1 (source scripts/lib/avahi-rig.sh; avahi_rig_start DIR)"))
+struct AvahiDiscoveryTests {
+    static let avahiPublish = "/usr/bin/avahi-publish"
+
+    func peer(_ name: String) -> PeerID { try! PeerID(displayName: name) }
+
+    /// Publishes and waits for `.published`, returning the registration and the instance name.
+    func publish(_ backend: AvahiDiscovery, _ ad: ServiceAdvertisement) async throws
+        -> (registration: any DiscoveryRegistration, instanceName: String?) {
+        let log = AvahiEventLog<PublicationEvent>()
+        let reg = try backend.publish(ad, onEvent: log.handler)
+        let hit = await log.wait { if case .published = $0 { true } else if case .failed = $0 { true } else { false } }
+        guard case .published(let name)? = hit?.event else {
+            Issue.record("publication of \(ad.peer) did not succeed: \(log.all)")
+            return (reg, nil)
+        }
+        return (reg, name)
+    }
+
+    @Test func avahiBrowseSeesOurServiceWithItsTXTRecord() async throws {
+        let type = AvahiRig.uniqueServiceType()
+        let backend = try AvahiDiscovery()
+        let alice = peer("Alice Ü")
+        let ad = ServiceAdvertisement(peer: alice, serviceType: type, port: 40123, discoveryInfo: ["room": "kitchen", "_x": "y"])
+        let (reg, name) = try await publish(backend, ad)
+        #expect(name == alice.identityString)
+
+        let lines = try AvahiRig.avahiBrowse(serviceType: type)
+        let ours = lines.filter { $0.count == 10 && $0[3] == alice.identityString }
+        #expect(!ours.isEmpty, "avahi-browse printed: \(lines)")
+        for line in ours {
+            #expect(line[1] == "lo")
+            #expect(line[4] == "_\(type)._tcp")
+            #expect(line[7] == "127.0.0.1")
+            #expect(line[8] == "40123")
+            let txt = line[9]
+            #expect(txt.contains("\"_v=1\""), "TXT was \(txt)")
+            #expect(txt.contains("\"room=kitchen\""), "TXT was \(txt)")
+            #expect(txt.contains("\"__x=y\""), "TXT was \(txt)")
+            #expect(txt.contains("\"_d=Alice"), "TXT was \(txt)")
+        }
+        reg.cancel()
+    }
+
+    @Test func findsAvahiPublishServicesAndSkipsMalformedOnes() async throws {
+        let type = AvahiRig.uniqueServiceType()
+        let good = try PeerID(displayName: "Remote", identity: UInt64.random(in: 1...UInt64.max))
+        let bad = UInt64.random(in: 1...UInt64.max)
+        let badName = String(format: "%016llx", bad)
+        // Published without _v/_d first, so that the browser sees it before (or with) the good one.
+        let badChild = try AvahiChildProcess(Self.avahiPublish, ["-s", badName, "_\(type)._tcp", "40200", "k=v"])
+        let goodChild = try AvahiChildProcess(Self.avahiPublish, ["-s", good.identityString, "_\(type)._tcp", "40201",
+                                                                  "_v=1", "_d=Remote", "k=v", "__u=w"])
+        defer { badChild.stop(); goodChild.stop() }
+
+        let backend = try AvahiDiscovery()
+        let log = AvahiEventLog<BrowseEvent>()
+        let reg = try backend.browse(serviceType: type, localPeer: peer("Me"), onEvent: log.handler)
+        let hit = await log.wait { $0.avahiFound?.peer == good }
+        let found = try #require(hit?.event.avahiFound)
+        #expect(found.peer.displayName == "Remote")
+        #expect(found.discoveryInfo == ["k": "v", "_u": "w"])
+        #expect(found.endpoints == [PeerEndpoint(host: "127.0.0.1", port: 40201)])
+        // Give the malformed one time to be resolved too: it must never surface, and we are still alive.
+        try await Task.sleep(for: .milliseconds(500))
+        #expect(!log.all.contains { $0.avahiFound?.peer.identity == bad })
+        #expect(!log.all.contains { if case .failed = $0 { true } else { false } })
+        #expect(badChild.isRunning && goodChild.isRunning)
+        reg.cancel()
+    }
+
+    @Test func foundThenLostWhenThePublicationIsCancelled() async throws {
+        let type = AvahiRig.uniqueServiceType()
+        let publisher = try AvahiDiscovery()
+        let browser = try AvahiDiscovery()
+        let bob = peer("Bob")
+        let log = AvahiEventLog<BrowseEvent>()
+        let browse = try browser.browse(serviceType: type, localPeer: peer("Me"), onEvent: log.handler)
+
+        // Time to discover: from the publish call (service not yet on the network) to `.found`.
+        let start = ContinuousClock.now
+        let pub = try publisher.publish(ServiceAdvertisement(peer: bob, serviceType: type, port: 40300,
+                                                              discoveryInfo: ["a": "1"]), onEvent: { _ in })
+        let found = await log.wait { $0.avahiFound?.peer == bob }
+        let hit = try #require(found)
+        let publishToFound = hit.at - start
+        #expect(hit.event.avahiFound?.endpoints == [PeerEndpoint(host: "127.0.0.1", port: 40300)])
+        #expect(hit.event.avahiFound?.discoveryInfo == ["a": "1"])
+
+        // And a browser that starts after the service is established (answered from the daemon's cache).
+        let log2 = AvahiEventLog<BrowseEvent>()
+        let start2 = ContinuousClock.now
+        let browse2 = try browser.browse(serviceType: type, localPeer: peer("Me2"), onEvent: log2.handler)
+        let hit2 = try #require(await log2.wait { $0.avahiFound?.peer == bob })
+        print("avahi loopback discover time: publish→found \(publishToFound.formatted(.units(allowed: [.milliseconds]))), "
+            + "browse→found (established service) \((hit2.at - start2).formatted(.units(allowed: [.milliseconds])))")
+        #expect(publishToFound < .seconds(8))
+
+        pub.cancel()
+        pub.cancel() // idempotent
+        #expect(await log.wait { $0.avahiLost == bob } != nil)
+        #expect(log.all.filter { $0.avahiFound?.peer == bob }.count == 1)
+        browse.cancel()
+        browse2.cancel()
+    }
+
+    @Test func ownAdvertisementIsIgnored() async throws {
+        let type = AvahiRig.uniqueServiceType()
+        let backend = try AvahiDiscovery()
+        let me = peer("Me"), other = peer("Other")
+        let (mine, _) = try await publish(backend, ServiceAdvertisement(peer: me, serviceType: type, port: 40400, discoveryInfo: [:]))
+        let (theirs, _) = try await publish(backend, ServiceAdvertisement(peer: other, serviceType: type, port: 40401, discoveryInfo: [:]))
+        let log = AvahiEventLog<BrowseEvent>()
+        let reg = try backend.browse(serviceType: type, localPeer: me, onEvent: log.handler)
+        #expect(await log.wait { $0.avahiFound?.peer == other } != nil)
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(!log.all.contains { $0.avahiFound?.peer == me })
+        reg.cancel(); mine.cancel(); theirs.cancel()
+    }
+
+    @Test func collisionPublishesUnderAnAlternativeNameWithTheSameIdentity() async throws {
+        let type = AvahiRig.uniqueServiceType()
+        let first = try AvahiDiscovery(), second = try AvahiDiscovery(), browser = try AvahiDiscovery()
+        let twin = peer("Twin")
+        let (a, nameA) = try await publish(first, ServiceAdvertisement(peer: twin, serviceType: type, port: 40500, discoveryInfo: [:]))
+        let (b, nameB) = try await publish(second, ServiceAdvertisement(peer: twin, serviceType: type, port: 40501, discoveryInfo: [:]))
+        #expect(nameA == twin.identityString)
+        let alt = try #require(nameB)
+        #expect(alt != twin.identityString)
+        #expect(AvahiDiscovery.identityPart(ofInstanceName: alt) == twin.identityString)
+
+        // Both instances are one peer to a browser, with both endpoints.
+        let log = AvahiEventLog<BrowseEvent>()
+        let reg = try browser.browse(serviceType: type, localPeer: peer("Me"), onEvent: log.handler)
+        let both = await log.wait { $0.avahiFound.map { $0.peer == twin && $0.endpoints.count == 2 } ?? false }
+        #expect(Set(both?.event.avahiFound?.endpoints ?? []) == [PeerEndpoint(host: "127.0.0.1", port: 40500),
+                                                                  PeerEndpoint(host: "127.0.0.1", port: 40501)])
+        // Withdrawing the first leaves the peer found (through the alternative name); withdrawing both loses it.
+        a.cancel()
+        #expect(await log.wait { $0.avahiFound?.endpoints == [PeerEndpoint(host: "127.0.0.1", port: 40501)] } != nil)
+        #expect(!log.all.contains { $0.avahiLost == twin })
+        b.cancel()
+        #expect(await log.wait { $0.avahiLost == twin } != nil)
+        reg.cancel()
+    }
+
+    @Test(.enabled(if: AvahiRig.canRestart, "needs a rig that owns its avahi-daemon (MESH_AVAHI_CTL)"))
+    func survivesADaemonRestartWithoutAProcessRestart() async throws {
+        let type = AvahiRig.uniqueServiceType()
+        let publisher = try AvahiDiscovery()
+        let browser = try AvahiDiscovery(reconfirmWindow: .seconds(3))
+        let stays = peer("Stays")
+        let vanishing = try PeerID(displayName: "Vanishes", identity: UInt64.random(in: 1...UInt64.max))
+        let pubLog = AvahiEventLog<PublicationEvent>()
+        let pub = try publisher.publish(ServiceAdvertisement(peer: stays, serviceType: type, port: 40600, discoveryInfo: [:]),
+                                        onEvent: pubLog.handler)
+        // avahi-publish without --no-fail exits when the daemon goes: this peer does not come back.
+        let child = try AvahiChildProcess(Self.avahiPublish, ["-s", vanishing.identityString, "_\(type)._tcp", "40601",
+                                                              "_v=1", "_d=Vanishes"])
+        defer { child.stop() }
+        let log = AvahiEventLog<BrowseEvent>()
+        let reg = try browser.browse(serviceType: type, localPeer: peer("Me"), onEvent: log.handler)
+        #expect(await log.wait { $0.avahiFound?.peer == stays } != nil)
+        #expect(await log.wait { $0.avahiFound?.peer == vanishing } != nil)
+        let before = log.count
+
+        let (status, _) = try AvahiRig.run(AvahiRig.ctl!, ["restart"], timeout: 30)
+        #expect(status == 0)
+
+        // Found again after the restart, re-published by the same process, and never reported lost.
+        let again = await log.wait(timeout: .seconds(10), skip: before) { $0.avahiFound?.peer == stays }
+        #expect(again?.event.avahiFound?.endpoints == [PeerEndpoint(host: "127.0.0.1", port: 40600)])
+        #expect(await log.wait(timeout: .seconds(10), skip: before) { $0.avahiLost == vanishing } != nil)
+        #expect(!log.all.contains { $0.avahiLost == stays })
+        #expect(pubLog.all.filter { $0 == .published(instanceName: stays.identityString) }.count == 2)
+        reg.cancel(); pub.cancel()
+    }
+
+    @Test(.enabled(if: AvahiRig.canRestart, "needs a rig that owns its avahi-daemon (MESH_AVAHI_CTL)"))
+    func missingDaemonGivesOneClearLine() throws {
+        let (stopped, _) = try AvahiRig.run(AvahiRig.ctl!, ["stop"], timeout: 30)
+        #expect(stopped == 0)
+        defer { _ = try? AvahiRig.run(AvahiRig.ctl!, ["start"], timeout: 30) }
+        #expect(throws: PeerMeshError.discovery(AvahiDiscovery.daemonMissingMessage)) { _ = try AvahiDiscovery() }
+        #expect(!AvahiDiscovery.daemonMissingMessage.contains("\n"))
+    }
+}

@@ -1,0 +1,205 @@
+# shellcheck shell=bash
+# avahi-rig.sh — a private dbus + avahi-daemon bound to loopback only, for PeerMesh's Avahi tests.
+#
+# Source this file, then:
+#   avahi_rig_start DIR   start (or reuse) a system dbus and an avahi-daemon on `lo` only; exports
+#                         MESH_AVAHI_RIG=1, MESH_AVAHI_PIDFILE, MESH_AVAHI_RESTART, MESH_AVAHI_CTL
+#   avahi_rig_stop DIR    stop exactly what avahi_rig_start started (by PID), nothing else
+#
+# mDNS never leaves the machine: the daemon's config names its only interface (allow-interfaces=lo) and IPv6,
+# wide-area DNS-SD and the reflector are off. An avahi-daemon that is already running is reused only when its
+# config also allows nothing but `lo`; otherwise avahi_rig_start refuses (it never stops another's daemon).
+#
+# DIR/avahi-ctl {stop|start|restart} controls the daemon this rig started (tests use it to prove reconnection);
+# it is only installed when this rig owns the daemon. Every wait is bounded.
+
+AVAHI_RIG_SYSTEM_BUS=/run/dbus/system_bus_socket
+
+# avahi_rig__log MSG… — rig messages go to stderr.
+avahi_rig__log() { echo "avahi-rig: $*" >&2; }
+
+# avahi_rig__bus_alive — true when a system bus answers on the standard socket.
+avahi_rig__bus_alive() {
+  [[ -S $AVAHI_RIG_SYSTEM_BUS ]] &&
+    timeout 3 dbus-send --system --print-reply --dest=org.freedesktop.DBus /org/freedesktop/DBus \
+      org.freedesktop.DBus.GetId >/dev/null 2>&1
+}
+
+# avahi_rig__daemon_running — true when avahi-daemon answers on the system bus in state RUNNING (2).
+avahi_rig__daemon_running() {
+  timeout 3 dbus-send --system --print-reply --dest=org.freedesktop.Avahi / org.freedesktop.Avahi.Server.GetState \
+    2>/dev/null | grep -q 'int32 2'
+}
+
+# avahi_rig__write_conf FILE IFACE — an avahi-daemon config pinned to one interface, IPv4 only, nothing published
+# beyond what clients ask for.
+avahi_rig__write_conf() {
+  cat >"$1" <<EOF
+# Written by scripts/lib/avahi-rig.sh — mDNS stays on $2 only.
+[server]
+allow-interfaces=$2
+use-ipv4=yes
+use-ipv6=no
+disallow-other-stacks=yes
+ratelimit-interval-usec=1000000
+ratelimit-burst=1000
+[wide-area]
+enable-wide-area=no
+[publish]
+publish-addresses=yes
+publish-hinfo=no
+publish-workstation=no
+publish-domain=no
+publish-aaaa-on-ipv4=no
+publish-a-on-ipv6=no
+[reflector]
+enable-reflector=no
+[rlimits]
+EOF
+}
+
+# avahi_rig__conf_is_loopback_only PID — true when the running daemon PID was started with a config whose
+# allow-interfaces is exactly `lo`.
+avahi_rig__conf_is_loopback_only() {
+  local pid=$1 conf=/etc/avahi/avahi-daemon.conf prev="" arg
+  [[ -r /proc/$pid/cmdline ]] || return 1
+  while IFS= read -r -d '' arg; do
+    case $arg in
+      --file=*) conf=${arg#--file=} ;;
+    esac
+    if [[ $prev == -f || $prev == --file ]]; then conf=$arg; fi
+    prev=$arg
+  done <"/proc/$pid/cmdline"
+  [[ -r $conf ]] && grep -Eq '^[[:space:]]*allow-interfaces[[:space:]]*=[[:space:]]*lo[[:space:]]*$' "$conf"
+}
+
+# avahi_rig__wait_running SECONDS — waits (bounded) until the daemon reports RUNNING on the bus.
+avahi_rig__wait_running() {
+  local deadline=$((SECONDS + $1))
+  until avahi_rig__daemon_running; do
+    ((SECONDS < deadline)) || return 1
+    sleep 0.1
+  done
+}
+
+# avahi_rig__install_ctl DIR — writes DIR/avahi-ctl and DIR/avahi-restart, which stop/start the rig's daemon by
+# its pidfile with the same config.
+avahi_rig__install_ctl() {
+  local dir=$1
+  cat >"$dir/avahi-ctl" <<EOF
+#!/usr/bin/env bash
+# avahi-ctl {stop|start|restart} — controls the avahi-daemon of the rig in $dir (by PID only).
+set -uo pipefail
+dir='$dir'
+stop() {
+  local pid
+  pid=\$(cat "\$dir/avahi.pid" 2>/dev/null) || return 0
+  [[ -n \$pid ]] || return 0
+  kill -TERM "\$pid" 2>/dev/null || { rm -f "\$dir/avahi.pid"; return 0; }
+  for _ in \$(seq 100); do kill -0 "\$pid" 2>/dev/null || break; sleep 0.05; done
+  kill -0 "\$pid" 2>/dev/null && kill -KILL "\$pid" 2>/dev/null
+  rm -f "\$dir/avahi.pid"
+}
+start() {
+  if [[ -s \$dir/avahi.pid ]] && kill -0 "\$(cat "\$dir/avahi.pid")" 2>/dev/null; then return 0; fi
+  avahi-daemon --no-drop-root --no-chroot --no-rlimits -f "\$dir/avahi-daemon.conf" >>"\$dir/avahi.log" 2>&1 </dev/null &
+  echo \$! >"\$dir/avahi.pid"
+  for _ in \$(seq 100); do
+    timeout 3 dbus-send --system --print-reply --dest=org.freedesktop.Avahi / org.freedesktop.Avahi.Server.GetState \
+      2>/dev/null | grep -q 'int32 2' && return 0
+    kill -0 "\$(cat "\$dir/avahi.pid")" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "avahi-ctl: avahi-daemon did not come up; see \$dir/avahi.log" >&2
+  return 1
+}
+case \${1:-} in
+  stop) stop ;;
+  start) start ;;
+  restart) stop; start ;;
+  *) echo "usage: \$0 stop|start|restart" >&2; exit 2 ;;
+esac
+EOF
+  chmod +x "$dir/avahi-ctl"
+  printf '#!/usr/bin/env bash\n# Kills the rig'"'"'s avahi-daemon by PID and starts it again with the same config.\nexec "%s/avahi-ctl" restart\n' \
+    "$dir" >"$dir/avahi-restart"
+  chmod +x "$dir/avahi-restart"
+}
+
+# avahi_rig_start DIR — see the header. Returns non-zero (with a message) when the rig cannot be brought up.
+avahi_rig_start() {
+  local dir=${1:?usage: avahi_rig_start DIR}
+  mkdir -p "$dir" || return 1
+  dir=$(cd "$dir" && pwd)
+  rm -f "$dir/dbus.pid" "$dir/avahi.pid" "$dir/avahi-ctl" "$dir/avahi-restart"
+
+  # 1. A system bus: reuse a live one, else start our own (clearing a stale socket/pidfile nobody owns).
+  if ! avahi_rig__bus_alive; then
+    mkdir -p /run/dbus
+    if [[ -e /run/dbus/pid ]] && kill -0 "$(cat /run/dbus/pid 2>/dev/null)" 2>/dev/null; then
+      avahi_rig__log "a dbus-daemon (pid $(cat /run/dbus/pid)) owns /run/dbus but does not answer; not touching it"
+      return 1
+    fi
+    rm -f /run/dbus/pid "$AVAHI_RIG_SYSTEM_BUS"
+    local pid
+    pid=$(dbus-daemon --system --fork --print-pid) || { avahi_rig__log "dbus-daemon --system failed to start"; return 1; }
+    echo "$pid" >"$dir/dbus.pid"
+    local deadline=$((SECONDS + 10))
+    until avahi_rig__bus_alive; do
+      ((SECONDS < deadline)) || { avahi_rig__log "system bus did not come up"; avahi_rig_stop "$dir"; return 1; }
+      sleep 0.05
+    done
+  fi
+
+  # 2. Loopback must carry multicast for mDNS.
+  ip link set lo multicast on || { avahi_rig__log "cannot set lo multicast on"; avahi_rig_stop "$dir"; return 1; }
+
+  # 3. avahi-daemon on lo only: reuse a loopback-only one, refuse any other, else start ours.
+  avahi_rig__write_conf "$dir/avahi-daemon.conf" lo
+  if avahi-daemon --check 2>/dev/null; then
+    local other
+    other=$(cat /run/avahi-daemon/pid 2>/dev/null)
+    if [[ -z $other ]] || ! avahi_rig__conf_is_loopback_only "$other"; then
+      avahi_rig__log "an avahi-daemon (pid ${other:-?}) is already running and is not limited to lo;" \
+        "stop it (or restrict it with allow-interfaces=lo) — this rig must not send mDNS off the machine"
+      avahi_rig_stop "$dir"
+      return 1
+    fi
+    avahi_rig__log "reusing the running loopback-only avahi-daemon (pid $other); restart tests are disabled"
+    avahi_rig__wait_running 10 || { avahi_rig__log "the running avahi-daemon is not answering"; return 1; }
+    unset MESH_AVAHI_RESTART MESH_AVAHI_CTL
+    export MESH_AVAHI_PIDFILE=/run/avahi-daemon/pid
+  else
+    # A pidfile left by a dead daemon would make avahi-daemon refuse to start.
+    [[ -e /run/avahi-daemon/pid ]] && ! kill -0 "$(cat /run/avahi-daemon/pid 2>/dev/null)" 2>/dev/null &&
+      rm -f /run/avahi-daemon/pid
+    avahi_rig__install_ctl "$dir"
+    : >"$dir/avahi.log"
+    if ! "$dir/avahi-ctl" start; then
+      avahi_rig__log "avahi-daemon failed; log:"; sed 's/^/  /' "$dir/avahi.log" >&2
+      avahi_rig_stop "$dir"
+      return 1
+    fi
+    export MESH_AVAHI_PIDFILE=$dir/avahi.pid MESH_AVAHI_RESTART=$dir/avahi-restart MESH_AVAHI_CTL=$dir/avahi-ctl
+  fi
+  export MESH_AVAHI_RIG=1
+  avahi_rig__log "ready (dbus: $([[ -s $dir/dbus.pid ]] && echo "ours, pid $(cat "$dir/dbus.pid")" || echo reused);" \
+    "avahi-daemon: $([[ -s $dir/avahi.pid ]] && echo "ours, pid $(cat "$dir/avahi.pid")" || echo reused), lo only)"
+}
+
+# avahi_rig_stop DIR — stops the avahi-daemon and dbus-daemon this rig started, by PID. Safe to call twice.
+avahi_rig_stop() {
+  local dir=${1:?usage: avahi_rig_stop DIR} pid
+  if [[ -x $dir/avahi-ctl ]]; then "$dir/avahi-ctl" stop; fi
+  if [[ -s $dir/dbus.pid ]]; then
+    pid=$(cat "$dir/dbus.pid")
+    if kill -TERM "$pid" 2>/dev/null; then
+      for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+      kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+    fi
+    rm -f "$dir/dbus.pid"
+    # dbus-daemon leaves its socket and pidfile behind; they are ours to clear.
+    [[ -e /run/dbus/pid && $(cat /run/dbus/pid 2>/dev/null) == "$pid" ]] && rm -f /run/dbus/pid "$AVAHI_RIG_SYSTEM_BUS"
+  fi
+  unset MESH_AVAHI_RIG MESH_AVAHI_PIDFILE MESH_AVAHI_RESTART MESH_AVAHI_CTL
+}
