@@ -53,16 +53,21 @@ if options.acceptAll {
     }
 }
 
+var config = RelayHost.Configuration(name: options.name, serviceType: options.service, port: options.port,
+                                     maximumPeers: options.maxPeers + 1, accept: accept)
 let host: RelayHost
 do {
-    var config = RelayHost.Configuration(name: options.name, serviceType: options.service, port: options.port,
-                                         maximumPeers: options.maxPeers + 1, accept: accept)
-    config.peerTimeout = .seconds(2)
     host = try RelayHost(configuration: config, source: source, log: { terminal.log($0) })
-    try host.start()
+} catch PeerMeshError.discovery(let why) {
+    // No DNS-SD here: still serve, so players can join with --connect.
+    terminal.error(why)
+    terminal.error("serving without DNS-SD; players can join with mesh-play --connect <this host's address>:<port>")
+    config.discovery = InProcessDiscovery()
+    do { host = try RelayHost(configuration: config, source: source, log: { terminal.log($0) }) } catch { fail("\(error)") }
 } catch {
     fail("\(error)")
 }
+do { try host.start() } catch { fail("\(error)") }
 terminal.log("serving \"\(options.name)\" (\(source.format), period \(source.periodFrames)) on port \(host.port) as _\(options.service)._tcp")
 
 let done = DispatchSemaphore(value: 0)

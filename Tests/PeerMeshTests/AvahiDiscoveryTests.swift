@@ -151,6 +151,32 @@ struct AvahiDiscoveryTests {
         reg.cancel()
     }
 
+    @Test func releasingTheBackendBeforeItsRegistrationsIsSafe() async throws {
+        let type = AvahiRig.uniqueServiceType()
+        var registrations: [any DiscoveryRegistration] = []
+        for i in 0..<5 {
+            let backend = try AvahiDiscovery()
+            registrations.append(try backend.publish(ServiceAdvertisement(peer: peer("P\(i)"), serviceType: type,
+                                                                          port: UInt16(40700 + i), discoveryInfo: [:]),
+                                                     onEvent: { _ in }))
+            registrations.append(try backend.browse(serviceType: type, localPeer: peer("B\(i)"), onEvent: { _ in }))
+            if i % 2 == 0 { try await Task.sleep(for: .milliseconds(100)) } // some mid-registration, some not
+        }
+        // Every backend is gone; its registrations still cancel cleanly, twice.
+        for r in registrations { r.cancel(); r.cancel() }
+        registrations.removeAll()
+        // And the daemon withdrew them: a fresh browser finds only a control peer published afterwards.
+        let fresh = try AvahiDiscovery()
+        let control = peer("Control")
+        let (pub, _) = try await publish(fresh, ServiceAdvertisement(peer: control, serviceType: type, port: 40799, discoveryInfo: [:]))
+        let log = AvahiEventLog<BrowseEvent>()
+        let reg = try fresh.browse(serviceType: type, localPeer: peer("Me"), onEvent: log.handler)
+        #expect(await log.wait { $0.avahiFound?.peer == control } != nil)
+        try await Task.sleep(for: .milliseconds(500))
+        #expect(log.all.map(\.avahiFound?.peer) == [control], "found withdrawn services: \(log.all)")
+        reg.cancel(); pub.cancel()
+    }
+
     @Test(.enabled(if: AvahiRig.canRestart, "needs a rig that owns its avahi-daemon (MESH_AVAHI_CTL)"))
     func survivesADaemonRestartWithoutAProcessRestart() async throws {
         let type = AvahiRig.uniqueServiceType()
@@ -190,5 +216,35 @@ struct AvahiDiscoveryTests {
         defer { _ = try? AvahiRig.run(AvahiRig.ctl!, ["start"], timeout: 30) }
         #expect(throws: PeerMeshError.discovery(AvahiDiscovery.daemonMissingMessage)) { _ = try AvahiDiscovery() }
         #expect(!AvahiDiscovery.daemonMissingMessage.contains("\n"))
+    }
+}
+
+/// With no system bus at all, a program using `AvahiDiscovery` says the same one clear line. A bus address is
+/// process-wide state, so this runs `peermesh-probe` (built next to this test bundle) as a child process.
+@Suite struct AvahiMissingBusTests {
+    static var probe: String? {
+        let dir = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+        let candidates = [dir.appendingPathComponent("peermesh-probe"),
+                          dir.deletingLastPathComponent().appendingPathComponent("peermesh-probe")]
+        return candidates.first { FileManager.default.isExecutableFile(atPath: $0.path) }?.path
+    }
+
+    @Test(.enabled(if: probe != nil, "needs peermesh-probe built (swift build)"))
+    func noSystemBusGivesTheDaemonMissingLine() throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: Self.probe!)
+        process.arguments = ["join", "--service", "pmt-nobus", "--name", "x", "--timeout", "2"]
+        var env = ProcessInfo.processInfo.environment
+        env["DBUS_SYSTEM_BUS_ADDRESS"] = "unix:path=/nonexistent/peermesh-test-bus"
+        process.environment = env
+        let err = Pipe()
+        process.standardError = err
+        process.standardOutput = FileHandle.nullDevice
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        let text = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 1)
+        #expect(text == "peermesh-probe: \(AvahiDiscovery.daemonMissingMessage)\n")
     }
 }

@@ -158,7 +158,7 @@ avahi_rig_start() {
   avahi_rig__write_conf "$dir/avahi-daemon.conf" lo
   if avahi-daemon --check 2>/dev/null; then
     local other
-    other=$(cat /run/avahi-daemon/pid 2>/dev/null)
+    other=$(cat /run/avahi-daemon/pid 2>/dev/null) || other=""
     if [[ -z $other ]] || ! avahi_rig__conf_is_loopback_only "$other"; then
       avahi_rig__log "an avahi-daemon (pid ${other:-?}) is already running and is not limited to lo;" \
         "stop it (or restrict it with allow-interfaces=lo) — this rig must not send mDNS off the machine"
@@ -187,6 +187,8 @@ avahi_rig_start() {
     "avahi-daemon: $([[ -s $dir/avahi.pid ]] && echo "ours, pid $(cat "$dir/avahi.pid")" || echo reused), lo only)"
 }
 
+# (Every function here is safe under `set -euo pipefail`, as scripts/test runs.)
+
 # avahi_rig_stop DIR — stops the avahi-daemon and dbus-daemon this rig started, by PID. Safe to call twice.
 avahi_rig_stop() {
   local dir=${1:?usage: avahi_rig_stop DIR} pid
@@ -195,7 +197,7 @@ avahi_rig_stop() {
     pid=$(cat "$dir/dbus.pid")
     if kill -TERM "$pid" 2>/dev/null; then
       for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
-      kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+      kill -0 "$pid" 2>/dev/null && { kill -KILL "$pid" 2>/dev/null || true; }
     fi
     rm -f "$dir/dbus.pid"
     # dbus-daemon leaves its socket and pidfile behind; they are ours to clear.

@@ -74,8 +74,10 @@ final class AvahiChildProcess: Sendable {
 
     var isRunning: Bool { process.isRunning }
 
+    /// SIGKILL, because the test runner's threads block SIGTERM and children inherit that mask (a SIGTERM would
+    /// stay pending forever). avahi-daemon withdraws a killed client's services when its bus connection drops.
     func stop() {
-        if process.isRunning { process.terminate() }
+        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
         process.waitUntilExit()
     }
 

@@ -1,0 +1,172 @@
+# shellcheck shell=bash
+# netns-rig.sh — two "hosts" on one machine for PeerMesh's two-host tests.
+#
+# Source this file, then:
+#   netns_rig_start DIR   creates network namespaces pmA<sfx> and pmB<sfx> joined by a veth pair
+#                         (A: 198.18.0.1/30 on pma<sfx>, B: 198.18.0.2/30 on pmb<sfx>; 198.18.0.0/15 is the
+#                         benchmarking range, never routed here). Each host gets a private mount namespace with
+#                         a tmpfs on /run, its own `dbus-daemon --system` and its own avahi-daemon whose config
+#                         names only that host's veth. Exports MESH_NETNS_RIG=DIR, MESH_NETNS_A_ADDR,
+#                         MESH_NETNS_B_ADDR.
+#   netns_rig_stop DIR    stops every process in both namespaces (by PID), then deletes the namespaces (which
+#                         deletes the veth). Safe to call twice and after a failed start.
+#   scripts/on-host A|B CMD…  runs CMD on a host (its network and mount namespaces, so it sees that host's bus).
+#
+# The suffix is the starting shell's PID (in base 36), so parallel runs never share names. Nothing here touches
+# the root namespace's interfaces; mDNS stays on the veth pair.
+
+NETNS_RIG_A_ADDR=198.18.0.1
+NETNS_RIG_B_ADDR=198.18.0.2
+
+netns_rig__log() { echo "netns-rig: $*" >&2; }
+
+# netns_rig__b36 N — N in base 36 (short, alphanumeric names).
+netns_rig__b36() {
+  local n=$1 digits=0123456789abcdefghijklmnopqrstuvwxyz out=""
+  while ((n > 0)); do out=${digits:n%36:1}$out; n=$((n / 36)); done
+  echo "${out:-0}"
+}
+
+# netns_rig__in HOST CMD… — runs CMD in HOST's holder namespaces (network + mount).
+netns_rig__in() {
+  local dir=$1 host=$2; shift 2
+  nsenter -t "$(cat "$dir/$host.holder")" -m -n -- "$@"
+}
+
+# netns_rig__write_conf FILE HOSTNAME IFACE — avahi-daemon config pinned to one interface.
+netns_rig__write_conf() {
+  cat >"$1" <<EOF
+# Written by scripts/lib/netns-rig.sh — mDNS stays on $3 (a veth inside a test namespace).
+[server]
+host-name=$2
+allow-interfaces=$3
+use-ipv4=yes
+use-ipv6=no
+disallow-other-stacks=yes
+ratelimit-interval-usec=1000000
+ratelimit-burst=1000
+[wide-area]
+enable-wide-area=no
+[publish]
+publish-hinfo=no
+publish-workstation=no
+publish-domain=no
+publish-aaaa-on-ipv4=no
+[reflector]
+enable-reflector=no
+[rlimits]
+EOF
+}
+
+# netns_rig__start_host DIR HOST NS IFACE ADDR — holder, dbus and avahi for one host.
+netns_rig__start_host() {
+  local dir=$1 host=$2 ns=$3 iface=$4 addr=$5 lower
+  lower=$(tr 'AB' 'ab' <<<"$host")
+  # The holder keeps the host's mount namespace (tmpfs /run) alive; on-host enters it by PID.
+  ip netns exec "$ns" unshare -m --propagation private \
+    sh -c 'mount -t tmpfs -o mode=755 tmpfs /run && mkdir -p /run/dbus /run/avahi-daemon && exec sleep infinity' \
+    </dev/null >/dev/null 2>"$dir/$host.holder.log" &
+  echo $! >"$dir/$host.holder"
+  local deadline=$((SECONDS + 10))
+  # Ready when the holder's /run is the tmpfs (its dbus dir exists and no host socket is visible).
+  until [[ -d /proc/$(cat "$dir/$host.holder")/root/run/avahi-daemon ]] &&
+        [[ ! -e /proc/$(cat "$dir/$host.holder")/root/run/dbus/system_bus_socket ]]; do
+    kill -0 "$(cat "$dir/$host.holder")" 2>/dev/null || { netns_rig__log "host $host: holder died"; return 1; }
+    ((SECONDS < deadline)) || { netns_rig__log "host $host: holder not ready"; return 1; }
+    sleep 0.05
+  done
+
+  local pid
+  pid=$(netns_rig__in "$dir" "$host" dbus-daemon --system --fork --print-pid) ||
+    { netns_rig__log "host $host: dbus-daemon failed"; return 1; }
+  echo "$pid" >"$dir/$host.dbus.pid"
+
+  netns_rig__write_conf "$dir/$host.avahi-daemon.conf" "pm-$lower" "$iface"
+  # exec, so that $! is avahi-daemon itself (nsenter without a PID namespace execs, it does not fork).
+  (exec nsenter -t "$(cat "$dir/$host.holder")" -m -n -- avahi-daemon --no-drop-root --no-chroot --no-rlimits \
+    -f "$dir/$host.avahi-daemon.conf" </dev/null >"$dir/$host.avahi.log" 2>&1) &
+  echo $! >"$dir/$host.avahi.pid"
+  deadline=$((SECONDS + 15))
+  until netns_rig__in "$dir" "$host" timeout 3 dbus-send --system --print-reply --dest=org.freedesktop.Avahi / \
+          org.freedesktop.Avahi.Server.GetState 2>/dev/null | grep -q 'int32 2'; do
+    kill -0 "$(cat "$dir/$host.avahi.pid")" 2>/dev/null ||
+      { netns_rig__log "host $host: avahi-daemon died:"; sed 's/^/  /' "$dir/$host.avahi.log" >&2; return 1; }
+    ((SECONDS < deadline)) || { netns_rig__log "host $host: avahi-daemon not running after 15 s"; return 1; }
+    sleep 0.1
+  done
+  : "$addr"
+}
+
+# netns_rig_start DIR — see the header.
+netns_rig_start() {
+  local dir=${1:?usage: netns_rig_start DIR}
+  mkdir -p "$dir" || return 1
+  dir=$(cd "$dir" && pwd)
+  case $dir in /run|/run/*) netns_rig__log "DIR must not be under /run (each host mounts its own /run)"; return 1 ;; esac
+  local sfx
+  sfx=$(netns_rig__b36 "$$")$(netns_rig__b36 $((RANDOM % 36)))
+  local nsA=pmA$sfx nsB=pmB$sfx ifA=pma$sfx ifB=pmb$sfx
+  printf 'NS_A=%s\nNS_B=%s\nIF_A=%s\nIF_B=%s\n' "$nsA" "$nsB" "$ifA" "$ifB" >"$dir/names"
+
+  if ! { ip netns add "$nsA" && ip netns add "$nsB" &&
+         ip link add "$ifA" type veth peer name "$ifB" &&
+         ip link set "$ifA" netns "$nsA" && ip link set "$ifB" netns "$nsB" &&
+         ip -n "$nsA" addr add "$NETNS_RIG_A_ADDR/30" dev "$ifA" && ip -n "$nsB" addr add "$NETNS_RIG_B_ADDR/30" dev "$ifB" &&
+         ip -n "$nsA" link set lo up && ip -n "$nsB" link set lo up &&
+         ip -n "$nsA" link set "$ifA" multicast on up && ip -n "$nsB" link set "$ifB" multicast on up; }; then
+    netns_rig__log "could not create the namespaces and veth pair"
+    netns_rig_stop "$dir"
+    return 1
+  fi
+  if ! netns_rig__start_host "$dir" A "$nsA" "$ifA" "$NETNS_RIG_A_ADDR" ||
+     ! netns_rig__start_host "$dir" B "$nsB" "$ifB" "$NETNS_RIG_B_ADDR"; then
+    netns_rig_stop "$dir"
+    return 1
+  fi
+  export MESH_NETNS_RIG=$dir MESH_NETNS_A_ADDR=$NETNS_RIG_A_ADDR MESH_NETNS_B_ADDR=$NETNS_RIG_B_ADDR
+  netns_rig__log "ready: host A = $nsA ($NETNS_RIG_A_ADDR on $ifA), host B = $nsB ($NETNS_RIG_B_ADDR on $ifB)"
+}
+
+# netns_rig__kill PID — SIGTERM, bounded wait, then SIGKILL.
+netns_rig__kill() {
+  local pid=$1
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.05; done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+
+# netns_rig_stop DIR — see the header. (Every function here is safe under `set -euo pipefail`.)
+netns_rig_stop() {
+  local dir=${1:?usage: netns_rig_stop DIR} host ns pid
+  [[ -r $dir/names ]] || return 0
+  local NS_A NS_B IF_A IF_B
+  # shellcheck disable=SC1091
+  source "$dir/names"
+  for host in A B; do
+    for f in avahi.pid dbus.pid; do
+      [[ -s $dir/$host.$f ]] && netns_rig__kill "$(cat "$dir/$host.$f")"
+      rm -f "$dir/$host.$f"
+    done
+  done
+  # Anything else still running on the hosts (a probe, an avahi-publish) was started through this rig.
+  for ns in "$NS_A" "$NS_B"; do
+    ip netns list 2>/dev/null | grep -qw "$ns" || continue
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do
+      [[ -s $dir/A.holder && $pid == "$(cat "$dir/A.holder")" ]] && continue
+      [[ -s $dir/B.holder && $pid == "$(cat "$dir/B.holder")" ]] && continue
+      netns_rig__kill "$pid"
+    done
+  done
+  for host in A B; do
+    [[ -s $dir/$host.holder ]] && netns_rig__kill "$(cat "$dir/$host.holder")"
+    rm -f "$dir/$host.holder"
+  done
+  for ns in "$NS_A" "$NS_B"; do
+    ip netns list 2>/dev/null | grep -qw "$ns" && { ip netns del "$ns" || true; }
+  done
+  # A veth that never reached its namespace lives in the root namespace.
+  ip link show "$IF_A" >/dev/null 2>&1 && { ip link del "$IF_A" || true; }
+  rm -f "$dir/names"
+  [[ ${MESH_NETNS_RIG:-} == "$dir" ]] && unset MESH_NETNS_RIG MESH_NETNS_A_ADDR MESH_NETNS_B_ADDR
+  return 0
+}
