@@ -12,6 +12,7 @@ let package = Package(
         .executable(name: "mesh-play", targets: ["mesh-play"]),
         .executable(name: "mesh-impair", targets: ["mesh-impair"]),
         .executable(name: "peermesh-probe", targets: ["peermesh-probe"]),
+        .executable(name: "mesh-bench", targets: ["mesh-bench"]),
     ],
     targets: [
         // C is a leaf: one system-library target per C library.
@@ -30,6 +31,7 @@ let package = Package(
         .executableTarget(name: "mesh-play", dependencies: ["MeshRelay"]),
         .executableTarget(name: "mesh-impair", dependencies: ["MeshRelay"]),
         .executableTarget(name: "peermesh-probe", dependencies: ["PeerMesh"]),
+        .executableTarget(name: "mesh-bench", dependencies: ["PeerMesh", "MeshRelay"]),
 
         // Tests.
         .testTarget(name: "PeerMeshTests", dependencies: ["PeerMesh"]),

@@ -37,6 +37,8 @@ func relaySNR(_ y: [Float], w: Double) -> Double {
 
 /// log10 without Foundation (enough precision for dB reports).
 func log10ish(_ x: Double) -> Double {
+    guard x.isFinite else { return x.isNaN ? -999 : 999 }
+    guard x > 0 else { return -999 }
     var e = 0.0, v = x
     while v >= 10 { v /= 10; e += 1 }
     while v < 1 { v *= 10; e -= 1 }
@@ -62,7 +64,8 @@ func relayBestSNR(_ y: [Float], around w0: Double, span: Double) -> (snr: Double
 struct RelayDriftTests {
     /// An hour at period granularity: the real DriftController against a model of the chain (packets of 128
     /// frames from a sender clock at rate·(1+ppm), renders of 128 frames at the receiver's rate, latency measured
-    /// exactly as the JitterBuffer does: newest end + time since its arrival − playout point).
+    /// exactly as the JitterBuffer does: newest end + time since its arrival − playout point; the correction is
+    /// quantized to the resampler's 1/65536 steps as in the real chain).
     static func simulateHour(ppm: Double) -> (maxErrorMs: Double, maxTrueErrorMs: Double, finalPPM: Double) {
         let rate = 44_100.0, n = 128.0, block = 128
         let sender = rate * (1 + ppm * 1e-6)
@@ -85,7 +88,7 @@ struct RelayDriftTests {
                 let trueLatency = t - playout / sender
                 maxTrue = max(maxTrue, abs(trueLatency - target / rate) * 1000)
             }
-            playout += Double(block) * (ctl.engaged ? 1 + ppmNow * 1e-6 : 1)
+            playout += Double(block) * (ctl.engaged ? 1 + SpeexResampler.quantizedPPM(ppmNow) * 1e-6 : 1)
         }
         return (maxErr, maxTrue, ctl.correctionPPM)
     }
@@ -96,7 +99,7 @@ struct RelayDriftTests {
         print("drift \(ppm) ppm over 1 h: max latency error \(r.maxErrorMs) ms, true \(r.maxTrueErrorMs) ms, correction \(r.finalPPM) ppm")
         #expect(r.maxErrorMs <= 1)
         #expect(r.maxTrueErrorMs <= 1)
-        #expect(abs(r.finalPPM - ppm) < 5)
+        #expect(abs(r.finalPPM - ppm) < 16)   // within one 15.26 ppm resampler step
     }
 
     @Test func sameClockKeepsRatioExactlyOne() {
@@ -109,7 +112,7 @@ struct RelayDriftTests {
     func resamplerSineSNRAbove60dB(ppm: Double) throws {
         let r = try SpeexResampler(channels: 1, inputRate: 44_100, outputRate: 44_100)
         let applied = try r.setCorrection(ppm: ppm)
-        #expect(abs(applied - ppm) <= 0.25)
+        #expect(abs(applied - ppm) <= 7.7)
         let input = relaySine(start: 0, count: 44_100, frequency: 997)
         var output = [Float](repeating: 0, count: 44_100)
         var consumed = 0, produced = 0

@@ -5,9 +5,12 @@
 /// it runs in virtual time under test.
 ///
 /// - Ordering: packets land at their frame index, so reordering is free. A packet any part of which is behind
-///   the playout point is dropped as `late`; one whose frames are all present already is a `duplicate`.
+///   the playout point is dropped as `late` (even a late copy of a packet already played); one whose frames
+///   are all present already is a `duplicate`. A 1024-entry sequence bitmap keeps late copies out of the loss
+///   count.
 /// - Startup: the first packet sets the playout point at its first frame; output stays silent until the
-///   buffered latency reaches the target, then starts with a fade-in (a `.discontinuity` mark).
+///   buffered latency reaches the target — playback starts inside the read at the exact frame where it does —
+///   then starts with a fade-in (a `.discontinuity` mark).
 /// - Playout never stops: a frame that is not there when its turn comes is marked missing (`lostFrames`,
 ///   concealed downstream); an empty buffer at that moment also counts an `underrun`.
 /// - Latency is measured in frames as `newestEnd − playout + (now − newestArrival)·rate` — the newest frame's
@@ -105,7 +108,7 @@ public struct JitterBuffer {
     /// Frames the ring holds.
     public let capacityFrames: Int
     /// Counters.
-    public private(set) var counters = Counters()
+    private var counters = Counters()
 
     private var storage: [Float]
     private var present: [UInt8]
@@ -161,6 +164,8 @@ public struct JitterBuffer {
     public var peakDeviationNanosInWindow: Double { peakDeviationNanos }
     /// Whether a stream is being played (or primed).
     public var isActive: Bool { state != .idle }
+    /// Whether a stream is being played (priming is over).
+    public var isPlaying: Bool { state == .playing }
     /// The next frame index to be played.
     public var playoutFrameIndex: UInt64 { playout }
     /// Largest packet seen, frames.
@@ -225,15 +230,13 @@ public struct JitterBuffer {
             for i in 0..<Int(behind) { present[slot(f &+ UInt64(i))] = 0 }
             playout = f
         }
-        guard noteSequence(h.sequence) else {
-            counters.duplicates &+= 1
-            return .duplicate
-        }
-        noteTransit(packet)
+        let newSequence = noteSequence(h.sequence)
+        if newSequence { noteTransit(packet) }
         if Int64(bitPattern: playout &- f) > 0 {
+            // Behind the playout point: too late (a late copy of a packet already received is not unique).
             consecutiveLate += 1
             counters.late &+= 1
-            uniqueInStream &+= 1
+            if newSequence { uniqueInStream &+= 1 }
             return .late
         }
         var all = true
@@ -245,7 +248,7 @@ public struct JitterBuffer {
             counters.duplicates &+= 1
             return .duplicate
         }
-        uniqueInStream &+= 1
+        if newSequence { uniqueInStream &+= 1 }
         consecutiveLate = 0
         counters.accepted &+= 1
         maxPacketFrames = max(maxPacketFrames, n)
@@ -269,14 +272,23 @@ public struct JitterBuffer {
         let ch = format.channels
         if frames > blockFrames { blockFrames = frames }
         updateTarget(nowNanos: nowNanos)
-        if state == .idle || state == .priming {
-            if state == .priming, latencyFrames(nowNanos: nowNanos) + pipelineFrames >= target {
-                state = .playing
-            } else {
-                for i in 0..<(frames * ch) { output[i] = 0 }
-                for i in 0..<frames { marks[i] = FrameMark.present }
-                return state == .idle ? .idle : .priming
-            }
+        var wait = state == .idle ? frames : 0
+        if state == .priming {
+            // Start inside this block at the frame where the buffered latency reaches the target exactly.
+            let missing = target - (latencyFrames(nowNanos: nowNanos) + pipelineFrames)
+            wait = min(frames, max(0, Int(missing.rounded(.up))))
+        }
+        if state == .idle || wait == frames {
+            for i in 0..<(frames * ch) { output[i] = 0 }
+            for i in 0..<frames { marks[i] = FrameMark.present }
+            return state == .idle ? .idle : .priming
+        }
+        if state == .priming {
+            state = .playing
+            for i in 0..<(wait * ch) { output[i] = 0 }
+            for i in 0..<wait { marks[i] = FrameMark.present }
+            play(into: output, marks: marks, offset: wait, frames: frames - wait)
+            return .playing
         }
         let error = latencyFrames(nowNanos: nowNanos) + pipelineFrames - target
         if error < -max(Double(blockFrames), rate * 0.002) {
@@ -292,18 +304,26 @@ public struct JitterBuffer {
             counters.playedFrames &+= UInt64(skip)
             pendingDiscontinuity = true
         }
+        play(into: output, marks: marks, offset: 0, frames: frames)
+        return .playing
+    }
+
+    /// Moves `frames` frames from the playout point to `output[offset...]`, marking each.
+    private mutating func play(into out: UnsafeMutableBufferPointer<Float>, marks: UnsafeMutableBufferPointer<UInt8>,
+                               offset: Int, frames: Int) {
+        let ch = format.channels
         var underrun = false
         for i in 0..<frames {
             let index = playout &+ UInt64(i)
             let s = slot(index)
             if present[s] != 0 {
                 present[s] = 0
-                let src = s * ch, dst = i * ch
-                for c in 0..<ch { output[dst + c] = storage[src + c] }
-                marks[i] = pendingDiscontinuity ? FrameMark.discontinuity : FrameMark.present
+                let src = s * ch, dst = (offset + i) * ch
+                for c in 0..<ch { out[dst + c] = storage[src + c] }
+                marks[offset + i] = pendingDiscontinuity ? FrameMark.discontinuity : FrameMark.present
                 pendingDiscontinuity = false
             } else {
-                marks[i] = FrameMark.missing
+                marks[offset + i] = FrameMark.missing
                 counters.lostFrames &+= 1
                 if Int64(bitPattern: index &- newestEnd) >= 0 { underrun = true }
             }
@@ -314,7 +334,6 @@ public struct JitterBuffer {
             counters.underruns &+= 1
             if configuration.mode == .auto { target = min(target + Double(maxPacketFrames), maximumTarget) }
         }
-        return .playing
     }
 
     // MARK: - Internals
@@ -427,7 +446,7 @@ public struct JitterBuffer {
         baseSequence = 0
     }
 
-    /// Refreshes `lostPackets` (called by readers of `counters` via `snapshot`).
+    /// The exact counters (with `lostPackets` computed from the sequence numbers seen so far).
     public var snapshot: Counters {
         var c = counters
         c.lostPackets = lostBeforeResync &+ (state == .idle ? 0 : lostInStream)

@@ -2,7 +2,8 @@ import Synchronization
 
 /// A snapshot of a `PlayoutRenderer`'s counters, readable from any thread.
 public struct PlayoutStats: Sendable, Equatable {
-    /// Latency queued in the relay on this side (jitter buffer + resampler), ms.
+    /// Latency queued in the relay on this side (jitter buffer + staging + resampler look-ahead) at the start of
+    /// the latest pull, ms — the quantity the drift controller holds at the target.
     public var bufferedMilliseconds: Double = 0
     /// The jitter buffer's current target, ms.
     public var targetMilliseconds: Double = 0
@@ -181,7 +182,6 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {
             renderBlock(buffer.baseAddress! + done * channels, frames: n, nowNanos: now)
             done += n
         }
-        lastNow = context.nowNanos
         var peak: Float = 0
         for i in 0..<(total * channels) { peak = max(peak, abs(buffer[i])) }
         let decay = 1 - min(1, Float(total) * 2.3 / Float(format.sampleRate))   // ≈ 20 dB per second
@@ -211,8 +211,9 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {
 
     /// Stage 2: the drift controller sets the resampling ratio from the latency error.
     private func control(frames: Int, nowNanos: UInt64) {
-        guard jitter.isActive else { return }
-        let error = latencyFrames(nowNanos: nowNanos) - jitter.targetFrames
+        measuredLatency = latencyFrames(nowNanos: nowNanos)
+        guard jitter.isPlaying else { return }   // the controller only regulates a running stream
+        let error = measuredLatency - jitter.targetFrames
         let ppm = drift.update(errorFrames: error, elapsedFrames: frames)
         guard drift.engaged else { return }
         if !resampling {
@@ -298,8 +299,7 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {
         let c = jitter.snapshot
         let ms = 1000 / Double(format.sampleRate)
         let p = published
-        let now = lastNow
-        let latency = jitter.isActive ? latencyFrames(nowNanos: now) : 0
+        let latency = measuredLatency
         storeDouble(p.buffered, latency * ms)
         storeDouble(p.target, jitter.targetFrames * ms)
         storeDouble(p.playout, (latency + Double(deviceDelayFrames)) * ms)
@@ -314,7 +314,8 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {
         p.setCounts(c, concealed: concealer.concealedFrames, resamplerErrors: resamplerErrorCount)
     }
 
-    private var lastNow: UInt64 = 0
+    /// Latency at the start of the latest block, before it was consumed (what the controller saw).
+    private var measuredLatency: Double = 0
     private var heldPeak: Float = 0
 }
 

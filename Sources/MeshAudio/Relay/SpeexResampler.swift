@@ -12,12 +12,20 @@ public struct SpeexResamplerError: Error, Equatable, Sendable, CustomStringConve
 /// An owned libspeexdsp resampler (`SpeexResamplerState`) for interleaved Float32; `deinit` destroys it.
 ///
 /// This is the one file that talks to CSpeexDSP. The ratio is `inputRate·num/den : outputRate` expressed as a
-/// fraction with a large denominator (`ratioDenominator`), so parts-per-million corrections are exact to
-/// 1/`ratioDenominator`. All tables are allocated in `init` for the whole ±`maximumCorrectionPPM` range, so
+/// fraction with denominator `ratioDenominator` = 65536: libspeexdsp rescales its fractional phase by
+/// `den_new/den_old` in 32-bit arithmetic and fails with `RESAMPLER_ERR_OVERFLOW` when `den²` exceeds 2³², so a
+/// correction is quantized to steps of 1/65536 ≈ 15.26 ppm (`quantizedPPM`); the drift controller's integral
+/// action averages between neighbouring steps. All tables are allocated in `init` for the whole ±`maximumCorrectionPPM` range, so
 /// `setRatio`, `process`, `prime` and `reset` do not allocate (as long as the correction stays in that range).
 public final class SpeexResampler {
-    /// Denominator used for fractional ratios (0.25 ppm resolution).
-    public static let ratioDenominator: UInt32 = 4_000_000
+    /// Denominator used for fractional ratios (the largest libspeexdsp can rescale without overflow).
+    public static let ratioDenominator: UInt32 = 65_536
+
+    /// The correction `setCorrection(ppm:)` actually applies for a requested `ppm`.
+    public static func quantizedPPM(_ ppm: Double) -> Double {
+        let den = Double(ratioDenominator)
+        return ((den * (1 + ppm * 1e-6)).rounded() / den - 1) * 1e6
+    }
     /// Channels per frame.
     public let channels: Int
     /// Nominal input and output rates.

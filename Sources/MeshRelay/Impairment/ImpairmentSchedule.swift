@@ -93,6 +93,11 @@ struct ImpairmentSchedule<Outlet: Sendable>: Sendable {
 
     var isEmpty: Bool { heap.isEmpty && holds.isEmpty }
 
+    /// A PeerMesh data datagram: magic `PM`, version 1, kind 1, a payload after the 20-byte header.
+    static func isPeerMeshData(_ b: [UInt8]) -> Bool {
+        b.count > 20 && b[0] == 0x50 && b[1] == 0x4d && b[2] == 1 && b[3] == 1
+    }
+
     mutating func admit(_ batch: [Incoming], now: UInt64) -> Admission {
         var adm = Admission()
         var earliest = UInt64.max
@@ -114,7 +119,12 @@ struct ImpairmentSchedule<Outlet: Sendable>: Sendable {
             switch planners[d.way.rawValue].decide(arrival: now) {
             case .drop:
                 stats[d.way].dropped += 1
+                if Self.isPeerMeshData(d.bytes) {
+                    stats[d.way].droppedPeerMeshData += 1
+                    stats[d.way].trailingDroppedPeerMeshData += 1
+                }
             case .forward(let due, let copies, let holdBack):
+                if Self.isPeerMeshData(d.bytes) { stats[d.way].trailingDroppedPeerMeshData = 0 }
                 if due > now { stats[d.way].delayed += 1 }
                 guard heap.count + holds.count < capacity else {
                     stats[d.way].failed += 1

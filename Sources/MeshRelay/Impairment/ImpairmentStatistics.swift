@@ -13,6 +13,12 @@ extension ImpairmentProxy {
         public var forwarded: UInt64 = 0
         /// Datagrams dropped by the loss setting.
         public var dropped: UInt64 = 0
+        /// Of `dropped`, those that were PeerMesh *data* datagrams (magic `PM`, kind 1) — what a receiver's loss
+        /// counter can see; the rest were pings, pongs or foreign datagrams.
+        public var droppedPeerMeshData: UInt64 = 0
+        /// Of `droppedPeerMeshData`, those dropped after the last PeerMesh data datagram that went through: no
+        /// receiver can tell them from the end of the stream, so they never show in its loss counter.
+        public var trailingDroppedPeerMeshData: UInt64 = 0
         /// Extra copies sent (each also reaches the far side).
         public var duplicated: UInt64 = 0
         /// Datagrams that were held back and sent after a later datagram.
@@ -27,7 +33,7 @@ extension ImpairmentProxy {
         public init() {}
 
         var json: String {
-            "{\"received\":\(received),\"forwarded\":\(forwarded),\"dropped\":\(dropped),\"duplicated\":\(duplicated),"
+            "{\"received\":\(received),\"forwarded\":\(forwarded),\"dropped\":\(dropped),\"droppedPeerMeshData\":\(droppedPeerMeshData),\"duplicated\":\(duplicated),"
                 + "\"reordered\":\(reordered),\"delayed\":\(delayed),\"pending\":\(pending),\"failed\":\(failed)}"
         }
     }

@@ -1,0 +1,396 @@
+// mesh-bench: measurements for scripts/bench that need the library in-process. Prints one JSON object on stdout.
+//
+//   mesh-bench throughput [--seconds S] [--rounds R] [--payload BYTES]
+//       PeerMesh unreliable send → receive between two sessions on 127.0.0.1, against a raw UDP pair with the same
+//       thread layout (one sender thread, one receiver thread, same socket buffer sizes as PeerMesh's 1 MiB),
+//       alternating raw / mesh for R rounds of S seconds each, in the same run.
+//   mesh-bench fanout --connect HOST:PORT --players N [--seconds S] [--latency auto|low|MS] [--host-pid PID]
+//       N RelayPlayer objects in this one process, each with its own Session (own UDP socket and I/O thread) and a
+//       null sink paced by CLOCK_MONOTONIC (one thread per player, pulls 128 frames per period like the ALSA
+//       Player). Joins the host directly (no DNS-SD), plays S seconds, prints per-player loss, and with --host-pid
+//       the host process's CPU seconds over the same window.
+import Foundation
+import MeshAudio
+import MeshRelay
+import PeerMesh
+import Synchronization
+
+func fail(_ text: String) -> Never {
+    FileHandle.standardError.write(Data("mesh-bench: \(text)\n".utf8))
+    exit(1)
+}
+
+func usage() -> Never {
+    FileHandle.standardError.write(Data("""
+    usage: mesh-bench throughput [--seconds S] [--rounds R] [--payload BYTES]
+           mesh-bench fanout --connect HOST:PORT --players N [--seconds S] [--latency auto|low|MS] [--host-pid PID]
+
+    """.utf8))
+    exit(2)
+}
+
+func emit(_ object: [String: Any]) {
+    guard let d = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { fail("cannot encode JSON") }
+    FileHandle.standardOutput.write(d + Data("\n".utf8))
+}
+
+func now() -> UInt64 { MonotonicClock.nowNanos() }
+
+/// A counter shared between a worker thread and the main thread.
+final class Counter: Sendable {
+    let value = Atomic<UInt64>(0)
+    func add(_ n: UInt64) { value.wrappingAdd(n, ordering: .relaxed) }
+    var current: UInt64 { value.load(ordering: .relaxed) }
+}
+
+/// A flag shared between threads.
+final class Flag: Sendable {
+    let value = Atomic<Bool>(false)
+    func set(_ v: Bool) { value.store(v, ordering: .releasing) }
+    var isSet: Bool { value.load(ordering: .acquiring) }
+}
+
+/// Runs `body` on a new thread; the returned semaphore is signalled when it returns.
+func spawn(_ name: String, _ body: @escaping @Sendable () -> Void) -> DispatchSemaphore {
+    let done = DispatchSemaphore(value: 0)
+    let t = Thread {
+        body()
+        done.signal()
+    }
+    t.name = name
+    t.start()
+    return done
+}
+
+// MARK: - Options
+
+func parseArguments() -> (String, [String: String]) {
+    var args = Array(CommandLine.arguments.dropFirst())
+    guard let mode = args.first else { usage() }
+    args.removeFirst()
+    var options: [String: String] = [:]
+    var i = 0
+    while i < args.count {
+        guard args[i].hasPrefix("--"), i + 1 < args.count else { usage() }
+        options[String(args[i].dropFirst(2))] = args[i + 1]
+        i += 2
+    }
+    return (mode, options)
+}
+let (mode, options) = parseArguments()
+func number(_ key: String, _ fallback: Double) -> Double {
+    guard let s = options[key] else { return fallback }
+    guard let v = Double(s), v > 0 else { usage() }
+    return v
+}
+
+// MARK: - Throughput
+
+/// A raw UDP socket bound to 127.0.0.1 with PeerMesh's buffer sizes.
+func rawSocket() -> (fd: Int32, port: UInt16) {
+    let fd = socket(AF_INET, Int32(SOCK_DGRAM.rawValue), 0)
+    guard fd >= 0 else { fail("socket: \(String(cString: strerror(errno)))") }
+    var size: Int32 = 1 << 20
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+    var tv = timeval(tv_sec: 0, tv_usec: 100_000)
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+    var addr = sockaddr_in()
+    addr.sin_family = sa_family_t(AF_INET)
+    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+    addr.sin_port = 0
+    let rc = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+    guard rc == 0 else { fail("bind: \(String(cString: strerror(errno)))") }
+    var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+    _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) } }
+    return (fd, UInt16(bigEndian: addr.sin_port))
+}
+
+struct RoundResult {
+    var sent: UInt64
+    var received: UInt64
+    var seconds: Double
+}
+
+/// One raw round: a sender thread blasting `payload`-byte datagrams for `seconds`, a receiver thread counting.
+func rawRound(seconds: Double, payload: Int) -> RoundResult {
+    let rx = rawSocket(), tx = rawSocket()
+    defer { close(rx.fd); close(tx.fd) }
+    let received = Counter(), sent = Counter(), stop = Flag(), senderDone = Flag()
+    let rxfd = rx.fd, txfd = tx.fd, port = rx.port
+    let receiver = spawn("raw.rx") {
+        let buf = UnsafeMutableRawPointer.allocate(byteCount: 2048, alignment: 8)
+        defer { buf.deallocate() }
+        var n: UInt64 = 0
+        while !stop.isSet {
+            if recv(rxfd, buf, 2048, 0) > 0 { n += 1; if n & 255 == 0 { received.add(256); n = 0 } }
+        }
+        received.add(n)
+    }
+    let start = now()
+    let sender = spawn("raw.tx") {
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        addr.sin_port = port.bigEndian
+        let buf = UnsafeMutableRawPointer.allocate(byteCount: payload, alignment: 8)
+        defer { buf.deallocate() }
+        memset(buf, 0x5A, payload)
+        let deadline = start + UInt64(seconds * 1e9)
+        var n: UInt64 = 0
+        while true {
+            if n & 63 == 0, now() >= deadline { break }
+            let r = withUnsafePointer(to: &addr) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { sendto(txfd, buf, payload, Int32(MSG_NOSIGNAL), $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            if r > 0 { n += 1 }
+        }
+        sent.add(n)
+        senderDone.set(true)
+    }
+    sender.wait()
+    let elapsed = Double(now() - start) / 1e9
+    usleep(150_000)  // let the receiver drain its socket buffer
+    stop.set(true)
+    receiver.wait()
+    return RoundResult(sent: sent.current, received: received.current, seconds: elapsed)
+}
+
+/// The receiving side of the PeerMesh pair: accepts the invitation and counts datagrams.
+final class MeshReceiver: SessionDelegate, NearbyServiceAdvertiserDelegate, Sendable {
+    let session: Session
+    let received = Counter()
+    let connected = Flag()
+    init(session: Session) { self.session = session }
+    func session(_ session: Session, peer: PeerID, didChange state: SessionState) { if state == .connected { connected.set(true) } }
+    func session(_ session: Session, didReceiveDatagram data: Data, fromPeer peer: PeerID) { received.add(1) }
+    func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceiveInvitationFromPeer peer: PeerID, withContext context: Data?,
+                    invitationHandler: @escaping @Sendable (Bool, Session?) -> Void) {
+        invitationHandler(true, session)
+    }
+}
+
+/// The sending side: learns the connected peer.
+final class MeshSender: SessionDelegate, Sendable {
+    let peer = Mutex<PeerID?>(nil)
+    func session(_ session: Session, peer p: PeerID, didChange state: SessionState) {
+        if state == .connected { peer.withLock { $0 = p } }
+    }
+}
+
+func throughput() {
+    let seconds = number("seconds", 2), rounds = Int(number("rounds", 3)), payload = Int(number("payload", 1024))
+    guard payload <= Session.maximumDatagramSize else { fail("--payload must be at most \(Session.maximumDatagramSize)") }
+    // The PeerMesh pair, connected once and reused by every round. A long peer timeout: a saturated receiver must
+    // not time the sender out in the middle of a round.
+    let rxSession: Session, txSession: Session, advertiser: NearbyServiceAdvertiser
+    let receiver: MeshReceiver, sender = MeshSender()
+    do {
+        let config = Session.Configuration(peerTimeout: .seconds(30), bindHost: "127.0.0.1")
+        rxSession = try Session(peer: try PeerID(displayName: "bench-rx"), configuration: config)
+        txSession = try Session(peer: try PeerID(displayName: "bench-tx"), configuration: config)
+        receiver = MeshReceiver(session: rxSession)
+        rxSession.delegate = receiver
+        txSession.delegate = sender
+        advertiser = try NearbyServiceAdvertiser(peer: rxSession.myPeerID, discoveryInfo: nil, serviceType: "mesh-bench",
+                                                 discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
+        advertiser.delegate = receiver
+        try advertiser.startAdvertisingPeer()
+        guard let port = advertiser.port else { fail("advertiser has no port") }
+        try txSession.connect(to: PeerEndpoint(host: "127.0.0.1", port: port), timeout: .seconds(5))
+    } catch {
+        fail("cannot set up the PeerMesh pair: \(error)")
+    }
+    let deadline = now() + 5_000_000_000
+    while sender.peer.withLock({ $0 }) == nil || !receiver.connected.isSet {
+        if now() > deadline { fail("the PeerMesh pair did not connect within 5 s") }
+        usleep(2_000)
+    }
+    let target = sender.peer.withLock { $0 }!
+
+    func meshRound() -> RoundResult {
+        let before = receiver.received.current
+        let sent = Counter()
+        let start = now()
+        let tx = txSession
+        let done = spawn("mesh.tx") {
+            let buf = UnsafeMutableRawBufferPointer.allocate(byteCount: payload, alignment: 8)
+            defer { buf.deallocate() }
+            buf.initializeMemory(as: UInt8.self, repeating: 0x5A)
+            let deadline = start + UInt64(seconds * 1e9)
+            let peers = [target]
+            var n: UInt64 = 0
+            while true {
+                if n & 63 == 0, now() >= deadline { break }
+                if (try? tx.sendDatagram(UnsafeRawBufferPointer(buf), toPeers: peers)) != nil { n += 1 }
+            }
+            sent.add(n)
+        }
+        done.wait()
+        let elapsed = Double(now() - start) / 1e9
+        usleep(150_000)
+        return RoundResult(sent: sent.current, received: receiver.received.current - before, seconds: elapsed)
+    }
+
+    var raw: [RoundResult] = [], mesh: [RoundResult] = []
+    for r in 0..<rounds {
+        // Alternate which goes first, so neither always runs on a warmer machine.
+        if r % 2 == 0 { raw.append(rawRound(seconds: seconds, payload: payload)); mesh.append(meshRound()) } else {
+            mesh.append(meshRound()); raw.append(rawRound(seconds: seconds, payload: payload))
+        }
+    }
+    let stats = rxSession.statistics
+    advertiser.stopAdvertisingPeer()
+    txSession.disconnect()
+
+    func summary(_ rs: [RoundResult]) -> [String: Any] {
+        let rates = rs.map { Double($0.received) / $0.seconds }.sorted()
+        let sentRates = rs.map { Double($0.sent) / $0.seconds }.sorted()
+        let sent = rs.reduce(0) { $0 + $1.sent }, recv = rs.reduce(0) { $0 + $1.received }
+        return ["receivedPerSecond": rates[rates.count / 2], "sentPerSecond": sentRates[sentRates.count / 2],
+                "roundsReceivedPerSecond": rs.map { Double($0.received) / $0.seconds },
+                "sent": sent, "received": recv, "deliveredFraction": sent > 0 ? Double(recv) / Double(sent) : 0]
+    }
+    let r = summary(raw), m = summary(mesh)
+    let ratio = (m["receivedPerSecond"] as! Double) / max(1, r["receivedPerSecond"] as! Double)
+    emit(["mode": "throughput", "payloadBytes": payload, "secondsPerRound": seconds, "rounds": rounds,
+          "raw": r, "mesh": m, "ratio": ratio,
+          "meshReceiverStats": ["datagramsReceived": stats.datagramsReceived, "malformed": stats.malformedDatagrams,
+                                "duplicates": stats.duplicateDatagrams, "strangers": stats.strangerDatagrams]])
+}
+
+// MARK: - Fan-out
+
+/// A sink that plays nowhere but keeps a real device's pace: every period (128 frames) it pulls from the renderer,
+/// on its own thread, at absolute CLOCK_MONOTONIC deadlines.
+final class PacedNullSink: AudioSink, @unchecked Sendable {  // mutable state: `done` is written by start/stop only, on the control thread
+    let format: AudioFormat
+    let periodFrames: Int
+    private let running = Flag()
+    private let framesOut = Counter()
+    private var done: DispatchSemaphore?
+
+    init(format: AudioFormat, periodFrames: Int) {
+        self.format = format
+        self.periodFrames = periodFrames
+    }
+
+    func start(renderer: any AudioRenderer) throws {
+        running.set(true)
+        let period = periodFrames, channels = format.channels, rate = format.sampleRate
+        let running = self.running, framesOut = self.framesOut
+        done = spawn("null-sink") {
+            let buf = UnsafeMutableBufferPointer<Float>.allocate(capacity: period * channels)
+            defer { buf.deallocate() }
+            let step = UInt64(period) * 1_000_000_000 / UInt64(rate)
+            var next = now()
+            while running.isSet {
+                renderer.render(into: buf, context: RenderContext(frames: period, deviceDelayFrames: 0, nowNanos: now()))
+                framesOut.add(UInt64(period))
+                next += step
+                var ts = timespec(tv_sec: Int(next / 1_000_000_000), tv_nsec: Int(next % 1_000_000_000))
+                while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nil) == EINTR {}
+            }
+        }
+    }
+
+    func stop() {
+        running.set(false)
+        done?.wait()
+        done = nil
+    }
+
+    var stats: AudioStats {
+        var s = AudioStats()
+        s.framesIn = framesOut.current
+        s.framesOut = framesOut.current
+        return s
+    }
+}
+
+/// utime + stime of a process, from /proc/PID/stat, in seconds.
+func processCPUSeconds(_ pid: Int32) -> Double? {
+    guard let text = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+          let close = text.lastIndex(of: ")") else { return nil }
+    let fields = text[text.index(after: close)...].split(separator: " ")
+    // After the command: state is field 3, utime 14, stime 15 (1-based over the whole line).
+    guard fields.count > 13, let u = Double(fields[11]), let s = Double(fields[12]) else { return nil }
+    let hz = Double(sysconf(Int32(_SC_CLK_TCK)))
+    return (u + s) / hz
+}
+
+func fanout() {
+    guard let c = options["connect"], let endpoint = PeerEndpoint(parsing: c) else { usage() }
+    let players = Int(number("players", 1)), seconds = number("seconds", 10)
+    let latency: JitterBuffer.Mode
+    switch options["latency"] ?? "auto" {
+    case "auto": latency = .auto
+    case "low": latency = .low
+    case let s: guard let ms = Double(s) else { usage() }; latency = .fixed(milliseconds: ms)
+    }
+    var list: [RelayPlayer] = []
+    let start = now()
+    for n in 0..<players {
+        do {
+            var config = RelayPlayer.Configuration(target: .direct(endpoint), name: "bench-\(n)", latency: latency)
+            config.discovery = InProcessDiscovery()
+            let p = try RelayPlayer(configuration: config, makeSink: { PacedNullSink(format: $0, periodFrames: 128) },
+                                    log: { FileHandle.standardError.write(Data("mesh-bench[\(n)]: \($0)\n".utf8)) })
+            try p.start()
+            list.append(p)
+        } catch {
+            fail("player \(n): \(error)")
+        }
+    }
+    // Wait (bounded) until every player hears audio, then measure a clean window of `seconds`.
+    let joinDeadline = now() + 15_000_000_000
+    while list.contains(where: { $0.statistics.firstAudioSeconds == nil }) && now() < joinDeadline { usleep(20_000) }
+    let joined = list.filter { $0.statistics.firstAudioSeconds != nil }.count
+    let joinSeconds = Double(now() - start) / 1e9
+    let before = list.map(\.statistics)
+    var usage0 = rusage(); getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage0)
+    let hostPid = options["host-pid"].flatMap { Int32($0) }
+    let host0 = hostPid.flatMap(processCPUSeconds)
+    let t0 = now()
+    Thread.sleep(forTimeInterval: seconds)
+    let after = list.map(\.statistics)
+    var usage1 = rusage(); getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage1)
+    let host1 = hostPid.flatMap(processCPUSeconds)
+    let window = Double(now() - t0) / 1e9
+    for p in list { p.stop() }
+
+    func cpu(_ u: rusage) -> Double {
+        Double(u.ru_utime.tv_sec) + Double(u.ru_utime.tv_usec) / 1e6 + Double(u.ru_stime.tv_sec) + Double(u.ru_stime.tv_usec) / 1e6
+    }
+    var per: [[String: Any]] = []
+    var totalReceived: UInt64 = 0, totalLost: UInt64 = 0, totalLate: UInt64 = 0
+    for (b, a) in zip(before, after) {
+        let received = a.playout.received &- b.playout.received
+        let lost = a.playout.lostPackets &- b.playout.lostPackets
+        let late = a.playout.late &- b.playout.late
+        totalReceived += received
+        totalLost += lost
+        totalLate += late
+        let denominator = Double(received + lost)
+        per.append(["received": received, "lost": lost, "late": late,
+                     "lossPercent": denominator > 0 ? Double(lost) / denominator * 100 : 0,
+                     "concealedFrames": a.playout.concealedFrames &- b.playout.concealedFrames,
+                     "underruns": a.playout.underruns &- b.playout.underruns,
+                     "playedFrames": a.device.framesOut &- b.device.framesOut,
+                     "joined": a.firstAudioSeconds != nil, "rendererLossPercent": a.playout.lossPercent])
+    }
+    let worst = per.map { $0["lossPercent"] as! Double }.max() ?? 0
+    emit(["mode": "fanout", "players": players, "joined": joined, "joinSeconds": joinSeconds, "windowSeconds": window,
+          "received": totalReceived, "lost": totalLost, "late": totalLate,
+          "lossPercent": totalReceived + totalLost > 0 ? Double(totalLost) / Double(totalReceived + totalLost) * 100 : 0,
+          "worstPlayerLossPercent": worst,
+          "playersProcessCpuSeconds": cpu(usage1) - cpu(usage0),
+          "hostCpuSeconds": (host0 != nil && host1 != nil) ? host1! - host0! : NSNull(), "perPlayer": per])
+}
+
+switch mode {
+case "throughput": throughput()
+case "fanout": fanout()
+default: usage()
+}
+exit(0)

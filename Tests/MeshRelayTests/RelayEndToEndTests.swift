@@ -1,0 +1,217 @@
+import Foundation
+import MeshAudio
+import PeerMesh
+import Testing
+@testable import MeshRelay
+
+/// The relay end to end on one host: real Avahi on lo, real ALSA through the JACK rig, real UDP.
+@Suite("Relay end to end (CLIs, real Avahi, ALSA and UDP)", .serialized,
+       .enabled(if: Rig.jack && Rig.avahi, "needs scripts/test's JACK and Avahi rigs"))
+struct RelayEndToEndTests {
+    /// Compares what the player wrote with the known signal the host captured: 0 lost, and sample-exact
+    /// (the drift loop holds the ratio at exactly 1.0 with both ends on one clock) or, if the resampler had to
+    /// engage, at least 60 dB SNR.
+    func assertCarries(_ reference: [Float], received: [Float], final: [String: Any], label: String) {
+        #expect((final["lostPackets"] as? Int) == 0, "\(label): packets lost on loopback")
+        // Skip the player's start (silence until the first packet, then the buffer settling).
+        let start = received.firstIndex { $0 != 0 }.map { $0 + 4_410 } ?? received.count
+        guard let offset = exactOffset(of: received, at: start, in: reference) else {
+            Issue.record("\(label): the known signal was not found in the output (resampling: \(final["resampling"] ?? "?"))")
+            return
+        }
+        var compared = 0, equal = 0
+        var signal: Double = 0, noise: Double = 0
+        for i in start..<received.count {
+            let j = i + offset
+            guard j >= 0, j < reference.count else { break }
+            compared += 1
+            if received[i] == reference[j] { equal += 1 }
+            signal += Double(reference[j] * reference[j])
+            let e = Double(received[i] - reference[j])
+            noise += e * e
+        }
+        #expect(compared > 44_100, "\(label): at least a second of overlap (got \(compared) samples)")
+        if (final["resampling"] as? Bool) == true {
+            let snr = noise == 0 ? 200 : 10 * log10(signal / noise)
+            print("\(label): resampler engaged; SNR \(snr) dB over \(compared) samples")
+            #expect(snr >= 60)
+        } else {
+            print("\(label): sample-exact \(equal)/\(compared) samples, offset \(offset)")
+            #expect(equal == compared, "\(label): \(compared - equal) samples differ")
+        }
+    }
+
+    @Test("A known signal captured through ALSA by mesh-record comes out of mesh-play exactly")
+    func knownSignalThroughALSA() throws {
+        let service = Rig.uniqueService()
+        let out = Rig.tempPath("alsa-\(service).wav")
+        let host = try CLIProcess("mesh-record", ["--host", "--name", "alsa-host", "--service", service, "--device", "pm_knowncap"])
+        let player = try CLIProcess("mesh-play", ["--find", "--service", service, "--output", out, "--duration", "4", "--json"])
+        let code = player.waitForExit(seconds: 20)
+        host.kill()
+        #expect(code == 0, "mesh-play: \(player.stderr)")
+        let final = try #require(player.jsonObjects.last { $0["final"] as? Bool == true })
+        let received = try readWAV(out).samples
+        let known = try readRaw(Rig.jackDir + "/known.raw")
+        assertCarries(known, received: received, final: final, label: "ALSA → WAV")
+        #expect(player.stderr.contains { $0.contains("joined alsa-host") })
+    }
+
+    @Test("--input FILE.wav on the host, --output FILE.wav on the player")
+    func wavToWav() throws {
+        // Three seconds of a deterministic, non-repeating signal.
+        var rng = SplitMix(seed: 7)
+        let signal = (0..<(3 * 44_100)).map { _ in Float(Int(rng.next() % 20_001) - 10_000) / 20_000 }
+        let input = Rig.tempPath("input.wav")
+        let sink = try WAVFileSink(path: input, format: .default, periodFrames: 1024, realtime: false, maxFrames: signal.count)
+        try sink.start(renderer: ArrayRenderer(signal))
+        #expect(sink.waitUntilFinished(timeoutNanos: 5_000_000_000))
+        sink.stop()
+        let service = Rig.uniqueService()
+        let out = Rig.tempPath("wav-\(service).wav")
+        let host = try CLIProcess("mesh-record", ["--host", "--name", "wav-host", "--service", service, "--input", input])
+        let player = try CLIProcess("mesh-play", ["--find", "--service", service, "--output", out, "--duration", "4", "--json"])
+        let code = player.waitForExit(seconds: 20)
+        host.kill()
+        #expect(code == 0, "mesh-play: \(player.stderr)")
+        let final = try #require(player.jsonObjects.last { $0["final"] as? Bool == true })
+        // The host loops the file: the reference is the signal twice over.
+        assertCarries(signal + signal + signal, received: try readWAV(out).samples, final: final, label: "WAV → WAV")
+    }
+
+    @Test("kill -9 of the host: the player is notConnected within the timeout and rejoins a new host")
+    func hostKilledAndReplaced() throws {
+        let service = Rig.uniqueService()
+        let out = Rig.tempPath("kill-\(service).wav")
+        var host = try CLIProcess("mesh-record", ["--host", "--name", "first", "--service", service, "--input", "tone:440"])
+        let player = try CLIProcess("mesh-play", ["--find", "--service", service, "--output", out, "--duration", "15"])
+        #expect(eventually(10) { player.stderr.contains { $0.contains("joined first") } }, "\(player.stderr)")
+        let killedAt = Date()
+        host.kill(SIGKILL)
+        #expect(eventually(4) { player.timeOfLine(containing: "went away") != nil }, "\(player.stderr)")
+        if let seen = player.timeOfLine(containing: "went away") {
+            let ms = seen.timeIntervalSince(killedAt) * 1000
+            print("host killed → player notConnected after \(Int(ms)) ms")
+            #expect(ms <= 2_500)
+        }
+        let restartAt = Date()
+        host = try CLIProcess("mesh-record", ["--host", "--name", "second", "--service", service, "--input", "tone:440"])
+        #expect(eventually(8) { player.stderr.contains { $0.contains("joined second") } }, "\(player.stderr)")
+        if let joined = player.timeOfLine(containing: "joined second") {
+            print("new host started → player rejoined after \(Int(joined.timeIntervalSince(restartAt) * 1000)) ms")
+        }
+        player.kill()
+        host.kill()
+    }
+
+    @Test("A garbage datagram flood at the host's port does not stop the stream")
+    func garbageFlood() throws {
+        let service = Rig.uniqueService()
+        let port = UInt16.random(in: 40_000...49_000)
+        let out = Rig.tempPath("flood-\(service).wav")
+        let host = try CLIProcess("mesh-record", ["--host", "--name", "flood-host", "--service", service, "--input", "tone:440",
+                                                 "--port", String(port)])
+        let player = try CLIProcess("mesh-play", ["--connect", "127.0.0.1:\(port)", "--output", out, "--duration", "4", "--json"])
+        #expect(eventually(10) { player.stderr.contains { $0.contains("joined flood-host") } }, "\(player.stderr)")
+        // Two seconds of junk at the host's UDP port, bounded in count.
+        let fd = socket(AF_INET, Int32(SOCK_DGRAM.rawValue), 0)
+        defer { close(fd) }
+        var to = sockaddr_in()
+        to.sin_family = sa_family_t(AF_INET)
+        to.sin_port = port.bigEndian
+        to.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var junk = [UInt8](repeating: 0, count: 600)
+        let until = Date().addingTimeInterval(2)
+        var sent = 0
+        while Date() < until, sent < 200_000 {
+            for i in 0..<junk.count { junk[i] = UInt8.random(in: 0...255) }
+            junk[0] = 0x50; junk[1] = 0x4d; junk[2] = 1; junk[3] = 1 // looks like PeerMesh data, with a bogus token
+            _ = withUnsafePointer(to: &to) { p in
+                p.withMemoryRebound(to: sockaddr.self, capacity: 1) { sendto(fd, junk, junk.count, 0, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            sent += 1
+            if sent % 100 == 0 { usleep(1_000) }
+        }
+        #expect(player.waitForExit(seconds: 15) == 0, "\(player.stderr)")
+        host.kill()
+        let final = try #require(player.jsonObjects.last { $0["final"] as? Bool == true })
+        #expect((final["lostPackets"] as? Int) == 0)
+        #expect((final["state"] as? String) == "joined flood-host")
+        let played = (final["playedFrames"] as? Int) ?? 0
+        #expect(played > 3 * 44_100, "played \(played) frames")
+        print("garbage flood: \(sent) junk datagrams; player lost \(final["lostPackets"] ?? "?") packets")
+    }
+}
+
+@Suite("Relay command lines: bad input")
+struct RelayBadInputTests {
+    @Test("Unknown flags print usage and exit 2", arguments: [("mesh-record", ["--host", "--frobnicate"]),
+                                                               ("mesh-play", ["--find", "--frobnicate"]),
+                                                               ("mesh-record", []), ("mesh-play", ["--latency", "fast", "--find"])])
+    func badFlags(tool: String, args: [String]) throws {
+        let p = try CLIProcess(tool, args)
+        #expect(p.waitForExit(seconds: 10) == 2)
+        #expect(p.stderr.contains { $0.contains("usage:") })
+    }
+
+    @Test("--help and --version exit 0")
+    func helpAndVersion() throws {
+        for tool in ["mesh-record", "mesh-play"] {
+            let h = try CLIProcess(tool, ["--help"])
+            #expect(h.waitForExit(seconds: 10) == 0)
+            #expect(h.stdout.first?.hasPrefix("usage: \(tool)") == true)
+            let v = try CLIProcess(tool, ["--version"])
+            #expect(v.waitForExit(seconds: 10) == 0)
+            #expect(v.stdout.first == "\(tool) \(meshVersion)")
+        }
+    }
+
+    @Test("A missing device gives one clear error and exit 1", .enabled(if: Rig.jack, "needs the ALSA rig config"))
+    func missingDevice() throws {
+        let r = try CLIProcess("mesh-record", ["--host", "--device", "pm_no_such_device", "--service", Rig.uniqueService()])
+        #expect(r.waitForExit(seconds: 10) == 1)
+        #expect(r.stderr.contains { $0.contains("pm_no_such_device") && $0.contains("arecord -L") }, "\(r.stderr)")
+        let p = try CLIProcess("mesh-play", ["--connect", "127.0.0.1:9", "--device", "pm_no_such_device"])
+        #expect(p.waitForExit(seconds: 10) == 1)
+        #expect(p.stderr.contains { $0.contains("pm_no_such_device") && $0.contains("aplay -L") }, "\(p.stderr)")
+    }
+
+    @Test("--connect to a closed port: a clear error after bounded retries")
+    func connectClosedPort() throws {
+        let out = Rig.tempPath("closed.wav")
+        let start = Date()
+        let p = try CLIProcess("mesh-play", ["--connect", "127.0.0.1:9", "--output", out])
+        let code = p.waitForExit(seconds: 20)
+        let elapsed = Date().timeIntervalSince(start)
+        #expect(code == 1)
+        #expect(p.stderr.contains { $0.contains("cannot join 127.0.0.1:9") && $0.contains("Connection refused") && $0.contains("5 attempts") },
+                "\(p.stderr)")
+        #expect(elapsed < 10, "retries are bounded (took \(elapsed) s)")
+    }
+}
+
+/// A deterministic PRNG for test signals.
+struct SplitMix {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
+/// Renders a fixed array once, then silence.
+final class ArrayRenderer: AudioRenderer, @unchecked Sendable { // position is only touched by the sink's one thread
+    let samples: [Float]
+    var position = 0
+    init(_ s: [Float]) { samples = s }
+    func render(into buffer: UnsafeMutableBufferPointer<Float>, context: RenderContext) {
+        for i in 0..<context.frames {
+            buffer[i] = position < samples.count ? samples[position] : 0
+            position += 1
+        }
+    }
+}

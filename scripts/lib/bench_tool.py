@@ -1,0 +1,389 @@
+#!/usr/bin/env python3
+"""Helpers for scripts/bench: process snapshots, jack_iodelay parsing, join-time measurement, the report.
+
+  bench_tool.py snap PGID...                 JSON: per process group, utime+stime seconds and summed peak RSS
+                                             (VmHWM) of its processes, shell wrappers (bash/sh/setsid) left out
+  bench_tool.py iodelay LOG SKIP_LINES       JSON: median/min/max of jack_iodelay readings after SKIP_LINES lines
+  bench_tool.py freeport                     a free TCP+UDP port number on 127.0.0.1
+  bench_tool.py join RUNS SERVICE MESH_PLAY  join time: see join() below
+  bench_tool.py report RAW.jsonl OUT.json TABLE.md META.json   merge results, write JSON and the Markdown table
+"""
+import json
+import os
+import select
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import time
+
+WRAPPERS = {"bash", "sh", "setsid", "dash", "timeout"}
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def proc_snapshot(pgids):
+    """utime+stime and VmHWM of every live process in each process group."""
+    out = {str(g): {"cpuSeconds": 0.0, "peakRssKiB": 0, "peakRssExShmKiB": 0, "processes": []} for g in pgids}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            comm = stat[stat.index("(") + 1:stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2:].split()
+            pgrp = fields[2]
+            if pgrp not in out or comm in WRAPPERS:
+                continue
+            cpu = (int(fields[11]) + int(fields[12])) / HZ
+            hwm = shm = 0
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        hwm = int(line.split()[1])
+                    elif line.startswith("RssShmem:"):
+                        shm = int(line.split()[1])
+            o = out[pgrp]
+            o["cpuSeconds"] += cpu
+            o["peakRssKiB"] += hwm
+            o["peakRssExShmKiB"] += hwm - shm
+            o["processes"].append({"pid": int(pid), "comm": comm, "cpuSeconds": cpu, "peakRssKiB": hwm,
+                                   "rssShmemKiB": shm})
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def iodelay(log, skip):
+    """Readings look like '   768.000 frames     17.415 ms total roundtrip latency'."""
+    frames, ms, below, bad = [], [], 0, 0
+    try:
+        with open(log, errors="replace") as f:
+            lines = f.read().splitlines()[skip:]
+    except OSError:
+        lines = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 4 and parts[1] == "frames" and parts[3] == "ms" and "roundtrip" in line:
+            try:
+                f, m = float(parts[0]), float(parts[2])
+            except ValueError:
+                continue
+            if f == f and m == m and f > 0:  # drop nan and the 0.000 jack_iodelay prints while it locks on
+                frames.append(f)
+                ms.append(m)
+            else:
+                bad += 1
+        elif "below threshold" in line:
+            below += 1
+    if not frames:
+        return {"readings": 0, "belowThreshold": below, "invalidReadings": bad}
+    return {"readings": len(frames), "belowThreshold": below, "invalidReadings": bad,
+            "frames": statistics.median(frames), "ms": statistics.median(ms),
+            "minFrames": min(frames), "maxFrames": max(frames)}
+
+
+def freeport():
+    for _ in range(50):
+        t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            t.bind(("127.0.0.1", 0))
+            port = t.getsockname()[1]
+            u.bind(("127.0.0.1", port))
+            return port
+        except OSError:
+            continue
+        finally:
+            t.close()
+            u.close()
+    raise SystemExit("no free port")
+
+
+def join(runs, service, mesh_play, rate=44100, timeout=10.0):
+    """Join time, measured from outside the player: `arecord -D pm_loop_cap` captures what `mesh-play --find
+    --device pm_loop_play` plays (a sample-exact JACK client-to-client connection); the host sends a tone. Time
+    from spawning mesh-play to the first non-zero sample captured, corrected to that sample's position in the
+    read. Includes the capture side's one period (2.9 ms at 128) of buffering: an overestimate by at most that."""
+    results = []
+    for run in range(runs):
+        rec = subprocess.Popen(["arecord", "-q", "-D", "pm_loop_cap", "-f", "FLOAT_LE", "-r", str(rate), "-c", "1",
+                                "-t", "raw", "--period-size=128", "--buffer-size=512"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        fd = rec.stdout.fileno()
+        # Let the capture run steadily (silence) before the player starts.
+        warm_until = time.monotonic() + 0.5
+        while time.monotonic() < warm_until:
+            r, _, _ = select.select([fd], [], [], 0.05)
+            if r:
+                os.read(fd, 65536)
+        t0 = time.monotonic()
+        play = subprocess.Popen([mesh_play, "--find", "--service", service, "--device", "pm_loop_play", "--json",
+                                 "--name", f"bench-join-{run}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        first = None
+        pending = b""
+        deadline = t0 + timeout
+        while first is None and time.monotonic() < deadline:
+            r, _, _ = select.select([fd], [], [], 0.05)
+            if not r:
+                continue
+            data = os.read(fd, 65536)
+            now = time.monotonic()
+            if not data:
+                break
+            data = pending + data
+            usable = len(data) - len(data) % 4
+            pending = data[usable:]
+            samples = struct.unpack(f"<{usable // 4}f", data[:usable])
+            for k, v in enumerate(samples):
+                if abs(v) > 1e-6:
+                    after = len(samples) - k
+                    first = now - t0 - after / rate
+                    break
+        time.sleep(1.2)  # let the player emit a JSON status line (once a second)
+        for p in (play, rec):
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        try:
+            out, err = play.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(play.pid, signal.SIGKILL)
+            out, err = play.communicate()
+        try:
+            rec.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(rec.pid, signal.SIGKILL)
+            rec.communicate()
+        internal = None
+        for line in out.decode(errors="replace").splitlines():
+            try:
+                o = json.loads(line)
+            except ValueError:
+                continue
+            if o.get("firstAudioSeconds") is not None:
+                internal = o["firstAudioSeconds"]
+        results.append({"run": run, "firstSampleSeconds": first, "firstAudioSecondsReported": internal,
+                        "stderrTail": err.decode(errors="replace").splitlines()[-3:]})
+        time.sleep(0.3)
+    good = [r["firstSampleSeconds"] for r in results if r["firstSampleSeconds"] is not None]
+    reported = [r["firstAudioSecondsReported"] for r in results if r["firstAudioSecondsReported"] is not None]
+    return {"runs": runs, "measured": len(good), "medianMs": statistics.median(good) * 1000 if good else None,
+            "minMs": min(good) * 1000 if good else None, "maxMs": max(good) * 1000 if good else None,
+            "firstRunMs": results[0]["firstSampleSeconds"] * 1000 if results and results[0]["firstSampleSeconds"] is not None else None,
+            "reportedFirstAudioMedianMs": statistics.median(reported) * 1000 if reported else None,
+            "details": results}
+
+
+# ---------------------------------------------------------------------------------------------------- report
+
+def fmt(v, digits=1):
+    if v is None:
+        return "n/m"
+    if isinstance(v, str):
+        return v
+    return f"{v:,.{digits}f}"
+
+
+def verdict(ok):
+    return "n/m" if ok is None else ("met" if ok else "**missed**")
+
+
+def report(raw_path, out_json, out_md, meta_path):
+    with open(meta_path) as f:
+        meta = json.load(f)
+    rows = []
+    with open(raw_path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    pass
+    sections = {}
+    for r in rows:
+        sections.setdefault(r["section"], []).append(r)
+    goals = []
+    md = []
+    md.append(f"Measured {meta['date']} on {meta['machine']} ({meta['cores']} cores), `scripts/bench{meta['flags']}`; "
+              f"JACK dummy 44.1 kHz. \"n/m\" = not measured here (the note says why).")
+    md.append("")
+
+    # 1. Latency
+    lat = sections.get("latency", [])
+    if lat:
+        md.append("**1. Mouth-to-ear latency** (jack_iodelay round trip through the sender's capture PCM and the "
+                  "receiver's playback PCM; median of readings)")
+        md.append("")
+        md.append("| period | path | frames | ms | vs floor | note |")
+        md.append("|---|---|---:|---:|---:|---|")
+        floors = {r["period"]: r.get("frames") for r in lat if r["path"] == "floor"}
+        for r in lat:
+            fl = floors.get(r["period"])
+            vs = f"{r['frames'] / fl:.2f}×" if r.get("frames") and fl else "n/m"
+            note = r.get("note", "")
+            if r.get("frames") and r.get("minFrames") is not None and r["maxFrames"] - r["minFrames"] > 1:
+                note = (note + "; " if note else "") + f"range {r['minFrames']:.0f}–{r['maxFrames']:.0f}"
+            md.append(f"| {r['period']} | {r['label']} | {fmt(r.get('frames'), 0)} | {fmt(r.get('ms'))} | {vs} | {note} |")
+        md.append("")
+        for r in lat:
+            if r["path"] == "mesh-default" and r["period"] == 128:
+                goals.append(("mesh defaults ≤ 12 ms at period 128", fmt(r.get("ms")) + " ms",
+                              None if r.get("ms") is None else r["ms"] <= 12.0))
+        for r in lat:
+            if r["path"] == "mesh-low":
+                fl = floors.get(r["period"])
+                ok = None if (r.get("frames") is None or fl is None) else r["frames"] <= fl + r["period"]
+                goals.append((f"--latency low ≤ floor + one period (period {r['period']}: ≤ "
+                              f"{fmt(None if fl is None else fl + r['period'], 0)} frames)",
+                              fmt(r.get("frames"), 0) + " frames", ok))
+
+    # 2. Throughput
+    th = sections.get("throughput", [])
+    if th:
+        t = th[-1]
+        md.append("**2. Datagram throughput** (1 KB payloads, loopback, one sender + one receiver thread, "
+                  "alternating rounds in one process; median round)")
+        md.append("")
+        md.append("| pair | sent/s | received/s | ratio |")
+        md.append("|---|---:|---:|---:|")
+        if t.get("error"):
+            md.append(f"| n/m | | | {t['error']} |")
+            goals.append(("throughput ratio ≥ 0.8", "n/m", None))
+        else:
+            md.append(f"| raw UDP (Swift) | {fmt(t['raw']['sentPerSecond'], 0)} | {fmt(t['raw']['receivedPerSecond'], 0)} | 1.00 |")
+            md.append(f"| PeerMesh Session | {fmt(t['mesh']['sentPerSecond'], 0)} | {fmt(t['mesh']['receivedPerSecond'], 0)} | {t['ratio']:.2f} |")
+            goals.append(("throughput ratio ≥ 0.8", f"{t['ratio']:.2f}", t["ratio"] >= 0.8))
+        md.append("")
+
+    # 3. CPU / RSS
+    cpu = sections.get("cpu", [])
+    if cpu:
+        md.append("**3. CPU and memory per stream** (same minute, all four running at once; CPU over the steady "
+                  "window scaled to one minute of audio; peak RSS = VmHWM summed over the side's processes)")
+        md.append("")
+        md.append("| side | processes | CPU s / min audio | % of a core | vs baseline CPU | peak RSS MB | peak RSS excl. JACK shm MB |")
+        md.append("|---|---|---:|---:|---:|---:|---:|")
+        by = {r["side"]: r for r in cpu}
+        mb = lambda v: None if v is None else v / 1024
+        for side, base in (("mesh-record", "arecord | nc -u"), ("mesh-play", "nc -l | aplay"),
+                           ("arecord | nc -u", None), ("nc -l | aplay", None)):
+            r = by.get(side)
+            if not r:
+                continue
+            ratio = "n/m"
+            if base and r.get("cpuPerMinute") is not None and by.get(base, {}).get("cpuPerMinute"):
+                ratio = f"{r['cpuPerMinute'] / by[base]['cpuPerMinute']:.2f}×"
+            md.append(f"| {side.replace('|', chr(92) + '|')} | {r.get('processes', r.get('note', ''))} | {fmt(r.get('cpuPerMinute'), 2)} | "
+                      f"{fmt(r.get('percentCore'), 2)} | {ratio} | {fmt(mb(r.get('peakRssKiB')))} | {fmt(mb(r.get('peakRssExShmKiB')))} |")
+        md.append("")
+        md.append("Every ALSA client of the JACK rig maps JACK's shared memory (~100 MB, RssShmem), baselines included; "
+                  "the last column (VmHWM − RssShmem) is what the process itself holds, and is what the 16 MB goal is judged on.")
+        md.append("")
+        for side in ("mesh-record", "mesh-play"):
+            r = by.get(side)
+            if r:
+                goals.append((f"{side} ≤ 1 % of a core", fmt(r.get("percentCore"), 2) + " %",
+                              None if r.get("percentCore") is None else r["percentCore"] <= 1.0))
+                v = mb(r.get("peakRssExShmKiB"))
+                goals.append((f"{side} ≤ 16 MB RSS (excl. JACK shm)", fmt(v) + " MB", None if v is None else v <= 16.0))
+
+    # 4. Join
+    jn = sections.get("join", [])
+    if jn:
+        j = jn[-1]
+        md.append("**4. Join time** (spawn `mesh-play --find` → first non-zero sample captured from its playback "
+                  "device; Avahi on lo)")
+        md.append("")
+        md.append("| runs | median ms | min ms | max ms | first run ms | player's own firstAudioSeconds (median) |")
+        md.append("|---:|---:|---:|---:|---:|---:|")
+        md.append(f"| {j.get('measured', 0)}/{j.get('runs', 0)} | {fmt(j.get('medianMs'), 0)} | {fmt(j.get('minMs'), 0)} | "
+                  f"{fmt(j.get('maxMs'), 0)} | {fmt(j.get('firstRunMs'), 0)} | {fmt(j.get('reportedFirstAudioMedianMs'), 0)} ms |")
+        if j.get("note"):
+            md.append(f"\n{j['note']}")
+        md.append("")
+        goals.append(("join ≤ 300 ms (median)", fmt(j.get("medianMs"), 0) + " ms",
+                      None if j.get("medianMs") is None else j["medianMs"] <= 300))
+
+    # 5. Fan-out
+    fo = sections.get("fanout", [])
+    if fo:
+        md.append("**5. Fan-out** (one `mesh-record --host --input tone:440`; N players as RelayPlayer objects in one "
+                  "`mesh-bench fanout` process, each with its own Session and a paced null sink)")
+        md.append("")
+        md.append("| players | joined | host % core | host % core per player | loss % (all) | worst player loss % | late | note |")
+        md.append("|---:|---:|---:|---:|---:|---:|---:|---|")
+        for r in fo:
+            md.append(f"| {r['players']} | {r.get('joined', 'n/m')} | {fmt(r.get('hostPercentCore'), 2)} | "
+                      f"{fmt(r.get('hostPercentCorePerPlayer'), 3)} | {fmt(r.get('lossPercent'), 3)} | "
+                      f"{fmt(r.get('worstPlayerLossPercent'), 3)} | {r.get('late', 'n/m')} | {r.get('note', '')} |")
+        md.append("")
+        for r in fo:
+            if r["players"] == 32:
+                goals.append(("32 players ≤ 0.1 % loss (worst player)", fmt(r.get("worstPlayerLossPercent"), 3) + " %",
+                              None if r.get("worstPlayerLossPercent") is None else r["worstPlayerLossPercent"] <= 0.1))
+
+    # 6. Impairment
+    im = sections.get("impair", [])
+    if im:
+        md.append("**6. Under impairment** (`mesh-impair`, both directions; mesh-play defaults; no goal yet)")
+        md.append("")
+        md.append("| impairment | latency frames | latency ms | concealed % | underruns | loss % (player) | note |")
+        md.append("|---|---:|---:|---:|---:|---:|---|")
+        for r in im:
+            md.append(f"| {r['label']} | {fmt(r.get('frames'), 0)} | {fmt(r.get('ms'))} | {fmt(r.get('concealedPercent'), 2)} | "
+                      f"{r.get('underruns', 'n/m')} | {fmt(r.get('lossPercent'), 2)} | {r.get('note', '')} |")
+        md.append("")
+
+    if goals:
+        md.append("**Goals**")
+        md.append("")
+        md.append("| goal | figure | verdict |")
+        md.append("|---|---:|---|")
+        for g, fig, ok in goals:
+            md.append(f"| {g} | {fig} | {verdict(ok)} |")
+        md.append("")
+    notes = [r for r in rows if r["section"] == "note"]
+    if notes:
+        md.append("**Not measured / notes**")
+        md.append("")
+        for n in notes:
+            md.append(f"- {n['text']}")
+        md.append("")
+    text = "\n".join(md)
+    with open(out_md, "w") as f:
+        f.write(text + "\n")
+    result = {"meta": meta, "sections": sections,
+              "goals": [{"goal": g, "figure": fig, "met": ok} for g, fig, ok in goals]}
+    with open(out_json, "w") as f:
+        json.dump(result, f, indent=2, sort_keys=True)
+        f.write("\n")
+    print(text)
+    # Exit status for --smoke: a table was produced.
+    return 0 if any(line.startswith("| ") for line in md) else 1
+
+
+def main():
+    cmd = sys.argv[1] if len(sys.argv) > 1 else ""
+    if cmd == "snap":
+        print(json.dumps(proc_snapshot(sys.argv[2:])))
+    elif cmd == "iodelay":
+        print(json.dumps(iodelay(sys.argv[2], int(sys.argv[3]))))
+    elif cmd == "freeport":
+        print(freeport())
+    elif cmd == "join":
+        print(json.dumps(join(int(sys.argv[2]), sys.argv[3], sys.argv[4])))
+    elif cmd == "report":
+        sys.exit(report(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]))
+    else:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
