@@ -66,6 +66,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     private let running = Atomic<Bool>(false)
     private let finished = DispatchSemaphore(value: 0)
     private let events: @Sendable (String) -> Void
+    private let askQueue = DispatchQueue(label: "mesh-record.ask")
 
     /// Opens the session and the advertiser (nothing is published until `start`).
     /// - Parameter log: receives one human-readable line per event (joins, leaves, invitations).
@@ -172,9 +173,12 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         case .all:
             invitationHandler(true, session)
         case .ask(let decide):
-            let yes = decide(peer)
-            events(yes ? "accepted \(peer.displayName)" : "declined \(peer.displayName)")
-            invitationHandler(yes, yes ? session : nil)
+            // Asking may take a person a while: do it off the advertiser's thread, one question at a time.
+            askQueue.async { [self] in
+                let yes = decide(peer)
+                events(yes ? "accepted \(peer.displayName)" : "declined \(peer.displayName)")
+                invitationHandler(yes, yes ? session : nil)
+            }
         }
     }
 

@@ -53,6 +53,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         public var malformedDatagrams: UInt64 = 0
         /// Seconds from `start()` to the first datagram of audio, or nil before.
         public var firstAudioSeconds: Double?
+        /// Frames of audio that arrived from hosts (before the jitter buffer).
+        public var framesReceived: UInt64 = 0
         public var format: AudioFormat = .default
     }
 
@@ -81,6 +83,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
 
     private struct Counters {
         var host: PeerID?
+        var framesReceived: UInt64 = 0
         var firstAudio: UInt64?
         var pendingFormat: AudioFormat?
     }
@@ -135,6 +138,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         s.phase = join.withLock { $0.phase }
         let c = counters.withLock { $0 }
         s.host = c.host
+        s.framesReceived = c.framesReceived
         if let ch = chain.withLock({ $0 }) {
             s.playout = ch.renderer.stats
             s.device = ch.sink.stats
@@ -219,14 +223,21 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     public func session(_ session: Session, didReceiveDatagram data: Data, fromPeer peer: PeerID) {
         let now = monotonicNow()
         guard let ch = chain.withLock({ $0 }) else { return }
-        data.withUnsafeBytes { raw in
-            if let h = try? AudioPacket.decodeHeader(raw), h.format != ch.format {
-                counters.withLock { $0.pendingFormat = h.format }
-                return
+        let frames: Int = data.withUnsafeBytes { raw in
+            guard let h = try? AudioPacket.decodeHeader(raw) else {
+                ch.renderer.enqueue(packet: raw, arrivalNanos: now) // counted as malformed there
+                return 0
             }
-            ch.renderer.enqueue(packet: raw, arrivalNanos: now)
+            if h.format != ch.format {
+                counters.withLock { $0.pendingFormat = h.format }
+                return 0
+            }
+            return ch.renderer.enqueue(packet: raw, arrivalNanos: now) ? h.frameCount : 0
         }
-        counters.withLock { c in if c.firstAudio == nil { c.firstAudio = now } }
+        counters.withLock { c in
+            if c.firstAudio == nil { c.firstAudio = now }
+            c.framesReceived += UInt64(frames)
+        }
     }
 
     public func session(_ session: Session, invitationTo peer: PeerID?, failedWith reason: DeclineReason, detail: String) {

@@ -99,7 +99,8 @@ if options.json {
     summary["final"] = true
     terminal.stdout(StatusReport.encode(summary))
 }
-terminal.log(String(format: "played %.1f s of audio; loss %.2f%%, concealed %.0f ms",
+terminal.log(String(format: "received %.1f s of audio (played %.1f s); loss %.2f%%, concealed %.0f ms",
+                    Double(final.framesReceived) / Double(final.format.sampleRate),
                     Double(final.device.framesOut) / Double(final.format.sampleRate), final.playout.lossPercent,
                     final.playout.concealedMilliseconds))
 _ = trap

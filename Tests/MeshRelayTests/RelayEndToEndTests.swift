@@ -145,6 +145,29 @@ struct RelayEndToEndTests {
 
 @Suite("Relay command lines: bad input")
 struct RelayBadInputTests {
+    @Test("--accept ask takes each answer from standard input: no declines, yes admits")
+    func acceptAsk() throws {
+        let port = UInt16.random(in: 40_000...49_000)
+        let answers = Pipe()
+        let host = try CLIProcess("mesh-record", ["--host", "--name", "ask-host", "--input", "tone:440", "--port", String(port),
+                                                 "--accept", "ask", "--service", Rig.uniqueService()],
+                                  stdin: answers.fileHandleForReading)
+        defer { host.kill() }
+        Thread.sleep(forTimeInterval: 0.5)
+        let first = try CLIProcess("mesh-play", ["--connect", "127.0.0.1:\(port)", "--output", Rig.tempPath("ask1.wav"), "--name", "first"])
+        Thread.sleep(forTimeInterval: 0.5)
+        answers.fileHandleForWriting.write(Data("n\n".utf8))
+        #expect(eventually(5) { first.stderr.contains { $0.contains("declined by the invited peer") } }, "\(first.stderr)")
+        first.kill()
+        let second = try CLIProcess("mesh-play", ["--connect", "127.0.0.1:\(port)", "--output", Rig.tempPath("ask2.wav"), "--name", "second"])
+        defer { second.kill() }
+        // Enough yeses for any retry of the first player that was already queued.
+        answers.fileHandleForWriting.write(Data("y\ny\ny\ny\n".utf8))
+        #expect(eventually(8) { second.stderr.contains { $0.contains("joined ask-host") } }, "\(second.stderr)")
+        #expect(host.stderr.contains { $0.contains("declined first") })
+        #expect(host.stderr.contains { $0.contains("accepted second") })
+    }
+
     @Test("Unknown flags print usage and exit 2", arguments: [("mesh-record", ["--host", "--frobnicate"]),
                                                                ("mesh-play", ["--find", "--frobnicate"]),
                                                                ("mesh-record", []), ("mesh-play", ["--latency", "fast", "--find"])])
