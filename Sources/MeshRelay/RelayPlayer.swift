@@ -220,10 +220,10 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         control.async { self.perform(actions) }
     }
 
-    public func session(_ session: Session, didReceiveDatagram data: Data, fromPeer peer: PeerID) {
+    public func session(_ session: Session, didReceiveDatagramBytes raw: UnsafeRawBufferPointer, fromPeer peer: PeerID) {
         let now = monotonicNow()
         guard let ch = chain.withLock({ $0 }) else { return }
-        let frames: Int = data.withUnsafeBytes { raw in
+        let frames: Int = {
             guard let h = try? AudioPacket.decodeHeader(raw) else {
                 ch.renderer.enqueue(packet: raw, arrivalNanos: now) // counted as malformed there
                 return 0
@@ -233,7 +233,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 return 0
             }
             return ch.renderer.enqueue(packet: raw, arrivalNanos: now) ? h.frameCount : 0
-        }
+        }()
         counters.withLock { c in
             if c.firstAudio == nil { c.firstAudio = now }
             c.framesReceived += UInt64(frames)

@@ -163,7 +163,8 @@ final class MeshReceiver: SessionDelegate, NearbyServiceAdvertiserDelegate, Send
     let connected = Flag()
     init(session: Session) { self.session = session }
     func session(_ session: Session, peer: PeerID, didChange state: SessionState) { if state == .connected { connected.set(true) } }
-    func session(_ session: Session, didReceiveDatagram data: Data, fromPeer peer: PeerID) { received.add(1) }
+    // The zero-copy form, as the raw receiver reads into a reused buffer.
+    func session(_ session: Session, didReceiveDatagramBytes bytes: UnsafeRawBufferPointer, fromPeer peer: PeerID) { received.add(1) }
     func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceiveInvitationFromPeer peer: PeerID, withContext context: Data?,
                     invitationHandler: @escaping @Sendable (Bool, Session?) -> Void) {
         invitationHandler(true, session)

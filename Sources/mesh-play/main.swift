@@ -55,7 +55,9 @@ let target: JoinTarget = options.connect.map { .direct($0) } ?? .discover(hostNa
 let output = options.output
 let makeSink: RelayPlayer.SinkFactory = { format in
     switch output {
-    case .device(let name): try Player(device: name, format: format, periodFrames: 128)
+    // Two periods of device buffer: the jitter buffer upstream absorbs the network; the device needs only to
+    // ride out scheduling.
+    case .device(let name): try Player(device: name, format: format, periodFrames: 128, bufferFrames: 256)
     case .file(let path): try WAVFileSink(path: path, format: format, periodFrames: 128)
     }
 }

@@ -18,6 +18,9 @@ public protocol SessionDelegate: AnyObject, Sendable {
     func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID)
     /// An unreliable datagram arrived.
     func session(_ session: Session, didReceiveDatagram data: Data, fromPeer peer: PeerID)
+    /// An unreliable datagram arrived, as bytes valid only during the call: the zero-copy form for hot paths
+    /// such as audio. The default implementation copies the bytes into a `Data` and calls the method above.
+    func session(_ session: Session, didReceiveDatagramBytes bytes: UnsafeRawBufferPointer, fromPeer peer: PeerID)
     /// An invitation this session sent ended without a connection (declined, timed out, refused…).
     /// `peer` is `nil` for a direct connect that failed before the peer said who it is.
     func session(_ session: Session, invitationTo peer: PeerID?, failedWith reason: DeclineReason, detail: String)
@@ -26,6 +29,9 @@ public protocol SessionDelegate: AnyObject, Sendable {
 public extension SessionDelegate {
     func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {}
     func session(_ session: Session, didReceiveDatagram data: Data, fromPeer peer: PeerID) {}
+    func session(_ session: Session, didReceiveDatagramBytes bytes: UnsafeRawBufferPointer, fromPeer peer: PeerID) {
+        self.session(session, didReceiveDatagram: Data(bytes), fromPeer: peer)
+    }
     func session(_ session: Session, invitationTo peer: PeerID?, failedWith reason: DeclineReason, detail: String) {}
 }
 

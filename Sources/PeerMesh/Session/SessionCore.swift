@@ -93,6 +93,8 @@ struct Route: Sendable {
     var nextSequence: UInt64 = 1
     var replay = ReplayWindow()
     var smoothedRTT: UInt64?
+    /// When the last datagram that counted as proof of life arrived.
+    var lastHeard: UInt64 = 0
 }
 
 /// The session's mutable state, under one lock.
@@ -109,6 +111,8 @@ struct SessionShared: Sendable {
     var stats = SessionStatistics()
     var failureDetail: [LinkID: String] = [:]
     var shutDown = false
+    /// Bumped whenever `links` changes, so the I/O thread knows to re-read it.
+    var generation = 0
 }
 
 /// The driver of a `Session`: owns the sockets and the I/O thread, feeds the `SessionStateMachine` and performs
@@ -129,6 +133,8 @@ final class SessionCore: Sendable {
     let owner = Mutex(WeakSession(nil))
     let heartbeat: Nanos
     private let started = Atomic<Bool>(false)
+    /// Set (under the lock) whenever events are queued, so the datagram path checks for them without locking.
+    private let eventsPending = Atomic<Bool>(false)
     /// `pthread_self()` of the I/O thread, so a shutdown from a delegate callback does not wait on itself.
     private let ioThread = Atomic<UInt>(0)
     private let stopped = Atomic<Bool>(false)
@@ -190,6 +196,7 @@ final class SessionCore: Sendable {
             let id = s.nextLink
             s.nextLink += 1
             s.links[id] = LinkIO(id: id, socket: sock, remoteAddress: addr, connected: false)
+            s.generation += 1
             s.localTokens[id] = token
             return s.machine.inviteStarted(link: id, expected: expected, context: ctx, timeout: nanos,
                                            localUDPPort: udpPort, localToken: token, now: monotonicNanos())
@@ -207,6 +214,7 @@ final class SessionCore: Sendable {
             let id = s.nextLink
             s.nextLink += 1
             s.links[id] = LinkIO(id: id, socket: inv.socket, remoteAddress: inv.remoteAddress, connected: true, pending: inv.pendingBytes)
+            s.generation += 1
             s.localTokens[id] = token
             return s.machine.invitationAccepted(link: id, from: inv.peer, remoteUDPPort: inv.body.udpPort,
                                                 remoteToken: inv.body.token, acceptUDPPort: acceptPort,
@@ -241,27 +249,31 @@ final class SessionCore: Sendable {
     }
 
     func sendDatagram(_ payload: UnsafeRawBufferPointer, to peers: [PeerID]) throws(PeerMeshError) {
-        // Decide under the lock (who, where, which sequence numbers); send after it.
-        var batch: [(SocketAddress, DatagramHeader)] = []
-        batch.reserveCapacity(peers.count)
-        try shared.withLock { (s) throws(PeerMeshError) in
-            for p in peers where s.tokenByPeer[p] == nil {
-                throw .notConnected("send: peer \(p) is not connected; nothing was sent")
+        // Decide under the lock (who, where, which sequence numbers); send after it. No heap allocation: the
+        // decisions live in stack space sized for this call.
+        try withUnsafeTemporaryAllocation(of: (SocketAddress, DatagramHeader).self, capacity: peers.count) { (batch) throws(PeerMeshError) in
+            try shared.withLock { (s) throws(PeerMeshError) in
+                for p in peers where s.tokenByPeer[p] == nil {
+                    throw .notConnected("send: peer \(p) is not connected; nothing was sent")
+                }
+                for (n, p) in peers.enumerated() {
+                    let i = s.routes.index(forKey: s.tokenByPeer[p]!)!
+                    let seq = s.routes.values[i].nextSequence
+                    s.routes.values[i].nextSequence = seq + 1
+                    (batch.baseAddress! + n).initialize(to: (s.routes.values[i].remote,
+                                                             DatagramHeader(kind: .data, token: s.routes.values[i].remoteToken, sequence: seq)))
+                }
+                s.stats.datagramsSent += UInt64(peers.count)
             }
-            for p in peers {
-                let token = s.tokenByPeer[p]!
-                let seq = s.routes[token]!.nextSequence
-                s.routes[token]!.nextSequence += 1
-                batch.append((s.routes[token]!.remote, DatagramHeader(kind: .data, token: s.routes[token]!.remoteToken, sequence: seq)))
+            withUnsafeTemporaryAllocation(byteCount: DatagramHeader.size + payload.count, alignment: 8) { buf in
+                UnsafeMutableRawBufferPointer(rebasing: buf[DatagramHeader.size...]).copyMemory(from: payload)
+                for n in 0..<peers.count {
+                    let (addr, header) = batch[n]
+                    header.write(to: buf)
+                    addr.withSockaddr { sa, len in _ = sendto(udp.fd, buf.baseAddress, buf.count, Int32(MSG_NOSIGNAL), sa, len) }
+                }
             }
-            s.stats.datagramsSent += UInt64(peers.count)
-        }
-        withUnsafeTemporaryAllocation(byteCount: DatagramHeader.size + payload.count, alignment: 8) { buf in
-            UnsafeMutableRawBufferPointer(rebasing: buf[DatagramHeader.size...]).copyMemory(from: payload)
-            for (addr, header) in batch {
-                header.write(to: buf)
-                addr.withSockaddr { sa, len in _ = sendto(udp.fd, buf.baseAddress, buf.count, Int32(MSG_NOSIGNAL), sa, len) }
-            }
+            batch.baseAddress!.deinitialize(count: peers.count)
         }
     }
 
@@ -273,10 +285,15 @@ final class SessionCore: Sendable {
         shared.withLock { s in
             for a in actions {
                 switch a {
-                case .report(let p, let st): s.events.append(.state(p, st))
-                case .deliver(let p, let d): s.events.append(.data(p, d))
+                case .report(let p, let st):
+                    s.events.append(.state(p, st))
+                    eventsPending.store(true, ordering: .releasing)
+                case .deliver(let p, let d):
+                    s.events.append(.data(p, d))
+                    eventsPending.store(true, ordering: .releasing)
                 case .invitationFailed(let l, let p, let r):
                     s.events.append(.failed(p, r, s.failureDetail.removeValue(forKey: l) ?? r.description))
+                    eventsPending.store(true, ordering: .releasing)
                 case .linkUp(let l, let p, let port, let token):
                     guard let io = s.links[l], var remote = io.socket.peerAddress() ?? io.remoteAddress,
                           let local = s.localTokens[l] else { continue }
@@ -307,7 +324,10 @@ final class SessionCore: Sendable {
             case .send(let l, let f): shared.withLock { $0.links[l] }?.enqueue(f)
             case .close(let l):
                 shared.withLock { s in
-                    if let io = s.links.removeValue(forKey: l) { s.closing.append(io) }
+                    if let io = s.links.removeValue(forKey: l) {
+                        s.closing.append(io)
+                        s.generation += 1
+                    }
                     s.localTokens[l] = nil
                 }
             default: break
@@ -331,21 +351,31 @@ final class SessionCore: Sendable {
         ioThread.store(UInt(pthread_self()), ordering: .releasing)
         defer { done.signal() }
         var pollfds: [pollfd] = []
-        var polledLinks: [LinkIO] = []
         let datagram = UnsafeMutableRawBufferPointer.allocate(byteCount: 65_536, alignment: 8)
         defer { datagram.deallocate() }
         let readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 65_536, alignment: 8)
         defer { readBuffer.deallocate() }
         var nextPing: Nanos = 0
+        var links: [LinkIO] = []
+        var generation = -1
+        var deadline: Nanos?
+        var lastTick: Nanos = 0
 
         while true {
             deliverEvents()
-            let (closing, links, deadline) = shared.withLock { s in
+            // Re-read the link set only when it changed: the datagram hot path should not allocate per wake-up.
+            let changed = shared.withLock { s -> (closing: [LinkIO], links: [LinkIO], generation: Int, deadline: Nanos?)? in
+                guard s.generation != generation || !s.closing.isEmpty else { return nil }
                 let c = s.closing
                 s.closing.removeAll()
-                return (c, Array(s.links.values), s.machine.nextDeadline())
+                return (c, Array(s.links.values), s.generation, s.machine.nextDeadline())
             }
-            for io in closing { io.close() }
+            if let changed {
+                for io in changed.closing { io.close() }
+                links = changed.links
+                generation = changed.generation
+                deadline = changed.deadline
+            }
             if stopped.load(ordering: .acquiring) {
                 for io in links { io.close() }
                 deliverEvents()
@@ -353,7 +383,6 @@ final class SessionCore: Sendable {
             }
 
             pollfds.removeAll(keepingCapacity: true)
-            polledLinks = links
             pollfds.append(pollfd(fd: waker.fd, events: Int16(POLLIN), revents: 0))
             pollfds.append(pollfd(fd: udp.fd, events: Int16(POLLIN), revents: 0))
             for io in links {
@@ -368,15 +397,20 @@ final class SessionCore: Sendable {
 
             if pollfds[0].revents != 0 { waker.drain() }
             if pollfds[1].revents & Int16(POLLIN) != 0 { readDatagrams(datagram) }
-            for (i, io) in polledLinks.enumerated() {
+            for (i, io) in links.enumerated() {
                 let rev = pollfds[i + 2].revents
                 guard rev != 0 else { continue }
                 service(io, revents: rev, buffer: readBuffer)
             }
 
+            // Timers: when one is due, or every 20 ms — not on every datagram.
             let t = monotonicNanos()
-            let actions = shared.withLock { $0.machine.tick(now: t) }
-            perform(actions)
+            if t >= (deadline ?? .max) || t &- lastTick >= 20_000_000 {
+                lastTick = t
+                let (actions, next) = shared.withLock { s in (s.machine.tick(now: t), s.machine.nextDeadline()) }
+                deadline = next
+                perform(actions)
+            }
             if t >= nextPing {
                 nextPing = t + heartbeat
                 pingRoutes(now: t)
@@ -385,6 +419,7 @@ final class SessionCore: Sendable {
     }
 
     private func deliverEvents() {
+        guard eventsPending.exchange(false, ordering: .acquiringAndReleasing) else { return }
         let events = shared.withLock { s -> [Event] in
             let e = s.events
             s.events.removeAll()
@@ -463,6 +498,8 @@ final class SessionCore: Sendable {
     }
 
     private func readDatagrams(_ buf: UnsafeMutableRawBufferPointer) {
+        // One load of the (weak) session and delegate for the whole batch.
+        let receiver = (owner.withLock { $0.value }, delegate.withLock { $0.value })
         var from = sockaddr_in()
         var len = socklen_t(MemoryLayout<sockaddr_in>.size)
         // Bounded so a flood cannot starve TCP and timers.
@@ -475,11 +512,12 @@ final class SessionCore: Sendable {
                 if errno == EINTR { continue }
                 return
             }
-            handleDatagram(UnsafeRawBufferPointer(rebasing: buf[..<n]), from: SocketAddress(from))
+            handleDatagram(UnsafeRawBufferPointer(rebasing: buf[..<n]), from: SocketAddress(from), receiver: receiver)
         }
     }
 
-    private func handleDatagram(_ d: UnsafeRawBufferPointer, from: SocketAddress) {
+    private func handleDatagram(_ d: UnsafeRawBufferPointer, from: SocketAddress,
+                                receiver: (Session?, (any SessionDelegate)?)) {
         guard case .success(let h) = DatagramHeader.decode(d) else {
             shared.withLock { $0.stats.malformedDatagrams += 1 }
             return
@@ -487,39 +525,42 @@ final class SessionCore: Sendable {
         let now = monotonicNanos()
         enum Verdict { case drop, deliver(PeerID), pong(SocketAddress, DatagramHeader), pinged }
         let verdict: Verdict = shared.withLock { s in
-            guard var r = s.routes[h.token], r.remote.ip == from.ip else {
+            // Mutate the route in place: a copy would copy its replay window on every datagram.
+            guard let i = s.routes.index(forKey: h.token), s.routes.values[i].remote.ip == from.ip else {
                 s.stats.strangerDatagrams += 1
                 return .drop
             }
-            guard r.replay.accept(h.sequence) else {
+            guard s.routes.values[i].replay.accept(h.sequence) else {
                 s.stats.duplicateDatagrams += 1
                 return .drop
             }
-            if r.remote.port != from.port { r.remote = from } // latch: answer where the peer really is
-            s.machine.heardDatagram(on: r.link, now: now)
-            var v: Verdict
+            // Latch: answer where the peer really is.
+            if s.routes.values[i].remote.port != from.port { s.routes.values[i].remote = from }
+            // Proof of life, at most every millisecond per route (the timeout is in seconds).
+            if now &- s.routes.values[i].lastHeard > 1_000_000 {
+                s.routes.values[i].lastHeard = now
+                s.machine.heardDatagram(on: s.routes.values[i].link, now: now)
+            }
             switch h.kind {
             case .data:
                 guard d.count > DatagramHeader.size else {
                     s.stats.malformedDatagrams += 1
-                    s.routes[h.token] = r
                     return .drop
                 }
                 s.stats.datagramsReceived += 1
-                v = .deliver(r.peer)
+                return .deliver(s.routes.values[i].peer)
             case .ping:
-                v = .pong(r.remote, DatagramHeader(kind: .pong, token: r.remoteToken, sequence: r.nextSequence))
-                r.nextSequence += 1
+                let seq = s.routes.values[i].nextSequence
+                s.routes.values[i].nextSequence = seq + 1
+                return .pong(s.routes.values[i].remote, DatagramHeader(kind: .pong, token: s.routes.values[i].remoteToken, sequence: seq))
             case .pong:
                 var reader = ByteReader(UnsafeRawBufferPointer(rebasing: d[DatagramHeader.size...]))
                 if let sent = reader.u64(), sent <= now {
                     let sample = now - sent
-                    r.smoothedRTT = r.smoothedRTT.map { ($0 * 7 + sample) / 8 } ?? sample
+                    s.routes.values[i].smoothedRTT = s.routes.values[i].smoothedRTT.map { ($0 * 7 + sample) / 8 } ?? sample
                 }
-                v = .pinged
+                return .pinged
             }
-            s.routes[h.token] = r
-            return v
         }
         switch verdict {
         case .drop, .pinged: break
@@ -528,8 +569,8 @@ final class SessionCore: Sendable {
             sendControlDatagram(header, payload: reader.u64() ?? 0, to: addr)
         case .deliver(let peer):
             deliverEvents() // state changes first, in order
-            if let session = owner.withLock({ $0.value }), let del = delegate.withLock({ $0.value }) {
-                del.session(session, didReceiveDatagram: Data(d[DatagramHeader.size...]), fromPeer: peer)
+            if let session = receiver.0, let del = receiver.1 {
+                del.session(session, didReceiveDatagramBytes: UnsafeRawBufferPointer(rebasing: d[DatagramHeader.size...]), fromPeer: peer)
             }
         }
     }
