@@ -62,50 +62,131 @@ func relayBestSNR(_ y: [Float], around w0: Double, span: Double) -> (snr: Double
 
 @Suite("Relay drift control and resampling")
 struct RelayDriftTests {
-    /// An hour at period granularity: the real DriftController against a model of the chain (packets of 128
-    /// frames from a sender clock at rate·(1+ppm), renders of 128 frames at the receiver's rate, latency measured
-    /// exactly as the JitterBuffer does: newest end + time since its arrival − playout point; the correction is
-    /// quantized to the resampler's 1/65536 steps as in the real chain).
-    static func simulateHour(ppm: Double) -> (maxErrorMs: Double, maxTrueErrorMs: Double, finalPPM: Double) {
-        let rate = 44_100.0, n = 128.0, block = 128
+    /// Result of a `simulate` run.
+    struct ModelRun {
+        var maxSteadyErrorMs = 0.0      // |steady latency − target| after the settle time
+        var maxTrueErrorMs = 0.0        // |true capture-to-playout latency − its intended value| after settling
+        var finalPPM = 0.0
+        var estimatedPPM = 0.0
+        var everEngaged = false
+        var engagedAtSeconds: Double?
+    }
+
+    /// The real DriftController against a model of the chain, at render granularity, with realistic jitter:
+    /// packets of 128 frames from a sender clock at rate·(1+ppm), network delay 1 ms + uniform 0…`arrivalJitterMs`
+    /// plus a `spikeMs` spike on a `spikeProbability` of packets (arrivals reorder freely); renders of 128 frames at
+    /// the receiver's rate, each call late by uniformly 0…2·`renderJitterMs` (a ±`renderJitterMs` spread; a device
+    /// never calls before its schedule). Latency is measured exactly as the
+    /// renderer does (newest end + time since its arrival − playout point), de-jittered with the controller's
+    /// floors; the correction is quantized to the resampler's 1/65536 steps as in the real chain.
+    static func simulate(ppm: Double, seconds: Double, arrivalJitterMs: Double = 2, spikeMs: Double = 5,
+                         spikeProbability: Double = 0.01, renderJitterMs: Double = 1, settleSeconds: Double = 60,
+                         seed: UInt64 = 1) -> ModelRun {
+        let rate = 44_100.0, n = 128, block = 128
         let sender = rate * (1 + ppm * 1e-6)
+        var rng = RelayRNG(seed: seed)
         var ctl = DriftController(sampleRate: 44_100)
-        let target = 400.0
-        var playout = 0.0, arrived = 0.0
-        var maxErr = 0.0, maxTrue = 0.0
-        let renders = Int(3600 * rate / Double(block))
-        let t0 = target / rate
+        let target = 441.0                                  // 10 ms
+        let baseDelay = 1e6                                 // ns
+        let t0 = 1e9 + baseDelay + target / rate * 1e9      // first render (ideal), ns
+        let renders = Int(seconds * rate / Double(block))
+        // Packet arrivals (ns), in arrival order with their end frame.
+        let packets = Int((seconds + 2) * sender / Double(n)) + 8
+        var arrivals: [(at: Double, end: Int)] = []
+        arrivals.reserveCapacity(packets)
+        for k in 0..<packets {
+            let captured = 1e9 + Double((k + 1) * n) / sender * 1e9
+            var d = baseDelay + Double.random(in: 0...arrivalJitterMs, using: &rng) * 1e6
+            if Double.random(in: 0..<1, using: &rng) < spikeProbability { d += spikeMs * 1e6 }
+            arrivals.append((captured + d, (k + 1) * n))
+        }
+        arrivals.sort { $0.at < $1.at }
+        var qi = 0
+        var newestEnd = 0, newestArrival = 0.0
+        var playout = 0.0
+        var run = ModelRun()
         for j in 0..<renders {
-            let t = t0 + Double(j * block) / rate
-            arrived = (t * sender / n).rounded(.down)         // packets whose last frame was captured by now
-            let newestEnd = arrived * n, newestArrival = newestEnd / sender
-            let latency = newestEnd + (t - newestArrival) * rate - playout
-            let error = latency - target
-            let ppmNow = ctl.update(errorFrames: error, elapsedFrames: block)
-            if t > 60 {
-                maxErr = max(maxErr, abs(error) / rate * 1000)
-                // True latency of the frame at the playout point vs. the one at the start.
-                let trueLatency = t - playout / sender
-                maxTrue = max(maxTrue, abs(trueLatency - target / rate) * 1000)
+            let ideal = t0 + Double(j * block) / rate * 1e9
+            let now = ideal + Double.random(in: 0...(2 * renderJitterMs), using: &rng) * 1e6   // never early
+            let nowNanos = UInt64(now)
+            while qi < arrivals.count && arrivals[qi].at <= now {
+                let a = arrivals[qi]
+                ctl.noteArrival(transitNanos: a.at - Double(a.end) / rate * 1e9, atNanos: UInt64(a.at))
+                if a.end > newestEnd { newestEnd = a.end; newestArrival = a.at }
+                qi += 1
+            }
+            let lateness = now - Double(j * block) / rate * 1e9
+            ctl.noteRender(latenessNanos: lateness, atNanos: nowNanos)
+            let raw = Double(newestEnd) - playout + max(0, now - newestArrival) * rate / 1e9
+            let steady = ctl.steadyLatency(rawFrames: raw, latenessNanos: lateness,
+                                           newestTransitNanos: newestArrival - Double(newestEnd) / rate * 1e9,
+                                           atNanos: nowNanos)
+            let ppmNow = ctl.update(steadyLatencyFrames: steady, targetFrames: target, nowNanos: nowNanos)
+            if ctl.engaged && run.engagedAtSeconds == nil { run.engagedAtSeconds = Double(j * block) / rate }
+            run.everEngaged = run.everEngaged || ctl.engaged
+            if Double(j * block) / rate > settleSeconds {
+                run.maxSteadyErrorMs = max(run.maxSteadyErrorMs, abs(steady - target) / rate * 1000)
+                // True latency of the frame at the playout point (ideal render time − its capture time) vs. the
+                // intended one (network floor + target).
+                let trueLatency = (ideal - 1e9) / 1e9 - playout / sender
+                run.maxTrueErrorMs = max(run.maxTrueErrorMs, abs(trueLatency - (baseDelay / 1e9 + target / rate)) * 1000)
             }
             playout += Double(block) * (ctl.engaged ? 1 + SpeexResampler.quantizedPPM(ppmNow) * 1e-6 : 1)
         }
-        return (maxErr, maxTrue, ctl.correctionPPM)
+        run.finalPPM = ctl.correctionPPM
+        run.estimatedPPM = ctl.estimatedDriftPPM
+        return run
     }
 
     @Test(arguments: [200.0, -200.0])
     func hourAtDriftStaysWithinOneMillisecond(ppm: Double) {
-        let r = Self.simulateHour(ppm: ppm)
-        print("drift \(ppm) ppm over 1 h: max latency error \(r.maxErrorMs) ms, true \(r.maxTrueErrorMs) ms, correction \(r.finalPPM) ppm")
-        #expect(r.maxErrorMs <= 1)
+        let r = Self.simulate(ppm: ppm, seconds: 3600)
+        print("drift \(ppm) ppm over 1 h (jitter 0–2 ms + 5 ms spikes, render ±1 ms): engaged at \(r.engagedAtSeconds ?? -1) s, max steady latency error \(r.maxSteadyErrorMs) ms, true \(r.maxTrueErrorMs) ms, correction \(r.finalPPM) ppm, estimate \(r.estimatedPPM) ppm")
+        #expect(r.maxSteadyErrorMs <= 1)
         #expect(r.maxTrueErrorMs <= 1)
+        #expect(abs(r.estimatedPPM - ppm) < 5)
         #expect(abs(r.finalPPM - ppm) < 16)   // within one 15.26 ppm resampler step
     }
 
-    @Test func sameClockKeepsRatioExactlyOne() {
+    @Test(arguments: [UInt64(1), 2, 3])
+    func sameClockWithJitterNeverEngages(seed: UInt64) {
+        // Ten minutes on one clock with heavy jitter (0–3 ms, 8 ms spikes on 3 % of packets, render ±1.5 ms).
+        let r = Self.simulate(ppm: 0, seconds: 600, arrivalJitterMs: 3, spikeMs: 8, spikeProbability: 0.03,
+                              renderJitterMs: 1.5, settleSeconds: 5, seed: seed)
+        print("same clock, seed \(seed): engaged \(r.everEngaged), max steady latency error \(r.maxSteadyErrorMs) ms, estimate \(r.estimatedPPM) ppm")
+        #expect(!r.everEngaged && r.finalPPM == 0)
+        #expect(r.maxSteadyErrorMs < 0.2)
+        #expect(abs(r.estimatedPPM) < 2)
+    }
+
+    @Test func sameClockLoadBurstsDoNotEngage() {
+        // Floors pushed up for a while (every arrival 1 ms later for 3 s, every render 1 ms later for
+        // 1.5 s, at different times): a temporary excursion that the deadband + confirmation time reject.
         var ctl = DriftController(sampleRate: 44_100)
-        for j in 0..<100_000 { ctl.update(errorFrames: Double(j % 7) - 3, elapsedFrames: 128) }
-        #expect(!ctl.engaged && ctl.ratio == 1.0 && ctl.correctionPPM == 0)
+        var engaged = false
+        for j in 0..<(344 * 120) {
+            let t = UInt64(j) * 2_902_494 + 1_000_000_000
+            let s = Double(j) / 344
+            let arrivalBump = (20..<23).contains(s) || (60..<63).contains(s) ? 1e6 : 0
+            let renderBump = (40..<43).contains(s) ? 1e6 : 0
+            ctl.noteArrival(transitNanos: 1e6 + arrivalBump, atNanos: t)
+            ctl.noteRender(latenessNanos: renderBump, atNanos: t)
+            ctl.update(steadyLatencyFrames: 441, targetFrames: 441, nowNanos: t)
+            engaged = engaged || ctl.engaged
+        }
+        #expect(!engaged && ctl.ratio == 1.0 && ctl.correctionPPM == 0)
+    }
+
+    @Test func slidingMinimumForgetsOldSamples() {
+        var m = SlidingMinimum(bucketNanos: 100, buckets: 3)
+        #expect(m.minimum(atNanos: 0) == nil)
+        m.add(5, atNanos: 10)
+        m.add(7, atNanos: 150)
+        #expect(m.minimum(atNanos: 250) == 5)
+        #expect(m.minimum(atNanos: 300) == 7)   // bucket 0 left the window
+        #expect(m.minimum(atNanos: 400) == nil)
+        m.reset()
+        #expect(m.minimum(atNanos: 150) == nil)
     }
 
     @Test(arguments: [200.0, -200.0, 1000.0])

@@ -9,7 +9,9 @@
 #
 # Exports: ALSA_CONFIG_PATH=DIR/asound.conf, JACK_DEFAULT_SERVER=NAME, JACK_NO_AUDIO_RESERVATION=1,
 #          JACK_NO_START_SERVER=1, MESH_JACK_RIG=1, MESH_JACK_RIG_DIR=DIR.
-# Env knobs: JACK_RIG_JACKD_FLAGS (extra jackd server flags before -d, e.g. -S; default none, see below).
+# Env knobs: JACK_RIG_JACKD_FLAGS (extra jackd server flags before -d, e.g. -S; default none, see below);
+#            JACK_RIG_RATE (the dummy driver's sample rate, default 44100; the benchmark runs trx, which needs
+#            48000, on a second server).
 #
 # PCMs (names are a contract; all are 44.1 kHz Float32 through the ALSA jack plugin unless noted):
 #   pm_cap         capture  <- system:capture_1 (JACK dummy: silence)
@@ -83,7 +85,7 @@ jack_rig_start() {
     export JACK_NO_AUDIO_RESERVATION=1 JACK_DEFAULT_SERVER=$name JACK_NO_START_SERVER=1
     local flags=${JACK_RIG_JACKD_FLAGS:-}
     # shellcheck disable=SC2086  # flags are intentionally word-split
-    jackd $flags -n "$name" -d dummy -r 44100 -p "$period" -C 2 -P 2 >"$dir/jackd.log" 2>&1 </dev/null &
+    jackd $flags -n "$name" -d dummy -r "${JACK_RIG_RATE:-44100}" -p "$period" -C 2 -P 2 >"$dir/jackd.log" 2>&1 </dev/null &
     echo $! >"$dir/jackd.pid"
 
     local tries=0

@@ -6,6 +6,9 @@ public enum FrameMark {
     public static let present: UInt8 = 1
     /// A real frame that does not continue the previous output (start of stream, resync, skip): crossfade into it.
     public static let discontinuity: UInt8 = 2
+    /// No stream (idle, or priming after a restart): silence — whatever was playing fades out first. Not counted
+    /// as concealment.
+    public static let silent: UInt8 = 3
 }
 
 /// Packet-loss concealment: a missing frame is never plain silence with clicks.
@@ -14,7 +17,10 @@ public enum FrameMark {
 /// autocorrelation over 1–14 ms lags, mono mix) and keeps repeating the last period of the waveform, at full
 /// level for `holdMilliseconds`, then fading linearly to silence over `fadeOutMilliseconds`. When real audio
 /// resumes (or jumps — a `.discontinuity` mark), it crossfades (raised cosine, `fadeInMilliseconds`) from the
-/// synthetic continuation into the real frames. Preallocated: `process` never allocates.
+/// synthetic continuation into the real frames. A crossfade cut short (frames go missing again, the stream jumps
+/// or stops) never snaps back to the old synthetic voice: the blend is frozen into the new synthetic period, or
+/// bridged with a fading offset. `.silent` frames fade out whatever was playing (after a resync) without counting
+/// as concealment. Preallocated: `process` never allocates.
 public struct Concealer {
     /// Frame layout.
     public let channels: Int
@@ -30,6 +36,14 @@ public struct Concealer {
     private var synthFrames = 0        // frames synthesized since the loss began
     private var concealing = false     // a synthetic continuation is running
     private var fadeInLeft = 0         // frames of crossfade left (only while a real frame follows synthesis)
+    private var quietFrames: Int       // consecutive exactly-zero output frames (capped at historyFrames)
+    private var fadeReal: [Float]      // ring of the real frames of the current crossfade (newest maxLag)
+    private var fadeRealWrite = 0
+    private var fadeRealCount = 0
+    private var scratchCycle: [Float]
+    private var offset: [Float]        // per channel: the gap between the output and the synthetic voice, fading
+    private var offsetLeft = 0
+    private let offsetFrames: Int
     /// Frames synthesized so far (each missing frame counts once).
     public private(set) var concealedFrames: UInt64 = 0
 
@@ -49,6 +63,11 @@ public struct Concealer {
         history = [Float](repeating: 0, count: historyFrames * channels)
         cycle = [Float](repeating: 0, count: maxLag * channels)
         mono = [Float](repeating: 0, count: historyFrames)
+        quietFrames = historyFrames
+        fadeReal = [Float](repeating: 0, count: maxLag * channels)
+        scratchCycle = [Float](repeating: 0, count: maxLag * channels)
+        offset = [Float](repeating: 0, count: channels)
+        offsetFrames = max(1, Int(rate * 0.003))
     }
 
     /// Forgets the past (new stream): the next concealment starts from silence.
@@ -58,6 +77,7 @@ public struct Concealer {
         concealing = false
         fadeInLeft = 0
         synthFrames = 0
+        quietFrames = historyFrames
     }
 
     /// Conceals in place: `block` holds `frames` interleaved frames, `marks[i]` says what frame `i` is
@@ -72,33 +92,64 @@ public struct Concealer {
         for f in 0..<frames {
             let mark = marks[f]
             let base = f * ch
+            // A crossfade is in progress when concealing with fade-in frames left. Never switch back to the old
+            // synthetic continuation mid-fade (that jumps by up to the full fade weight): freeze the mixture.
+            let crossfading = concealing && fadeInLeft > 0
+            if crossfading && mark != FrameMark.present { interruptCrossfade() }
             if mark == FrameMark.missing {
                 if !concealing { beginConcealment() }
                 fadeInLeft = 0
                 let g = gain()
-                for c in 0..<ch { block[base + c] = g * cycle[cyclePos * ch + c] }
+                for c in 0..<ch { block[base + c] = g * cycle[cyclePos * ch + c] + offsetTerm(c) }
                 advanceSynth()
                 synthesized += 1
+            } else if mark == FrameMark.silent {
+                if !concealing {
+                    if quietFrames >= historyFrames {
+                        // Already silent: stay silent.
+                        for c in 0..<ch { block[base + c] = 0 }
+                    } else {
+                        // Fade out what was playing (no hold).
+                        beginConcealment()
+                        synthFrames = holdFrames
+                    }
+                }
+                if crossfading { synthFrames = max(synthFrames, holdFrames) }
+                fadeInLeft = 0
+                if concealing {
+                    let g = gain()
+                    for c in 0..<ch { block[base + c] = g * cycle[cyclePos * ch + c] + offsetTerm(c) }
+                    advanceSynth()
+                }
             } else {
                 if mark == FrameMark.discontinuity {
                     if !concealing { beginConcealment() }
                     fadeInLeft = fadeInFrames
+                    fadeRealCount = 0
                 } else if concealing && fadeInLeft == 0 {
                     fadeInLeft = fadeInFrames
+                    fadeRealCount = 0
                 }
                 if concealing {
+                    for c in 0..<ch { fadeReal[fadeRealWrite * ch + c] = block[base + c] }
+                    fadeRealWrite += 1
+                    if fadeRealWrite == maxLag { fadeRealWrite = 0 }
+                    fadeRealCount = min(fadeRealCount + 1, maxLag)
                     // Raised-cosine crossfade from the synthetic continuation to the real frame.
                     let x = Float(fadeInFrames - fadeInLeft + 1) / Float(fadeInFrames + 1)
                     let w = 0.5 - 0.5 * _cosApprox(Float.pi * x)
                     let g = gain()
                     for c in 0..<ch {
-                        block[base + c] = w * block[base + c] + (1 - w) * g * cycle[cyclePos * ch + c]
+                        block[base + c] = w * block[base + c] + (1 - w) * (g * cycle[cyclePos * ch + c] + offsetTerm(c))
                     }
                     advanceSynth()
                     fadeInLeft -= 1
                     if fadeInLeft == 0 { concealing = false }
                 }
             }
+            var quiet = true
+            for c in 0..<ch where block[base + c] != 0 { quiet = false }
+            quietFrames = quiet ? min(quietFrames + 1, historyFrames) : 0
             // Remember what was output.
             let h = historyWrite * ch
             for c in 0..<ch { history[h + c] = block[base + c] }
@@ -109,13 +160,65 @@ public struct Concealer {
         return synthesized
     }
 
+    /// A crossfade from the synthetic continuation into real frames is cut short (frames go missing again, the
+    /// stream jumps or stops). The output is then `w·real + (1−w)·g·synthetic`; freeze that mixture: when the
+    /// crossfade has seen a whole period of real frames, the new synthetic period is the same mixture of the last
+    /// real period and the running synthetic one (continuous in value and slope); otherwise the running
+    /// synthetic voice goes on with a fading offset bridging the gap.
+    private mutating func interruptCrossfade() {
+        let ch = channels
+        guard fadeRealCount >= lag else {
+            // Less than a period of real frames: go on with the running synthetic voice, bridging the gap
+            // between it and the last output with an offset that fades out over `offsetFrames` (continuous in
+            // value; the slope changes by at most the blend's).
+            var last = historyWrite - 1
+            if last < 0 { last += historyFrames }
+            var prev = cyclePos - 1
+            if prev < 0 { prev += lag }
+            let g = gain()
+            for c in 0..<ch { offset[c] = history[last * ch + c] - (g * cycle[prev * ch + c] + offsetTerm(c)) }
+            offsetLeft = offsetFrames
+            fadeInLeft = 0
+            concealing = true
+            return
+        }
+        let x = Float(fadeInFrames - fadeInLeft) / Float(fadeInFrames + 1)   // weight of the last blended frame
+        let w = 0.5 - 0.5 * _cosApprox(Float.pi * x)
+        let g = gain()
+        var src = fadeRealWrite - lag
+        if src < 0 { src += maxLag }
+        var pos = cyclePos
+        for j in 0..<lag {
+            for c in 0..<ch {
+                scratchCycle[j * ch + c] = w * fadeReal[src * ch + c] + (1 - w) * g * cycle[pos * ch + c]
+            }
+            src += 1
+            if src == maxLag { src = 0 }
+            pos += 1
+            if pos == lag { pos = 0 }
+        }
+        for i in 0..<(lag * ch) { cycle[i] = scratchCycle[i] }
+        offsetLeft = 0
+        cyclePos = 0
+        synthFrames = 0
+        fadeInLeft = 0
+        concealing = true
+    }
+
     private func gain() -> Float {
         if synthFrames < holdFrames { return 1 }
         let t = synthFrames - holdFrames
         return t >= fadeOutFrames ? 0 : 1 - Float(t) / Float(fadeOutFrames)
     }
 
+    /// The fading bridge offset for channel `c` (0 when none).
+    @inline(__always)
+    private func offsetTerm(_ c: Int) -> Float {
+        offsetLeft > 0 ? offset[c] * Float(offsetLeft) / Float(offsetFrames) : 0
+    }
+
     private mutating func advanceSynth() {
+        if offsetLeft > 0 { offsetLeft -= 1 }
         cyclePos += 1
         if cyclePos == lag { cyclePos = 0 }
         if synthFrames < Int.max { synthFrames += 1 }
@@ -164,6 +267,7 @@ public struct Concealer {
         }
         cyclePos = 0
         synthFrames = 0
+        offsetLeft = 0
         concealing = true
     }
 }

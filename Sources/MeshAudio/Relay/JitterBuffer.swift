@@ -8,8 +8,9 @@
 ///   the playout point is dropped as `late` (even a late copy of a packet already played); one whose frames
 ///   are all present already is a `duplicate`. A 1024-entry sequence bitmap keeps late copies out of the loss
 ///   count.
-/// - Startup: the first packet sets the playout point at its first frame; output stays silent until the
-///   buffered latency reaches the target — playback starts inside the read at the exact frame where it does —
+/// - Startup: the first packet sets the playout point at its first frame (a burst beyond the target drops the
+///   oldest frames before the start); output stays silent (`.silent` marks, so that after a resync the concealer
+///   fades out what was playing) until the buffered latency reaches the target — playback starts inside the read at the exact frame where it does —
 ///   then starts with a fade-in (a `.discontinuity` mark).
 /// - Playout never stops: a frame that is not there when its turn comes is marked missing (`lostFrames`,
 ///   concealed downstream); an empty buffer at that moment also counts an `underrun`.
@@ -23,7 +24,8 @@
 ///   `shrinkSeconds` when the link calms. RFC 3550 interarrival jitter is reported too.
 /// - Large latency errors are fixed at once: more than `max(block, 2 ms)` short → the playout point holds and
 ///   frames are synthesized (`stretchedFrames`); more than `max(block + packet, 4 ms)` over → it jumps ahead
-///   (`skippedFrames`) with a crossfade. Smaller errors are the drift controller's job.
+///   (`skippedFrames`) with a crossfade. Smaller errors are the drift controller's job. Neither starts within
+///   5 ms after a discontinuity or a resumption after missing frames, so the concealer's crossfade can finish.
 /// - Resync (`resyncs`): a packet more than the buffer's length ahead of the playout point, one far behind it
 ///   (more than max(2 × target, 100 ms)) whose sequence number moved on or jumped by over 1000, or the 8th late
 ///   packet in a row (the host restarted its frame count) restarts the stream at that packet.
@@ -121,6 +123,10 @@ public struct JitterBuffer {
     private var target: Double = 0
     private var lastReadNanos: UInt64 = 0
     private var pendingDiscontinuity = false
+    // Frames left during which no stretch or skip starts: the concealer's crossfade after a discontinuity or a
+    // resumption is given time to finish (an interrupted crossfade is the hardest transition to keep smooth).
+    private var transitionFrames = 0
+    private var lastWasMissing = false
     private var consecutiveLate = 0
     // Jitter estimation.
     private let rate: Double
@@ -170,6 +176,10 @@ public struct JitterBuffer {
     public var playoutFrameIndex: UInt64 { playout }
     /// Largest packet seen, frames.
     public var packetFrames: Int { maxPacketFrames }
+    /// One past the newest frame received (the latency measure's reference).
+    public var newestFrameEnd: UInt64 { newestEnd }
+    /// Arrival time of the packet that holds the newest frame, nanoseconds.
+    public var newestArrivalNanos: UInt64 { newestArrival }
 
     /// Buffered latency in frames at `nowNanos` (see the type's doc); 0 when idle.
     public func latencyFrames(nowNanos: UInt64) -> Double {
@@ -264,36 +274,55 @@ public struct JitterBuffer {
 
     /// Produces `frames` frames into `output` (interleaved, at least `frames × channels` samples) with one mark
     /// per frame in `marks` (`FrameMark`). `pipelineFrames` is the latency already queued downstream (resampler
-    /// look-ahead, staging FIFO), added to the buffer's own when comparing with the target.
+    /// look-ahead, staging FIFO), added to the buffer's own when comparing with the target. With `holdStart`, a
+    /// priming buffer does not start yet: it stays silent and drops its oldest frames so as not to exceed the
+    /// target (the caller's latency measure is not trustworthy yet).
     @discardableResult
     public mutating func read(into output: UnsafeMutableBufferPointer<Float>, marks: UnsafeMutableBufferPointer<UInt8>,
-                              frames: Int, nowNanos: UInt64, pipelineFrames: Double = 0) -> ReadResult
+                              frames: Int, nowNanos: UInt64, pipelineFrames: Double = 0, holdStart: Bool = false)
+        -> ReadResult
     {
         let ch = format.channels
         if frames > blockFrames { blockFrames = frames }
         updateTarget(nowNanos: nowNanos)
         var wait = state == .idle ? frames : 0
         if state == .priming {
-            // Start inside this block at the frame where the buffered latency reaches the target exactly.
-            let missing = target - (latencyFrames(nowNanos: nowNanos) + pipelineFrames)
-            wait = min(frames, max(0, Int(missing.rounded(.up))))
+            // More than the target buffered (a burst, or a held start): drop the oldest frames — nothing has
+            // been played yet — so that playback starts at the target exactly.
+            let excess = latencyFrames(nowNanos: nowNanos) + pipelineFrames - target
+            let ahead = Int64(bitPattern: newestEnd &- playout)
+            let drop = min(Int(max(0, excess)), Int(max(0, ahead)))
+            for i in 0..<drop { present[slot(playout &+ UInt64(i))] = 0 }
+            playout &+= UInt64(drop)
+            if holdStart {
+                wait = frames
+            } else {
+                // Start inside this block at the frame where the buffered latency reaches the target exactly.
+                let missing = target - (latencyFrames(nowNanos: nowNanos) + pipelineFrames)
+                wait = min(frames, max(0, Int(missing.rounded(.up))))
+            }
         }
         if state == .idle || wait == frames {
             for i in 0..<(frames * ch) { output[i] = 0 }
-            for i in 0..<frames { marks[i] = FrameMark.present }
+            for i in 0..<frames { marks[i] = FrameMark.silent }
             return state == .idle ? .idle : .priming
         }
         if state == .priming {
             state = .playing
             for i in 0..<(wait * ch) { output[i] = 0 }
-            for i in 0..<wait { marks[i] = FrameMark.present }
+            for i in 0..<wait { marks[i] = FrameMark.silent }
             play(into: output, marks: marks, offset: wait, frames: frames - wait)
             return .playing
         }
         let error = latencyFrames(nowNanos: nowNanos) + pipelineFrames - target
+        if transitionFrames > 0 {
+            play(into: output, marks: marks, offset: 0, frames: frames)
+            return .playing
+        }
         if error < -max(Double(blockFrames), rate * 0.002) {
             for i in 0..<frames { marks[i] = FrameMark.missing }
             counters.stretchedFrames &+= UInt64(frames)
+            lastWasMissing = true
             return .stretched
         }
         if error > max(Double(blockFrames + maxPacketFrames), rate * 0.004) {
@@ -316,13 +345,17 @@ public struct JitterBuffer {
         for i in 0..<frames {
             let index = playout &+ UInt64(i)
             let s = slot(index)
+            if transitionFrames > 0 { transitionFrames -= 1 }
             if present[s] != 0 {
                 present[s] = 0
                 let src = s * ch, dst = (offset + i) * ch
                 for c in 0..<ch { out[dst + c] = storage[src + c] }
+                if pendingDiscontinuity || lastWasMissing { transitionFrames = Int(rate * 0.005) }
                 marks[offset + i] = pendingDiscontinuity ? FrameMark.discontinuity : FrameMark.present
                 pendingDiscontinuity = false
+                lastWasMissing = false
             } else {
+                lastWasMissing = true
                 marks[offset + i] = FrameMark.missing
                 counters.lostFrames &+= 1
                 if Int64(bitPattern: index &- newestEnd) >= 0 { underrun = true }

@@ -3,8 +3,17 @@ import Synchronization
 /// A snapshot of a `PlayoutRenderer`'s counters, readable from any thread.
 public struct PlayoutStats: Sendable, Equatable {
     /// Latency queued in the relay on this side (jitter buffer + staging + resampler look-ahead) at the start of
-    /// the latest pull, ms — the quantity the drift controller holds at the target.
+    /// the latest pull, ms, as measured (it moves with arrival and render-call jitter).
     public var bufferedMilliseconds: Double = 0
+    /// `bufferedMilliseconds` with the jitter taken out (as if the newest packet had the least transit of the
+    /// last second and the render call the least lateness), ms — the quantity the drift controller holds at the
+    /// target.
+    public var steadyLatencyMilliseconds: Double = 0
+    /// The drift controller's estimate of the clock rate difference (sender − device), ppm; 0 until estimated.
+    /// Reported even while the resampler is bypassed.
+    public var estimatedDriftPPM: Double = 0
+    /// Filtered clock excursion since the drift reference, ms (the loop engages beyond ±0.75 ms).
+    public var clockExcursionMilliseconds: Double = 0
     /// The jitter buffer's current target, ms.
     public var targetMilliseconds: Double = 0
     /// Buffered latency plus the device's queue (`RenderContext.deviceDelayFrames`), ms.
@@ -107,6 +116,18 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {
     private let primeScratch: UnsafeMutablePointer<Float>
     private var hostLatencyFrames: UInt32 = 0
     private var resamplerErrorCount: UInt64 = 0
+    private let rate: Double
+    // Drift-estimation timelines (render thread). Render: call time + device delay − nominal time of the frames
+    // rendered since `renderOrigin`. Arrival: arrival time − nominal time of the frame since the stream's anchor.
+    private var renderOrigin: UInt64 = 0
+    private var renderedSinceOrigin: UInt64 = 0
+    private var haveRenderOrigin = false
+    private var lateness: Double = 0
+    private var streamAnchorFrame: UInt64 = 0
+    private var streamOriginNanos: UInt64 = 0
+    private var haveStreamAnchor = false
+    private var steadyLatency: Double = 0
+    private var lastOutput: UnsafeMutablePointer<Float>
 
     // Producer-side counters.
     private let malformedCount = Atomic<UInt64>(0)
@@ -120,6 +141,7 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {
         self.format = format
         self.configuration = configuration
         channels = format.channels
+        rate = Double(format.sampleRate)
         maxPeriod = max(16, configuration.maximumPeriodFrames)
         ring = PacketRing(capacity: configuration.ringCapacity)
         jitter = JitterBuffer(format: format, configuration: configuration.jitter)
@@ -142,6 +164,8 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {
         history.initialize(repeating: 0, count: historyFrames * channels)
         primeScratch = .allocate(capacity: historyFrames * channels)
         primeScratch.initialize(repeating: 0, count: historyFrames * channels)
+        lastOutput = .allocate(capacity: format.channels)
+        lastOutput.initialize(repeating: 0, count: format.channels)
         published = PublishedStats()
     }
 
@@ -151,6 +175,7 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {
         marks.deallocate()
         history.deallocate()
         primeScratch.deallocate()
+        lastOutput.deallocate()
     }
 
     // MARK: - Network thread
@@ -176,12 +201,15 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {
     public func render(into buffer: UnsafeMutableBufferPointer<Float>, context: RenderContext) {
         var done = 0
         let total = min(context.frames, buffer.count / channels)
+        noteRenderTiming(context)
         while done < total {
             let n = min(maxPeriod, total - done)
-            let now = context.nowNanos &+ UInt64(Double(done) * 1e9 / Double(format.sampleRate))
+            let now = context.nowNanos &+ UInt64(Double(done) * 1e9 / rate)
             renderBlock(buffer.baseAddress! + done * channels, frames: n, nowNanos: now)
             done += n
         }
+        renderedSinceOrigin &+= UInt64(total)
+        if total > 0 { lastOutput.update(from: buffer.baseAddress! + (total - 1) * channels, count: channels) }
         var peak: Float = 0
         for i in 0..<(total * channels) { peak = max(peak, abs(buffer[i])) }
         let decay = 1 - min(1, Float(total) * 2.3 / Float(format.sampleRate))   // ≈ 20 dB per second
@@ -201,21 +229,62 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {
         }
     }
 
-    /// Stage 1: packets from the ring into the jitter buffer.
+    /// The render timeline for the drift estimate: the lateness of this call (time at which the first frame
+    /// rendered now will play, minus its nominal time), fed to the controller's least-lateness floor. A jump of
+    /// more than 20 ms from the floor (device restart, long stall, pre-fill) restarts the timeline.
+    private func noteRenderTiming(_ context: RenderContext) {
+        let play = context.nowNanos &+ UInt64(Double(max(0, context.deviceDelayFrames)) * 1e9 / rate)
+        if !haveRenderOrigin {
+            renderOrigin = play
+            renderedSinceOrigin = 0
+            haveRenderOrigin = true
+        }
+        lateness = Double(Int64(bitPattern: play &- renderOrigin)) - Double(renderedSinceOrigin) * 1e9 / rate
+        if let floor = drift.latenessFloor(atNanos: context.nowNanos), abs(lateness - floor) > 20e6 {
+            renderOrigin = play
+            renderedSinceOrigin = 0
+            lateness = 0
+            drift.rebaseRenderTimeline()
+        }
+        drift.noteRender(latenessNanos: lateness, atNanos: context.nowNanos)
+    }
+
+    /// Transit of a packet ending at frame `end` that arrived at `arrival`, on the stream's timeline, ns.
+    @inline(__always)
+    private func transit(end: UInt64, arrival: UInt64) -> Double {
+        Double(Int64(bitPattern: arrival &- streamOriginNanos))
+            - Double(Int64(bitPattern: end &- streamAnchorFrame)) * 1e9 / rate
+    }
+
+    /// Stage 1: packets from the ring into the jitter buffer (and their transit into the drift estimate).
     private func ingest() {
         while let _ = ring.pop({ packet, samples in
             hostLatencyFrames = packet.header.hostLatencyFrames
-            jitter.insert(packet, samples: samples)
+            let result = jitter.insert(packet, samples: samples)
+            if result == .formatMismatch { return }
+            let h = packet.header
+            if result == .resync || !haveStreamAnchor {
+                if haveStreamAnchor { drift.reset() }   // a restarted stream may come from another clock
+                streamAnchorFrame = h.firstFrameIndex
+                streamOriginNanos = packet.arrivalNanos
+                haveStreamAnchor = true
+            }
+            drift.noteArrival(transitNanos: transit(end: h.firstFrameIndex &+ UInt64(h.frameCount), arrival: packet.arrivalNanos),
+                              atNanos: packet.arrivalNanos)
         }) {}
     }
 
-    /// Stage 2: the drift controller sets the resampling ratio from the latency error.
+    /// Stage 2: the drift controller sets the resampling ratio from the jitter-free clock excursion and latency.
     private func control(frames: Int, nowNanos: UInt64) {
         measuredLatency = latencyFrames(nowNanos: nowNanos)
+        steadyLatency = measuredLatency
+        guard jitter.isActive else { return }
+        steadyLatency = drift.steadyLatency(
+            rawFrames: measuredLatency, latenessNanos: lateness,
+            newestTransitNanos: transit(end: jitter.newestFrameEnd, arrival: jitter.newestArrivalNanos), atNanos: nowNanos)
         guard jitter.isPlaying else { return }   // the controller only regulates a running stream
-        let error = measuredLatency - jitter.targetFrames
-        let ppm = drift.update(errorFrames: error, elapsedFrames: frames)
-        guard drift.engaged else { return }
+        let ppm = drift.update(steadyLatencyFrames: steadyLatency, targetFrames: jitter.targetFrames, nowNanos: nowNanos)
+        guard drift.engaged || resampling else { return }   // bypass: the ratio is exactly 1, bit-exact
         if !resampling {
             do {
                 try resampler.prime(
@@ -236,10 +305,16 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {
     private func pull(frames: Int, nowNanos: UInt64) {
         let n = min(frames, fifoCapacity - fifoFrames)
         guard n > 0 else { return }
+        // The jitter buffer compares its latency with the target (priming, stretch, skip) net of jitter: the
+        // steady-latency offset measured at the start of this block rides along with the pipeline frames. It does
+        // not start playing before the jitter floors have seen enough render calls (a start decided at one late
+        // call would leave the latency short of the target for good).
         let pipeline = Double(fifoFrames) + (resampling ? Double(resampler.inputLatency) : 0)
+            + (steadyLatency - measuredLatency)
+
         jitter.read(into: UnsafeMutableBufferPointer(start: block, count: n * channels),
                     marks: UnsafeMutableBufferPointer(start: marks, count: n), frames: n, nowNanos: nowNanos,
-                    pipelineFrames: pipeline)
+                    pipelineFrames: pipeline, holdStart: !drift.floorsReady)
         concealer.process(UnsafeMutableBufferPointer(start: block, count: n * channels),
                           marks: UnsafeBufferPointer(start: marks, count: n), frames: n)
         (fifo + fifoFrames * channels).update(from: block, count: n * channels)
@@ -286,7 +361,14 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {
                 break
             }
         }
-        if produced < frames { (out + produced * channels).update(repeating: 0, count: (frames - produced) * channels) }
+        if produced < frames {
+            // Should not happen (the FIFO is topped up before each pass); hold the last value rather than click.
+            for i in produced..<frames {
+                for c in 0..<channels {
+                    out[i * channels + c] = i > 0 ? out[(i - 1) * channels + c] : lastOutput[c]
+                }
+            }
+        }
     }
 
     // MARK: - Stats
@@ -301,6 +383,9 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {
         let p = published
         let latency = measuredLatency
         storeDouble(p.buffered, latency * ms)
+        storeDouble(p.steady, steadyLatency * ms)
+        storeDouble(p.estimatedDrift, drift.estimatedDriftPPM)
+        storeDouble(p.excursion, drift.filteredExcursion * 1000)
         storeDouble(p.target, jitter.targetFrames * ms)
         storeDouble(p.playout, (latency + Double(deviceDelayFrames)) * ms)
         storeDouble(p.host, Double(hostLatencyFrames) * ms)
@@ -324,6 +409,7 @@ private final class PublishedStats: Sendable {
     let buffered = Atomic<UInt64>(0), target = Atomic<UInt64>(0), playout = Atomic<UInt64>(0)
     let host = Atomic<UInt64>(0), jitter = Atomic<UInt64>(0), peakJitter = Atomic<UInt64>(0)
     let loss = Atomic<UInt64>(0), concealed = Atomic<UInt64>(0), drift = Atomic<UInt64>(0)
+    let steady = Atomic<UInt64>(0), estimatedDrift = Atomic<UInt64>(0), excursion = Atomic<UInt64>(0)
     let resampling = Atomic<Bool>(false)
     let peak = Atomic<UInt32>(0)
     let received = Atomic<UInt64>(0), late = Atomic<UInt64>(0), duplicates = Atomic<UInt64>(0)
@@ -349,6 +435,9 @@ private final class PublishedStats: Sendable {
     func snapshot(malformed: UInt64, overflows: UInt64) -> PlayoutStats {
         var s = PlayoutStats()
         s.bufferedMilliseconds = loadDouble(buffered)
+        s.steadyLatencyMilliseconds = loadDouble(steady)
+        s.estimatedDriftPPM = loadDouble(estimatedDrift)
+        s.clockExcursionMilliseconds = loadDouble(excursion)
         s.targetMilliseconds = loadDouble(target)
         s.playoutLatencyMilliseconds = loadDouble(playout)
         s.hostLatencyMilliseconds = loadDouble(host)
