@@ -17,7 +17,7 @@
 #   pm_cap         capture  <- system:capture_1 (JACK dummy: silence)
 #   pm_play        playback -> system:playback_1 (JACK dummy: discarded)
 #   pm_knowncap    capture through the `file` plugin over pm_cap with infile DIR/known.raw: yields the bytes of
-#                  known.raw instead of the captured silence, at the jack pace. known.raw = KNOWN_SECONDS (4) s of
+#                  known.raw instead of the captured silence, at the jack pace. known.raw = KNOWN_SECONDS (8) s of
 #                  mono Float32LE: x0=12345, x(n+1) = (1103515245*x(n) + 12345) mod 2^31, sample n =
 #                  x(n+1)/2^31 - 0.5 (a non-repeating pattern in [-0.5, 0.5), never -0.0). After it, silence.
 #                  Mono only (open it with 1 channel).
@@ -39,7 +39,7 @@
 # through the same pair in async mode lost a period now and then (non-real-time clients that wake late), and
 # were exact with -S. Set JACK_RIG_JACKD_FLAGS=-S for jackd's synchronous mode if non-RT clients need exactness.
 
-KNOWN_SECONDS=4
+KNOWN_SECONDS=8
 
 jack_rig__write_known() {  # $1 = output path
     perl -e '

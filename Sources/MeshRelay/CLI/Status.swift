@@ -59,6 +59,8 @@ public enum StatusReport {
             "driftPpm": p.driftPPM, "resampling": p.resampling, "xruns": s.device.xruns,
             "received": p.received, "late": p.late, "duplicates": p.duplicates, "lostPackets": p.lostPackets,
             "concealedFrames": p.concealedFrames, "underruns": p.underruns, "malformed": p.malformed,
+            "stretchedFrames": p.stretchedFrames, "skippedFrames": p.skippedFrames,
+            "steadyLatencyMs": p.steadyLatencyMilliseconds, "estimatedDriftPpm": p.estimatedDriftPPM,
             "playedFrames": s.device.framesOut, "receivedFrames": s.framesReceived,
             "receivedSeconds": Double(s.framesReceived) / Double(s.format.sampleRate), "datagrams": s.datagrams, "strangerDatagrams": s.strangerDatagrams,
             "peak": Double(p.peakLevel), "rate": s.format.sampleRate, "channels": s.format.channels,

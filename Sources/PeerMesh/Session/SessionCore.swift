@@ -95,6 +95,10 @@ struct Route: Sendable {
     var smoothedRTT: UInt64?
     /// When the last datagram that counted as proof of life arrived.
     var lastHeard: UInt64 = 0
+    /// Whether `remote` follows the source of the peer's datagrams. Only the invitee latches: the inviter keeps
+    /// sending where it connected (through a NAT or relay), and the invitee answers wherever that arrives from.
+    /// If both latched, early datagrams sent straight to an announced port could pull both off a relay.
+    var latches: Bool
 }
 
 /// The session's mutable state, under one lock.
@@ -299,7 +303,7 @@ final class SessionCore: Sendable {
                           let local = s.localTokens[l] else { continue }
                     // Port 0 means "the port you reached me on".
                     remote.raw.sin_port = (port == 0 ? (io.remoteAddress?.port ?? remote.port) : port).bigEndian
-                    s.routes[local] = Route(link: l, peer: p, remote: remote, remoteToken: token)
+                    s.routes[local] = Route(link: l, peer: p, remote: remote, remoteToken: token, latches: !io.isInviter)
                     s.tokenByPeer[p] = local
                     // The inviter learns last that the link is up: it pings at once, so the far side latches its
                     // address and both measure the RTT early. (An invitee's ping could outrun its ACCEPT.)
@@ -535,7 +539,7 @@ final class SessionCore: Sendable {
                 return .drop
             }
             // Latch: answer where the peer really is.
-            if s.routes.values[i].remote.port != from.port { s.routes.values[i].remote = from }
+            if s.routes.values[i].latches, s.routes.values[i].remote.port != from.port { s.routes.values[i].remote = from }
             // Proof of life, at most every millisecond per route (the timeout is in seconds).
             if now &- s.routes.values[i].lastHeard > 1_000_000 {
                 s.routes.values[i].lastHeard = now

@@ -133,16 +133,17 @@ func readRaw(_ path: String) throws -> [Float] {
     return d.withUnsafeBytes { raw in (0..<(raw.count / 4)).map { Float(bitPattern: UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: $0 * 4, as: UInt32.self))) } }
 }
 
-/// Where `needle` (taken from the received audio) sits inside `reference`: the offset at which a 256-sample
-/// window matches exactly, or `nil`.
+/// Where a 256-sample window of the received audio starting at `start` sits inside `reference`: the offset of
+/// its last exact match (the last, so that a reference made of a looped signal can be walked back through), or
+/// `nil`.
 func exactOffset(of received: [Float], at start: Int, in reference: [Float], window: Int = 256) -> Int? {
-    guard start + window <= received.count else { return nil }
+    guard start >= 0, start + window <= received.count else { return nil }
     let probe = Array(received[start..<(start + window)])
     guard probe.contains(where: { $0 != 0 }) else { return nil }
-    var i = 0
-    while i + window <= reference.count {
+    var i = reference.count - window
+    while i >= 0 {
         if reference[i] == probe[0], Array(reference[i..<(i + window)]) == probe { return i - start }
-        i += 1
+        i -= 1
     }
     return nil
 }
