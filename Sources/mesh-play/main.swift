@@ -5,22 +5,8 @@ import MeshRelay
 import PeerMesh
 import Synchronization
 
-let terminal: Terminal
-let options: PlayOptions
-switch Result(catching: { () throws(UsageError) in try PlayOptions.parse(Array(CommandLine.arguments.dropFirst())) }) {
-case .success(.run(let o)):
-    options = o
-    terminal = Terminal(program: "mesh-play", quiet: o.quiet)
-case .success(.help):
-    print(PlayOptions.usage)
-    exit(0)
-case .success(.version):
-    print("mesh-play \(meshVersion)")
-    exit(0)
-case .failure(let e):
-    FileHandle.standardError.write(Data("mesh-play: \(e)\n\(PlayOptions.usage)\n".utf8))
-    exit(2)
-}
+let options = parseCommandLine(program: "mesh-play", usage: PlayOptions.usage, PlayOptions.parse)
+let terminal = Terminal(program: "mesh-play", quiet: options.quiet)
 
 func fail(_ text: String) -> Never {
     terminal.error(text)

@@ -4,22 +4,8 @@ import MeshAudio
 import MeshRelay
 import PeerMesh
 
-let terminal: Terminal
-let options: RecordOptions
-switch Result(catching: { () throws(UsageError) in try RecordOptions.parse(Array(CommandLine.arguments.dropFirst())) }) {
-case .success(.run(let o)):
-    options = o
-    terminal = Terminal(program: "mesh-record", quiet: o.quiet)
-case .success(.help):
-    print(RecordOptions.usage)
-    exit(0)
-case .success(.version):
-    print("mesh-record \(meshVersion)")
-    exit(0)
-case .failure(let e):
-    FileHandle.standardError.write(Data("mesh-record: \(e)\n\(RecordOptions.usage)\n".utf8))
-    exit(2)
-}
+let options = parseCommandLine(program: "mesh-record", usage: RecordOptions.usage, RecordOptions.parse)
+let terminal = Terminal(program: "mesh-record", quiet: options.quiet)
 
 func fail(_ text: String) -> Never {
     terminal.error(text)

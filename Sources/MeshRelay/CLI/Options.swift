@@ -242,3 +242,23 @@ public struct PlayOptions: Sendable, Equatable {
         return .run(o)
     }
 }
+
+/// The front door of both CLIs: parses the arguments, answers `--help` and `--version`, and on a bad command
+/// line prints the problem and the usage and exits 2. Returns the config to run with.
+public func parseCommandLine<Config: Sendable>(program: String, usage: String,
+                                               _ parse: ([String]) throws(UsageError) -> ParsedCommand<Config>) -> Config {
+    do {
+        switch try parse(Array(CommandLine.arguments.dropFirst())) {
+        case .run(let config): return config
+        case .help:
+            print(usage)
+            exit(0)
+        case .version:
+            print("\(program) \(meshVersion)")
+            exit(0)
+        }
+    } catch {
+        FileHandle.standardError.write(Data("\(program): \(error)\n\(usage)\n".utf8))
+        exit(2)
+    }
+}
