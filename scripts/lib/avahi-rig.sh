@@ -58,8 +58,9 @@ enable-reflector=no
 EOF
 }
 
-# avahi_rig__conf_is_loopback_only PID — true when the running daemon PID was started with a config whose
-# allow-interfaces is exactly `lo`.
+# avahi_rig__conf_is_loopback_only PID — true when the running daemon PID is limited to `lo`: either its config
+# file says allow-interfaces=lo, or (the daemon rewrites its command line, hiding -f) the kernel shows the mDNS
+# group 224.0.0.251 / ff02::fb joined on lo and on no other interface.
 avahi_rig__conf_is_loopback_only() {
   local pid=$1 conf=/etc/avahi/avahi-daemon.conf prev="" arg
   [[ -r /proc/$pid/cmdline ]] || return 1
@@ -70,7 +71,27 @@ avahi_rig__conf_is_loopback_only() {
     if [[ $prev == -f || $prev == --file ]]; then conf=$arg; fi
     prev=$arg
   done <"/proc/$pid/cmdline"
-  [[ -r $conf ]] && grep -Eq '^[[:space:]]*allow-interfaces[[:space:]]*=[[:space:]]*lo[[:space:]]*$' "$conf"
+  if [[ -r $conf ]] && grep -Eq '^[[:space:]]*allow-interfaces[[:space:]]*=[[:space:]]*lo[[:space:]]*$' "$conf"; then
+    return 0
+  fi
+  avahi_rig__mdns_on_lo_only
+}
+
+# avahi_rig__mdns_on_lo_only — true when the mDNS multicast groups are joined on lo and nowhere else.
+avahi_rig__mdns_on_lo_only() {
+  local dev="" line ifaces=""
+  while read -r line; do
+    case $line in
+      [0-9]*) dev=$(awk '{print $2}' <<<"$line") ;;
+      *FB0000E0*) ifaces+=" $dev" ;;
+    esac
+  done < <(tail -n +2 /proc/net/igmp 2>/dev/null)
+  if [[ -r /proc/net/igmp6 ]]; then
+    while read -r _ name group _; do
+      [[ $group == ff0200000000000000000000000000fb ]] && ifaces+=" $name"
+    done </proc/net/igmp6
+  fi
+  [[ -n $ifaces ]] && [[ -z $(tr ' ' '\n' <<<"$ifaces" | grep -v -x -e '' -e lo) ]]
 }
 
 # avahi_rig__wait_running SECONDS — waits (bounded) until the daemon reports RUNNING on the bus.
