@@ -18,14 +18,19 @@
 ///   index extrapolated by the time since it arrived — which has no packet-period sawtooth and is what the
 ///   drift controller regulates.
 /// - Target delay: `.low` pins it to one render block + one packet + `safetyMilliseconds`; `.fixed(ms)` uses
-///   that (never below block + packet); `.auto` adds the peak transit deviation (arrival time minus nominal
-///   capture time of each packet, max − min over a `jitterWindowSeconds` window) to the `.low` figure, rises at
-///   once when that grows (and by one packet on each underrun), and decays back exponentially with
-///   `shrinkSeconds` when the link calms. RFC 3550 interarrival jitter is reported too.
-/// - Large latency errors are fixed at once: more than `max(block, 2 ms)` short → the playout point holds and
-///   frames are synthesized (`stretchedFrames`); more than `max(block + packet, 4 ms)` over → it jumps ahead
-///   (`skippedFrames`) with a crossfade. Smaller errors are the drift controller's job. Neither starts within
-///   5 ms after a discontinuity or a resumption after missing frames, so the concealer's crossfade can finish.
+///   that (never below block + packet); `.auto` adds the transit deviation (arrival time minus nominal capture
+///   time of each packet over a `jitterWindowSeconds` window: a high quantile — all but the top 0.3 %, so a rare
+///   outlier does not set everyone's latency — minus the least) to the `.low` figure, rises at once when that
+///   grows (to the full maximum when packets come late several in a row: the delay stepped up), and decays back
+///   exponentially with `shrinkSeconds` when the link calms. A lost packet (even at the newest end) does not
+///   raise it. RFC 3550 interarrival jitter is reported too.
+/// - Latency errors are judged on the caller's jitter-free latency (`pipelineFrames` carries the offset), with
+///   hysteresis, so normal jitter never triggers a correction: more than `max(block, 2 ms)` short → the playout
+///   point holds and frames are synthesized (`stretchedFrames`); more than 0.5 ms short for 0.25 s → it holds
+///   for just the missing frames, once; more than `max(block + packet, 4 ms)` over for 0.5 s → it jumps ahead by
+///   the least excess seen meanwhile (`skippedFrames`) with a crossfade. Smaller errors are the drift
+///   controller's job. Neither starts within 5 ms after a discontinuity or a resumption after missing frames, so
+///   the concealer's crossfade can finish.
 /// - Resync (`resyncs`): a packet more than the buffer's length ahead of the playout point, one far behind it
 ///   (more than max(2 × target, 100 ms)) whose sequence number moved on or jumped by over 1000, or the 8th late
 ///   packet in a row (the host restarted its frame count) restarts the stream at that packet.
@@ -48,7 +53,7 @@ public struct JitterBuffer {
         public var maximumDelayMilliseconds: Double = 500
         /// Margin added to the structural minimum (render block + packet).
         public var safetyMilliseconds: Double = 0.5
-        /// Window of the peak transit deviation (`.auto`).
+        /// Window of the transit deviation quantile (`.auto`).
         public var jitterWindowSeconds: Double = 2
         /// Time constant of the target's decay when jitter falls (`.auto`).
         public var shrinkSeconds: Double = 10
@@ -134,11 +139,22 @@ public struct JitterBuffer {
     private var lastTransit: Double = 0
     private var haveTransit = false
     private var rfcJitterNanos: Double = 0
-    private let bucketNanos: UInt64 = 500_000_000
-    private var bucketIDs: [Int64]
-    private var bucketMin: [Double]
-    private var bucketMax: [Double]
+    // Transits of the packets of the last `jitterWindowSeconds` (ring, arrival order) and a scratch copy for the
+    // quantile selection; the deviation is recomputed at most every `deviationIntervalNanos`.
+    private var transitValues: [Double]
+    private var transitTimes: [UInt64]
+    private var transitScratch: [Double]
+    private var transitNext = 0
+    private var transitCount = 0
+    private var lastDeviationNanos: UInt64 = 0
+    private let deviationIntervalNanos: UInt64 = 20_000_000
     private var peakDeviationNanos: Double = 0
+    private var transitLow: Double = 0
+    // Skip evidence: since when the latency has been continuously over the skip threshold, and the least excess
+    // seen since (what is skipped: the jitter-free part of the error).
+    private var excessSince: UInt64 = 0
+    private var deficitSince: UInt64 = 0
+    private var leastExcess: Double = 0
     // Sequence tracking.
     private var highestSequence: Int64 = 0
     private var baseSequence: Int64 = 0
@@ -154,10 +170,9 @@ public struct JitterBuffer {
         capacityFrames = max(4096, Int(rate * (configuration.maximumDelayMilliseconds / 1000 + 0.25)))
         storage = [Float](repeating: 0, count: capacityFrames * format.channels)
         present = [UInt8](repeating: 0, count: capacityFrames)
-        let buckets = max(1, Int((configuration.jitterWindowSeconds * 2).rounded(.up)))
-        bucketIDs = [Int64](repeating: Int64.min, count: buckets)
-        bucketMin = [Double](repeating: 0, count: buckets)
-        bucketMax = [Double](repeating: 0, count: buckets)
+        transitValues = [Double](repeating: 0, count: Self.transitCapacity)
+        transitTimes = [UInt64](repeating: 0, count: Self.transitCapacity)
+        transitScratch = [Double](repeating: 0, count: Self.transitCapacity)
     }
 
     // MARK: - Reports
@@ -166,7 +181,7 @@ public struct JitterBuffer {
     public var targetFrames: Double { target }
     /// RFC 3550 interarrival jitter estimate, nanoseconds.
     public var interarrivalJitterNanos: Double { rfcJitterNanos }
-    /// Peak transit deviation over the jitter window, nanoseconds.
+    /// Transit deviation over the jitter window (high quantile minus least), nanoseconds.
     public var peakDeviationNanosInWindow: Double { peakDeviationNanos }
     /// Whether a stream is being played (or primed).
     public var isActive: Bool { state != .idle }
@@ -195,7 +210,7 @@ public struct JitterBuffer {
         state = .idle
         clearPresence()
         haveTransit = false
-        for i in bucketIDs.indices { bucketIDs[i] = Int64.min }
+        clearTransits()
     }
 
     // MARK: - Insert (render thread, after popping the PacketRing)
@@ -246,6 +261,8 @@ public struct JitterBuffer {
             // Behind the playout point: too late (a late copy of a packet already received is not unique).
             consecutiveLate += 1
             counters.late &+= 1
+            // A run of late packets is no isolated outlier (the delay stepped up): cover all of it at once.
+            if consecutiveLate >= 3 && newSequence { updateDeviation(nowNanos: packet.arrivalNanos, outliers: false) }
             if newSequence { uniqueInStream &+= 1 }
             return .late
         }
@@ -325,8 +342,37 @@ public struct JitterBuffer {
             lastWasMissing = true
             return .stretched
         }
-        if error > max(Double(blockFrames + maxPacketFrames), rate * 0.004) {
-            let skip = Int(error)
+        // A small deficit that lasts `stretchConfirmSeconds` (the target rose a little, the start fell short): hold
+        // the playout point for just the missing frames, once. Jitter never triggers it (the latency measure is
+        // jitter-free, and the deficit must persist).
+        if error >= -rate * Self.smallDeficitSeconds {
+            deficitSince = 0
+        } else if deficitSince == 0 {
+            deficitSince = max(1, nowNanos)
+        } else if nowNanos > deficitSince, Double(nowNanos - deficitSince) >= Self.stretchConfirmSeconds * 1e9 {
+            deficitSince = 0
+            let hold = min(frames, Int((-error).rounded(.up)))
+            for i in 0..<hold { marks[i] = FrameMark.missing }
+            counters.stretchedFrames &+= UInt64(hold)
+            lastWasMissing = true
+            play(into: output, marks: marks, offset: hold, frames: frames - hold)
+            return .stretched
+        }
+        // Too much latency: skip only when the excess has lasted `skipConfirmSeconds` (jitter in the measure or a
+        // short-lived target bump never triggers it), and only by the least excess seen meanwhile.
+        let threshold = max(Double(blockFrames + maxPacketFrames), rate * 0.004)
+        if error <= threshold {
+            excessSince = 0
+        } else if excessSince == 0 {
+            excessSince = max(1, nowNanos)
+            leastExcess = error
+        } else {
+            leastExcess = min(leastExcess, error)
+        }
+        if excessSince != 0, nowNanos > excessSince,
+           Double(nowNanos - excessSince) >= Self.skipConfirmSeconds * 1e9 {
+            excessSince = 0
+            let skip = Int(leastExcess)
             for i in 0..<min(skip, capacityFrames) { present[slot(playout &+ UInt64(i))] = 0 }
             playout &+= UInt64(skip)
             counters.skippedFrames &+= UInt64(skip)
@@ -363,10 +409,7 @@ public struct JitterBuffer {
         }
         playout &+= UInt64(frames)
         counters.playedFrames &+= UInt64(frames)
-        if underrun {
-            counters.underruns &+= 1
-            if configuration.mode == .auto { target = min(target + Double(maxPacketFrames), maximumTarget) }
-        }
+        if underrun { counters.underruns &+= 1 }
     }
 
     // MARK: - Internals
@@ -412,8 +455,10 @@ public struct JitterBuffer {
         newestArrival = packet.arrivalNanos
         baseFrame = h.firstFrameIndex
         pendingDiscontinuity = true
+        excessSince = 0
+        deficitSince = 0
         haveTransit = false
-        for i in bucketIDs.indices { bucketIDs[i] = Int64.min }
+        clearTransits()
         highestSequence = Int64(h.sequence)
         baseSequence = highestSequence
         for i in seen.indices { seen[i] = 0 }
@@ -495,22 +540,76 @@ public struct JitterBuffer {
         }
         lastTransit = transit
         haveTransit = true
-        let id = Int64(packet.arrivalNanos / bucketNanos)
-        let b = Int(id % Int64(bucketIDs.count))
-        if bucketIDs[b] != id {
-            bucketIDs[b] = id
-            bucketMin[b] = transit
-            bucketMax[b] = transit
-        } else {
-            bucketMin[b] = min(bucketMin[b], transit)
-            bucketMax[b] = max(bucketMax[b], transit)
+        transitValues[transitNext] = transit
+        transitTimes[transitNext] = packet.arrivalNanos
+        transitNext = (transitNext + 1) % Self.transitCapacity
+        transitCount = min(transitCount + 1, Self.transitCapacity)
+        if lastDeviationNanos == 0 || packet.arrivalNanos < lastDeviationNanos
+            || packet.arrivalNanos - lastDeviationNanos >= deviationIntervalNanos
+            || transit - transitLow > peakDeviationNanos   // beyond what the target covers: at once
+        {
+            lastDeviationNanos = max(1, packet.arrivalNanos)
+            updateDeviation(nowNanos: packet.arrivalNanos)
         }
-        var lo = Double.infinity, hi = -Double.infinity
-        let oldest = id - Int64(bucketIDs.count) + 1
-        for i in bucketIDs.indices where bucketIDs[i] >= oldest {
-            lo = min(lo, bucketMin[i])
-            hi = max(hi, bucketMax[i])
+    }
+
+    /// Most transits kept for the deviation quantile (the window is shortened beyond that many packets).
+    static let transitCapacity = 4096
+    /// Fraction of the window's packets whose excess transit the target does not cover (rare outliers: a
+    /// scheduling stall, one odd packet), so one outlier does not double the latency for everyone.
+    static let outlierFraction = 0.003
+    /// How long the latency must stay over the skip threshold before frames are skipped.
+    static let skipConfirmSeconds = 0.5
+    /// A latency deficit beyond this, lasting `stretchConfirmSeconds`, is stretched away.
+    static let smallDeficitSeconds = 0.0005
+    /// How long a small latency deficit must last before the playout point holds.
+    static let stretchConfirmSeconds = 0.25
+
+    private mutating func clearTransits() {
+        transitNext = 0
+        transitCount = 0
+        lastDeviationNanos = 0
+    }
+
+    /// The transit deviation of the window: a high quantile of the transits (all but the top `outlierFraction`)
+    /// minus their minimum — the delay spread the target has to cover, robust to a rare outlier.
+    private mutating func updateDeviation(nowNanos: UInt64, outliers: Bool = true) {
+        let window = UInt64(max(0.05, configuration.jitterWindowSeconds) * 1e9)
+        var n = 0
+        var lo = Double.infinity
+        var i = transitNext
+        for _ in 0..<transitCount {
+            i = i == 0 ? Self.transitCapacity - 1 : i - 1
+            let t = transitTimes[i]
+            if t <= nowNanos && nowNanos - t > window { break }
+            transitScratch[n] = transitValues[i]
+            lo = min(lo, transitValues[i])
+            n += 1
         }
-        peakDeviationNanos = hi - lo
+        guard n > 0 else { peakDeviationNanos = 0; return }
+        let k = outliers ? min(n - 1, Int(Double(n) * Self.outlierFraction)) : 0   // drop the k largest
+        transitLow = lo
+        peakDeviationNanos = selectLargest(rank: k, count: n) - lo
+    }
+
+    /// The value of rank `rank` (0 = largest) among `transitScratch[0..<count]` (Hoare quickselect, in place).
+    private mutating func selectLargest(rank: Int, count: Int) -> Double {
+        var left = 0, right = count - 1
+        let want = rank
+        while left < right {
+            let pivot = transitScratch[(left + right) / 2]
+            var a = left, b = right
+            while a <= b {
+                while transitScratch[a] > pivot { a += 1 }
+                while transitScratch[b] < pivot { b -= 1 }
+                if a <= b {
+                    transitScratch.swapAt(a, b)
+                    a += 1
+                    b -= 1
+                }
+            }
+            if want <= b { right = b } else if want >= a { left = a } else { break }
+        }
+        return transitScratch[want]
     }
 }

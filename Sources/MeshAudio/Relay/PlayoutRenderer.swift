@@ -22,7 +22,7 @@ public struct PlayoutStats: Sendable, Equatable {
     public var hostLatencyMilliseconds: Double = 0
     /// RFC 3550 interarrival jitter, ms.
     public var jitterMilliseconds: Double = 0
-    /// Peak transit deviation over the jitter window, ms.
+    /// Transit deviation over the jitter window (all but the top 0.3 % of transits, minus the least), ms.
     public var peakJitterMilliseconds: Double = 0
     /// Packets lost on the network, percent of packets sent (from sequence numbers).
     public var lossPercent: Double = 0
