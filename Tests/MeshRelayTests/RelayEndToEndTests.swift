@@ -50,7 +50,7 @@ struct RelayEndToEndTests {
         let captured = SampleCollector(loop)
         let service = Rig.uniqueService()
         let host = try CLIProcess("mesh-record", ["--host", "--name", "alsa-host", "--service", service, "--device", "pm_knowncap"])
-        let player = try CLIProcess("mesh-play", ["--find", "--service", service, "--device", "pm_loop_play", "--duration", "6",
+        let player = try CLIProcess("mesh-play", ["--find", "--service", service, "--device", "pm_loop_play", "--duration", "8",
                                                  "--json", "--latency", "20"])
         let code = player.waitForExit(seconds: 20)
         host.kill()
@@ -58,7 +58,7 @@ struct RelayEndToEndTests {
         #expect(code == 0, "mesh-play: \(player.stderr)")
         let final = try #require(player.jsonObjects.last { $0["final"] as? Bool == true })
         let known = try readRaw(Rig.jackDir + "/known.raw")
-        assertCarries(known, received: received, final: final, label: "ALSA → ALSA", settlesWithin: 3)
+        assertCarries(known, received: received, final: final, label: "ALSA → ALSA", settlesWithin: 5)
         #expect(player.stderr.contains { $0.contains("joined alsa-host") })
         #expect((final["xruns"] as? Int) == 0)
     }
