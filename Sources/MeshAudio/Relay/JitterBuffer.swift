@@ -133,13 +133,6 @@ public struct JitterBuffer {
     private var transitionFrames = 0
     private var lastWasMissing = false
     private var consecutiveLate = 0
-    /// Arrival time of the first packet of the current run of late packets.
-    private var lateRunStart: UInt64 = 0
-    /// Frame index of the packet that carried `highestSequence`: a packet whose index agrees with its sequence
-    /// number is the same stream, however late it comes.
-    private var highestSequenceFrame: UInt64 = 0
-    /// Arrival time of the newest packet whose transit was considered.
-    private var lastArrivalNanos: UInt64 = 0
     // Jitter estimation.
     private let rate: Double
     private var baseFrame: UInt64 = 0
@@ -246,15 +239,9 @@ public struct JitterBuffer {
         let behind = Int64(bitPattern: playout &- f)  // > 0: starts before the playout point
         let aheadEnd = Int64(bitPattern: end &- playout)
         let farBehind = behind > Int64(max(2 * target, rate * 0.1))
-        // Late packets released together after a pause (of the host, the network or the VM) are the same stream:
-        // their frame index agrees with their sequence number, and they arrive in one burst.
-        let continuous = seqDelta > 0
-            && abs(Int64(bitPattern: f &- highestSequenceFrame) - seqDelta * Int64(n)) <= Int64(2 * max(n, maxPacketFrames))
-        let packetNanos = Double(n) * 1e9 / rate
-        let lateRunPaced = Double(packet.arrivalNanos &- lateRunStart) >= Double(consecutiveLate) * packetNanos * 0.5
-        let restart = aheadEnd > Int64(capacityFrames)                                   // jumped beyond the buffer
-            || (farBehind && ((seqDelta > 0 && !continuous) || seqDelta < -1000))         // index went back, sequence on
-            || (behind > 0 && consecutiveLate >= 7 && lateRunPaced)                        // late at the stream's pace: moved
+        let restart = aheadEnd > Int64(capacityFrames)                 // jumped beyond the buffer
+            || (farBehind && (seqDelta > 0 || seqDelta < -1000))        // index went back while sequence moved on
+            || (behind > 0 && consecutiveLate >= 7)                       // a run of late packets: the stream moved
         if restart {
             consecutiveLate = 0
             counters.resyncs &+= 1
@@ -268,19 +255,14 @@ public struct JitterBuffer {
             for i in 0..<Int(behind) { present[slot(f &+ UInt64(i))] = 0 }
             playout = f
         }
-        if seqDelta > 0 { highestSequenceFrame = f }
         let newSequence = noteSequence(h.sequence)
         if newSequence { noteTransit(packet) }
         if Int64(bitPattern: playout &- f) > 0 {
             // Behind the playout point: too late (a late copy of a packet already received is not unique).
             consecutiveLate += 1
-            if consecutiveLate == 1 { lateRunStart = packet.arrivalNanos }
             counters.late &+= 1
-            // A run of late packets arriving at the stream's pace is no isolated outlier: the delay stepped up, so
-            // cover all of it at once. A run that arrives in one burst is a pause that is over: concealment covered
-            // it, and raising the target for it would only add latency.
-            let paced = Double(packet.arrivalNanos &- lateRunStart) >= Double(consecutiveLate - 1) * packetNanos * 0.5
-            if consecutiveLate >= 3 && newSequence && paced { updateDeviation(nowNanos: packet.arrivalNanos, outliers: false) }
+            // A run of late packets is no isolated outlier (the delay stepped up): cover all of it at once.
+            if consecutiveLate >= 3 && newSequence { updateDeviation(nowNanos: packet.arrivalNanos, outliers: false) }
             if newSequence { uniqueInStream &+= 1 }
             return .late
         }
@@ -478,7 +460,6 @@ public struct JitterBuffer {
         haveTransit = false
         clearTransits()
         highestSequence = Int64(h.sequence)
-        highestSequenceFrame = h.firstFrameIndex
         baseSequence = highestSequence
         for i in seen.indices { seen[i] = 0 }
         _ = noteSequence(h.sequence)
@@ -554,14 +535,6 @@ public struct JitterBuffer {
         let h = packet.header
         let nominal = Double(Int64(bitPattern: (h.firstFrameIndex &+ UInt64(h.frameCount)) &- baseFrame)) * 1e9 / rate
         let transit = Double(packet.arrivalNanos) - nominal
-        // A packet beyond what the target covers that arrives hard on the heels of the previous one belongs to a
-        // burst released after a pause: only the burst's first packet — whose gap shows the pause — enters the
-        // statistics, as the rare outlier it is. A real delay step arrives at the stream's pace and counts in full.
-        let gap = Double(packet.arrivalNanos &- lastArrivalNanos)
-        lastArrivalNanos = packet.arrivalNanos
-        if haveTransit, gap < Double(h.frameCount) * 1e9 / rate / 4, transit - transitLow > peakDeviationNanos {
-            return
-        }
         if haveTransit {
             rfcJitterNanos += (abs(transit - lastTransit) - rfcJitterNanos) / 16
         }
