@@ -89,7 +89,7 @@ public struct JoinStateMachine: Sendable {
         if let wanted, peer.displayName != wanted { return [] }
         if !candidates.contains(peer) { candidates.append(peer) }
         guard case .searching = state else { return [] }
-        return join(peer, now: now, first: true)
+        return join(peer, now: now)
     }
 
     /// The browser lost a host.
@@ -133,7 +133,7 @@ public struct JoinStateMachine: Sendable {
                 return [.connect(e)]
             case .discover:
                 state = .searching
-                if let next = candidates.first { return join(next, now: now, first: false) }
+                if let next = candidates.first { return join(next, now: now) }
                 return []
             }
         case .joining(let host, let deadline) where now >= deadline + 1_000_000_000:
@@ -147,7 +147,7 @@ public struct JoinStateMachine: Sendable {
     /// The player is shutting down.
     public mutating func stop() { state = .stopped }
 
-    private mutating func join(_ peer: PeerID, now: UInt64, first: Bool) -> [Action] {
+    private mutating func join(_ peer: PeerID, now: UInt64) -> [Action] {
         state = .joining(host: peer, deadline: now + inviteTimeout)
         return [.announce("found host \(peer.displayName); joining"), .invite(peer)]
     }

@@ -116,9 +116,9 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         started.store(monotonicNow(), ordering: .releasing)
         try buildChain(configuration.initialFormat)
         try browser?.startBrowsingForPeers()
-        let actions = join.withLock { $0.start(now: monotonicNow()) }
-        perform(actions)
         ticking.store(true, ordering: .releasing)
+        // Join actions all run on the control queue, one at a time.
+        control.sync { perform(join.withLock { $0.start(now: monotonicNow()) }) }
         scheduleTick()
     }
 
@@ -172,6 +172,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     // MARK: Join driver
 
     private func perform(_ actions: [JoinStateMachine.Action]) {
+        // Actions queued before stop() must not invite or connect after it.
+        guard ticking.load(ordering: .acquiring) else { return }
         for a in actions {
             switch a {
             case .announce(let text): log(text)
@@ -235,7 +237,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
             return ch.renderer.enqueue(packet: raw, arrivalNanos: now) ? h.frameCount : 0
         }()
         counters.withLock { c in
-            if c.firstAudio == nil { c.firstAudio = now }
+            if frames > 0, c.firstAudio == nil { c.firstAudio = now }
             c.framesReceived += UInt64(frames)
         }
     }

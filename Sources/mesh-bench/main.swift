@@ -116,7 +116,7 @@ struct RoundResult {
 func rawRound(seconds: Double, payload: Int) -> RoundResult {
     let rx = rawSocket(), tx = rawSocket()
     defer { close(rx.fd); close(tx.fd) }
-    let received = Counter(), sent = Counter(), stop = Flag(), senderDone = Flag()
+    let received = Counter(), sent = Counter(), stop = Flag()
     let rxfd = rx.fd, txfd = tx.fd, port = rx.port
     let receiver = spawn("raw.rx") {
         let buf = UnsafeMutableRawPointer.allocate(byteCount: 2048, alignment: 8)
@@ -146,7 +146,6 @@ func rawRound(seconds: Double, payload: Int) -> RoundResult {
             if r > 0 { n += 1 }
         }
         sent.add(n)
-        senderDone.set(true)
     }
     sender.wait()
     let elapsed = Double(now() - start) / 1e9

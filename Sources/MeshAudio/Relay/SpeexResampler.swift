@@ -4,8 +4,9 @@ import CSpeexDSP
 public struct SpeexResamplerError: Error, Equatable, Sendable, CustomStringConvertible {
     /// The libspeexdsp `RESAMPLER_ERR_*` code.
     public var code: Int32
-    /// What libspeexdsp says about it.
-    public var message: String
+    /// What libspeexdsp says about it. Computed when read, so that raising the error on the render thread
+    /// allocates nothing.
+    public var message: String { speex_resampler_strerror(code).map { String(cString: $0) } ?? "unknown error" }
     public var description: String { "speex resampler: \(message) (code \(code))" }
 }
 
@@ -66,10 +67,7 @@ public final class SpeexResampler {
         if rc != 0 { throw error(rc) }
     }
 
-    private static func error(_ rc: Int32) -> SpeexResamplerError {
-        let text = speex_resampler_strerror(rc).map { String(cString: $0) } ?? "unknown error"
-        return SpeexResamplerError(code: rc, message: text)
-    }
+    private static func error(_ rc: Int32) -> SpeexResamplerError { SpeexResamplerError(code: rc) }
 
     /// Input frames the resampler holds back (its filter's look-ahead), `speex_resampler_get_input_latency`.
     public var inputLatency: Int { Int(speex_resampler_get_input_latency(state)) }

@@ -21,7 +21,7 @@ public final class Terminal: Sendable {
     /// One event line on stderr (clears the status line first).
     public func log(_ text: String) {
         guard !quiet else { return }
-        write(isTTY ? "\r\u{1B}[2K\(program): \(text)\n" : "\(program): \(text)\n")
+        error(text)
     }
 
     /// An error line on stderr, even when quiet.

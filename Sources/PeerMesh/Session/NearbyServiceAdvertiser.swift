@@ -214,7 +214,11 @@ private final class AdvertiserLoop: Sendable {
             fds.removeAll(keepingCapacity: true)
             fds.append(pollfd(fd: waker.fd, events: Int16(POLLIN), revents: 0))
             fds.append(pollfd(fd: listener.fd, events: Int16(POLLIN), revents: 0))
-            let sockets = state.withLock { s in ids.map { (s.pending[$0]!.socket.fd, !s.pending[$0]!.outbound.isEmpty) } }
+            // An invitation handed to the app is not read again until the app answers (carryOut sends what is left
+            // to send), so its socket is left out of the poll: a hang-up there would otherwise wake us in a loop.
+            let sockets = state.withLock { s in
+                ids.map { (s.pending[$0]!.delivered ? -1 : s.pending[$0]!.socket.fd, !s.pending[$0]!.outbound.isEmpty) }
+            }
             for (fd, w) in sockets { fds.append(pollfd(fd: fd, events: Int16(POLLIN) | (w ? Int16(POLLOUT) : 0), revents: 0)) }
             _ = poll(&fds, nfds_t(fds.count), 100)
             if fds[0].revents != 0 { waker.drain() }
@@ -225,7 +229,14 @@ private final class AdvertiserLoop: Sendable {
     }
 
     private func acceptAll() {
-        while let (sock, remote) = try? listener.accept() {
+        while true {
+            let accepted: (FileDescriptor, SocketAddress)?
+            do { accepted = try listener.accept() } catch {
+                // Out of descriptors (EMFILE…): the connection stays queued; back off instead of spinning.
+                usleep(10_000)
+                return
+            }
+            guard let (sock, remote) = accepted else { return }
             guard let me = advertiser.value else { sock.close(); continue }
             let hello = ControlFrame.hello(peer: me.myPeerID).encoded()
             state.withLock { s in
@@ -284,7 +295,6 @@ private final class AdvertiserLoop: Sendable {
                 self.state.withLock { $0.replies.append((id, ok && session != nil ? .accept(session!) : .decline)) }
                 self.waker.wake()
             }
-            _ = inv
             me.deliver(inv, reply: reply)
             return
         }
