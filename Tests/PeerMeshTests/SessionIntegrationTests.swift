@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import PeerMesh
+import MeshPOSIX
 
 @Suite("Sessions over real sockets on 127.0.0.1")
 struct SessionIntegrationTests {
@@ -279,7 +280,7 @@ struct SessionIntegrationTests {
         let s = try Session(peer: me)
         let log = MeshEventLog()
         s.delegate = log
-        let l = try FileDescriptor.tcpListener(host: "127.0.0.1", port: 0)
+        let l = try FileDescriptor.tcpListener(SocketAddress(numericHost: "127.0.0.1", port: 0)!)
         let port = try l.localAddress().port
         l.close() // nothing listens there now
         try s.connect(to: PeerEndpoint(host: "127.0.0.1", port: port), timeout: .seconds(2))

@@ -451,19 +451,23 @@ struct SeededRNG: RandomNumberGenerator {
         var m = machine()
         _ = m.inviteStarted(link: 1, expected: bob, context: [], timeout: sec, localUDPPort: 1, localToken: 1, now: 0)
         _ = m.received(.hello(peer: bob), on: 1, now: 0)
-        #expect(m.received(.data([1]), on: 1, now: 1) == [.close(1), .invitationFailed(1, bob, .unavailable), .report(bob, .notConnected)])
+        #expect(m.received(.data([1]), on: 1, now: 1)
+                == [.fault(1, .unexpectedFrame("DATA")), .close(1), .invitationFailed(1, bob, .unavailable), .report(bob, .notConnected)])
 
         _ = m.inviteStarted(link: 2, expected: bob, context: [], timeout: sec, localUDPPort: 1, localToken: 1, now: 0)
         #expect(m.received(.accept(udpPort: 1, token: 1), on: 2, now: 1) // ACCEPT before HELLO
-                == [.close(2), .invitationFailed(2, bob, .unavailable), .report(bob, .notConnected)])
+                == [.fault(2, .unexpectedFrame("ACCEPT")), .close(2), .invitationFailed(2, bob, .unavailable), .report(bob, .notConnected)])
 
         _ = m.inviteStarted(link: 3, expected: bob, context: [], timeout: sec, localUDPPort: 1, localToken: 1, now: 0)
-        #expect(m.received(invite(), on: 3, now: 1) == [.close(3), .invitationFailed(3, bob, .unavailable), .report(bob, .notConnected)])
+        #expect(m.received(invite(), on: 3, now: 1)
+                == [.fault(3, .unexpectedFrame("INVITE")), .close(3), .invitationFailed(3, bob, .unavailable), .report(bob, .notConnected)])
 
         _ = connectIncoming(&m, link: 4, from: carol)
-        #expect(m.received(.hello(peer: carol), on: 4, now: 1) == [.linkDown(4), .send(4, .goodbye), .close(4), .report(carol, .notConnected)])
+        #expect(m.received(.hello(peer: carol), on: 4, now: 1)
+                == [.fault(4, .unexpectedFrame("HELLO")), .linkDown(4), .send(4, .goodbye), .close(4), .report(carol, .notConnected)])
         _ = connectIncoming(&m, link: 5, from: carol)
-        #expect(m.received(.accept(udpPort: 1, token: 1), on: 5, now: 1) == [.linkDown(5), .send(5, .goodbye), .close(5), .report(carol, .notConnected)])
+        #expect(m.received(.accept(udpPort: 1, token: 1), on: 5, now: 1)
+                == [.fault(5, .unexpectedFrame("ACCEPT")), .linkDown(5), .send(5, .goodbye), .close(5), .report(carol, .notConnected)])
         #expect(m.received(.data([1]), on: 42, now: 1) == [])
     }
 
@@ -556,6 +560,8 @@ struct SeededRNG: RandomNumberGenerator {
                     up.remove(l)
                 case .deliver:
                     break
+                case .fault(let l, _):
+                    #expect(!closed.contains(l), "\(ctx): fault on closed link \(l)")
                 case .invitationFailed(let l, _, _):
                     #expect(outgoing.contains(l), "\(ctx): failure for a link we did not invite on")
                     #expect(!failed.contains(l), "\(ctx): invitation on \(l) failed twice")
@@ -635,7 +641,7 @@ private struct TwoPeerSim {
                 conns[conn(side, l).0].connectedOn[side] = true
             case .linkDown(let l):
                 conns[conn(side, l).0].connectedOn[side] = false
-            case .deliver:
+            case .deliver, .fault:
                 break
             case .invitationFailed(_, _, let r):
                 failures.append((side, r))

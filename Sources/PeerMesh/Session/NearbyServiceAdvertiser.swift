@@ -1,29 +1,9 @@
 import Foundation
+import MeshPOSIX
 import Synchronization
-#if canImport(Glibc)
-import Glibc
-#endif
 
-/// An invitation read off a TCP connection by an advertiser: who sent it, what it asks, and the connection.
-struct ReceivedInvitation: Sendable {
-    let socket: FileDescriptor
-    let remoteAddress: SocketAddress?
-    let peer: PeerID
-    let body: ControlFrame.InviteBody
-    let pendingBytes: [UInt8]
-    let listenerPort: UInt16
-
-    /// Answers with DECLINE and closes the connection.
-    static func decline(_ inv: ReceivedInvitation, _ reason: DeclineReason) {
-        let bytes = ControlFrame.decline(reason, reason.description).encoded()
-        _ = bytes.withUnsafeBytes { Glibc.send(inv.socket.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-        shutdown(inv.socket.fd, Int32(SHUT_RDWR))
-        inv.socket.close()
-    }
-}
-
-/// Receives an advertiser's invitations, as MC's `MCNearbyServiceAdvertiserDelegate`. Called on the
-/// advertiser's thread, in order.
+/// Receives an advertiser's invitations, as MC's `MCNearbyServiceAdvertiserDelegate`. Called on the process's
+/// I/O thread (`pm-io`), in order; keep it short, and answer later (from any thread) when a person must decide.
 public protocol NearbyServiceAdvertiserDelegate: AnyObject, Sendable {
     /// A peer invites us. Call `invitationHandler(true, session)` to join `session`, or
     /// `invitationHandler(false, nil)` to decline — now or later, from any thread, once. An invitation not
@@ -55,8 +35,15 @@ public final class NearbyServiceAdvertiser: Sendable {
     private let discovery: any DiscoveryBackend
     private let requestedPort: UInt16
     private let bindHost: String
-    private let state = Mutex(AdvertiserState())
+    private let state = Mutex<Running?>(nil)
     private let delegateBox = Mutex(WeakAdvertiserDelegate(nil))
+
+    /// A started advertiser: its loop-side driver and its publication.
+    private struct Running: Sendable {
+        let port: UInt16
+        let core: AdvertiserCore
+        let registration: any DiscoveryRegistration
+    }
 
     /// Validates the service type and discovery info. `discovery` defaults to `AvahiDiscovery`.
     public init(peer: PeerID, discoveryInfo: [String: String]?, serviceType: String,
@@ -82,50 +69,48 @@ public final class NearbyServiceAdvertiser: Sendable {
     }
 
     /// The TCP port invitations arrive on, once started.
-    public var port: UInt16? { state.withLock { $0.running?.port } }
+    public var port: UInt16? { state.withLock { $0?.port } }
 
     /// Opens the listener, publishes, and starts taking invitations. Throws if the port cannot be bound or the
     /// discovery backend refuses.
     public func startAdvertisingPeer() throws(PeerMeshError) {
-        guard state.withLock({ $0.running == nil }) else { return }
-        let listener = try FileDescriptor.tcpListener(host: bindHost, port: requestedPort)
-        let port = try listener.localAddress().port
-        let waker = try Waker()
-        let loop = AdvertiserLoop(listener: listener, port: port, waker: waker, advertiser: WeakAdvertiser(self),
-                                  maxWait: maximumInvitationWait)
-        let ad = ServiceAdvertisement(peer: myPeerID, serviceType: serviceType, port: port, discoveryInfo: discoveryInfo ?? [:])
+        guard state.withLock({ $0 == nil }) else { return }
+        guard let bind = SocketAddress(numericHost: bindHost, port: requestedPort) else {
+            throw .invalidParameter("bindHost \"\(bindHost)\" is not a numeric IPv4 or IPv6 address")
+        }
+        let core: AdvertiserCore
+        do {
+            let listener = try FileDescriptor.tcpListener(bind)
+            core = AdvertiserCore(listener: listener, port: try listener.localAddress().port, loop: try EventLoop.shared(),
+                                  configuration: .init(localPeer: myPeerID, maximumInvitationWait: maximumInvitationWait.nanoseconds),
+                                  advertiser: WeakAdvertiser(self))
+        } catch {
+            throw .transport(error.description)
+        }
+        let ad = ServiceAdvertisement(peer: myPeerID, serviceType: serviceType, port: core.port, discoveryInfo: discoveryInfo ?? [:])
         let registration = try discovery.publish(ad) { [weak self] event in
             guard let self, case .failed(let e) = event else { return }
             self.delegate?.advertiser(self, didNotStartAdvertisingPeer: e)
         }
-        state.withLock { $0.running = .init(port: port, loop: loop, registration: registration) }
-        loop.start()
+        state.withLock { $0 = Running(port: core.port, core: core, registration: registration) }
+        core.start()
     }
 
     /// Withdraws the advertisement and closes the listener. Invitations not yet answered are declined.
     public func stopAdvertisingPeer() {
-        guard let r = state.withLock({ s -> AdvertiserState.Running? in let r = s.running; s.running = nil; return r }) else { return }
+        guard let r = state.withLock({ s -> Running? in let r = s; s = nil; return r }) else { return }
         r.registration.cancel()
-        r.loop.stop()
+        r.core.stop()
     }
 
-    fileprivate func deliver(_ inv: ReceivedInvitation, reply: @escaping @Sendable (Bool, Session?) -> Void) {
+    fileprivate func deliver(peer: PeerID, context: [UInt8], reply: @escaping @Sendable (Bool, Session?) -> Void) {
         guard let d = delegate else {
             reply(false, nil)
             return
         }
-        d.advertiser(self, didReceiveInvitationFromPeer: inv.peer,
-                     withContext: inv.body.context.isEmpty ? nil : Data(inv.body.context), invitationHandler: reply)
+        d.advertiser(self, didReceiveInvitationFromPeer: peer, withContext: context.isEmpty ? nil : Data(context),
+                     invitationHandler: reply)
     }
-}
-
-private struct AdvertiserState {
-    struct Running {
-        let port: UInt16
-        let loop: AdvertiserLoop
-        let registration: any DiscoveryRegistration
-    }
-    var running: Running?
 }
 
 private struct WeakAdvertiserDelegate {
@@ -138,198 +123,159 @@ private struct WeakAdvertiser: Sendable {
     init(_ v: NearbyServiceAdvertiser) { value = v }
 }
 
-/// The advertiser's I/O thread: accepts connections, says HELLO, reads HELLO + INVITE, hands invitations to the
-/// delegate and carries out the replies. Connections that speak garbage, or nothing for 10 s, are closed.
-private final class AdvertiserLoop: Sendable {
-    private struct Pending {
-        let socket: FileDescriptor
-        let remote: SocketAddress?
-        var assembler = FrameAssembler()
-        var peer: PeerID?
-        var invite: ControlFrame.InviteBody?
-        var delivered = false
-        let deadline: Nanos
-        var outbound: [UInt8]
+/// The advertiser's driver on the event loop: accepts connections, feeds the pure `AdvertiserStateMachine` and
+/// carries out what it decides — greetings, questions to the app, hand-overs to sessions, declines.
+private final class AdvertiserCore: Sendable {
+    private struct IO {
+        var machine: AdvertiserStateMachine
+        var connections: [PendingID: Connection] = [:]
+        var registration: EventLoop.Registration?
+        var accepting = true
+        var timer: EventLoop.Timer?
+        var timerDeadline: Nanos = .max
+        var nextID: PendingID = 0
     }
 
-    private enum Reply { case accept(Session), decline }
-
-    private struct State {
-        var pending: [Int: Pending] = [:]
-        var replies: [(Int, Reply)] = []
-        var nextID = 0
-        var stopped = false
-    }
-
-    private let listener: FileDescriptor
     let port: UInt16
-    private let waker: Waker
+    private let listener: FileDescriptor
+    private let loop: EventLoop
     private let advertiser: WeakAdvertiser
-    private let maxWait: Nanos
-    private let state = Mutex(State())
-    private let done = DispatchSemaphore(value: 0)
-    private let loopThread = Atomic<UInt>(0)
+    private let io: LoopBound<IO>
 
-    init(listener: FileDescriptor, port: UInt16, waker: Waker, advertiser: WeakAdvertiser, maxWait: Duration) {
+    init(listener: FileDescriptor, port: UInt16, loop: EventLoop, configuration: AdvertiserStateMachine.Configuration,
+         advertiser: WeakAdvertiser) {
         self.listener = listener
         self.port = port
-        self.waker = waker
+        self.loop = loop
         self.advertiser = advertiser
-        self.maxWait = UInt64(maxWait.components.seconds) * 1_000_000_000
+        io = LoopBound(IO(machine: AdvertiserStateMachine(configuration: configuration)), loop: loop)
     }
 
     func start() {
-        let t = Thread { [self] in run() }
-        t.name = "peermesh.advertiser"
-        t.start()
-    }
-
-    func stop() {
-        state.withLock { $0.stopped = true }
-        waker.wake()
-        if loopThread.load(ordering: .acquiring) != UInt(pthread_self()) { done.wait() }
-    }
-
-    private func run() {
-        loopThread.store(UInt(pthread_self()), ordering: .releasing)
-        defer { done.signal() }
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 65_536, alignment: 8)
-        defer { buffer.deallocate() }
-        var fds: [pollfd] = []
-        while true {
-            // Replies first: decided by the app on any thread, carried out here.
-            let (replies, stopped) = state.withLock { s in
-                let r = s.replies
-                s.replies.removeAll()
-                return (r, s.stopped)
-            }
-            for (id, reply) in replies { carryOut(id, reply) }
-            if stopped {
-                let all = state.withLock { s in let p = s.pending; s.pending.removeAll(); return p }
-                for p in all.values { decline(p, .unavailable) }
-                listener.close()
-                return
-            }
-            let ids = state.withLock { s in s.pending.keys.sorted() }
-            fds.removeAll(keepingCapacity: true)
-            fds.append(pollfd(fd: waker.fd, events: Int16(POLLIN), revents: 0))
-            fds.append(pollfd(fd: listener.fd, events: Int16(POLLIN), revents: 0))
-            // An invitation handed to the app is not read again until the app answers (carryOut sends what is left
-            // to send), so its socket is left out of the poll: a hang-up there would otherwise wake us in a loop.
-            let sockets = state.withLock { s in
-                ids.map { (s.pending[$0]!.delivered ? -1 : s.pending[$0]!.socket.fd, !s.pending[$0]!.outbound.isEmpty) }
-            }
-            for (fd, w) in sockets { fds.append(pollfd(fd: fd, events: Int16(POLLIN) | (w ? Int16(POLLOUT) : 0), revents: 0)) }
-            _ = poll(&fds, nfds_t(fds.count), 100)
-            if fds[0].revents != 0 { waker.drain() }
-            if fds[1].revents != 0 { acceptAll() }
-            for (i, id) in ids.enumerated() where fds[i + 2].revents != 0 { service(id, buffer: buffer) }
-            expire(now: monotonicNanos())
+        loop.execute { [self] in
+            io.value.registration = loop.register(fd: listener.fd, interest: .readable) { [unowned self] _ in acceptAll() }
         }
     }
+
+    /// Declines what is pending and closes the listener; waits for it unless called on the loop.
+    func stop() {
+        loop.submitAndWait { [self] in
+            for e in io.value.machine.stop() { perform(e) }
+            if let r = io.value.registration { loop.deregister(r) }
+            io.value.registration = nil
+            if let t = io.value.timer { loop.cancel(t) }
+            io.value.timer = nil
+            listener.close()
+        }
+    }
+
+    // MARK: Loop
 
     private func acceptAll() {
-        while true {
-            let accepted: (FileDescriptor, SocketAddress)?
+        while io.value.accepting {
+            let accepted: (FileDescriptor, SocketAddress?)?
             do { accepted = try listener.accept() } catch {
-                // Out of descriptors (EMFILE…): the connection stays queued; back off instead of spinning.
-                usleep(10_000)
+                // Out of descriptors (EMFILE…): the connection stays queued; retry shortly instead of spinning.
+                pauseAccepting(retryAt: MonotonicClock.nowNanos() + 50_000_000)
                 return
             }
-            guard let (sock, remote) = accepted else { return }
-            guard let me = advertiser.value else { sock.close(); continue }
-            let hello = ControlFrame.hello(peer: me.myPeerID).encoded()
-            state.withLock { s in
-                s.nextID += 1
-                s.pending[s.nextID] = Pending(socket: sock, remote: remote, deadline: monotonicNanos() + 10_000_000_000, outbound: hello)
+            guard let (socket, remote) = accepted else { return }
+            io.value.nextID += 1
+            let id = io.value.nextID
+            switch io.value.machine.accepted(id, host: remote?.hostBytes ?? [], now: MonotonicClock.nowNanos()) {
+            case .refuse:
+                socket.close()
+            case .greet(_, let hello):
+                let c = Connection(socket: socket, remote: remote, connecting: false, loop: loop,
+                                   maximumFrameLength: ControlFrame.maximumFrameLength)
+                io.value.connections[id] = c
+                c.start(onFrame: { [unowned self] f in received(f, on: id) }, onEnd: { [unowned self] _ in ended(id) })
+                c.send(hello)
             }
+            if io.value.machine.isFull { pauseAccepting(retryAt: nil) }
         }
+        armTimer()
     }
 
-    private func service(_ id: Int, buffer: UnsafeMutableRawBufferPointer) {
-        guard var p = state.withLock({ $0.pending[id] }) else { return }
-        if !p.outbound.isEmpty {
-            let n = p.outbound.withUnsafeBytes { Glibc.send(p.socket.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-            if n > 0 { p.outbound.removeFirst(n) }
-        }
-        var closed = false
-        var garbage = false
-        while !p.delivered {
-            let n = recv(p.socket.fd, buffer.baseAddress, buffer.count, 0)
-            if n == 0 { closed = true; break }
-            if n < 0 {
-                if errno == EINTR { continue }
-                if errno != EAGAIN && errno != EWOULDBLOCK { closed = true }
-                break
-            }
-            p.assembler.append(UnsafeRawBufferPointer(rebasing: buffer[..<n]))
-            while p.invite == nil, let r = p.assembler.next() {
-                switch r {
-                case .success(.hello(let peer)) where p.peer == nil: p.peer = peer
-                case .success(.invite(let body)) where p.peer != nil: p.invite = body
-                default: garbage = true
-                }
-                if garbage { break }
-            }
-            if garbage { break }
-            if p.invite != nil { break }
-        }
-        if garbage || (closed && !p.delivered) {
-            state.withLock { _ = $0.pending.removeValue(forKey: id) }
-            p.socket.close()
-            return
-        }
-        if let peer = p.peer, let invite = p.invite, !p.delivered, let me = advertiser.value {
-            p.delivered = true
-            var wait = UInt64(invite.timeoutMillis) * 1_000_000
-            if wait == 0 { wait = 30_000_000_000 }
-            let deadline = monotonicNanos() + min(wait, maxWait)
-            let inv = ReceivedInvitation(socket: p.socket, remoteAddress: p.remote, peer: peer, body: invite,
-                                         pendingBytes: p.assembler.pendingBytes, listenerPort: port)
-            state.withLock { $0.pending[id] = Pending(socket: p.socket, remote: p.remote, assembler: p.assembler, peer: peer,
-                                                      invite: invite, delivered: true, deadline: deadline, outbound: p.outbound) }
+    /// Stops taking connections: until one ends (`retryAt` nil), or until a time.
+    private func pauseAccepting(retryAt: Nanos?) {
+        guard io.value.accepting, let r = io.value.registration else { return }
+        io.value.accepting = false
+        loop.update(r, interest: [])
+        if let retryAt { loop.schedule(at: retryAt) { [weak self] in self?.resumeAccepting() } }
+    }
+
+    private func resumeAccepting() {
+        guard !io.value.accepting, !io.value.machine.isFull, let r = io.value.registration else { return }
+        io.value.accepting = true
+        loop.update(r, interest: .readable)
+    }
+
+    private func received(_ frame: ControlFrame, on id: PendingID) {
+        switch io.value.machine.received(frame, on: id, now: MonotonicClock.nowNanos()) {
+        case .wait:
+            break
+        case .close(_, _):
+            io.value.connections.removeValue(forKey: id)?.close()
+            resumeAccepting()
+        case .ask(_, let peer, let invite):
+            io.value.connections[id]?.pause()
             let answered = Atomic<Bool>(false)
             let reply: @Sendable (Bool, Session?) -> Void = { [weak self] ok, session in
                 guard answered.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged,
                       let self else { return }
-                self.state.withLock { $0.replies.append((id, ok && session != nil ? .accept(session!) : .decline)) }
-                self.waker.wake()
+                self.loop.execute { self.answer(id, ok ? session : nil) }
             }
-            me.deliver(inv, reply: reply)
-            return
+            if let a = advertiser.value { a.deliver(peer: peer, context: invite.context, reply: reply) } else { reply(false, nil) }
         }
-        state.withLock { if $0.pending[id] != nil { $0.pending[id] = p } }
+        armTimer()
     }
 
-    private func carryOut(_ id: Int, _ reply: Reply) {
-        guard let p = state.withLock({ $0.pending.removeValue(forKey: id) }), let peer = p.peer, let invite = p.invite else { return }
-        switch reply {
-        case .decline:
-            decline(p, .declined)
-        case .accept(let session):
-            if !p.outbound.isEmpty {
-                _ = p.outbound.withUnsafeBytes { Glibc.send(p.socket.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+    private func answer(_ id: PendingID, _ session: Session?) {
+        switch io.value.machine.answered(id, accept: session != nil) {
+        case .ignore:
+            break
+        case .handOver(_, let peer, let invite):
+            if let c = io.value.connections.removeValue(forKey: id) {
+                session!.core.adopt(c, from: peer, invite: invite, listenerPort: port)
             }
-            session.core.adopt(ReceivedInvitation(socket: p.socket, remoteAddress: p.remote, peer: peer, body: invite,
-                                                  pendingBytes: p.assembler.pendingBytes, listenerPort: port))
+        case .decline(_, let reason):
+            perform(.decline(id, reason))
+        }
+        resumeAccepting()
+        armTimer()
+    }
+
+    private func ended(_ id: PendingID) {
+        io.value.connections[id] = nil
+        io.value.machine.closed(id)
+        resumeAccepting()
+    }
+
+    private func perform(_ e: AdvertiserStateMachine.OnExpiry) {
+        switch e {
+        case .close(let id):
+            io.value.connections.removeValue(forKey: id)?.close()
+        case .decline(let id, let reason):
+            guard let c = io.value.connections.removeValue(forKey: id) else { return }
+            c.send(.decline(reason, reason.description))
+            c.close()
         }
     }
 
-    private func decline(_ p: Pending, _ reason: DeclineReason) {
-        var bytes = p.outbound
-        if p.invite != nil { bytes += ControlFrame.decline(reason, reason.description).encoded() }
-        _ = bytes.withUnsafeBytes { Glibc.send(p.socket.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-        shutdown(p.socket.fd, Int32(SHUT_RDWR))
-        p.socket.close()
+    private func armTimer() {
+        let next = io.value.machine.nextDeadline() ?? .max
+        guard next < io.value.timerDeadline || io.value.timer == nil else { return }
+        if let t = io.value.timer { loop.cancel(t) }
+        io.value.timerDeadline = next
+        io.value.timer = next == .max ? nil : loop.schedule(at: next) { [weak self] in self?.timerFired() }
     }
 
-    private func expire(now: Nanos) {
-        let expired = state.withLock { s -> [Pending] in
-            let ids = s.pending.filter { $0.value.deadline <= now }.map(\.key)
-            return ids.compactMap { s.pending.removeValue(forKey: $0) }
-        }
-        for p in expired {
-            if p.invite != nil { decline(p, .timedOut) } else { p.socket.close() }
-        }
+    private func timerFired() {
+        io.value.timer = nil
+        io.value.timerDeadline = .max
+        for e in io.value.machine.expire(now: MonotonicClock.nowNanos()) { perform(e) }
+        resumeAccepting()
+        armTimer()
     }
 }

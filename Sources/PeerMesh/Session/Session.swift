@@ -1,4 +1,5 @@
 import Foundation
+import MeshPOSIX
 import Synchronization
 
 /// How `Session.send` delivers data, as MultipeerConnectivity's `MCSessionSendDataMode`.
@@ -47,8 +48,12 @@ public struct SessionStatistics: Sendable, Equatable {
     public var strangerDatagrams: UInt64 = 0
     /// Datagrams seen before (network duplication or replay).
     public var duplicateDatagrams: UInt64 = 0
-    /// TCP connections closed because they sent garbage.
+    /// Datagrams whose token and source matched a link but that did not authenticate under its keys.
+    public var unauthenticDatagrams: UInt64 = 0
+    /// TCP connections closed because they sent bytes that are not frames.
     public var garbageConnections: UInt64 = 0
+    /// Protocol violations by peers (garbage, frames out of turn…); each closed that peer's connection.
+    public var peerFaults: UInt64 = 0
 
     public init() {}
 }
@@ -127,12 +132,12 @@ public final class Session: Sendable {
     public var udpPort: UInt16 { core.udpPort }
 
     /// A snapshot of the traffic counters.
-    public var statistics: SessionStatistics { core.shared.withLock { $0.stats } }
+    public var statistics: SessionStatistics { core.counters.snapshot }
 
     /// The smoothed UDP round-trip time to `peer`, measured by pings every heartbeat interval; `nil` before the
     /// first answer.
     public func roundTripTime(to peer: PeerID) -> Duration? {
-        core.shared.withLock { s in s.routes.values.first { $0.peer == peer }?.smoothedRTT.map { .nanoseconds(Int64($0)) } }
+        core.roundTripTime(to: peer).map { Duration(nanos: $0) }
     }
 
     /// Sends `data` to every peer in `peers`.
@@ -178,16 +183,4 @@ public final class Session: Sendable {
 
     /// Says goodbye to every peer and reports each `notConnected`. The session stays usable.
     public func disconnect() { core.disconnect() }
-}
-
-/// A weak reference to the delegate.
-struct WeakDelegate {
-    weak var value: (any SessionDelegate)?
-    init(_ v: (any SessionDelegate)?) { value = v }
-}
-
-/// A weak reference from the core back to its public session, for delegate calls.
-struct WeakSession {
-    weak var value: Session?
-    init(_ v: Session?) { value = v }
 }

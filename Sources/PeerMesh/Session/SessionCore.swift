@@ -1,593 +1,452 @@
 import Foundation
+import MeshPOSIX
 import Synchronization
-#if canImport(Glibc)
-import Glibc
-#endif
 
-/// One TCP connection's socket and its outbound queue. Reads happen only on the session's I/O thread; writes
-/// from any thread under `out`'s lock.
-final class LinkIO: Sendable {
-    let id: LinkID
-    let socket: FileDescriptor
-    /// The TCP port we reached (inviter) or were reached on (invitee).
-    let remoteAddress: SocketAddress?
-    /// Whether we opened this connection (and so learn last that it is connected).
-    let isInviter: Bool
+/// The counters behind `SessionStatistics`: atomics, so the datagram path and senders count without a lock.
+final class SessionCounters: Sendable {
+    let datagramsSent = Atomic<UInt64>(0)
+    let datagramsReceived = Atomic<UInt64>(0)
+    let malformedDatagrams = Atomic<UInt64>(0)
+    let strangerDatagrams = Atomic<UInt64>(0)
+    let duplicateDatagrams = Atomic<UInt64>(0)
+    let unauthenticDatagrams = Atomic<UInt64>(0)
+    let garbageConnections = Atomic<UInt64>(0)
+    let peerFaults = Atomic<UInt64>(0)
 
-    struct Outbound {
-        var bytes: [UInt8] = []
-        var sent = 0
-        var connected: Bool
-        var closed = false
-        var error: String?
-    }
+    @inline(__always)
+    static func bump(_ a: borrowing Atomic<UInt64>, by n: UInt64 = 1) { a.wrappingAdd(n, ordering: .relaxed) }
 
-    let out: Mutex<Outbound>
-    /// Reassembles frames; only the I/O thread touches it.
-    let assembler: Mutex<FrameAssembler>
-
-    init(id: LinkID, socket: FileDescriptor, remoteAddress: SocketAddress?, connected: Bool, pending: [UInt8] = []) {
-        self.id = id
-        self.socket = socket
-        self.remoteAddress = remoteAddress
-        isInviter = !connected
-        out = Mutex(Outbound(connected: connected))
-        var a = FrameAssembler()
-        pending.withUnsafeBytes { a.append($0) }
-        assembler = Mutex(a)
-    }
-
-    /// Queues `frame` and writes as much as the socket takes now.
-    func enqueue(_ frame: ControlFrame) { enqueue(bytes: frame.encoded()) }
-
-    func enqueue(bytes: [UInt8]) {
-        out.withLock { o in
-            guard !o.closed else { return }
-            o.bytes.append(contentsOf: bytes)
-            if o.connected { flushLocked(&o) }
+    func count(_ drop: DatagramDrop) {
+        switch drop {
+        case .malformed: Self.bump(malformedDatagrams)
+        case .stranger: Self.bump(strangerDatagrams)
+        case .unauthentic: Self.bump(unauthenticDatagrams)
+        case .duplicate: Self.bump(duplicateDatagrams)
         }
     }
 
-    /// Writes queued bytes; returns false when the socket failed.
-    @discardableResult
-    func flush() -> Bool { out.withLock { flushLocked(&$0); return $0.error == nil } }
-
-    var wantsWrite: Bool { out.withLock { !$0.connected || $0.sent < $0.bytes.count } }
-
-    private func flushLocked(_ o: inout Outbound) {
-        while o.sent < o.bytes.count, !o.closed {
-            let n = o.bytes.withUnsafeBytes { raw in
-                Glibc.send(socket.fd, raw.baseAddress! + o.sent, raw.count - o.sent, Int32(MSG_NOSIGNAL))
-            }
-            if n > 0 { o.sent += n; continue }
-            if n < 0, errno == EINTR { continue }
-            if n < 0, errno == EAGAIN || errno == EWOULDBLOCK { break }
-            o.error = Sys.errorText(errno)
-            break
-        }
-        if o.sent == o.bytes.count { o.bytes.removeAll(keepingCapacity: true); o.sent = 0 }
-        else if o.sent > 65_536 { o.bytes.removeFirst(o.sent); o.sent = 0 }
-    }
-
-    /// Flushes what it can, then closes the socket. I/O thread only.
-    func close() {
-        out.withLock { o in
-            flushLocked(&o)
-            o.closed = true
-        }
-        shutdown(socket.fd, Int32(SHUT_RDWR))
-        socket.close()
+    var snapshot: SessionStatistics {
+        var s = SessionStatistics()
+        s.datagramsSent = datagramsSent.load(ordering: .relaxed)
+        s.datagramsReceived = datagramsReceived.load(ordering: .relaxed)
+        s.malformedDatagrams = malformedDatagrams.load(ordering: .relaxed)
+        s.strangerDatagrams = strangerDatagrams.load(ordering: .relaxed)
+        s.duplicateDatagrams = duplicateDatagrams.load(ordering: .relaxed)
+        s.unauthenticDatagrams = unauthenticDatagrams.load(ordering: .relaxed)
+        s.garbageConnections = garbageConnections.load(ordering: .relaxed)
+        s.peerFaults = peerFaults.load(ordering: .relaxed)
+        return s
     }
 }
 
-/// Where a connected peer's datagrams go and come from.
-struct Route: Sendable {
-    var link: LinkID
-    var peer: PeerID
-    /// Where we send. Starts at the peer's TCP address and announced port; latches onto the source of the
-    /// peer's authenticated datagrams (so NATs and relays such as the impairment proxy work).
-    var remote: SocketAddress
-    /// The token the peer wants on datagrams it receives.
-    var remoteToken: UInt64
-    /// The next sequence number we send.
-    var nextSequence: UInt64 = 1
-    var replay = ReplayWindow()
-    var smoothedRTT: UInt64?
-    /// When the last datagram that counted as proof of life arrived.
-    var lastHeard: UInt64 = 0
-    /// Whether `remote` follows the source of the peer's datagrams. Only the invitee latches: the inviter keeps
-    /// sending where it connected (through a NAT or relay), and the invitee answers wherever that arrives from.
-    /// If both latched, early datagrams sent straight to an announced port could pull both off a relay.
-    var latches: Bool
+/// Per-link numbers shared by the senders and the loop: the next datagram sequence number and the smoothed RTT.
+final class LinkCounters: Sendable {
+    let nextSequence = Atomic<UInt64>(1)
+    let smoothedRTT = Atomic<UInt64>(0)
+
+    /// Takes the next sequence number.
+    @inline(__always)
+    func takeSequence() -> UInt64 { nextSequence.wrappingAdd(1, ordering: .relaxed).oldValue }
 }
 
-/// The session's mutable state, under one lock.
-struct SessionShared: Sendable {
-    var machine: SessionStateMachine
-    var links: [LinkID: LinkIO] = [:]
-    /// Routes by the token we chose for the link (what arrives on datagrams).
-    var routes: [UInt64: Route] = [:]
-    var tokenByPeer: [PeerID: UInt64] = [:]
-    var localTokens: [LinkID: UInt64] = [:]
-    var nextLink: LinkID = 1
-    var events: [SessionCore.Event] = []
-    var closing: [LinkIO] = []
-    var stats = SessionStatistics()
-    var failureDetail: [LinkID: String] = [:]
-    var shutDown = false
-    /// Bumped whenever `links` changes, so the I/O thread knows to re-read it.
-    var generation = 0
+/// Where app threads send a connected peer's datagrams: the send table's entry for it.
+struct SendRoute: Sendable {
+    let link: LinkID
+    let remote: SocketAddress
+    let remoteToken: UInt64
+    let counters: LinkCounters
 }
 
-/// The driver of a `Session`: owns the sockets and the I/O thread, feeds the `SessionStateMachine` and performs
-/// its actions. State is decided under one lock; delegate calls, socket writes and closes happen after it.
+/// The driver of a `Session`: owns its UDP socket and connections on the process's event loop, feeds the pure
+/// `SessionStateMachine` (control) and `DatagramRouter` (datagrams), and performs their actions.
+///
+/// Threads: everything that reads sockets runs on the loop. App threads (send, invite, disconnect) decide under
+/// the `shared` lock and hand the resulting actions to the loop; datagram senders read the send table (one short
+/// lock per call, never per datagram received) and write to the socket themselves. Delegate calls happen on
+/// the loop, in order, after every lock is released.
 final class SessionCore: Sendable {
-    enum Event: Sendable {
-        case state(PeerID, SessionState)
-        case data(PeerID, [UInt8])
-        case failed(PeerID?, DeclineReason, String)
+    /// What the app threads and the loop share, under one lock.
+    struct Shared: Sendable {
+        var machine: SessionStateMachine
+        var nextLink: LinkID = 1
+        var shutDown = false
+    }
+
+    /// What only the loop touches.
+    struct IO {
+        var connections: [LinkID: Connection] = [:]
+        var localTokens: [LinkID: UInt64] = [:]
+        var router = DatagramRouter()
+        var counters: [LinkID: LinkCounters] = [:]
+        var failureDetail: [LinkID: String] = [:]
+        var udpRegistration: EventLoop.Registration?
+        var timer: EventLoop.Timer?
+        var timerDeadline: Nanos = .max
+        var nextPing: Nanos = 0
     }
 
     let peer: PeerID
+    let loop: EventLoop
     let udp: FileDescriptor
     let udpPort: UInt16
-    let waker: Waker
-    let shared: Mutex<SessionShared>
+    let heartbeat: Nanos
+    let shared: Mutex<Shared>
+    let counters = SessionCounters()
     let delegate = Mutex(WeakDelegate(nil))
     let owner = Mutex(WeakSession(nil))
-    let heartbeat: Nanos
-    private let started = Atomic<Bool>(false)
-    /// Set (under the lock) whenever events are queued, so the datagram path checks for them without locking.
-    private let eventsPending = Atomic<Bool>(false)
-    /// `pthread_self()` of the I/O thread, so a shutdown from a delegate callback does not wait on itself.
-    private let ioThread = Atomic<UInt>(0)
-    private let stopped = Atomic<Bool>(false)
-    private let done = DispatchSemaphore(value: 0)
+    private let io: LoopBound<IO>
+    /// Connected peers' send routes (a peer with two links uses its oldest).
+    private let sendTable = Mutex<[PeerID: SendRoute]>([:])
 
     init(peer: PeerID, configuration c: Session.Configuration) throws(PeerMeshError) {
         self.peer = peer
-        let timeout = UInt64(c.peerTimeout.components.seconds) * 1_000_000_000 + UInt64(c.peerTimeout.components.attoseconds / 1_000_000_000)
+        let timeout = c.peerTimeout.nanoseconds
         var beat = timeout / 4
         if let h = c.heartbeatInterval {
-            beat = UInt64(h.components.seconds) * 1_000_000_000 + UInt64(h.components.attoseconds / 1_000_000_000)
+            beat = h.nanoseconds
             guard beat > 0, beat < timeout else { throw .invalidParameter("heartbeatInterval must be positive and below peerTimeout") }
         }
         heartbeat = beat
-        udp = try FileDescriptor.udpSocket(host: c.bindHost, port: c.udpPort)
-        udpPort = try udp.localAddress().port
-        waker = try Waker()
+        guard let bind = SocketAddress(numericHost: c.bindHost, port: c.udpPort) else {
+            throw .invalidParameter("bindHost \"\(c.bindHost)\" is not a numeric IPv4 or IPv6 address")
+        }
+        do {
+            loop = try EventLoop.shared()
+            udp = try FileDescriptor.udpSocket(bind)
+            udpPort = try udp.localAddress().port
+        } catch {
+            throw .transport(error.description)
+        }
         let machine = SessionStateMachine(configuration: .init(localPeer: peer, maximumPeers: c.maximumPeers,
                                                                peerTimeout: timeout, heartbeatInterval: beat))
-        shared = Mutex(SessionShared(machine: machine))
+        shared = Mutex(Shared(machine: machine))
+        io = LoopBound(IO(), loop: loop)
     }
 
-
+    /// Starts reading the UDP socket.
     func start() {
-        let t = Thread { [self] in run() }
-        t.name = "peermesh.session"
-        t.qualityOfService = .userInteractive
-        started.store(true, ordering: .releasing)
-        t.start()
-    }
-
-    func shutdown() {
-        let actions = shared.withLock { s -> [SessionStateMachine.Action] in
-            guard !s.shutDown else { return [] }
-            s.shutDown = true
-            return s.machine.disconnect()
+        loop.execute { [self] in
+            io.value.udpRegistration = loop.register(fd: udp.fd, interest: .readable) { [unowned self] _ in readDatagrams() }
         }
-        perform(actions)
-        stopped.store(true, ordering: .releasing)
-        waker.wake()
-        if started.load(ordering: .acquiring), ioThread.load(ordering: .acquiring) != UInt(pthread_self()) { done.wait() }
     }
 
-    // MARK: Commands from the app
+    /// Says goodbye to every peer, closes every socket and waits until that is done (unless called on the loop).
+    func shutdown() {
+        loop.submitAndWait { [self] in
+            let actions = shared.withLock { s -> [SessionStateMachine.Action] in
+                guard !s.shutDown else { return [] }
+                s.shutDown = true
+                return s.machine.disconnect()
+            }
+            perform(actions)
+            if let r = io.value.udpRegistration { loop.deregister(r) }
+            io.value.udpRegistration = nil
+            if let t = io.value.timer { loop.cancel(t) }
+            io.value.timer = nil
+            for c in io.value.connections.values { c.close() }
+            io.value.connections.removeAll()
+            udp.close()
+        }
+    }
+
+    // MARK: Commands from the app (any thread)
 
     func invite(expected: PeerID?, endpoint: PeerEndpoint, context: Data?, timeout: Duration) throws(PeerMeshError) {
         let ctx = Array(context ?? Data())
         guard ctx.count <= ControlFrame.maximumContext else {
             throw .invalidParameter("invitation context is \(ctx.count) bytes; at most \(ControlFrame.maximumContext)")
         }
-        var t = timeout
-        if t <= .zero { t = .seconds(30) }
-        let nanos = UInt64(t.components.seconds) * 1_000_000_000 + UInt64(t.components.attoseconds / 1_000_000_000)
-        let addr = try SocketAddress(host: endpoint.host, port: endpoint.port)
-        let sock = try FileDescriptor.tcpConnect(to: addr)
+        let nanos = (timeout <= .zero ? .seconds(30) : timeout).nanoseconds
+        guard let addr = SocketAddress(numericHost: endpoint.host, port: endpoint.port) else {
+            throw .invalidParameter("\"\(endpoint.host)\" is not a numeric IPv4 or IPv6 address")
+        }
+        let sock: FileDescriptor
+        do { sock = try FileDescriptor.tcpConnect(to: addr) } catch { throw .transport(error.description) }
         let token = UInt64.random(in: 1...UInt64.max)
-        let actions = try shared.withLock { (s) throws(PeerMeshError) -> [SessionStateMachine.Action] in
+        let (link, actions) = try shared.withLock { (s) throws(PeerMeshError) -> (LinkID, [SessionStateMachine.Action]) in
             guard !s.shutDown else { throw .sessionClosed }
             let id = s.nextLink
             s.nextLink += 1
-            s.links[id] = LinkIO(id: id, socket: sock, remoteAddress: addr, connected: false)
-            s.generation += 1
-            s.localTokens[id] = token
-            return s.machine.inviteStarted(link: id, expected: expected, context: ctx, timeout: nanos,
-                                           localUDPPort: udpPort, localToken: token, now: monotonicNanos())
+            return (id, s.machine.inviteStarted(link: id, expected: expected, context: ctx, timeout: nanos,
+                                                localUDPPort: udpPort, localToken: token, now: MonotonicClock.nowNanos()))
         }
-        perform(actions)
-        waker.wake()
+        loop.execute { [self] in
+            let c = Connection(socket: sock, remote: addr, connecting: true, loop: loop)
+            io.value.connections[link] = c
+            io.value.localTokens[link] = token
+            c.start(onFrame: { [unowned self] f in received(f, on: link) },
+                    onEnd: { [unowned self] why in ended(link, why) })
+            perform(actions)
+        }
     }
 
-    /// Takes over a connection whose invitation the app accepted into this session.
-    func adopt(_ inv: ReceivedInvitation) {
+    /// Takes over a connection whose invitation the app accepted into this session. Loop thread only.
+    func adopt(_ connection: Connection, from peer: PeerID, invite: ControlFrame.InviteBody, listenerPort: UInt16) {
         let token = UInt64.random(in: 1...UInt64.max)
-        let acceptPort: UInt16 = udpPort == inv.listenerPort ? 0 : udpPort
-        let actions = shared.withLock { s -> [SessionStateMachine.Action] in
-            guard !s.shutDown else { return [] }
+        let acceptPort: UInt16 = udpPort == listenerPort ? 0 : udpPort
+        let adopted = shared.withLock { s -> (LinkID, [SessionStateMachine.Action])? in
+            guard !s.shutDown else { return nil }
             let id = s.nextLink
             s.nextLink += 1
-            s.links[id] = LinkIO(id: id, socket: inv.socket, remoteAddress: inv.remoteAddress, connected: true, pending: inv.pendingBytes)
-            s.generation += 1
-            s.localTokens[id] = token
-            return s.machine.invitationAccepted(link: id, from: inv.peer, remoteUDPPort: inv.body.udpPort,
-                                                remoteToken: inv.body.token, acceptUDPPort: acceptPort,
-                                                localToken: token, now: monotonicNanos())
+            return (id, s.machine.invitationAccepted(link: id, from: peer, remoteUDPPort: invite.udpPort,
+                                                     remoteToken: invite.token, acceptUDPPort: acceptPort,
+                                                     localToken: token, now: MonotonicClock.nowNanos()))
         }
-        if actions.isEmpty {
-            ReceivedInvitation.decline(inv, .unavailable)
+        guard let (link, actions) = adopted else {
+            connection.send(.decline(.unavailable, DeclineReason.unavailable.description))
+            connection.close()
             return
         }
+        io.value.connections[link] = connection
+        io.value.localTokens[link] = token
+        connection.rehome(onFrame: { [unowned self] f in received(f, on: link) },
+                          onEnd: { [unowned self] why in ended(link, why) })
         perform(actions)
-        waker.wake()
     }
 
     func disconnect() {
         let actions = shared.withLock { $0.machine.disconnect() }
-        perform(actions)
-        waker.wake()
+        loop.execute { [self] in perform(actions) }
     }
 
     func sendReliable(_ bytes: [UInt8], to peers: [PeerID]) throws(PeerMeshError) {
-        let targets = try shared.withLock { (s) throws(PeerMeshError) -> [LinkIO] in
-            try peers.map { (p) throws(PeerMeshError) -> LinkIO in
-                guard let l = s.machine.primaryLink(for: p), let io = s.links[l] else {
+        let links = try shared.withLock { (s) throws(PeerMeshError) -> [LinkID] in
+            try peers.map { (p) throws(PeerMeshError) -> LinkID in
+                guard let l = s.machine.primaryLink(for: p) else {
                     throw .notConnected("send: peer \(p) is not connected; nothing was sent")
                 }
-                return io
+                return l
             }
         }
-        let frame = ControlFrame.data(bytes).encoded()
-        for io in targets { io.enqueue(bytes: frame) }
-        if targets.contains(where: { $0.wantsWrite }) { waker.wake() }
+        let frame = ControlFrame.data(bytes)
+        loop.execute { [self] in
+            for l in links { io.value.connections[l]?.send(frame) }
+        }
     }
 
     func sendDatagram(_ payload: UnsafeRawBufferPointer, to peers: [PeerID]) throws(PeerMeshError) {
-        // Decide under the lock (who, where, which sequence numbers); send after it. No heap allocation: the
-        // decisions live in stack space sized for this call.
-        try withUnsafeTemporaryAllocation(of: (SocketAddress, DatagramHeader).self, capacity: peers.count) { (batch) throws(PeerMeshError) in
-            try shared.withLock { (s) throws(PeerMeshError) in
-                for p in peers where s.tokenByPeer[p] == nil {
-                    throw .notConnected("send: peer \(p) is not connected; nothing was sent")
-                }
-                for (n, p) in peers.enumerated() {
-                    let i = s.routes.index(forKey: s.tokenByPeer[p]!)!
-                    let seq = s.routes.values[i].nextSequence
-                    s.routes.values[i].nextSequence = seq + 1
-                    (batch.baseAddress! + n).initialize(to: (s.routes.values[i].remote,
-                                                             DatagramHeader(kind: .data, token: s.routes.values[i].remoteToken, sequence: seq)))
-                }
-                s.stats.datagramsSent += UInt64(peers.count)
-            }
-            withUnsafeTemporaryAllocation(byteCount: DatagramHeader.size + payload.count, alignment: 8) { buf in
-                UnsafeMutableRawBufferPointer(rebasing: buf[DatagramHeader.size...]).copyMemory(from: payload)
-                for n in 0..<peers.count {
-                    let (addr, header) = batch[n]
-                    header.write(to: buf)
-                    addr.withSockaddr { sa, len in _ = sendto(udp.fd, buf.baseAddress, buf.count, Int32(MSG_NOSIGNAL), sa, len) }
-                }
-            }
-            batch.baseAddress!.deinitialize(count: peers.count)
+        let table = sendTable.withLock { $0 }
+        for p in peers where table[p] == nil {
+            throw .notConnected("send: peer \(p) is not connected; nothing was sent")
         }
+        // No heap allocation: the datagram is assembled in stack space, the header rewritten for each peer.
+        withUnsafeTemporaryAllocation(byteCount: DatagramHeader.size + payload.count, alignment: 8) { buf in
+            UnsafeMutableRawBufferPointer(rebasing: buf[DatagramHeader.size...]).copyMemory(from: payload)
+            for p in peers {
+                let r = table[p]!
+                DatagramHeader(kind: .data, token: r.remoteToken, sequence: r.counters.takeSequence()).write(to: buf)
+                _ = udp.send(UnsafeRawBufferPointer(buf), to: r.remote)
+            }
+        }
+        SessionCounters.bump(counters.datagramsSent, by: UInt64(peers.count))
     }
 
-    // MARK: Performing actions
+    /// The smoothed RTT to `peer`, in nanoseconds.
+    func roundTripTime(to peer: PeerID) -> Nanos? {
+        guard let r = sendTable.withLock({ $0[peer] }) else { return nil }
+        let v = r.counters.smoothedRTT.load(ordering: .relaxed)
+        return v == 0 ? nil : v
+    }
 
+    // MARK: Loop: control connections
+
+    private func received(_ frame: ControlFrame, on link: LinkID) {
+        let now = MonotonicClock.nowNanos()
+        let actions = shared.withLock { $0.machine.received(frame, on: link, now: now) }
+        perform(actions)
+    }
+
+    private func ended(_ link: LinkID, _ why: ConnectionEnd) {
+        io.value.connections[link] = nil
+        switch why {
+        case .closedByPeer: break
+        case .failed(let text):
+            io.value.failureDetail[link] = text
+        case .fault(let fault):
+            SessionCounters.bump(counters.garbageConnections)
+            SessionCounters.bump(counters.peerFaults)
+            io.value.failureDetail[link] = fault.description
+        }
+        let actions = shared.withLock { $0.machine.linkClosed(link) }
+        perform(actions)
+    }
+
+    /// Carries out the state machine's actions, in order. Loop thread only; no lock is held.
     private func perform(_ actions: [SessionStateMachine.Action]) {
         guard !actions.isEmpty else { return }
-        var pings: [(SocketAddress, DatagramHeader)] = []
-        shared.withLock { s in
-            for a in actions {
-                switch a {
-                case .report(let p, let st):
-                    s.events.append(.state(p, st))
-                    eventsPending.store(true, ordering: .releasing)
-                case .deliver(let p, let d):
-                    s.events.append(.data(p, d))
-                    eventsPending.store(true, ordering: .releasing)
-                case .invitationFailed(let l, let p, let r):
-                    s.events.append(.failed(p, r, s.failureDetail.removeValue(forKey: l) ?? r.description))
-                    eventsPending.store(true, ordering: .releasing)
-                case .linkUp(let l, let p, let port, let token):
-                    guard let io = s.links[l], var remote = io.socket.peerAddress() ?? io.remoteAddress,
-                          let local = s.localTokens[l] else { continue }
-                    // Port 0 means "the port you reached me on".
-                    remote.raw.sin_port = (port == 0 ? (io.remoteAddress?.port ?? remote.port) : port).bigEndian
-                    s.routes[local] = Route(link: l, peer: p, remote: remote, remoteToken: token, latches: !io.isInviter)
-                    s.tokenByPeer[p] = local
-                    // The inviter learns last that the link is up: it pings at once, so the far side latches its
-                    // address and both measure the RTT early. (An invitee's ping could outrun its ACCEPT.)
-                    if io.isInviter {
-                        pings.append((remote, DatagramHeader(kind: .ping, token: token, sequence: s.routes[local]!.nextSequence)))
-                        s.routes[local]!.nextSequence += 1
-                    }
-                case .linkDown(let l):
-                    if let local = s.localTokens[l], let r = s.routes.removeValue(forKey: local) {
-                        if s.tokenByPeer[r.peer] == local {
-                            s.tokenByPeer[r.peer] = nil
-                            // Another connected link to the same peer takes over.
-                            if let other = s.routes.first(where: { $0.value.peer == r.peer }) { s.tokenByPeer[r.peer] = other.key }
-                        }
-                    }
-                case .send, .close: break
-                }
-            }
-        }
+        var routesChanged = false
+        let receiver = (owner.withLock { $0.value }, delegate.withLock { $0.value })
         for a in actions {
             switch a {
-            case .send(let l, let f): shared.withLock { $0.links[l] }?.enqueue(f)
+            case .report(let p, let st):
+                if let s = receiver.0, let d = receiver.1 { d.session(s, peer: p, didChange: st) }
+            case .deliver(let p, let bytes):
+                if let s = receiver.0, let d = receiver.1 { d.session(s, didReceive: Data(bytes), fromPeer: p) }
+            case .invitationFailed(let l, let p, let r):
+                let detail = io.value.failureDetail.removeValue(forKey: l) ?? r.description
+                if let s = receiver.0, let d = receiver.1 { d.session(s, invitationTo: p, failedWith: r, detail: detail) }
+            case .fault(let l, let f):
+                SessionCounters.bump(counters.peerFaults)
+                io.value.failureDetail[l] = f.description
+            case .send(let l, let f):
+                io.value.connections[l]?.send(f)
             case .close(let l):
-                shared.withLock { s in
-                    if let io = s.links.removeValue(forKey: l) {
-                        s.closing.append(io)
-                        s.generation += 1
-                    }
-                    s.localTokens[l] = nil
-                }
-            default: break
+                io.value.connections.removeValue(forKey: l)?.close()
+                io.value.localTokens[l] = nil
+            case .linkUp(let l, let p, let port, let token):
+                guard let c = io.value.connections[l], let local = io.value.localTokens[l],
+                      var remote = c.socket.peerAddress() ?? c.remote else { continue }
+                // Port 0 means "the port you reached me on".
+                remote.port = port == 0 ? (c.remote?.port ?? remote.port) : port
+                let now = MonotonicClock.nowNanos()
+                io.value.router.routeUp(link: l, peer: p, localToken: local, remoteToken: token, remote: remote,
+                                        latches: !c.isOutgoing, now: now)
+                let lc = LinkCounters()
+                io.value.counters[l] = lc
+                routesChanged = true
+                // The inviter learns last that the link is up: it pings at once, so the far side latches its
+                // address and both measure the RTT early. (An invitee's ping could outrun its ACCEPT.)
+                if c.isOutgoing { sendPing(to: remote, token: token, counters: lc, now: now) }
+            case .linkDown(let l):
+                io.value.router.routeDown(link: l)
+                io.value.counters[l] = nil
+                routesChanged = true
             }
         }
-        for (addr, h) in pings { sendControlDatagram(h, payload: monotonicNanos(), to: addr) }
-        waker.wake()
+        if routesChanged { publishSendTable() }
+        armTimer()
     }
 
-    private func sendControlDatagram(_ h: DatagramHeader, payload: UInt64, to addr: SocketAddress) {
+    /// Rebuilds the senders' table from the router's routes: each peer's oldest connected link.
+    private func publishSendTable() {
+        var table: [PeerID: SendRoute] = [:]
+        for route in io.value.router.all.values {
+            guard let lc = io.value.counters[route.link] else { continue }
+            if let existing = table[route.peer], existing.link < route.link { continue }
+            table[route.peer] = SendRoute(link: route.link, remote: route.remote, remoteToken: route.remoteToken, counters: lc)
+        }
+        sendTable.withLock { $0 = table }
+    }
+
+    // MARK: Loop: timers
+
+    /// Arms the session's one timer for the earliest of the state machine's deadline and the next ping round.
+    private func armTimer() {
+        let machineDeadline = shared.withLock { $0.machine.nextDeadline() }
+        var next = machineDeadline ?? .max
+        if !io.value.router.all.isEmpty { next = min(next, io.value.nextPing) }
+        guard next < io.value.timerDeadline || io.value.timer == nil else { return }
+        if let t = io.value.timer { loop.cancel(t) }
+        io.value.timerDeadline = next
+        io.value.timer = next == .max ? nil : loop.schedule(at: next) { [weak self] in self?.timerFired() }
+    }
+
+    private func timerFired() {
+        io.value.timer = nil
+        io.value.timerDeadline = .max
+        let now = MonotonicClock.nowNanos()
+        let actions = shared.withLock { $0.machine.tick(now: now) }
+        if now >= io.value.nextPing {
+            io.value.nextPing = now + heartbeat
+            for route in io.value.router.all.values {
+                guard let lc = io.value.counters[route.link] else { continue }
+                sendPing(to: route.remote, token: route.remoteToken, counters: lc, now: now)
+            }
+        }
+        perform(actions)
+        armTimer()
+    }
+
+    // MARK: Loop: datagrams
+
+    private func sendPing(to address: SocketAddress, token: UInt64, counters lc: LinkCounters, now: Nanos) {
+        sendControlDatagram(DatagramHeader(kind: .ping, token: token, sequence: lc.takeSequence()), timestamp: now, to: address)
+    }
+
+    private func sendControlDatagram(_ h: DatagramHeader, timestamp: UInt64, to address: SocketAddress) {
         withUnsafeTemporaryAllocation(byteCount: DatagramHeader.size + 8, alignment: 8) { buf in
             h.write(to: buf)
-            for i in 0..<8 { buf[DatagramHeader.size + i] = UInt8((payload >> UInt64(56 - 8 * i)) & 0xff) }
-            addr.withSockaddr { sa, len in _ = sendto(udp.fd, buf.baseAddress, buf.count, Int32(MSG_NOSIGNAL), sa, len) }
+            buf.storeBytes(of: timestamp.bigEndian, toByteOffset: DatagramHeader.size, as: UInt64.self)
+            _ = udp.send(UnsafeRawBufferPointer(buf), to: address)
         }
     }
 
-    // MARK: The I/O thread
-
-    private func run() {
-        ioThread.store(UInt(pthread_self()), ordering: .releasing)
-        defer { done.signal() }
-        var pollfds: [pollfd] = []
-        let datagram = UnsafeMutableRawBufferPointer.allocate(byteCount: 65_536, alignment: 8)
-        defer { datagram.deallocate() }
-        let readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 65_536, alignment: 8)
-        defer { readBuffer.deallocate() }
-        var nextPing: Nanos = 0
-        var links: [LinkIO] = []
-        var generation = -1
-        var deadline: Nanos?
-        var lastTick: Nanos = 0
-
-        while true {
-            deliverEvents()
-            // Re-read the link set only when it changed: the datagram hot path should not allocate per wake-up.
-            let changed = shared.withLock { s -> (closing: [LinkIO], links: [LinkIO], generation: Int, deadline: Nanos?)? in
-                guard s.generation != generation || !s.closing.isEmpty else { return nil }
-                let c = s.closing
-                s.closing.removeAll()
-                return (c, Array(s.links.values), s.generation, s.machine.nextDeadline())
-            }
-            if let changed {
-                for io in changed.closing { io.close() }
-                links = changed.links
-                generation = changed.generation
-                deadline = changed.deadline
-            }
-            if stopped.load(ordering: .acquiring) {
-                for io in links { io.close() }
-                deliverEvents()
-                return
-            }
-
-            pollfds.removeAll(keepingCapacity: true)
-            pollfds.append(pollfd(fd: waker.fd, events: Int16(POLLIN), revents: 0))
-            pollfds.append(pollfd(fd: udp.fd, events: Int16(POLLIN), revents: 0))
-            for io in links {
-                var ev = Int16(POLLIN)
-                if io.wantsWrite { ev |= Int16(POLLOUT) }
-                pollfds.append(pollfd(fd: io.socket.fd, events: ev, revents: 0))
-            }
-            let now = monotonicNanos()
-            var wait: Nanos = 50_000_000
-            if let d = deadline { wait = min(wait, d > now ? d - now : 0) }
-            _ = poll(&pollfds, nfds_t(pollfds.count), Int32((wait + 999_999) / 1_000_000))
-
-            if pollfds[0].revents != 0 { waker.drain() }
-            if pollfds[1].revents & Int16(POLLIN) != 0 { readDatagrams(datagram) }
-            for (i, io) in links.enumerated() {
-                let rev = pollfds[i + 2].revents
-                guard rev != 0 else { continue }
-                service(io, revents: rev, buffer: readBuffer)
-            }
-
-            // Timers: when one is due, or every 20 ms — not on every datagram.
-            let t = monotonicNanos()
-            if t >= (deadline ?? .max) || t &- lastTick >= 20_000_000 {
-                lastTick = t
-                let (actions, next) = shared.withLock { s in (s.machine.tick(now: t), s.machine.nextDeadline()) }
-                deadline = next
-                perform(actions)
-            }
-            if t >= nextPing {
-                nextPing = t + heartbeat
-                pingRoutes(now: t)
-            }
-        }
-    }
-
-    private func deliverEvents() {
-        guard eventsPending.exchange(false, ordering: .acquiringAndReleasing) else { return }
-        let events = shared.withLock { s -> [Event] in
-            let e = s.events
-            s.events.removeAll()
-            return e
-        }
-        guard !events.isEmpty else { return }
-        guard let session = owner.withLock({ $0.value }), let d = delegate.withLock({ $0.value }) else { return }
-        for e in events {
-            switch e {
-            case .state(let p, let st): d.session(session, peer: p, didChange: st)
-            case .data(let p, let bytes): d.session(session, didReceive: Data(bytes), fromPeer: p)
-            case .failed(let p, let r, let detail): d.session(session, invitationTo: p, failedWith: r, detail: detail)
-            }
-        }
-    }
-
-    private func service(_ io: LinkIO, revents: Int16, buffer: UnsafeMutableRawBufferPointer) {
-        let connectedBefore = io.out.withLock { $0.connected }
-        if !connectedBefore {
-            let err = io.socket.pendingError()
-            if err != 0 || revents & Int16(POLLERR | POLLHUP) != 0 {
-                let text = err != 0 ? Sys.errorText(err) : "connection failed"
-                let where_ = io.remoteAddress.map { "\($0.host):\($0.port)" } ?? "peer"
-                failLink(io, detail: "cannot connect to \(where_): \(text)")
-                return
-            }
-            if revents & Int16(POLLOUT) != 0 {
-                io.out.withLock { $0.connected = true }
-            }
-        }
-        if revents & Int16(POLLOUT) != 0 || io.wantsWrite {
-            if !io.flush() { failLink(io, detail: "write failed"); return }
-        }
-        guard revents & Int16(POLLIN | POLLHUP | POLLERR) != 0 else { return }
-        var frames: [ControlFrame] = []
-        var eof = false
-        var garbage = false
-        while true {
-            let n = recv(io.socket.fd, buffer.baseAddress, buffer.count, 0)
-            if n > 0 {
-                io.assembler.withLock { a in
-                    a.append(UnsafeRawBufferPointer(rebasing: buffer[..<n]))
-                    while let r = a.next() {
-                        switch r {
-                        case .success(let f): frames.append(f)
-                        case .failure: garbage = true
-                        }
-                        if garbage { break }
-                    }
-                }
-                if garbage || n < buffer.count { break }
-                continue
-            }
-            if n == 0 { eof = true; break }
-            if errno == EINTR { continue }
-            if errno == EAGAIN || errno == EWOULDBLOCK { break }
-            eof = true
-            break
-        }
-        let now = monotonicNanos()
-        var actions: [SessionStateMachine.Action] = []
-        shared.withLock { s in
-            for f in frames { actions += s.machine.received(f, on: io.id, now: now) }
-            if garbage { s.stats.garbageConnections += 1 }
-            if garbage || eof { actions += s.machine.linkClosed(io.id) }
-        }
-        perform(actions)
-    }
-
-    private func failLink(_ io: LinkIO, detail: String) {
-        let actions = shared.withLock { s -> [SessionStateMachine.Action] in
-            s.failureDetail[io.id] = detail
-            return s.machine.linkClosed(io.id)
-        }
-        perform(actions)
-    }
-
-    private func readDatagrams(_ buf: UnsafeMutableRawBufferPointer) {
+    private func readDatagrams() {
         // One load of the (weak) session and delegate for the whole batch.
         let receiver = (owner.withLock { $0.value }, delegate.withLock { $0.value })
-        var from = sockaddr_in()
-        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-        // Bounded so a flood cannot starve TCP and timers.
+        let buffer = loop.readBuffer
+        var latched = false
+        // Bounded so a flood cannot starve the control connections and timers.
         for _ in 0..<256 {
-            len = socklen_t(MemoryLayout<sockaddr_in>.size)
-            let n = withUnsafeMutablePointer(to: &from) { p in
-                p.withMemoryRebound(to: sockaddr.self, capacity: 1) { recvfrom(udp.fd, buf.baseAddress, buf.count, Int32(MSG_DONTWAIT), $0, &len) }
-            }
-            if n < 0 {
-                if errno == EINTR { continue }
-                return
-            }
-            handleDatagram(UnsafeRawBufferPointer(rebasing: buf[..<n]), from: SocketAddress(from), receiver: receiver)
+            guard let (n, source) = udp.receive(into: buffer) else { break }
+            guard let source else { SessionCounters.bump(counters.malformedDatagrams); continue }
+            latched = handleDatagram(UnsafeRawBufferPointer(rebasing: buffer[..<n]), from: source, receiver: receiver) || latched
         }
+        if latched { publishSendTable() }
     }
 
-    private func handleDatagram(_ d: UnsafeRawBufferPointer, from: SocketAddress,
-                                receiver: (Session?, (any SessionDelegate)?)) {
-        guard case .success(let h) = DatagramHeader.decode(d) else {
-            shared.withLock { $0.stats.malformedDatagrams += 1 }
-            return
+    /// Routes one datagram and acts on the verdict. Returns whether a route latched onto a new address.
+    private func handleDatagram(_ d: UnsafeRawBufferPointer, from source: SocketAddress,
+                                receiver: (Session?, (any SessionDelegate)?)) -> Bool {
+        guard case .success(let header) = DatagramHeader.decode(d) else {
+            SessionCounters.bump(counters.malformedDatagrams)
+            return false
         }
-        let now = monotonicNanos()
-        enum Verdict { case drop, deliver(PeerID), pong(SocketAddress, DatagramHeader), pinged }
-        let verdict: Verdict = shared.withLock { s in
-            // Mutate the route in place: a copy would copy its replay window on every datagram.
-            guard let i = s.routes.index(forKey: h.token), s.routes.values[i].remote.ip == from.ip else {
-                s.stats.strangerDatagrams += 1
-                return .drop
-            }
-            guard s.routes.values[i].replay.accept(h.sequence) else {
-                s.stats.duplicateDatagrams += 1
-                return .drop
-            }
-            // Latch: answer where the peer really is.
-            if s.routes.values[i].latches, s.routes.values[i].remote.port != from.port { s.routes.values[i].remote = from }
-            // Proof of life, at most every millisecond per route (the timeout is in seconds).
-            if now &- s.routes.values[i].lastHeard > 1_000_000 {
-                s.routes.values[i].lastHeard = now
-                s.machine.heardDatagram(on: s.routes.values[i].link, now: now)
-            }
-            switch h.kind {
-            case .data:
-                guard d.count > DatagramHeader.size else {
-                    s.stats.malformedDatagrams += 1
-                    return .drop
-                }
-                s.stats.datagramsReceived += 1
-                return .deliver(s.routes.values[i].peer)
-            case .ping:
-                let seq = s.routes.values[i].nextSequence
-                s.routes.values[i].nextSequence = seq + 1
-                return .pong(s.routes.values[i].remote, DatagramHeader(kind: .pong, token: s.routes.values[i].remoteToken, sequence: seq))
-            case .pong:
-                var reader = ByteReader(UnsafeRawBufferPointer(rebasing: d[DatagramHeader.size...]))
-                if let sent = reader.u64(), sent <= now {
-                    let sample = now - sent
-                    s.routes.values[i].smoothedRTT = s.routes.values[i].smoothedRTT.map { ($0 * 7 + sample) / 8 } ?? sample
-                }
-                return .pinged
-            }
+        let now = MonotonicClock.nowNanos()
+        let payload = UnsafeRawBufferPointer(rebasing: d[DatagramHeader.size...])
+        let (verdict, effects) = io.value.router.received(header, from: source, now: now) { _ in
+            DatagramBody.parse(kind: header.kind, payload: payload)
+        }
+        if let link = effects.proofOfLife {
+            shared.withLock { $0.machine.heardDatagram(on: link, now: now) }
         }
         switch verdict {
-        case .drop, .pinged: break
-        case .pong(let addr, let header):
-            var reader = ByteReader(UnsafeRawBufferPointer(rebasing: d[DatagramHeader.size...]))
-            sendControlDatagram(header, payload: reader.u64() ?? 0, to: addr)
+        case .drop(let why):
+            counters.count(why)
         case .deliver(let peer):
-            deliverEvents() // state changes first, in order
-            if let session = receiver.0, let del = receiver.1 {
-                del.session(session, didReceiveDatagramBytes: UnsafeRawBufferPointer(rebasing: d[DatagramHeader.size...]), fromPeer: peer)
+            SessionCounters.bump(counters.datagramsReceived)
+            if let s = receiver.0, let del = receiver.1 {
+                del.session(s, didReceiveDatagramBytes: payload, fromPeer: peer)
             }
+        case .answerPing(let address, let token, let link):
+            if let lc = io.value.counters[link] {
+                let echo = UInt64(bigEndian: payload.loadUnaligned(as: UInt64.self))
+                sendControlDatagram(DatagramHeader(kind: .pong, token: token, sequence: lc.takeSequence()),
+                                    timestamp: echo, to: address)
+            }
+        case .measured(let link, _, let smoothed):
+            io.value.counters[link]?.smoothedRTT.store(smoothed, ordering: .relaxed)
+        case .ignoredPong:
+            break
         }
+        return effects.latched
     }
+}
 
-    private func pingRoutes(now: Nanos) {
-        let pings = shared.withLock { s -> [(SocketAddress, DatagramHeader)] in
-            var out: [(SocketAddress, DatagramHeader)] = []
-            for k in s.routes.keys {
-                out.append((s.routes[k]!.remote, DatagramHeader(kind: .ping, token: s.routes[k]!.remoteToken, sequence: s.routes[k]!.nextSequence)))
-                s.routes[k]!.nextSequence += 1
-            }
-            return out
+extension DatagramBody {
+    /// Parses the body of a datagram of `kind`: data needs at least one byte, ping and pong exactly an 8-byte
+    /// timestamp.
+    static func parse(kind: DatagramHeader.Kind, payload: UnsafeRawBufferPointer) -> Result<DatagramBody, DatagramDrop> {
+        switch kind {
+        case .data:
+            return payload.isEmpty ? .failure(.malformed) : .success(.data)
+        case .ping:
+            return payload.count == 8 ? .success(.ping) : .failure(.malformed)
+        case .pong:
+            guard payload.count == 8 else { return .failure(.malformed) }
+            return .success(.pong(sentAt: UInt64(bigEndian: payload.loadUnaligned(as: UInt64.self))))
         }
-        for (a, h) in pings { sendControlDatagram(h, payload: now, to: a) }
     }
+}
+
+/// A weak reference to the delegate.
+struct WeakDelegate {
+    weak var value: (any SessionDelegate)?
+    init(_ v: (any SessionDelegate)?) { value = v }
+}
+
+/// A weak reference from the core back to its public session, for delegate calls.
+struct WeakSession {
+    weak var value: Session?
+    init(_ v: Session?) { value = v }
 }

@@ -28,6 +28,8 @@ struct SessionStateMachine: Sendable {
         case deliver(PeerID, [UInt8])
         /// An invitation this session sent ended without a connection.
         case invitationFailed(LinkID, PeerID?, DeclineReason)
+        /// The peer on `link` broke the protocol (its link is closed by the actions that follow): count it.
+        case fault(LinkID, PeerFault)
     }
 
     /// Timing and limits.
@@ -177,7 +179,8 @@ struct SessionStateMachine: Sendable {
             return drop(link, failure: (peer, .unavailable))
         default:
             // A frame that makes no sense in this state: the peer is broken. Close its link.
-            return drop(link, failure: failure(for: state, reason: .unavailable))
+            return [.fault(link, .unexpectedFrame(frame.name))]
+                + drop(link, failure: failure(for: state, reason: .unavailable))
         }
     }
 

@@ -60,6 +60,19 @@ enum ControlFrame: Equatable, Sendable {
         case hello = 1, invite = 2, accept = 3, decline = 4, data = 5, heartbeat = 6, goodbye = 7
     }
 
+    /// The frame's name, for diagnostics.
+    var name: String {
+        switch self {
+        case .hello: "HELLO"
+        case .invite: "INVITE"
+        case .accept: "ACCEPT"
+        case .decline: "DECLINE"
+        case .data: "DATA"
+        case .heartbeat: "HEARTBEAT"
+        case .goodbye: "GOODBYE"
+        }
+    }
+
     /// `PMSH`, the first bytes of a HELLO body.
     static let magic: [UInt8] = [0x50, 0x4d, 0x53, 0x48]
     /// Largest frame (type byte + body) accepted: 16 MiB. Larger lengths mean garbage; the connection is closed.
@@ -123,7 +136,7 @@ enum ControlFrame: Equatable, Sendable {
     }
 
     /// Why a frame could not be decoded. Any of these closes the connection.
-    enum DecodeError: Error, Equatable {
+    enum DecodeError: Error, Equatable, Sendable, CustomStringConvertible {
         case unknownType(UInt8)
         case truncated
         case badMagic
@@ -131,6 +144,18 @@ enum ControlFrame: Equatable, Sendable {
         case badField(String)
         case trailingBytes
         case oversize(Int)
+
+        var description: String {
+            switch self {
+            case .unknownType(let t): "unknown frame type \(t)"
+            case .truncated: "truncated frame"
+            case .badMagic: "bad HELLO magic"
+            case .unsupportedVersion(let v): "protocol version \(v) (this build speaks \(peerMeshProtocolVersion))"
+            case .badField(let f): "bad \(f) field"
+            case .trailingBytes: "trailing bytes after a frame"
+            case .oversize(let n): "frame length \(n) out of range"
+            }
+        }
     }
 
     /// Decodes one frame body (type byte + body, without the length prefix). Pure; never traps.
@@ -179,6 +204,12 @@ enum ControlFrame: Equatable, Sendable {
 struct FrameAssembler {
     private var buffer: [UInt8] = []
     private var start = 0
+    /// Largest frame (type byte + body) accepted; a larger length means garbage.
+    let maximumFrameLength: Int
+
+    init(maximumFrameLength: Int = ControlFrame.maximumFrameLength) {
+        self.maximumFrameLength = maximumFrameLength
+    }
 
     mutating func append(_ bytes: UnsafeRawBufferPointer) {
         if start > 0, start == buffer.count { buffer.removeAll(keepingCapacity: true); start = 0 }
@@ -190,7 +221,7 @@ struct FrameAssembler {
         let available = buffer.count - start
         guard available >= 4 else { return nil }
         let length = Int(buffer[start]) << 24 | Int(buffer[start + 1]) << 16 | Int(buffer[start + 2]) << 8 | Int(buffer[start + 3])
-        guard length >= 1, length <= ControlFrame.maximumFrameLength else { return .failure(.oversize(length)) }
+        guard length >= 1, length <= maximumFrameLength else { return .failure(.oversize(length)) }
         guard available >= 4 + length else { return nil }
         let result = buffer.withUnsafeBytes { raw in
             ControlFrame.decode(body: UnsafeRawBufferPointer(rebasing: raw[(start + 4)..<(start + 4 + length)]))
@@ -203,6 +234,6 @@ struct FrameAssembler {
         return result
     }
 
-    /// Bytes received but not yet framed (handed over with a connection).
+    /// Bytes received but not yet framed.
     var pendingBytes: [UInt8] { Array(buffer[start...]) }
 }

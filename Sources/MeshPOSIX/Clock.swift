@@ -1,0 +1,58 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+
+/// Monotonic time in nanoseconds (`CLOCK_MONOTONIC`). Pure code never reads a clock: time is passed in as `Nanos`,
+/// so state machines run on virtual time under test.
+package typealias Nanos = UInt64
+
+/// `CLOCK_MONOTONIC` in nanoseconds, and absolute sleeps against it.
+///
+/// Safe on a real-time thread: no allocation, no locks, no Foundation.
+package enum MonotonicClock {
+    /// Nanoseconds since an arbitrary fixed point (boot).
+    @inline(__always)
+    package static func nowNanos() -> Nanos {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
+    }
+
+    /// Sleeps until `CLOCK_MONOTONIC` reaches `deadlineNanos` (`clock_nanosleep`, `TIMER_ABSTIME`), resuming after
+    /// signal interruptions. Returns at once when the deadline has passed.
+    package static func sleep(untilNanos deadlineNanos: Nanos) {
+        var ts = timespec(tv_sec: Int(deadlineNanos / 1_000_000_000), tv_nsec: Int(deadlineNanos % 1_000_000_000))
+        while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nil) == EINTR {}
+    }
+
+    /// Converts a frame count at `sampleRate` to nanoseconds.
+    @inline(__always)
+    package static func nanos(frames: Int, sampleRate: Int) -> Nanos {
+        UInt64(frames) &* 1_000_000_000 / UInt64(sampleRate)
+    }
+}
+
+extension Duration {
+    /// The duration in whole nanoseconds, clamped to 0…UInt64.max (negative durations are 0).
+    package var nanoseconds: Nanos {
+        let (s, atto) = components
+        guard s >= 0, atto >= 0 || s > 0 else { return 0 }
+        let (whole, overflow) = UInt64(s).multipliedReportingOverflow(by: 1_000_000_000)
+        if overflow { return .max }
+        return whole.addingReportingOverflow(UInt64(max(0, atto) / 1_000_000_000)).partialValue
+    }
+
+    /// The duration in milliseconds, as a `Double`.
+    package var milliseconds: Double {
+        let (s, atto) = components
+        return Double(s) * 1000 + Double(atto) / 1e15
+    }
+
+    /// The duration in seconds, as a `Double`.
+    package var seconds: Double { milliseconds / 1000 }
+
+    /// `nanos` nanoseconds.
+    package init(nanos: Nanos) { self = .nanoseconds(Int64(clamping: nanos)) }
+}

@@ -1,0 +1,198 @@
+import MeshPOSIX
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Why a connection ended.
+enum ConnectionEnd: Equatable, Sendable {
+    /// The peer closed its side (EOF).
+    case closedByPeer
+    /// The socket failed; the text is the system's (`Connection refused`, `Connection reset by peer`…).
+    case failed(String)
+    /// The peer sent bytes that are not PeerMesh frames.
+    case fault(PeerFault)
+}
+
+/// One TCP connection of the PeerMesh control protocol on the event loop: non-blocking connect, framing in,
+/// a write queue out.
+///
+/// Loop-confined: it is created anywhere but used only on its loop's thread, by whoever owns it — the advertiser
+/// while an invitation is pending, then the session it is handed to (`rehome`). Frames arrive through `onFrame`;
+/// the end of the connection arrives once through `onEnd`, after which nothing more is delivered.
+final class Connection {
+    /// The socket.
+    let socket: FileDescriptor
+    /// The peer's address (the one we connected to, or accepted from).
+    let remote: SocketAddress?
+    /// Whether we opened it (and so also whether `connect` may still be in progress).
+    let isOutgoing: Bool
+
+    private let loop: EventLoop
+    private var registration: EventLoop.Registration?
+    private var connected: Bool
+    private var ended = false
+    private var assembler: FrameAssembler
+    private var outbound: [UInt8] = []
+    private var sent = 0
+    private var paused = false
+    private var onFrame: (ControlFrame) -> Void = { _ in }
+    private var onEnd: (ConnectionEnd) -> Void = { _ in }
+
+    /// Wraps `socket`. `connecting` is true for an outgoing connect still in progress.
+    init(socket: FileDescriptor, remote: SocketAddress?, connecting: Bool, loop: EventLoop,
+         maximumFrameLength: Int = ControlFrame.maximumFrameLength) {
+        self.socket = socket
+        self.remote = remote
+        self.isOutgoing = connecting
+        self.connected = !connecting
+        self.loop = loop
+        assembler = FrameAssembler(maximumFrameLength: maximumFrameLength)
+    }
+
+    /// Starts (or continues, after `rehome`) delivering to these handlers. Loop thread only.
+    func start(onFrame: @escaping (ControlFrame) -> Void, onEnd: @escaping (ConnectionEnd) -> Void) {
+        self.onFrame = onFrame
+        self.onEnd = onEnd
+        paused = false
+        guard !ended else { return }
+        if registration == nil {
+            registration = loop.register(fd: socket.fd, interest: interest) { [unowned self] ready in handle(ready) }
+        } else {
+            updateInterest()
+            // Frames that arrived in the previous owner's last read after the one it paused on.
+            drainFrames()
+        }
+    }
+
+    /// Hands the connection to a new owner: the same as `start`, named for what it means.
+    func rehome(onFrame: @escaping (ControlFrame) -> Void, onEnd: @escaping (ConnectionEnd) -> Void) {
+        start(onFrame: onFrame, onEnd: onEnd)
+    }
+
+    /// Stops reading until `rehome` (the advertiser pauses a connection while the app decides). A hang-up is
+    /// still seen and ends the connection, so a withdrawn invitation is noticed.
+    func pause() {
+        paused = true
+        updateInterest()
+    }
+
+    /// Queues `frame` and writes what the socket takes now.
+    func send(_ frame: ControlFrame) {
+        guard !ended else { return }
+        outbound.append(contentsOf: frame.encoded())
+        if connected { flush() }
+        updateInterest()
+    }
+
+    /// Writes what it can of the queue, shuts the socket down and closes it. Delivers nothing more.
+    func close() {
+        guard !ended else { return }
+        if connected { flush() }
+        finish()
+        shutdown(socket.fd, Int32(SHUT_RDWR))
+        socket.close()
+    }
+
+    /// Bytes queued but not yet written.
+    var queuedBytes: Int { outbound.count - sent }
+
+    // MARK: Events
+
+    private var interest: EventLoop.Readiness {
+        var r: EventLoop.Readiness = paused ? [] : [.readable]
+        if !connected || sent < outbound.count { r.insert(.writable) }
+        return r
+    }
+
+    private func updateInterest() {
+        if let registration, !ended { loop.update(registration, interest: interest) }
+    }
+
+    private func handle(_ ready: EventLoop.Readiness) {
+        guard !ended else { return }
+        if paused, ready.contains(.failed) { return end(.closedByPeer) }
+        if !connected {
+            let err = socket.pendingError()
+            let target = remote.map(\.description) ?? "the peer"
+            if err != 0 { return end(.failed("cannot connect to \(target): \(Sys.errorText(err))")) }
+            if ready.contains(.failed) && !ready.contains(.readable) { return end(.failed("cannot connect to \(target)")) }
+            guard ready.contains(.writable) || ready.contains(.readable) else { return }
+            connected = true
+        }
+        if ready.contains(.writable) || sent < outbound.count {
+            flush()
+            if ended { return }
+        }
+        if !paused, ready.contains(.readable) || ready.contains(.failed) { read() }
+        if !ended { updateInterest() }
+    }
+
+    private func flush() {
+        while sent < outbound.count {
+            let n = outbound.withUnsafeBytes { raw in
+                Glibc.send(socket.fd, raw.baseAddress! + sent, raw.count - sent, Int32(MSG_NOSIGNAL))
+            }
+            if n > 0 { sent += n; continue }
+            if n < 0, errno == EINTR { continue }
+            if n < 0, errno == EAGAIN || errno == EWOULDBLOCK { break }
+            // Never end inside `send` (the owner may be in the middle of its own actions): end on the next turn.
+            let text = Sys.errorText(errno)
+            outbound = []
+            sent = 0
+            loop.schedule(at: 0) { [weak self] in self?.end(.failed(text)) }
+            return
+        }
+        if sent == outbound.count {
+            outbound.removeAll(keepingCapacity: outbound.capacity <= 65_536)
+            sent = 0
+        } else if sent > 65_536 {
+            outbound.removeFirst(sent)
+            sent = 0
+        }
+    }
+
+    private func read() {
+        let buffer = loop.readBuffer
+        while !ended && !paused {
+            let n = recv(socket.fd, buffer.baseAddress, buffer.count, 0)
+            if n > 0 {
+                assembler.append(UnsafeRawBufferPointer(rebasing: buffer[..<n]))
+                drainFrames()
+                if n < buffer.count { return }
+                continue
+            }
+            if n == 0 { return end(.closedByPeer) }
+            if errno == EINTR { continue }
+            if errno == EAGAIN || errno == EWOULDBLOCK { return }
+            return end(.failed(Sys.errorText(errno)))
+        }
+    }
+
+    private func drainFrames() {
+        while !ended, !paused, let r = assembler.next() {
+            switch r {
+            case .success(let frame): onFrame(frame)
+            case .failure(let e): return end(.fault(.malformedFrame(e)))
+            }
+        }
+    }
+
+    private func end(_ why: ConnectionEnd) {
+        guard !ended else { return }
+        let handler = onEnd
+        finish()
+        shutdown(socket.fd, Int32(SHUT_RDWR))
+        socket.close()
+        handler(why)
+    }
+
+    private func finish() {
+        ended = true
+        if let registration { loop.deregister(registration) }
+        registration = nil
+        onFrame = { _ in }
+        onEnd = { _ in }
+        outbound = []
+        sent = 0
+    }
+}
