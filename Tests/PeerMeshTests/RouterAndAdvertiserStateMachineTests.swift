@@ -1,0 +1,213 @@
+import Testing
+import MeshPOSIX
+@testable import PeerMesh
+
+private let bob = try! PeerID(displayName: "bob", identity: 0xb0b)
+private let carol = try! PeerID(displayName: "carol", identity: 0xca201)
+private let me = try! PeerID(displayName: "me", identity: 0x3e)
+private let bobAddress = SocketAddress(numericHost: "10.0.0.2", port: 5000)!
+private func open(_ link: LinkID) -> Result<DatagramBody, DatagramDrop> { .success(.data) }
+
+private func header(_ token: UInt64, _ seq: UInt64, _ kind: DatagramHeader.Kind = .data) -> DatagramHeader {
+    DatagramHeader(kind: kind, token: token, sequence: seq)
+}
+
+@Suite("DatagramRouter: which datagrams are believed (pure)")
+struct DatagramRouterTests {
+    private func router(latches: Bool = true) -> DatagramRouter {
+        var r = DatagramRouter()
+        r.routeUp(link: 1, peer: bob, localToken: 77, remoteToken: 88, remote: bobAddress, latches: latches, now: 0)
+        return r
+    }
+
+    @Test func dataFromThePeerIsDelivered() {
+        var r = router()
+        let (v, e) = r.received(header(77, 1), from: bobAddress, now: 10_000_000, open: open)
+        #expect(v == .deliver(bob))
+        #expect(e == DatagramRouter.Effects(latched: false, proofOfLife: 1))
+    }
+
+    @Test func unknownTokenOrOtherHostIsAStranger() {
+        var r = router()
+        #expect(r.received(header(78, 1), from: bobAddress, now: 1, open: open).0 == .drop(.stranger))
+        let elsewhere = SocketAddress(numericHost: "10.0.0.3", port: 5000)!
+        var opened = 0
+        let (v, _) = r.received(header(77, 1), from: elsewhere, now: 1) { _ in opened += 1; return .success(.data) }
+        #expect(v == .drop(.stranger))
+        #expect(opened == 0, "a stranger's datagram is never even opened")
+    }
+
+    @Test func anUnauthenticDatagramChangesNothing() {
+        var r = router()
+        let moved = bobAddress.with(port: 6000)
+        let (v, e) = r.received(header(77, 1 << 63), from: moved, now: 5_000_000) { _ in .failure(.unauthentic) }
+        #expect(v == .drop(.unauthentic))
+        #expect(e == DatagramRouter.Effects())
+        // The replay window did not move (sequence 1 is still new) and the address did not latch.
+        #expect(r.received(header(77, 1), from: bobAddress, now: 6_000_000, open: open).0 == .deliver(bob))
+        #expect(r.route(for: 1)?.remote == bobAddress)
+    }
+
+    @Test func duplicatesAreDropped() {
+        var r = router()
+        #expect(r.received(header(77, 5), from: bobAddress, now: 1, open: open).0 == .deliver(bob))
+        #expect(r.received(header(77, 5), from: bobAddress, now: 2, open: open).0 == .drop(.duplicate))
+        #expect(r.received(header(77, 4), from: bobAddress, now: 3, open: open).0 == .deliver(bob))
+    }
+
+    @Test func theInviteeLatchesTheInviterDoesNot() {
+        var invitee = router(latches: true)
+        let natted = bobAddress.with(port: 40_000)
+        let (_, e) = invitee.received(header(77, 1), from: natted, now: 1, open: open)
+        #expect(e.latched)
+        #expect(invitee.route(for: 1)?.remote == natted)
+
+        var inviter = router(latches: false)
+        let (_, e2) = inviter.received(header(77, 1), from: natted, now: 1, open: open)
+        #expect(!e2.latched)
+        #expect(inviter.route(for: 1)?.remote == bobAddress)
+    }
+
+    @Test func proofOfLifeAtMostOncePerMillisecond() {
+        var r = router()
+        #expect(r.received(header(77, 1), from: bobAddress, now: 2_000_000, open: open).1.proofOfLife == 1)
+        #expect(r.received(header(77, 2), from: bobAddress, now: 2_500_000, open: open).1.proofOfLife == nil)
+        #expect(r.received(header(77, 3), from: bobAddress, now: 3_100_000, open: open).1.proofOfLife == 1)
+    }
+
+    @Test func pingsAreAnsweredAndPongsMeasured() {
+        var r = router()
+        #expect(r.received(header(77, 1, .ping), from: bobAddress, now: 1) { _ in .success(.ping) }.0
+                == .answerPing(to: bobAddress, token: 88, link: 1))
+        let (v, _) = r.received(header(77, 2, .pong), from: bobAddress, now: 1_000_000) { _ in .success(.pong(sentAt: 200_000)) }
+        #expect(v == .measured(link: 1, sample: 800_000, smoothed: 800_000))
+        let (v2, _) = r.received(header(77, 3, .pong), from: bobAddress, now: 2_000_000) { _ in .success(.pong(sentAt: 1_600_000)) }
+        #expect(v2 == .measured(link: 1, sample: 400_000, smoothed: 750_000))
+        let (v3, _) = r.received(header(77, 4, .pong), from: bobAddress, now: 2_000_000) { _ in .success(.pong(sentAt: 9_000_000)) }
+        #expect(v3 == .ignoredPong)
+    }
+
+    @Test func aRouteThatWentDownIsAStrangerAgain() {
+        var r = router()
+        #expect(r.routeDown(link: 1)?.peer == bob)
+        #expect(r.routeDown(link: 1) == nil)
+        #expect(r.received(header(77, 1), from: bobAddress, now: 1, open: open).0 == .drop(.stranger))
+    }
+
+    @Test func malformedBodiesAreCountedAsMalformed() {
+        var r = router()
+        let empty = UnsafeRawBufferPointer(start: nil, count: 0)
+        #expect(r.received(header(77, 1), from: bobAddress, now: 1) { _ in DatagramBody.parse(kind: .data, payload: empty) }.0
+                == .drop(.malformed))
+        #expect(r.received(header(77, 1), from: bobAddress, now: 1, open: open).0 == .deliver(bob),
+                "a malformed datagram does not consume its sequence number")
+    }
+}
+
+@Suite("AdvertiserStateMachine: invitations, deadlines and limits (pure)")
+struct AdvertiserStateMachineTests {
+    private let sec: Nanos = 1_000_000_000
+    private let hostA: [UInt8] = [10, 0, 0, 2]
+    private let hostB: [UInt8] = [10, 0, 0, 3]
+
+    private func machine(pending: Int = 64, perHost: Int = 8) -> AdvertiserStateMachine {
+        AdvertiserStateMachine(configuration: .init(localPeer: me, greetingTimeout: 10 * sec, maximumInvitationWait: 60 * sec,
+                                                     maximumPending: pending, maximumPendingPerHost: perHost))
+    }
+
+    private func invite(timeoutMillis: UInt32 = 5_000) -> ControlFrame.InviteBody {
+        .init(context: [1, 2], timeoutMillis: timeoutMillis, udpPort: 9, token: 42)
+    }
+
+    @Test func helloThenInviteAsksTheApp() {
+        var m = machine()
+        #expect(m.accepted(1, host: hostA, now: 0) == .greet(1, .hello(peer: me)))
+        #expect(m.received(.hello(peer: bob), on: 1, now: 1) == .wait)
+        #expect(m.received(.invite(invite()), on: 1, now: 2) == .ask(1, bob, invite()))
+        #expect(m.answered(1, accept: true) == .handOver(1, bob, invite()))
+        #expect(m.answered(1, accept: true) == .ignore, "one answer only")
+        #expect(m.pendingCount == 0)
+    }
+
+    @Test func aDeclineIsCarriedOut() {
+        var m = machine()
+        _ = m.accepted(1, host: hostA, now: 0)
+        _ = m.received(.hello(peer: bob), on: 1, now: 0)
+        _ = m.received(.invite(invite()), on: 1, now: 0)
+        #expect(m.answered(1, accept: false) == .decline(1, .declined))
+    }
+
+    @Test(arguments: [ControlFrame.invite(.init(context: [], timeoutMillis: 0, udpPort: 1, token: 1)), .data([1]), .accept(udpPort: 1, token: 1), .goodbye])
+    func anythingButHelloFirstIsAFault(_ first: ControlFrame) {
+        var m = machine()
+        _ = m.accepted(1, host: hostA, now: 0)
+        #expect(m.received(first, on: 1, now: 1) == .close(1, .unexpectedFrame(first.name)))
+        #expect(m.pendingCount == 0)
+    }
+
+    @Test func ourOwnHelloIsRefused() {
+        var m = machine()
+        _ = m.accepted(1, host: hostA, now: 0)
+        #expect(m.received(.hello(peer: me), on: 1, now: 1) == .close(1, .unexpectedFrame("our own HELLO")))
+    }
+
+    @Test func silentCallersAreClosedAndUnansweredInvitationsDeclined() {
+        var m = machine()
+        _ = m.accepted(1, host: hostA, now: 0)          // never speaks
+        _ = m.accepted(2, host: hostA, now: 0)
+        _ = m.received(.hello(peer: bob), on: 2, now: 0)
+        _ = m.received(.invite(invite(timeoutMillis: 3_000)), on: 2, now: sec) // asks until 4 s
+        #expect(m.nextDeadline() == 4 * sec)
+        #expect(m.expire(now: 4 * sec - 1) == [])
+        #expect(m.expire(now: 4 * sec) == [.decline(2, .timedOut)])
+        #expect(m.nextDeadline() == 10 * sec)
+        #expect(m.expire(now: 10 * sec) == [.close(1)])
+        #expect(m.answered(2, accept: true) == .ignore, "a late answer changes nothing")
+    }
+
+    @Test func theInvitationWaitIsCappedAndZeroMeansThirtySeconds() {
+        var m = machine()
+        _ = m.accepted(1, host: hostA, now: 0)
+        _ = m.received(.hello(peer: bob), on: 1, now: 0)
+        _ = m.received(.invite(invite(timeoutMillis: 0)), on: 1, now: 0)
+        #expect(m.nextDeadline() == 30 * sec)
+        _ = m.accepted(2, host: hostA, now: 0)
+        _ = m.received(.hello(peer: carol), on: 2, now: 0)
+        _ = m.received(.invite(invite(timeoutMillis: 3_600_000)), on: 2, now: 0)
+        #expect(m.expire(now: 60 * sec).contains(.decline(2, .timedOut)))
+    }
+
+    @Test func aWithdrawnInvitationIsForgotten() {
+        var m = machine()
+        _ = m.accepted(1, host: hostA, now: 0)
+        _ = m.received(.hello(peer: bob), on: 1, now: 0)
+        _ = m.received(.invite(invite()), on: 1, now: 0)
+        m.closed(1)
+        #expect(m.answered(1, accept: true) == .ignore)
+        #expect(m.nextDeadline() == nil)
+    }
+
+    @Test func limitsInAllAndPerHost() {
+        var m = machine(pending: 3, perHost: 2)
+        #expect(m.accepted(1, host: hostA, now: 0) == .greet(1, .hello(peer: me)))
+        #expect(m.accepted(2, host: hostA, now: 0) == .greet(2, .hello(peer: me)))
+        #expect(m.accepted(3, host: hostA, now: 0) == .refuse(3), "a third from one host")
+        #expect(!m.isFull)
+        #expect(m.accepted(4, host: hostB, now: 0) == .greet(4, .hello(peer: me)))
+        #expect(m.isFull)
+        #expect(m.accepted(5, host: hostB, now: 0) == .refuse(5))
+        m.closed(1)
+        #expect(!m.isFull)
+        #expect(m.accepted(6, host: hostA, now: 0) == .greet(6, .hello(peer: me)))
+    }
+
+    @Test func stopDeclinesWhatTheAppHoldsAndClosesTheRest() {
+        var m = machine()
+        _ = m.accepted(1, host: hostA, now: 0)
+        _ = m.accepted(2, host: hostB, now: 0)
+        _ = m.received(.hello(peer: bob), on: 2, now: 0)
+        _ = m.received(.invite(invite()), on: 2, now: 0)
+        #expect(m.stop() == [.close(1), .decline(2, .unavailable)])
+        #expect(m.accepted(3, host: hostA, now: 0) == .refuse(3))
+    }
+}
