@@ -30,17 +30,21 @@ let package = Package(
         .target(name: "MeshAudio", dependencies: ["CALSA", "CSndfile", "CSpeexDSP"]),
         .target(name: "MeshRelay", dependencies: ["PeerMesh", "MeshAudio"]),
 
+        // Test tools.
+        .target(name: "MeshImpair", dependencies: ["MeshPOSIX"]),
+
         // Command-line tools.
         .executableTarget(name: "mesh-record", dependencies: ["MeshRelay"]),
         .executableTarget(name: "mesh-play", dependencies: ["MeshRelay"]),
-        .executableTarget(name: "mesh-impair", dependencies: ["MeshRelay"]),
+        .executableTarget(name: "mesh-impair", dependencies: ["MeshImpair"]),
         .executableTarget(name: "peermesh-probe", dependencies: ["PeerMesh"]),
         .executableTarget(name: "mesh-bench", dependencies: ["PeerMesh", "MeshRelay"]),
 
         // Tests.
         .testTarget(name: "PeerMeshTests", dependencies: ["PeerMesh"]),
         .testTarget(name: "MeshAudioTests", dependencies: ["MeshAudio"]),
-        .testTarget(name: "MeshRelayTests", dependencies: ["MeshRelay", "PeerMesh", "MeshAudio"]),
+        .testTarget(name: "MeshRelayTests", dependencies: ["MeshRelay", "PeerMesh", "MeshAudio", "MeshImpair"]),
+        .testTarget(name: "MeshImpairTests", dependencies: ["MeshImpair"]),
     ],
     swiftLanguageModes: [.v6]
 )

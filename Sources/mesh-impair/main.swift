@@ -1,6 +1,6 @@
 // mesh-impair: a thin command line over MeshRelay's ImpairmentProxy.
 import Dispatch
-import MeshRelay
+import MeshImpair
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -1,5 +1,6 @@
 import Foundation
 import MeshAudio
+import MeshImpair
 import PeerMesh
 import Testing
 @testable import MeshRelay

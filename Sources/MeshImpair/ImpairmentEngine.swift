@@ -1,4 +1,5 @@
 import Foundation
+import MeshPOSIX
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -7,16 +8,16 @@ import Glibc
 /// Where a scheduled datagram goes: a connected upstream socket (`destination == nil`), or the listening socket
 /// with the client's address.
 struct ImpairmentOutlet: Sendable {
-    let socket: ProxySocket
-    let destination: ProxyAddress?
+    let socket: FileDescriptor
+    let destination: SocketAddress?
 }
 
 /// The running proxy: two threads (I/O and scheduler) around one `Mutex`-guarded state. Decisions happen under
 /// the lock; sends, receives and closes after it.
 final class ImpairmentEngine: Sendable {
     struct Sockets: Sendable {
-        var udp: ProxySocket
-        var tcp: ProxySocket
+        var udp: FileDescriptor
+        var tcp: FileDescriptor
     }
 
     struct State: Sendable {
@@ -35,27 +36,30 @@ final class ImpairmentEngine: Sendable {
 
     let configuration: ImpairmentProxy.Configuration
     let listenAddress: ImpairmentProxy.Endpoint
-    private let target: ProxyAddress
-    private let ioWaker: ProxyWaker
-    private let schedulerWaker: ProxyWaker
+    private let target: SocketAddress
+    private let ioWaker: Waker
+    private let schedulerWaker: Waker
     private let state: Mutex<State>
     private let threads = DispatchGroup()
 
     /// Binds the UDP and TCP listeners (same port number) and starts the threads.
     init(configuration c: ImpairmentProxy.Configuration) throws(ImpairmentError) {
         configuration = c
-        target = try ProxyAddress(c.target)
+        target = try c.target.socketAddress()
         var sockets: Sockets?
         var lastError = ImpairmentError.system("bind: no attempt")
         for _ in 0..<(c.listen.port == 0 ? 32 : 1) {
             do throws(ImpairmentError) {
-                let udp = try ProxySocket.udp(bind: ProxyAddress(c.listen))
-                let port = try udp.localAddress().port
-                var tcpAddress = try ProxyAddress(c.listen)
-                tcpAddress.raw.sin_port = port.bigEndian
-                let tcp = try ProxySocket.tcpListener(bind: tcpAddress)
-                sockets = Sockets(udp: udp, tcp: tcp)
-                break
+                let listen = try c.listen.socketAddress()
+                do throws(SyscallError) {
+                    let udp = try FileDescriptor.udpSocket(listen, buffer: 4 << 20)
+                    let port = try udp.localAddress().port
+                    let tcp = try FileDescriptor.tcpListener(listen.with(port: port), backlog: 64)
+                    sockets = Sockets(udp: udp, tcp: tcp)
+                    break
+                } catch {
+                    throw ImpairmentError(error)
+                }
             } catch {
                 lastError = error
             }
@@ -66,9 +70,13 @@ final class ImpairmentEngine: Sendable {
             }
             throw lastError
         }
-        listenAddress = ImpairmentProxy.Endpoint(host: c.listen.host, port: try sockets.udp.localAddress().port)
-        ioWaker = try ProxyWaker()
-        schedulerWaker = try ProxyWaker()
+        do {
+            listenAddress = ImpairmentProxy.Endpoint(host: c.listen.host, port: try sockets.udp.localAddress().port)
+            ioWaker = try Waker()
+            schedulerWaker = try Waker()
+        } catch {
+            throw ImpairmentError(error)
+        }
         state = Mutex(State(schedule: ImpairmentSchedule(configuration: c), sockets: sockets))
 
         threads.enter()
@@ -124,9 +132,7 @@ final class ImpairmentEngine: Sendable {
         while attempts < 4 {
             attempts += 1
             let r = e.bytes.withUnsafeBytes { raw -> Int in
-                if let d = e.outlet.destination {
-                    return d.withSockaddr { sendto(e.outlet.socket.fd, raw.baseAddress, raw.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT), $0, $1) }
-                }
+                if let d = e.outlet.destination { return e.outlet.socket.send(raw, to: d) }
                 return send(e.outlet.socket.fd, raw.baseAddress, raw.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT))
             }
             if r >= 0 { return true }
@@ -165,11 +171,11 @@ final class ImpairmentEngine: Sendable {
     // MARK: Scheduler thread
 
     private func runScheduler() {
-        var pfd = pollfd(fd: schedulerWaker.readEnd.fd, events: Int16(POLLIN), revents: 0)
+        var pfd = pollfd(fd: schedulerWaker.fd, events: Int16(POLLIN), revents: 0)
         while true {
             let (entries, next, stopping) = state.withLock { s -> ([ImpairmentSchedule<ImpairmentOutlet>.Entry], UInt64?, Bool) in
                 if s.stopping { return ([], nil, true) }
-                let r = s.schedule.takeDue(now: proxyNowNanos())
+                let r = s.schedule.takeDue(now: MonotonicClock.nowNanos())
                 return (r.entries, r.next, false)
             }
             if stopping { return }
@@ -180,7 +186,7 @@ final class ImpairmentEngine: Sendable {
             }
             pfd.revents = 0
             if let next {
-                let now = proxyNowNanos()
+                let now = MonotonicClock.nowNanos()
                 let wait = next > now ? next - now : 0
                 if wait >= 1_000_000 {
                     // Whole milliseconds in poll (wakeable); the sub-millisecond rest in a precise sleep next round.
@@ -200,11 +206,11 @@ final class ImpairmentEngine: Sendable {
 
     private final class UDPSession {
         let id: Int
-        let client: ProxyAddress
-        let upstream: ProxySocket
+        let client: SocketAddress
+        let upstream: FileDescriptor
         var lastHeard: UInt64
 
-        init(id: Int, client: ProxyAddress, upstream: ProxySocket, now: UInt64) {
+        init(id: Int, client: SocketAddress, upstream: FileDescriptor, now: UInt64) {
             self.id = id; self.client = client; self.upstream = upstream; lastHeard = now
         }
     }
@@ -212,19 +218,19 @@ final class ImpairmentEngine: Sendable {
     private func runIO() {
         guard let sockets = state.withLock({ $0.sockets.take() }) else { return }
         let listenOutlet = sockets.udp
-        var sessions: [ProxyAddress: UDPSession] = [:]
+        var sessions: [SocketAddress: UDPSession] = [:]
         var polled: [UDPSession] = []
         var pipes: [TCPPipe] = []
         var buffer = [UInt8](repeating: 0, count: 65_536)
         var fds: [pollfd] = []
         var nextSession = 0
-        var lastSweep = proxyNowNanos()
+        var lastSweep = MonotonicClock.nowNanos()
         let idleNanos = UInt64(configuration.udpSessionIdleSeconds * 1e9)
         let readable = Int16(POLLIN | POLLERR)
 
         while !state.withLock({ $0.stopping }) {
             fds.removeAll(keepingCapacity: true)
-            fds.append(pollfd(fd: ioWaker.readEnd.fd, events: Int16(POLLIN), revents: 0))
+            fds.append(pollfd(fd: ioWaker.fd, events: Int16(POLLIN), revents: 0))
             fds.append(pollfd(fd: sockets.udp.fd, events: Int16(POLLIN), revents: 0))
             fds.append(pollfd(fd: sockets.tcp.fd, events: Int16(POLLIN), revents: 0))
             polled = Array(sessions.values)
@@ -237,7 +243,7 @@ final class ImpairmentEngine: Sendable {
             }
             let n = poll(&fds, nfds_t(fds.count), 200)
             if n < 0, errno != EINTR { usleep(10_000) }
-            let now = proxyNowNanos()
+            let now = MonotonicClock.nowNanos()
             if fds[0].revents != 0 { ioWaker.drain() }
 
             // UDP, client → target.
@@ -245,24 +251,12 @@ final class ImpairmentEngine: Sendable {
             var rejected = 0
             if fds[1].revents & readable != 0 {
                 for _ in 0..<256 {
-                    var from = sockaddr_in()
-                    var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-                    let r = buffer.withUnsafeMutableBytes { b in
-                        withUnsafeMutablePointer(to: &from) { p in
-                            p.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                                recvfrom(sockets.udp.fd, b.baseAddress, b.count, Int32(MSG_DONTWAIT), $0, &len)
-                            }
-                        }
-                    }
-                    if r < 0 {
-                        if errno == EINTR { continue }
-                        break
-                    }
-                    let client = ProxyAddress(from)
+                    guard let (r, source) = buffer.withUnsafeMutableBytes({ sockets.udp.receive(into: $0) }) else { break }
+                    guard let client = source else { continue }
                     let session: UDPSession
                     if let s = sessions[client] {
                         session = s
-                    } else if sessions.count < Self.maximumSessions, let up = try? ProxySocket.udp(connect: target) {
+                    } else if sessions.count < Self.maximumSessions, let up = try? FileDescriptor.udpConnected(to: target, buffer: 4 << 20) {
                         nextSession += 1
                         session = UDPSession(id: nextSession, client: client, upstream: up, now: now)
                         sessions[client] = session
@@ -293,8 +287,8 @@ final class ImpairmentEngine: Sendable {
             // TCP passthrough.
             var accepted: UInt64 = 0
             if fds[2].revents & Int16(POLLIN) != 0 {
-                while let c = (try? sockets.tcp.accept()) ?? nil {
-                    guard let up = try? ProxySocket.tcpConnect(to: target) else { continue }
+                while let (c, _) = (try? sockets.tcp.accept()) ?? nil {
+                    guard let up = try? FileDescriptor.tcpConnect(to: target) else { continue }
                     pipes.append(TCPPipe(client: c, upstream: up))
                     accepted += 1
                 }

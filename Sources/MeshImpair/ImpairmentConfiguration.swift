@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import MeshPOSIX
 
 /// Why the impairment proxy refused a configuration, a command line or a socket operation.
 public enum ImpairmentError: Error, Equatable, Sendable, CustomStringConvertible {
@@ -12,6 +13,8 @@ public enum ImpairmentError: Error, Equatable, Sendable, CustomStringConvertible
     case usage(String)
     /// A socket call failed; carries the call and the `strerror` text.
     case system(String)
+
+    init(_ e: SyscallError) { self = .system(e.description) }
 
     /// Addresses the proxy may bind to or forward to: the project's network rule.
     public static let networkRule =
@@ -62,6 +65,14 @@ extension ImpairmentProxy {
                 throw .invalidArgument("\"\(host)\" is not a numeric IPv4 address")
             }
             return UInt32(bigEndian: a.s_addr)
+        }
+
+        /// The socket address.
+        func socketAddress() throws(ImpairmentError) -> SocketAddress {
+            guard let a = SocketAddress(numericHost: host, port: port), a.family == .v4 else {
+                throw .invalidArgument("\"\(host)\" is not a numeric IPv4 address")
+            }
+            return a
         }
 
         /// Whether the host is in 127.0.0.0/8 or 198.18.0.0/15.

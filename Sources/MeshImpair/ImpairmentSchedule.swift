@@ -1,3 +1,4 @@
+import MeshPOSIX
 /// Decides each datagram's fate in one direction. Pure: no I/O and no clock (the caller passes the arrival time).
 /// Always takes exactly four draws per datagram (loss, duplicate, reorder, jitter), so the outcome for datagram n
 /// depends only on the seed and n.

@@ -1,18 +1,4 @@
-/// SplitMix64 (Steele, Lea & Flood): a 64-bit generator used here only to expand one seed into
-/// well-mixed state words for `ImpairmentRandom`.
-struct SplitMix64: Sendable {
-    private var state: UInt64
-
-    init(seed: UInt64) { state = seed }
-
-    mutating func next() -> UInt64 {
-        state &+= 0x9e37_79b9_7f4a_7c15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xbf58_476d_1ce4_e5b9
-        z = (z ^ (z >> 27)) &* 0x94d0_49bb_1331_11eb
-        return z ^ (z >> 31)
-    }
-}
+import MeshPOSIX
 
 /// The impairment proxy's deterministic random source: xoshiro256** (Blackman & Vigna) seeded through SplitMix64.
 /// The same seed gives the same sequence on every machine, so a run is reproducible given the same datagrams.

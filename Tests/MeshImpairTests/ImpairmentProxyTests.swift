@@ -1,7 +1,8 @@
 import Foundation
 import Synchronization
 import Testing
-@testable import MeshRelay
+@testable import MeshImpair
+import MeshPOSIX
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -218,12 +219,12 @@ struct ImpairmentProxyTests {
         var sent: [Int: UInt64] = [:]
         var delays: [Double] = []
         for i in 0..<n {
-            sent[i] = proxyNowNanos()
+            sent[i] = MonotonicClock.nowNanos()
             client.send(payload(i), to: port)
-            while let d = sink.receiveNow() { delays.append(Double(proxyNowNanos() - sent[sequence(of: d.bytes)]!) / 1e6) }
+            while let d = sink.receiveNow() { delays.append(Double(MonotonicClock.nowNanos() - sent[sequence(of: d.bytes)]!) / 1e6) }
         }
         while delays.count < n, let d = sink.receive(timeoutMs: 1_000) {
-            delays.append(Double(proxyNowNanos() - sent[sequence(of: d.bytes)]!) / 1e6)
+            delays.append(Double(MonotonicClock.nowNanos() - sent[sequence(of: d.bytes)]!) / 1e6)
         }
         #expect(delays.count == n)
         let sorted = delays.sorted()

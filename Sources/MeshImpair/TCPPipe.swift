@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import MeshPOSIX
 
 /// Bytes waiting to be written, consumed from the front without shifting on every write.
 struct ByteQueue {
@@ -33,8 +34,8 @@ struct ByteQueue {
 final class TCPPipe {
     static let bufferLimit = 256 * 1024
 
-    let client: ProxySocket
-    let upstream: ProxySocket
+    let client: FileDescriptor
+    let upstream: FileDescriptor
     private var connected = false
     private var toTarget = ByteQueue()
     private var fromTarget = ByteQueue()
@@ -45,7 +46,7 @@ final class TCPPipe {
     var movedToTarget: UInt64 = 0
     var movedFromTarget: UInt64 = 0
 
-    init(client: ProxySocket, upstream: ProxySocket) {
+    init(client: FileDescriptor, upstream: FileDescriptor) {
         self.client = client
         self.upstream = upstream
     }
@@ -95,7 +96,7 @@ final class TCPPipe {
     }
 
     /// Reads what is there (up to the buffer limit); false on a socket error.
-    private func read(from s: ProxySocket, into q: inout ByteQueue, eof: inout Bool, scratch: inout [UInt8]) -> Bool {
+    private func read(from s: FileDescriptor, into q: inout ByteQueue, eof: inout Bool, scratch: inout [UInt8]) -> Bool {
         while q.count < Self.bufferLimit {
             let n = scratch.withUnsafeMutableBytes { recv(s.fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
             if n > 0 {
@@ -110,7 +111,7 @@ final class TCPPipe {
     }
 
     /// Writes what the socket takes; returns the byte count, or nil on a socket error.
-    private func write(_ q: inout ByteQueue, to s: ProxySocket) -> Int? {
+    private func write(_ q: inout ByteQueue, to s: FileDescriptor) -> Int? {
         var total = 0
         while !q.isEmpty {
             var failed = false
