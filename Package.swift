@@ -33,18 +33,22 @@ let package = Package(
         // Test tools.
         .target(name: "MeshImpair", dependencies: ["MeshPOSIX"]),
 
+        // The command-line front door, options, terminal and status output of every executable (package-internal).
+        .target(name: "MeshCLI", dependencies: ["MeshRelay", "MeshImpair", "MeshPOSIX"]),
+
         // Command-line tools.
-        .executableTarget(name: "mesh-record", dependencies: ["MeshRelay"]),
-        .executableTarget(name: "mesh-play", dependencies: ["MeshRelay"]),
-        .executableTarget(name: "mesh-impair", dependencies: ["MeshImpair"]),
+        .executableTarget(name: "mesh-record", dependencies: ["MeshCLI"]),
+        .executableTarget(name: "mesh-play", dependencies: ["MeshCLI"]),
+        .executableTarget(name: "mesh-impair", dependencies: ["MeshCLI"]),
         .executableTarget(name: "peermesh-probe", dependencies: ["PeerMesh"]),
         .executableTarget(name: "mesh-bench", dependencies: ["PeerMesh", "MeshRelay"]),
 
         // Tests.
         .testTarget(name: "PeerMeshTests", dependencies: ["PeerMesh"]),
         .testTarget(name: "MeshAudioTests", dependencies: ["MeshAudio"]),
-        .testTarget(name: "MeshRelayTests", dependencies: ["MeshRelay", "PeerMesh", "MeshAudio", "MeshImpair"]),
+        .testTarget(name: "MeshRelayTests", dependencies: ["MeshRelay", "PeerMesh", "MeshAudio", "MeshImpair", "MeshCLI"]),
         .testTarget(name: "MeshImpairTests", dependencies: ["MeshImpair"]),
+        .testTarget(name: "MeshCLITests", dependencies: ["MeshCLI"]),
     ],
     swiftLanguageModes: [.v6]
 )

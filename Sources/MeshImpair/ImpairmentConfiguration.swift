@@ -9,8 +9,6 @@ public enum ImpairmentError: Error, Equatable, Sendable, CustomStringConvertible
     case addressNotAllowed(role: String, address: String)
     /// A configuration value is out of range or malformed.
     case invalidArgument(String)
-    /// A command-line flag is unknown, missing its value, or has a bad value (the CLI exits 2).
-    case usage(String)
     /// A socket call failed; carries the call and the `strerror` text.
     case system(String)
 
@@ -24,15 +22,8 @@ public enum ImpairmentError: Error, Equatable, Sendable, CustomStringConvertible
         switch self {
         case .addressNotAllowed(let role, let address): "\(role) address \(address) refused: \(Self.networkRule)"
         case .invalidArgument(let s): s
-        case .usage(let s): s
         case .system(let s): s
         }
-    }
-
-    /// The exit code a command-line tool should use for this error: 2 for usage errors, 1 otherwise.
-    public var exitCode: Int32 {
-        if case .usage = self { return 2 }
-        return 1
     }
 }
 
@@ -159,118 +150,5 @@ extension ImpairmentProxy {
             case .fromTarget: way == .fromTarget
             }
         }
-    }
-
-    /// What a `mesh-impair` command line asks for.
-    public enum Invocation: Sendable, Equatable {
-        /// Run the proxy; `jsonReports` prints counters as JSON on stdout every second.
-        case run(Configuration, jsonReports: Bool)
-        case help
-        case version
-    }
-
-    /// The version `mesh-impair --version` prints.
-    public static let version = "0.1.0"
-
-    /// `mesh-impair` usage text.
-    public static let usage = """
-        usage: mesh-impair --target HOST:PORT [--listen HOST:PORT] [options]
-
-        A user-space impairment proxy for PeerMesh sessions. Listens on one port number for both TCP and UDP and
-        forwards to the target's same port number: TCP is passed through clean, UDP is impaired.
-        Peers connect to the proxy (for example --connect 127.0.0.1:PORT).
-
-          --listen HOST:PORT      where to listen (default 127.0.0.1:0 = pick a port)
-          --target HOST:PORT      the host's advertiser address (required)
-          --loss P                drop probability: 0.05 or 5% (default 0)
-          --duplicate P           duplicate probability (default 0)
-          --reorder P             probability a datagram is sent after the next one (default 0)
-          --delay-ms MS           added delay (default 0)
-          --jitter-ms MS          uniform jitter, +/- MS around the delay (default 0)
-          --seed N                random seed (default 1); same seed + same input = same impairments
-          --direction D           both | to-target | from-target (default both)
-          --json                  print counters as one JSON object per second on stdout
-          --help, --version
-
-        Addresses: only 127.0.0.0/8 and 198.18.0.0/15 (the project's test namespaces).
-        Prints "listening HOST:PORT" on stderr when ready; on SIGINT/SIGTERM prints the final counters as one
-        JSON line on stdout and exits 0. Bad flags exit 2.
-        """
-
-    /// Parses probability text: `0.05` or `5%`.
-    public static func parseProbability(_ text: String, flag: String) throws(ImpairmentError) -> Double {
-        let percent = text.hasSuffix("%")
-        let number = percent ? String(text.dropLast()) : text
-        guard let v = Double(number), v.isFinite else { throw .usage("\(flag): \"\(text)\" is not a number (use 0.05 or 5%)") }
-        let p = percent ? v / 100 : v
-        guard (0...1).contains(p) else {
-            throw .usage("\(flag): \(text) is out of range (use a fraction 0–1 such as 0.05, or a percentage such as 5%)")
-        }
-        return p
-    }
-}
-
-extension ImpairmentProxy.Configuration {
-    /// Parses `mesh-impair` arguments (without the program name) into a typed invocation.
-    /// Accepts `--flag value` and `--flag=value`. Throws `.usage` for anything malformed; validates the result.
-    public static func parse(arguments: [String]) throws(ImpairmentError) -> ImpairmentProxy.Invocation {
-        var listen = ImpairmentProxy.Endpoint(host: "127.0.0.1", port: 0)
-        var target: ImpairmentProxy.Endpoint?
-        var c = ImpairmentProxy.Configuration(target: ImpairmentProxy.Endpoint(host: "127.0.0.1", port: 1))
-        var json = false
-        var i = 0
-        func number(_ flag: String, _ text: String) throws(ImpairmentError) -> Double {
-            guard let v = Double(text), v.isFinite, v >= 0 else { throw .usage("\(flag): \"\(text)\" is not a non-negative number") }
-            return v
-        }
-        func endpoint(_ flag: String, _ text: String) throws(ImpairmentError) -> ImpairmentProxy.Endpoint {
-            do throws(ImpairmentError) { return try ImpairmentProxy.Endpoint(parsing: text) }
-            catch { throw .usage("\(flag): \(error)") }
-        }
-        while i < arguments.count {
-            var flag = arguments[i]
-            var inline: String?
-            if flag.hasPrefix("--"), let eq = flag.firstIndex(of: "=") {
-                inline = String(flag[flag.index(after: eq)...])
-                flag = String(flag[..<eq])
-            }
-            i += 1
-            func value() throws(ImpairmentError) -> String {
-                if let inline { return inline }
-                guard i < arguments.count else { throw .usage("\(flag) needs a value") }
-                defer { i += 1 }
-                return arguments[i]
-            }
-            switch flag {
-            case "--help", "-h": return .help
-            case "--version": return .version
-            case "--json": json = true
-            case "--listen": listen = try endpoint(flag, value())
-            case "--target": target = try endpoint(flag, value())
-            case "--loss": c.loss = try ImpairmentProxy.parseProbability(value(), flag: flag)
-            case "--duplicate": c.duplicate = try ImpairmentProxy.parseProbability(value(), flag: flag)
-            case "--reorder": c.reorder = try ImpairmentProxy.parseProbability(value(), flag: flag)
-            case "--delay-ms": c.delayMilliseconds = try number(flag, value())
-            case "--jitter-ms": c.jitterMilliseconds = try number(flag, value())
-            case "--seed":
-                let v = try value()
-                guard let s = UInt64(v) else { throw .usage("--seed: \"\(v)\" is not an unsigned integer") }
-                c.seed = s
-            case "--direction":
-                let v = try value()
-                guard let d = ImpairmentProxy.Direction(rawValue: v) else {
-                    throw .usage("--direction: \"\(v)\" is not one of both, to-target, from-target")
-                }
-                c.direction = d
-            default:
-                throw .usage("unknown argument \"\(flag)\"")
-            }
-        }
-        guard let target else { throw .usage("--target HOST:PORT is required") }
-        c.listen = listen
-        c.target = target
-        do throws(ImpairmentError) { try c.validate() }
-        catch { throw .usage(error.description) }
-        return .run(c, jsonReports: json)
     }
 }

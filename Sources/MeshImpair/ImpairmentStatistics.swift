@@ -1,3 +1,5 @@
+import MeshPOSIX
+
 /// The two directions a datagram can travel through the proxy.
 enum Way: Int, Sendable {
     case toTarget = 0
@@ -32,9 +34,18 @@ extension ImpairmentProxy {
 
         public init() {}
 
-        var json: String {
-            "{\"received\":\(received),\"forwarded\":\(forwarded),\"dropped\":\(dropped),\"droppedPeerMeshData\":\(droppedPeerMeshData),\"duplicated\":\(duplicated),"
-                + "\"reordered\":\(reordered),\"delayed\":\(delayed),\"pending\":\(pending),\"failed\":\(failed)}"
+        var json: JSONObject {
+            var o = JSONObject()
+            o.add("received", received)
+            o.add("forwarded", forwarded)
+            o.add("dropped", dropped)
+            o.add("droppedPeerMeshData", droppedPeerMeshData)
+            o.add("duplicated", duplicated)
+            o.add("reordered", reordered)
+            o.add("delayed", delayed)
+            o.add("pending", pending)
+            o.add("failed", failed)
+            return o
         }
     }
 
@@ -57,10 +68,16 @@ extension ImpairmentProxy {
 
         /// One JSON object on one line; `kind` labels it (for example "counters" or "final").
         public func jsonLine(kind: String = "counters") -> String {
-            "{\"kind\":\"\(kind)\",\"toTarget\":\(toTarget.json),\"fromTarget\":\(fromTarget.json),"
-                + "\"udpSessions\":\(udpSessions),\"tcpConnectionsAccepted\":\(tcpConnectionsAccepted),"
-                + "\"tcpConnectionsOpen\":\(tcpConnectionsOpen),\"tcpBytesToTarget\":\(tcpBytesToTarget),"
-                + "\"tcpBytesFromTarget\":\(tcpBytesFromTarget)}"
+            var o = JSONObject()
+            o.add("kind", kind)
+            o.add("toTarget", toTarget.json)
+            o.add("fromTarget", fromTarget.json)
+            o.add("udpSessions", udpSessions)
+            o.add("tcpConnectionsAccepted", tcpConnectionsAccepted)
+            o.add("tcpConnectionsOpen", tcpConnectionsOpen)
+            o.add("tcpBytesToTarget", tcpBytesToTarget)
+            o.add("tcpBytesFromTarget", tcpBytesFromTarget)
+            return o.description
         }
 
         subscript(way: Way) -> DirectionStatistics {

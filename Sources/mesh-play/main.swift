@@ -1,17 +1,15 @@
 // mesh-play --find: discovers a mesh-record host on the LAN, joins it and plays.
 import Foundation
 import MeshAudio
+import MeshCLI
 import MeshRelay
 import PeerMesh
 import Synchronization
 
-let options = parseCommandLine(program: "mesh-play", usage: PlayOptions.usage, PlayOptions.parse)
-let terminal = Terminal(program: "mesh-play", quiet: options.quiet)
+let options = PlayOptions.configurationFromCommandLine()
+let terminal = Terminal(program: PlayOptions.program, quiet: options.quiet)
 
-func fail(_ text: String) -> Never {
-    terminal.error(text)
-    exit(1)
-}
+func fail(_ text: String) -> Never { terminal.fail(text) }
 
 // --list: print the hosts found within two seconds, then exit.
 if options.list {

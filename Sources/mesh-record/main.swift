@@ -1,16 +1,14 @@
 // mesh-record --host: captures the microphone (or a tone or WAV file) and serves it to every mesh-play on the LAN.
 import Foundation
 import MeshAudio
+import MeshCLI
 import MeshRelay
 import PeerMesh
 
-let options = parseCommandLine(program: "mesh-record", usage: RecordOptions.usage, RecordOptions.parse)
-let terminal = Terminal(program: "mesh-record", quiet: options.quiet)
+let options = RecordOptions.configurationFromCommandLine()
+let terminal = Terminal(program: RecordOptions.program, quiet: options.quiet)
 
-func fail(_ text: String) -> Never {
-    terminal.error(text)
-    exit(1)
-}
+func fail(_ text: String) -> Never { terminal.fail(text) }
 
 let format = AudioFormat(sampleRate: options.rate, channels: options.channels)
 let source: any AudioSource

@@ -1,5 +1,6 @@
 import Foundation
 import MeshAudio
+import MeshCLI
 import Synchronization
 import PeerMesh
 import Testing

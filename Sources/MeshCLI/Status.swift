@@ -1,11 +1,12 @@
 import Foundation
 import MeshAudio
+import MeshRelay
 import PeerMesh
 
 /// Turns relay statistics into the live status line (stderr, terminals only) and `--json` objects (stdout).
-public enum StatusReport {
+package enum StatusReport {
     /// A five-step level meter for a linear peak in 0…1 (−50 dBFS … 0 dBFS).
-    public static func meter(_ peak: Float) -> String {
+    package static func meter(_ peak: Float) -> String {
         let db = peak > 0 ? 20 * log10(Double(peak)) : -120
         let steps = max(0, min(5, Int(((db + 50) / 10).rounded(.up))))
         return "[" + String(repeating: "#", count: steps) + String(repeating: "-", count: 5 - steps) + "]"
@@ -15,12 +16,12 @@ public enum StatusReport {
 
     // MARK: Host
 
-    public static func line(host s: RelayHost.Statistics, format: AudioFormat) -> String {
+    package static func line(host s: RelayHost.Statistics, format: AudioFormat) -> String {
         let players = s.players.isEmpty ? "waiting for players" : "serving \(s.players.count) player\(s.players.count == 1 ? "" : "s")"
         return "● \(players) | capture \(ms(format.milliseconds(frames: s.captureDelayFrames))) | xruns \(s.captureXruns) | \(meter(s.peakLevel))"
     }
 
-    public static func json(host s: RelayHost.Statistics, name: String, port: UInt16, format: AudioFormat) -> [String: Any] {
+    package static func json(host s: RelayHost.Statistics, name: String, port: UInt16, format: AudioFormat) -> [String: Any] {
         [
             "role": "host", "name": name, "port": Int(port),
             "players": s.players.map(\.displayName), "playerCount": s.players.count,
@@ -32,7 +33,7 @@ public enum StatusReport {
 
     // MARK: Player
 
-    public static func phase(_ p: JoinStateMachine.Phase) -> String {
+    package static func phase(_ p: JoinStateMachine.Phase) -> String {
         switch p {
         case .searching: "searching"
         case .joining(let h): "joining \(h)"
@@ -41,14 +42,14 @@ public enum StatusReport {
         }
     }
 
-    public static func line(player s: RelayPlayer.Statistics) -> String {
+    package static func line(player s: RelayPlayer.Statistics) -> String {
         let p = s.playout
         return "▶ \(phase(s.phase)) | mouth-to-ear \(ms(s.mouthToEarMilliseconds)) | jitter \(ms(p.jitterMilliseconds)) | "
             + String(format: "loss %.2f%% | concealed %.0f ms | drift %+.0f ppm | xruns %llu | ", p.lossPercent,
                      p.concealedMilliseconds, p.driftPPM, s.device.xruns) + meter(p.peakLevel)
     }
 
-    public static func json(player s: RelayPlayer.Statistics) -> [String: Any] {
+    package static func json(player s: RelayPlayer.Statistics) -> [String: Any] {
         let p = s.playout
         var o: [String: Any] = [
             "role": "player", "state": phase(s.phase), "host": s.host?.displayName ?? NSNull(),
@@ -70,7 +71,7 @@ public enum StatusReport {
     }
 
     /// One JSON object as a line.
-    public static func encode(_ object: [String: Any]) -> String {
+    package static func encode(_ object: [String: Any]) -> String {
         guard let d = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { return "{}" }
         return String(decoding: d, as: UTF8.self)
     }

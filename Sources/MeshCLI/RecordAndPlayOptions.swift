@@ -2,75 +2,34 @@ import Foundation
 import MeshAudio
 import PeerMesh
 
-/// The version both CLIs print.
-public let meshVersion = "0.1.0"
-
-/// What a command line asked for: run with a config, or print help or the version.
-public enum ParsedCommand<Config: Sendable>: Sendable {
-    case run(Config)
-    case help
-    case version
-}
-
-/// A command line the tools cannot take. The CLIs print it with the usage and exit 2.
-public struct UsageError: Error, Equatable, CustomStringConvertible {
-    public let message: String
-    public init(_ message: String) { self.message = message }
-    public var description: String { message }
-}
-
-/// Walks `--flag value` arguments.
-struct ArgumentCursor {
-    private let args: [String]
-    private var i = 0
-    init(_ args: [String]) { self.args = args }
-
-    mutating func next() -> String? {
-        guard i < args.count else { return nil }
-        defer { i += 1 }
-        return args[i]
-    }
-
-    mutating func value(for flag: String) throws(UsageError) -> String {
-        guard let v = next(), !v.hasPrefix("--") || v == "-" else { throw UsageError("\(flag) needs a value") }
-        return v
-    }
-
-    mutating func int(for flag: String, in range: ClosedRange<Int>) throws(UsageError) -> Int {
-        let v = try value(for: flag)
-        guard let n = Int(v), range.contains(n) else {
-            throw UsageError("\(flag) must be an integer in \(range.lowerBound)…\(range.upperBound), got \"\(v)\"")
-        }
-        return n
-    }
-}
-
 /// `mesh-record --host` options.
-public struct RecordOptions: Sendable, Equatable {
+package struct RecordOptions: CommandLineTool, Sendable, Equatable {
+    package static let program = "mesh-record"
+
     /// Where audio comes from.
-    public enum Input: Sendable, Equatable {
+    package enum Input: Sendable, Equatable {
         case device(String)
         case tone(Double)
         case file(String)
     }
 
-    public var name: String = RecordOptions.defaultName
-    public var service = "mesh-audio"
-    public var input: Input = .device("default")
-    public var rate = 44_100
-    public var channels = 1
-    public var period = 128
-    public var port: UInt16 = 0
-    public var maxPeers = 32
-    public var acceptAll = true
-    public var quiet = false
-    public var json = false
+    package var name: String = RecordOptions.defaultName
+    package var service = "mesh-audio"
+    package var input: Input = .device("default")
+    package var rate = 44_100
+    package var channels = 1
+    package var period = 128
+    package var port: UInt16 = 0
+    package var maxPeers = 32
+    package var acceptAll = true
+    package var quiet = false
+    package var json = false
 
-    public static var defaultName: String {
+    package static var defaultName: String {
         String(decoding: ProcessInfo.processInfo.hostName.utf8.prefix(PeerID.maximumDisplayNameBytes), as: UTF8.self)
     }
 
-    public static let usage = """
+    package static let usage = """
     usage: mesh-record --host [options]
       Captures audio and serves it to every mesh-play that joins (zero-config, over DNS-SD).
       --name NAME         name players see (default: host name)
@@ -88,9 +47,9 @@ public struct RecordOptions: Sendable, Equatable {
       --help, --version
     """
 
-    public init() {}
+    package init() {}
 
-    public static func parse(_ arguments: [String]) throws(UsageError) -> ParsedCommand<RecordOptions> {
+    package static func parse(_ arguments: [String]) throws(UsageError) -> ParsedCommand<RecordOptions> {
         var o = RecordOptions()
         var cursor = ArgumentCursor(arguments)
         var sawHost = false
@@ -147,25 +106,27 @@ public struct RecordOptions: Sendable, Equatable {
 }
 
 /// `mesh-play --find` options.
-public struct PlayOptions: Sendable, Equatable {
+package struct PlayOptions: CommandLineTool, Sendable, Equatable {
+    package static let program = "mesh-play"
+
     /// Where audio goes.
-    public enum Output: Sendable, Equatable {
+    package enum Output: Sendable, Equatable {
         case device(String)
         case file(String)
     }
 
-    public var hostName: String?
-    public var connect: PeerEndpoint?
-    public var list = false
-    public var service = "mesh-audio"
-    public var output: Output = .device("default")
-    public var latency: JitterBuffer.Mode = .auto
-    public var duration: Double?
-    public var quiet = false
-    public var json = false
-    public var name = "mesh-play"
+    package var hostName: String?
+    package var connect: PeerEndpoint?
+    package var list = false
+    package var service = "mesh-audio"
+    package var output: Output = .device("default")
+    package var latency: JitterBuffer.Mode = .auto
+    package var duration: Double?
+    package var quiet = false
+    package var json = false
+    package var name = "mesh-play"
 
-    public static let usage = """
+    package static let usage = """
     usage: mesh-play --find [options]
       Finds a mesh-record host on the LAN, joins it and plays.
       --host NAME         join only this host (default: the first found; the choice is printed)
@@ -182,9 +143,9 @@ public struct PlayOptions: Sendable, Equatable {
       --help, --version
     """
 
-    public init() {}
+    package init() {}
 
-    public static func parse(_ arguments: [String]) throws(UsageError) -> ParsedCommand<PlayOptions> {
+    package static func parse(_ arguments: [String]) throws(UsageError) -> ParsedCommand<PlayOptions> {
         var o = PlayOptions()
         var cursor = ArgumentCursor(arguments)
         var sawFind = false
@@ -240,25 +201,5 @@ public struct PlayOptions: Sendable, Equatable {
         if sawDevice, sawOutput { throw UsageError("--device and --output are exclusive") }
         if o.list, o.connect != nil { throw UsageError("--list and --connect are exclusive") }
         return .run(o)
-    }
-}
-
-/// The front door of both CLIs: parses the arguments, answers `--help` and `--version`, and on a bad command
-/// line prints the problem and the usage and exits 2. Returns the config to run with.
-public func parseCommandLine<Config: Sendable>(program: String, usage: String,
-                                               _ parse: ([String]) throws(UsageError) -> ParsedCommand<Config>) -> Config {
-    do {
-        switch try parse(Array(CommandLine.arguments.dropFirst())) {
-        case .run(let config): return config
-        case .help:
-            print(usage)
-            exit(0)
-        case .version:
-            print("\(program) \(meshVersion)")
-            exit(0)
-        }
-    } catch {
-        FileHandle.standardError.write(Data("\(program): \(error)\n\(usage)\n".utf8))
-        exit(2)
     }
 }

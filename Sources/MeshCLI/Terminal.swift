@@ -1,0 +1,78 @@
+import Dispatch
+import MeshPOSIX
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// stderr logging and the live status line, shared by every CLI.
+///
+/// Event and error lines go to stderr as `program: text`; the status line is redrawn in place, on terminals
+/// only; JSON goes to stdout, one object per line. One lock keeps lines from interleaving.
+package final class Terminal: Sendable {
+    /// Whether stderr is a terminal (the status line is drawn only then).
+    package let isTTY: Bool
+    /// `--quiet`: no event lines, no status line (errors are still printed).
+    package let quiet: Bool
+    private let program: String
+    private let lock = Mutex(())
+
+    package init(program: String, quiet: Bool) {
+        self.program = program
+        self.quiet = quiet
+        isTTY = isatty(STDERR_FILENO) == 1
+    }
+
+    /// One event line on stderr (clears the status line first).
+    package func log(_ text: String) {
+        guard !quiet else { return }
+        error(text)
+    }
+
+    /// An error line on stderr, even when quiet.
+    package func error(_ text: String) {
+        write(isTTY ? "\r\u{1B}[2K\(program): \(text)\n" : "\(program): \(text)\n", to: 2)
+    }
+
+    /// Prints `text` as an error and exits 1: the run did not do its job.
+    package func fail(_ text: String) -> Never {
+        error(text)
+        exit(1)
+    }
+
+    /// Redraws the status line (terminals only).
+    package func status(_ text: String) {
+        guard !quiet, isTTY else { return }
+        write("\r\u{1B}[2K\(text)", to: 2)
+    }
+
+    /// Ends the status line.
+    package func finish() {
+        guard !quiet, isTTY else { return }
+        write("\n", to: 2)
+    }
+
+    /// A line on stdout (JSON).
+    package func stdout(_ line: String) { write(line + "\n", to: 1) }
+
+    private func write(_ s: String, to fd: Int32) {
+        lock.withLock { _ in LineWriter.write(s, to: fd) }
+    }
+}
+
+/// Runs `handler` on SIGINT or SIGTERM (delivered through DispatchSource, never in a signal handler).
+package final class SignalTrap: @unchecked Sendable { // `sources` is set once in init and only cancelled in deinit
+    private let sources: [any DispatchSourceSignal]
+
+    package init(queue: DispatchQueue = .main, _ handler: @escaping @Sendable (Int32) -> Void) {
+        sources = [SIGINT, SIGTERM].map { sig in
+            signal(sig, SIG_IGN)
+            let s = DispatchSource.makeSignalSource(signal: sig, queue: queue)
+            s.setEventHandler { handler(sig) }
+            s.resume()
+            return s
+        }
+    }
+
+    deinit { sources.forEach { $0.cancel() } }
+}
