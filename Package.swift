@@ -43,11 +43,12 @@ let package = Package(
         .executableTarget(name: "peermesh-probe", dependencies: ["PeerMesh"]),
         .executableTarget(name: "mesh-bench", dependencies: ["PeerMesh", "MeshRelay"]),
 
-        // Tests.
-        .testTarget(name: "PeerMeshTests", dependencies: ["PeerMesh"]),
+        // Tests, and what they share (package-internal).
+        .target(name: "MeshTestSupport", dependencies: ["MeshPOSIX"], path: "Tests/MeshTestSupport"),
+        .testTarget(name: "PeerMeshTests", dependencies: ["PeerMesh", "MeshTestSupport"]),
         .testTarget(name: "MeshAudioTests", dependencies: ["MeshAudio"]),
         .testTarget(name: "MeshRelayTests", dependencies: ["MeshRelay", "PeerMesh", "MeshAudio", "MeshImpair", "MeshCLI"]),
-        .testTarget(name: "MeshImpairTests", dependencies: ["MeshImpair"]),
+        .testTarget(name: "MeshImpairTests", dependencies: ["MeshImpair", "MeshTestSupport"]),
         .testTarget(name: "MeshCLITests", dependencies: ["MeshCLI"]),
     ],
     swiftLanguageModes: [.v6]

@@ -3,6 +3,7 @@ import Synchronization
 import Testing
 @testable import MeshImpair
 import MeshPOSIX
+import MeshTestSupport
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -355,7 +356,7 @@ struct ImpairmentProxyTests {
 
     @Test("mesh-impair: bad flag exits 2, --help 0, SIGTERM prints final JSON and exits 0")
     func commandLine() throws {
-        let exe = Self.builtProduct("mesh-impair")
+        let exe = builtProduct("mesh-impair")
         func run(_ args: [String]) throws -> Int32 {
             let p = Process()
             p.executableURL = exe
@@ -427,16 +428,5 @@ struct ImpairmentProxyTests {
         s.finish(due.entries.map { .init(way: $0.way, delivered: true, extraCopiesDelivered: 0) })
         let st = s.stats.toTarget
         #expect(st.received == 3 && st.forwarded == 3 && st.reordered == 1 && st.pending == 0)
-    }
-
-    /// Finds an executable built by this package next to the test bundle.
-    static func builtProduct(_ name: String) -> URL {
-        var dir = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
-        if dir.lastPathComponent.hasSuffix(".xctest") { dir = dir.deletingLastPathComponent() }
-        for candidate in [dir, dir.deletingLastPathComponent(), URL(fileURLWithPath: FileManager.default.currentDirectoryPath).appendingPathComponent(".build/debug")] {
-            let url = candidate.appendingPathComponent(name)
-            if FileManager.default.isExecutableFile(atPath: url.path) { return url }
-        }
-        return dir.appendingPathComponent(name)
     }
 }

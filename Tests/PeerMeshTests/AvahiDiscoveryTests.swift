@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import MeshTestSupport
 import PeerMesh
 
 /// `AvahiDiscovery` against a real avahi-daemon bound to `lo` (scripts/lib/avahi-rig.sh). Enabled only with
@@ -55,8 +56,8 @@ struct AvahiDiscoveryTests {
         let bad = UInt64.random(in: 1...UInt64.max)
         let badName = String(format: "%016llx", bad)
         // Published without _v/_d first, so that the browser sees it before (or with) the good one.
-        let badChild = try AvahiChildProcess(Self.avahiPublish, ["-s", badName, "_\(type)._tcp", "40200", "k=v"])
-        let goodChild = try AvahiChildProcess(Self.avahiPublish, ["-s", good.identityString, "_\(type)._tcp", "40201",
+        let badChild = try ChildProcess(avahiTool: Self.avahiPublish, ["-s", badName, "_\(type)._tcp", "40200", "k=v"])
+        let goodChild = try ChildProcess(avahiTool: Self.avahiPublish, ["-s", good.identityString, "_\(type)._tcp", "40201",
                                                                   "_v=1", "_d=Remote", "k=v", "__u=w"])
         defer { badChild.stop(); goodChild.stop() }
 
@@ -188,7 +189,7 @@ struct AvahiDiscoveryTests {
         let pub = try publisher.publish(ServiceAdvertisement(peer: stays, serviceType: type, port: 40600, discoveryInfo: [:]),
                                         onEvent: pubLog.handler)
         // avahi-publish without --no-fail exits when the daemon goes: this peer does not come back.
-        let child = try AvahiChildProcess(Self.avahiPublish, ["-s", vanishing.identityString, "_\(type)._tcp", "40601",
+        let child = try ChildProcess(avahiTool: Self.avahiPublish, ["-s", vanishing.identityString, "_\(type)._tcp", "40601",
                                                               "_v=1", "_d=Vanishes"])
         defer { child.stop() }
         let log = AvahiEventLog<BrowseEvent>()

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 @testable import PeerMesh
 import MeshPOSIX
+import MeshTestSupport
 
 @Suite("Sessions over real sockets on 127.0.0.1")
 struct SessionIntegrationTests {
@@ -299,8 +300,8 @@ struct VanishingPeerTests {
         let probe = builtProduct("peermesh-probe")
         try #require(FileManager.default.isExecutableFile(atPath: probe.path), "build peermesh-probe first (swift build)")
         for signal in [SIGKILL, SIGSTOP] {
-            let child = try Child(probe, ["host", "--service", "pm-kill", "--name", "victim", "--peer-timeout", "2", "--direct"])
-            #expect(eventually(10) { child.json(containing: "advertising") != nil }, "probe did not start: \(child.output)")
+            let child = try ChildProcess(probe, ["host", "--service", "pm-kill", "--name", "victim", "--peer-timeout", "2", "--direct"])
+            #expect(eventually(10) { child.json(containing: "advertising") != nil }, "probe did not start: \(child.stdout)")
             let port = try #require(child.json(containing: "advertising")?["port"] as? Int)
             let me = try PeerID(displayName: "watcher")
             let s = try Session(peer: me, configuration: .init(peerTimeout: .seconds(2)))

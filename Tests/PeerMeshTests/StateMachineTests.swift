@@ -1,4 +1,5 @@
 import Testing
+import MeshTestSupport
 @testable import PeerMesh
 
 // Pure tests of SessionStateMachine: no sockets, virtual time (the Nanos values passed in).
@@ -41,18 +42,8 @@ private func connectIncoming(_ m: inout SM, link: LinkID, from p: PeerID, now: N
 
 private func decline(_ link: LinkID, _ r: DeclineReason) -> [Action] { [.send(link, .decline(r, r.description)), .close(link)] }
 
-/// Deterministic generator (SplitMix64), so random tests replay exactly.
-struct SeededRNG: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9e37_79b9_7f4a_7c15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xbf58_476d_1ce4_e5b9
-        z = (z ^ (z >> 27)) &* 0x94d0_49bb_1331_11eb
-        return z ^ (z >> 31)
-    }
-}
+/// Deterministic generator, so random tests replay exactly.
+typealias SeededRNG = SeededRandom
 
 @Suite struct StateMachineTests {
 

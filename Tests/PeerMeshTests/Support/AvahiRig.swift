@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 import PeerMesh
+import MeshTestSupport
 
 /// What the Avahi integration tests need from `scripts/lib/avahi-rig.sh`: whether the rig is up, its control
 /// script, unique service types, child processes (avahi-publish, avahi-browse) and event recording.
@@ -57,31 +58,11 @@ enum AvahiRig {
     }
 }
 
-/// A child process this test started (e.g. `avahi-publish`), stopped by its own PID.
-final class AvahiChildProcess: Sendable {
-    private let process: Process
-
-    init(_ executable: String, _ arguments: [String]) throws {
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: executable)
-        p.arguments = arguments
-        p.standardOutput = FileHandle.nullDevice
-        p.standardError = FileHandle.nullDevice
-        p.standardInput = FileHandle.nullDevice
-        try p.run()
-        process = p
+extension ChildProcess {
+    /// An avahi tool (`avahi-publish`…) with its output discarded.
+    convenience init(avahiTool path: String, _ arguments: [String]) throws {
+        try self.init(URL(fileURLWithPath: path), arguments, discardOutput: true)
     }
-
-    var isRunning: Bool { process.isRunning }
-
-    /// SIGKILL, because the test runner's threads block SIGTERM and children inherit that mask (a SIGTERM would
-    /// stay pending forever). avahi-daemon withdraws a killed client's services when its bus connection drops.
-    func stop() {
-        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
-        process.waitUntilExit()
-    }
-
-    deinit { stop() }
 }
 
 /// Collects a registration's events with their arrival times, and waits (bounded) for one that matches.

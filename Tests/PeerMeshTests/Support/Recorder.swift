@@ -1,5 +1,6 @@
 import Foundation
 import PeerMesh
+import MeshTestSupport
 import Synchronization
 
 /// Records everything a session, advertiser or browser reports, and waits for conditions with a deadline.
@@ -64,17 +65,6 @@ final class MeshEventLog: SessionDelegate, NearbyServiceAdvertiserDelegate, Near
         }
         return condition(snapshot)
     }
-}
-
-/// Polls `condition` until it holds or `seconds` pass.
-@discardableResult
-func eventually(_ seconds: Double = 5, _ condition: () -> Bool) -> Bool {
-    let deadline = Date().addingTimeInterval(seconds)
-    while Date() < deadline {
-        if condition() { return true }
-        usleep(2_000)
-    }
-    return condition()
 }
 
 /// A connected host/guest pair over the in-process discovery, for tests.
