@@ -40,7 +40,7 @@ let package = Package(
         .executableTarget(name: "mesh-record", dependencies: ["MeshCLI"]),
         .executableTarget(name: "mesh-play", dependencies: ["MeshCLI"]),
         .executableTarget(name: "mesh-impair", dependencies: ["MeshCLI"]),
-        .executableTarget(name: "peermesh-probe", dependencies: ["PeerMesh"]),
+        .executableTarget(name: "peermesh-probe", dependencies: ["MeshCLI"]),
         .executableTarget(name: "mesh-bench", dependencies: ["PeerMesh", "MeshRelay"]),
 
         // Tests, and what they share (package-internal).

@@ -3,15 +3,13 @@
 import CAvahi
 import Dispatch
 import Foundation
+import MeshPOSIX
 
 /// The error funnel: an avahi error code (negative) becomes a `PeerMeshError.discovery` carrying `avahi_strerror`.
 private func avahiError(_ code: Int32, _ what: String) -> PeerMeshError {
     .discovery("\(what): \(String(cString: avahi_strerror(code)))")
 }
 
-private func writeStderr(_ line: String) {
-    FileHandle.standardError.write(Data((line + "\n").utf8))
-}
 
 private let ifUnspec = AvahiIfIndex(AVAHI_IF_UNSPEC)
 private let protoUnspec = AvahiProtocol(AVAHI_PROTO_UNSPEC)
@@ -62,6 +60,8 @@ final class AvahiCore: @unchecked Sendable {
     }
 
     private let poll: OpaquePointer
+    /// Where the backend's own diagnostics go (a skipped TXT record, a resolver that could not start).
+    private let log: @Sendable (String) -> Void
     private let reconfirmSeconds: Double
     private var client: OpaquePointer?
     private var running = false
@@ -73,7 +73,8 @@ final class AvahiCore: @unchecked Sendable {
     private var publications: [Int: Publication] = [:]
     private var browses: [Int: Browse] = [:]
 
-    init(reconfirmWindow: Duration) throws(PeerMeshError) {
+    init(reconfirmWindow: Duration, log: @escaping @Sendable (String) -> Void) throws(PeerMeshError) {
+        self.log = log
         let (s, atto) = reconfirmWindow.components
         reconfirmSeconds = max(0, Double(s) + Double(atto) / 1e18)
         guard let p = avahi_threaded_poll_new() else { throw .discovery("avahi: cannot create a poll loop (out of memory)") }
@@ -90,6 +91,10 @@ final class AvahiCore: @unchecked Sendable {
             client = nil
             throw .discovery(AvahiDiscovery.daemonMissingMessage)
         }
+        // The first thing the poll thread runs: name it, so `top -H` shows it.
+        let api = avahi_threaded_poll_get(poll)
+        var now = timeval()
+        _ = api?.pointee.timeout_new(api, &now, nameThreadTrampoline, nil)
         let rc = avahi_threaded_poll_start(poll)
         if rc < 0 {
             avahi_client_free(c)
@@ -258,7 +263,7 @@ final class AvahiCore: @unchecked Sendable {
         for action in actions {
             switch action {
             case .deliver(let event): b.sink.send(event)
-            case .log(let line): writeStderr(line)
+            case .log(let line): log(line)
             }
         }
     }
@@ -275,7 +280,7 @@ final class AvahiCore: @unchecked Sendable {
                                                   resolveTrampoline, Unmanaged.passUnretained(b).toOpaque()) {
                 b.resolvers[key] = r
             } else {
-                writeStderr("peermesh: " + avahiError(avahi_client_errno(c), "avahi could not resolve \"\(name)\" \(type)").description)
+                log(avahiError(avahi_client_errno(c), "avahi could not resolve \"\(name)\" \(type)").description)
             }
         case AVAHI_BROWSER_REMOVE:
             if let r = b.resolvers.removeValue(forKey: key) { avahi_service_resolver_free(r) }
@@ -401,6 +406,10 @@ final class AvahiCore: @unchecked Sendable {
 }
 
 // MARK: Trampolines (C callbacks; userdata is an unretained box owned by the core's dictionaries)
+
+private func nameThreadTrampoline(_ t: OpaquePointer?, _ userdata: UnsafeMutableRawPointer?) {
+    ThreadName.setCurrent("pm-avahi")
+}
 
 private func clientTrampoline(_ c: OpaquePointer?, _ state: AvahiClientState, _ userdata: UnsafeMutableRawPointer?) {
     guard let userdata else { return }

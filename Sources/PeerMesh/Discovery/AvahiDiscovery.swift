@@ -26,9 +26,11 @@ public final class AvahiDiscovery: DiscoveryBackend {
     /// Connects to avahi-daemon.
     /// - Parameter reconfirmWindow: after the daemon comes back from a restart, how long a previously found peer
     ///   may take to be seen again before it is reported lost.
+    /// - Parameter log: receives the backend's diagnostics (a skipped malformed record, a resolver that could not
+    ///   start); by default they are dropped. Libraries never write to stderr themselves.
     /// - Throws: `PeerMeshError.discovery(AvahiDiscovery.daemonMissingMessage)` when the daemon is not reachable.
-    public init(reconfirmWindow: Duration = .seconds(5)) throws(PeerMeshError) {
-        core = try AvahiCore(reconfirmWindow: reconfirmWindow)
+    public init(reconfirmWindow: Duration = .seconds(5), log: @escaping @Sendable (String) -> Void = { _ in }) throws(PeerMeshError) {
+        core = try AvahiCore(reconfirmWindow: reconfirmWindow, log: log)
     }
 
     deinit { core.shutdown() }
