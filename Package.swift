@@ -20,13 +20,14 @@ let package = Package(
         .systemLibrary(name: "CAvahi", pkgConfig: "avahi-client", providers: [.apt(["libavahi-client-dev"])]),
         .systemLibrary(name: "CSndfile", pkgConfig: "sndfile", providers: [.apt(["libsndfile1-dev"])]),
         .systemLibrary(name: "CSpeexDSP", pkgConfig: "speexdsp", providers: [.apt(["libspeexdsp-dev"])]),
+        .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
 
         // Shared POSIX plumbing (package-internal): syscall funnel, sockets, event loop, clock, output writers.
         .systemLibrary(name: "CLinux"),   // glibc's epoll, eventfd and thread names (not in Swift's Glibc module)
         .target(name: "MeshPOSIX", dependencies: ["CLinux"]),
 
         // Libraries.
-        .target(name: "PeerMesh", dependencies: ["MeshPOSIX", "CAvahi"]),
+        .target(name: "PeerMesh", dependencies: ["MeshPOSIX", "CAvahi", "CSodium"]),
         .target(name: "MeshAudio", dependencies: ["CALSA", "CSndfile", "CSpeexDSP"]),
         .target(name: "MeshRelay", dependencies: ["PeerMesh", "MeshAudio"]),
 
