@@ -14,13 +14,20 @@ public enum PeerMeshError: Error, Equatable, Sendable, CustomStringConvertible {
     case transport(String)
     /// The discovery daemon is missing or failed; the text says what to do.
     case discovery(String)
+    /// An identity file is missing, unreadable, readable by others or damaged; the text names it and what to do.
+    case identity(String)
+    /// A trust store could not be read or written, or is damaged; the text names it and what to do.
+    case trust(String)
+    /// The link's outbound queue is full: the peer is not reading. Nothing was queued; try again later.
+    case busy(String)
     /// The session was already shut down.
     case sessionClosed
 
     public var description: String {
         switch self {
         case .invalidDisplayName(let s), .invalidServiceType(let s), .invalidDiscoveryInfo(let s),
-             .invalidParameter(let s), .notConnected(let s), .transport(let s), .discovery(let s):
+             .invalidParameter(let s), .notConnected(let s), .transport(let s), .discovery(let s),
+             .identity(let s), .trust(let s), .busy(let s):
             return s
         case .sessionClosed:
             return "the session has been shut down"

@@ -1,0 +1,89 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+
+/// Small files that must be private and never half-written: identities, trust stores.
+package enum PrivateFile {
+    /// Creates `path` as a directory with mode 0700 (and its parents with 0700), or checks that it is one.
+    /// An existing directory readable by others has its mode tightened to 0700.
+    package static func ensureDirectory(_ path: String) throws(SyscallError) {
+        var st = stat()
+        if stat(path, &st) == 0 {
+            guard st.st_mode & S_IFMT == S_IFDIR else { throw SyscallError(call: "mkdir(\(path))", code: ENOTDIR) }
+            if st.st_mode & 0o077 != 0 { try Sys.call("chmod(\(path), 0700)") { chmod(path, 0o700) } }
+            return
+        }
+        let parent = path.split(separator: "/", omittingEmptySubsequences: false).dropLast().joined(separator: "/")
+        if !parent.isEmpty, parent != path { try ensureDirectory(parent) }
+        if mkdir(path, 0o700) != 0, errno != EEXIST { throw SyscallError(call: "mkdir(\(path))", code: errno) }
+    }
+
+    /// Writes `bytes` to `path` atomically with mode 0600: a temporary file in the same directory, `fsync`, then
+    /// `rename` over the old one. Readers see the old file or the new one, never a mixture.
+    package static func write(_ bytes: [UInt8], to path: String) throws(SyscallError) {
+        let tmp = "\(path).tmp.\(getpid()).\(UInt32.random(in: 0...UInt32.max))"
+        let fd = try Sys.call("open(\(tmp))") { open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600) }
+        var ok = false
+        defer {
+            close(fd)
+            if !ok { unlink(tmp) }
+        }
+        var offset = 0
+        while offset < bytes.count {
+            let n = bytes.withUnsafeBytes { raw in Glibc.write(fd, raw.baseAddress! + offset, raw.count - offset) }
+            if n < 0, errno == EINTR { continue }
+            guard n > 0 else { throw SyscallError(call: "write(\(tmp))", code: n < 0 ? errno : EIO) }
+            offset += n
+        }
+        try Sys.call("fsync(\(tmp))") { fsync(fd) }
+        try Sys.call("rename(\(tmp), \(path))") { rename(tmp, path) }
+        ok = true
+    }
+
+    /// The contents of `path` (at most `limit` bytes; a larger file is an error, not a truncation).
+    package static func read(_ path: String, limit: Int = 1 << 20) throws(SyscallError) -> [UInt8] {
+        let fd = try Sys.call("open(\(path))") { open(path, O_RDONLY | O_CLOEXEC) }
+        defer { close(fd) }
+        var out: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 16_384)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { raw in Glibc.read(fd, raw.baseAddress!, raw.count) }
+            if n < 0, errno == EINTR { continue }
+            if n < 0 { throw SyscallError(call: "read(\(path))", code: errno) }
+            if n == 0 { return out }
+            out.append(contentsOf: chunk[0..<n])
+            if out.count > limit { throw SyscallError(call: "read(\(path))", code: EFBIG) }
+        }
+    }
+
+    /// Whether `path` exists.
+    package static func exists(_ path: String) -> Bool { access(path, F_OK) == 0 }
+
+    /// The permission bits of `path`.
+    package static func mode(_ path: String) -> mode_t? {
+        var st = stat()
+        return stat(path, &st) == 0 ? st.st_mode & 0o7777 : nil
+    }
+}
+
+/// An exclusive advisory lock (`flock`) on a lock file, held until `unlock()` or release: serializes
+/// read-modify-write of a shared file across processes.
+package final class FileLock: Sendable {
+    private let descriptor: FileDescriptor
+
+    /// Opens (creating, mode 0600) `path` and waits for the exclusive lock.
+    package init(path: String) throws(SyscallError) {
+        let fd = try Sys.call("open(\(path))") { open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
+        descriptor = FileDescriptor(fd)
+        try Sys.call("flock(\(path))") { flock(fd, LOCK_EX) }
+    }
+
+    package func unlock() {
+        _ = flock(descriptor.fd, LOCK_UN)
+        descriptor.close()
+    }
+
+    deinit { unlock() }
+}

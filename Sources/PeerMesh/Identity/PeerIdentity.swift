@@ -1,0 +1,109 @@
+import Foundation
+import MeshPOSIX
+
+/// A device's long-term identity: its X25519 key pair and display name, as MC's `securityIdentity`.
+///
+/// Saved to a file only the owner can read (mode 0600, in a 0700 directory), written atomically. A file that is
+/// damaged, unreadable or readable by others is a clear error — never silently replaced: replacing it would
+/// change who this device is to everyone who trusts it.
+public struct PeerIdentity: Sendable {
+    /// The name others see (it can change; trust follows the key).
+    public var displayName: String
+    let keys: Noise.KeyPair
+
+    /// The public key.
+    public var publicKey: PublicKey { PublicKey(bytes: keys.publicKey)! }
+
+    /// This identity as a local `PeerID`, for `Session` and the advertiser or browser.
+    public var peerID: PeerID {
+        // The name was validated when the identity was made or renamed.
+        try! PeerID(displayName: displayName, keys: keys)
+    }
+
+    /// A new identity with a fresh key pair.
+    public static func generate(displayName: String) throws(PeerMeshError) -> PeerIdentity {
+        try PeerID.validate(displayName: displayName)
+        return PeerIdentity(displayName: displayName, keys: .generate())
+    }
+
+    init(displayName: String, keys: Noise.KeyPair) {
+        self.displayName = displayName
+        self.keys = keys
+    }
+
+    /// The same key under another name.
+    public func renamed(_ name: String) throws(PeerMeshError) -> PeerIdentity {
+        try PeerID.validate(displayName: name)
+        return PeerIdentity(displayName: name, keys: keys)
+    }
+
+    private struct File: Codable {
+        var format: String
+        var displayName: String
+        var publicKey: String
+        var secretKey: String
+    }
+
+    private static let format = "peermesh-identity-1"
+
+    /// Writes the identity to `path` (mode 0600, atomically), creating its directory with mode 0700.
+    public func save(to path: String) throws(PeerMeshError) {
+        var secret = keys.secret.bytes
+        defer { Sodium.wipe(&secret) }
+        let file = File(format: Self.format, displayName: displayName, publicKey: publicKey.hex,
+                        secretKey: Data(secret).base64EncodedString())
+        let data: Data
+        do { data = try JSONEncoder.pretty.encode(file) } catch { throw .identity("cannot encode the identity: \(error)") }
+        do {
+            try PrivateFile.ensureDirectory(Self.directory(of: path))
+            try PrivateFile.write(Array(data) + [0x0a], to: path)
+        } catch {
+            throw .identity("cannot save the identity to \(path): \(error.text)")
+        }
+    }
+
+    /// Reads an identity saved by `save(to:)`.
+    /// - Throws: `PeerMeshError.identity` naming the file and what is wrong with it (missing, unreadable, readable
+    ///   by others, damaged, or a key that does not match its public half).
+    public static func load(from path: String) throws(PeerMeshError) -> PeerIdentity {
+        let bytes: [UInt8]
+        do { bytes = try PrivateFile.read(path, limit: 64 << 10) } catch {
+            throw .identity("cannot read the identity \(path): \(error.text)")
+        }
+        if let mode = PrivateFile.mode(path), mode & 0o077 != 0 {
+            throw .identity("the identity \(path) is readable by others (mode \(String(mode, radix: 8))); run chmod 600 \(path)")
+        }
+        let damaged = "the identity \(path) is damaged; restore it from a backup, or move it away to make a new identity (paired devices must then pair again)"
+        guard let file = try? JSONDecoder().decode(File.self, from: Data(bytes)), file.format == format,
+              var secret = Data(base64Encoded: file.secretKey).map(Array.init), secret.count == 32,
+              let claimed = PublicKey(hex: file.publicKey)
+        else { throw .identity(damaged) }
+        defer { Sodium.wipe(&secret) }
+        let keys = Noise.KeyPair(secret: SecretKey(copying: secret))
+        guard keys.publicKey == claimed.bytes else { throw .identity(damaged + " (its keys do not match)") }
+        do { try PeerID.validate(displayName: file.displayName) } catch { throw .identity(damaged + " (bad display name)") }
+        return PeerIdentity(displayName: file.displayName, keys: keys)
+    }
+
+    /// Loads the identity at `path`, or makes and saves a new one when no file is there. Returns whether it was
+    /// created. Any other problem with an existing file is thrown, never papered over.
+    public static func loadOrCreate(at path: String, displayName: String) throws(PeerMeshError) -> (PeerIdentity, created: Bool) {
+        if PrivateFile.exists(path) { return (try load(from: path), false) }
+        let identity = try generate(displayName: displayName)
+        try identity.save(to: path)
+        return (identity, true)
+    }
+
+    static func directory(of path: String) -> String {
+        guard let slash = path.lastIndex(of: "/") else { return "." }
+        return slash == path.startIndex ? "/" : String(path[..<slash])
+    }
+}
+
+extension JSONEncoder {
+    static var pretty: JSONEncoder {
+        let e = JSONEncoder()
+        e.outputFormatting = [.prettyPrinted, .sortedKeys]
+        return e
+    }
+}

@@ -1,0 +1,127 @@
+import Foundation
+import MeshPOSIX
+
+/// A peer this device trusts: its key, the name it was paired under (and last seen under), and when.
+public struct TrustedPeer: Codable, Sendable, Equatable {
+    /// The key trust is pinned to.
+    public var publicKey: PublicKey
+    /// The name it had when last seen.
+    public var name: String
+    /// When it was added.
+    public var pairedAt: Date
+    /// When it last connected, if ever.
+    public var lastSeen: Date?
+
+    public init(publicKey: PublicKey, name: String, pairedAt: Date = Date(), lastSeen: Date? = nil) {
+        self.publicKey = publicKey
+        self.name = name
+        self.pairedAt = pairedAt
+        self.lastSeen = lastSeen
+    }
+}
+
+/// The list of peer keys an app trusts, with names: add, remove, list — persisted in one file.
+///
+/// Every change is a read-modify-write under an exclusive lock on `PATH.lock`, written atomically (temporary file,
+/// `fsync`, `rename`), so concurrent writers in several processes never lose each other's entries and a crash
+/// never leaves half a file. A damaged file is an error, never overwritten.
+public final class TrustStore: Sendable {
+    /// Where the store lives.
+    public let path: String
+
+    private struct File: Codable {
+        var format: String
+        var peers: [TrustedPeer]
+    }
+
+    private static let format = "peermesh-trust-1"
+
+    /// A store at `path` (created on the first change).
+    public init(path: String) {
+        self.path = path
+    }
+
+    /// Every trusted peer, in the order they were added.
+    public func list() throws(PeerMeshError) -> [TrustedPeer] { try read() }
+
+    /// The entry for `key`, if trusted.
+    public func entry(for key: PublicKey) throws(PeerMeshError) -> TrustedPeer? { try read().first { $0.publicKey == key } }
+
+    /// Whether `key` is trusted.
+    public func contains(_ key: PublicKey) throws(PeerMeshError) -> Bool { try entry(for: key) != nil }
+
+    /// Trusts `key` under `name` (renaming it if already trusted).
+    public func add(_ key: PublicKey, name: String, at date: Date = Date()) throws(PeerMeshError) {
+        try modify { peers in
+            if let i = peers.firstIndex(where: { $0.publicKey == key }) {
+                peers[i].name = name
+            } else {
+                peers.append(TrustedPeer(publicKey: key, name: name, pairedAt: date))
+            }
+        }
+    }
+
+    /// Notes that `key` connected now, under `name`.
+    public func touch(_ key: PublicKey, name: String, at date: Date = Date()) throws(PeerMeshError) {
+        try modify { peers in
+            guard let i = peers.firstIndex(where: { $0.publicKey == key }) else { return }
+            peers[i].lastSeen = date
+            peers[i].name = name
+        }
+    }
+
+    /// Forgets the peers named `nameOrFingerprint` (a name, case-insensitive, or a fingerprint prefix). Returns
+    /// what was removed.
+    @discardableResult
+    public func remove(matching nameOrFingerprint: String) throws(PeerMeshError) -> [TrustedPeer] {
+        var removed: [TrustedPeer] = []
+        try modify { peers in
+            removed = peers.filter { Self.matches($0, nameOrFingerprint) }
+            peers.removeAll { Self.matches($0, nameOrFingerprint) }
+        }
+        return removed
+    }
+
+    /// Whether `peer` is named by `text`: its name (case-insensitive) or a prefix of its fingerprint.
+    public static func matches(_ peer: TrustedPeer, _ text: String) -> Bool {
+        peer.name.caseInsensitiveCompare(text) == .orderedSame || peer.publicKey.matches(fingerprintPrefix: text)
+    }
+
+    // MARK: File
+
+    private func read() throws(PeerMeshError) -> [TrustedPeer] {
+        guard PrivateFile.exists(path) else { return [] }
+        let bytes: [UInt8]
+        do { bytes = try PrivateFile.read(path, limit: 8 << 20) } catch {
+            throw .trust("cannot read the trust store \(path): \(error.text)")
+        }
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        guard let file = try? decoder.decode(File.self, from: Data(bytes)), file.format == Self.format else {
+            throw .trust("the trust store \(path) is damaged; it was left as it is. Restore it from a backup, or move it away and pair again")
+        }
+        return file.peers
+    }
+
+    private func modify(_ change: (inout [TrustedPeer]) -> Void) throws(PeerMeshError) {
+        let lock: FileLock
+        do {
+            try PrivateFile.ensureDirectory(PeerIdentity.directory(of: path))
+            lock = try FileLock(path: path + ".lock")
+        } catch {
+            throw .trust("cannot lock the trust store \(path): \(error.text)")
+        }
+        defer { lock.unlock() }
+        var peers = try read()
+        change(&peers)
+        let encoder = JSONEncoder.pretty
+        encoder.dateEncodingStrategy = .iso8601
+        let data: Data
+        do { data = try encoder.encode(File(format: Self.format, peers: peers)) } catch {
+            throw .trust("cannot encode the trust store: \(error)")
+        }
+        do { try PrivateFile.write(Array(data) + [0x0a], to: path) } catch {
+            throw .trust("cannot write the trust store \(path): \(error.text)")
+        }
+    }
+}

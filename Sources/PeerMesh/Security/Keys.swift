@@ -1,0 +1,98 @@
+/// A peer's long-term public key: X25519, 32 bytes. It is what trust is pinned to; names are only labels.
+public struct PublicKey: Hashable, Sendable, Codable, CustomStringConvertible {
+    /// The 32 key bytes.
+    public let bytes: [UInt8]
+
+    /// Wraps 32 bytes; nil for any other length.
+    public init?(bytes: [UInt8]) {
+        guard bytes.count == 32 else { return nil }
+        self.bytes = bytes
+    }
+
+    /// Parses the 64 lower- or upper-case hex digits of `hex`.
+    public init?(hex: some StringProtocol) {
+        guard hex.utf8.count == 64 else { return nil }
+        var out: [UInt8] = []
+        out.reserveCapacity(32)
+        var i = hex.startIndex
+        while i < hex.endIndex {
+            let j = hex.index(i, offsetBy: 2)
+            guard let b = UInt8(hex[i..<j], radix: 16), hex[i..<j].allSatisfy(\.isHexDigit) else { return nil }
+            out.append(b)
+            i = j
+        }
+        bytes = out
+    }
+
+    /// The key as 64 lower-case hex digits (the TXT record's `_k`).
+    public var hex: String { bytes.map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined() }
+
+    /// The key's fingerprint: BLAKE2b-256 over a domain label and the key. What people compare.
+    public var fingerprint: [UInt8] { Sodium.blake2b(Array("PeerMesh key fingerprint v2".utf8) + bytes, length: 32) }
+
+    /// The fingerprint as 52 base32 characters in groups of four (`abcd-efgh-…`).
+    public var fingerprintString: String { PublicKey.grouped(Base32.encode(fingerprint)) }
+
+    /// The first 8 base32 characters of the fingerprint (`abcd-efgh`): what a list or a prompt shows.
+    public var shortFingerprint: String { PublicKey.grouped(String(Base32.encode(fingerprint).prefix(8))) }
+
+    /// The 64-bit identity a key gives its `PeerID`: the first 8 bytes of the fingerprint, never 0.
+    public var identity: UInt64 {
+        let f = fingerprint
+        let v = f[0..<8].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+        return v == 0 ? 1 : v
+    }
+
+    /// Whether `text` is a prefix of this key's fingerprint (dashes and case ignored): how people name a key.
+    public func matches(fingerprintPrefix text: String) -> Bool {
+        let wanted = text.lowercased().filter { $0 != "-" && $0 != ":" && $0 != " " }
+        guard wanted.count >= 4 else { return false }
+        return Base32.encode(fingerprint).hasPrefix(wanted)
+    }
+
+    public var description: String { shortFingerprint }
+
+    private static func grouped(_ s: String) -> String {
+        var out = ""
+        for (i, c) in s.enumerated() {
+            if i > 0, i % 4 == 0 { out.append("-") }
+            out.append(c)
+        }
+        return out
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.singleValueContainer()
+        let text = try c.decode(String.self)
+        guard let k = PublicKey(hex: text) else {
+            throw DecodingError.dataCorruptedError(in: c, debugDescription: "a public key is 64 hex digits")
+        }
+        self = k
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.singleValueContainer()
+        try c.encode(hex)
+    }
+}
+
+/// RFC 4648 base32, lower case, without padding: for fingerprints people read out.
+enum Base32 {
+    private static let alphabet = Array("abcdefghijklmnopqrstuvwxyz234567")
+
+    static func encode(_ bytes: [UInt8]) -> String {
+        var out = ""
+        var buffer: UInt32 = 0
+        var bits = 0
+        for b in bytes {
+            buffer = buffer << 8 | UInt32(b)
+            bits += 8
+            while bits >= 5 {
+                out.append(alphabet[Int((buffer >> UInt32(bits - 5)) & 31)])
+                bits -= 5
+            }
+        }
+        if bits > 0 { out.append(alphabet[Int((buffer << UInt32(5 - bits)) & 31)]) }
+        return out
+    }
+}
