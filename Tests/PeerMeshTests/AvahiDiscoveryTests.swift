@@ -42,7 +42,8 @@ struct AvahiDiscoveryTests {
             #expect(line[7] == "127.0.0.1")
             #expect(line[8] == "40123")
             let txt = line[9]
-            #expect(txt.contains("\"_v=1\""), "TXT was \(txt)")
+            #expect(txt.contains("\"_v=2\""), "TXT was \(txt)")
+            #expect(txt.contains("\"_k=\(alice.publicKey!.hex)\""), "TXT was \(txt)")
             #expect(txt.contains("\"room=kitchen\""), "TXT was \(txt)")
             #expect(txt.contains("\"__x=y\""), "TXT was \(txt)")
             #expect(txt.contains("\"_d=Alice"), "TXT was \(txt)")
@@ -52,13 +53,13 @@ struct AvahiDiscoveryTests {
 
     @Test func findsAvahiPublishServicesAndSkipsMalformedOnes() async throws {
         let type = AvahiRig.uniqueServiceType()
-        let good = try PeerID(displayName: "Remote", identity: UInt64.random(in: 1...UInt64.max))
+        let good = try PeerID(displayName: "Remote")
         let bad = UInt64.random(in: 1...UInt64.max)
         let badName = String(format: "%016llx", bad)
         // Published without _v/_d first, so that the browser sees it before (or with) the good one.
         let badChild = try ChildProcess(avahiTool: Self.avahiPublish, ["-s", badName, "_\(type)._tcp", "40200", "k=v"])
         let goodChild = try ChildProcess(avahiTool: Self.avahiPublish, ["-s", good.identityString, "_\(type)._tcp", "40201",
-                                                                  "_v=1", "_d=Remote", "k=v", "__u=w"])
+                                                                  "_v=2", "_d=Remote", "_k=\(good.publicKey!.hex)", "k=v", "__u=w"])
         defer { badChild.stop(); goodChild.stop() }
 
         let backend = try AvahiDiscovery()
@@ -184,13 +185,13 @@ struct AvahiDiscoveryTests {
         let publisher = try AvahiDiscovery()
         let browser = try AvahiDiscovery(reconfirmWindow: .seconds(3))
         let stays = peer("Stays")
-        let vanishing = try PeerID(displayName: "Vanishes", identity: UInt64.random(in: 1...UInt64.max))
+        let vanishing = try PeerID(displayName: "Vanishes")
         let pubLog = AvahiEventLog<PublicationEvent>()
         let pub = try publisher.publish(ServiceAdvertisement(peer: stays, serviceType: type, port: 40600, discoveryInfo: [:]),
                                         onEvent: pubLog.handler)
         // avahi-publish without --no-fail exits when the daemon goes: this peer does not come back.
         let child = try ChildProcess(avahiTool: Self.avahiPublish, ["-s", vanishing.identityString, "_\(type)._tcp", "40601",
-                                                              "_v=1", "_d=Vanishes"])
+                                                              "_v=2", "_d=Vanishes", "_k=\(vanishing.publicKey!.hex)"])
         defer { child.stop() }
         let log = AvahiEventLog<BrowseEvent>()
         let reg = try browser.browse(serviceType: type, localPeer: peer("Me"), onEvent: log.handler)

@@ -238,7 +238,7 @@ struct SessionIntegrationTests {
                 sentMalformed += 1
             } else {
                 // Well formed, but a token nobody issued: a stranger.
-                bytes = [0x50, 0x4d, 1, 1] + (0..<16).map { _ in UInt8.random(in: 0...255, using: &rng) } + [1, 2, 3]
+                bytes = [0x50, 0x4d, peerMeshProtocolVersion, 1] + (0..<16).map { _ in UInt8.random(in: 0...255, using: &rng) } + [1, 2, 3]
                 sentStrangers += 1
             }
             _ = withUnsafePointer(to: &to) { p in

@@ -120,10 +120,13 @@ public enum TXTRecord {
     public static let versionKey = "_v"
     /// Key of the display name.
     public static let displayNameKey = "_d"
+    /// Key of the advertiser's public key (64 hex digits): browsers pin the key, and the handshake proves it.
+    public static let publicKeyKey = "_k"
 
     /// Encodes the record as `key=value` strings.
     public static func encode(peer: PeerID, discoveryInfo: [String: String]) -> [String] {
         var out = ["\(versionKey)=\(peerMeshProtocolVersion)", "\(displayNameKey)=\(peer.displayName)"]
+        if let key = peer.publicKey { out.append("\(publicKeyKey)=\(key.hex)") }
         for key in discoveryInfo.keys.sorted() {
             let escaped = key.hasPrefix("_") ? "_" + key : key
             out.append("\(escaped)=\(discoveryInfo[key]!)")
@@ -137,6 +140,7 @@ public enum TXTRecord {
         case missingKey(String)
         case unsupportedVersion(String)
         case badDisplayName(String)
+        case badPublicKey(String)
 
         public var description: String {
             switch self {
@@ -144,6 +148,7 @@ public enum TXTRecord {
             case .missingKey(let k): "TXT record lacks required key \(k)"
             case .unsupportedVersion(let v): "TXT record has protocol version \(v); this build speaks \(peerMeshProtocolVersion)"
             case .badDisplayName(let n): "TXT display name \"\(n)\" is not 1–63 UTF-8 bytes"
+            case .badPublicKey(let k): "TXT public key \"\(k.prefix(80))\" is not 64 hex digits whose fingerprint is the instance name"
             }
         }
     }
@@ -155,6 +160,7 @@ public enum TXTRecord {
         }
         var version: String?
         var name: String?
+        var keyText: String?
         var info: [String: String] = [:]
         for entry in txt {
             let key: Substring
@@ -168,6 +174,7 @@ public enum TXTRecord {
             if key.isEmpty { continue }
             if key == versionKey { if version == nil { version = String(value) } }
             else if key == displayNameKey { if name == nil { name = String(value) } }
+            else if key == publicKeyKey { if keyText == nil { keyText = String(value) } }
             else if key.hasPrefix("__") { let k = String(key.dropFirst()); if info[k] == nil { info[k] = String(value) } }
             else if key.hasPrefix("_") { continue } // a future PeerMesh key: ignore
             else if info[String(key)] == nil { info[String(key)] = String(value) }
@@ -175,7 +182,11 @@ public enum TXTRecord {
         guard let version else { return .failure(.missingKey(versionKey)) }
         guard version == String(peerMeshProtocolVersion) else { return .failure(.unsupportedVersion(version)) }
         guard let name else { return .failure(.missingKey(displayNameKey)) }
-        guard let peer = try? PeerID(displayName: name, identity: identity) else { return .failure(.badDisplayName(name)) }
+        do { try PeerID.validate(displayName: name) } catch { return .failure(.badDisplayName(name)) }
+        guard let keyText else { return .failure(.missingKey(publicKeyKey)) }
+        // The instance name must be the key's identity: a record cannot claim one peer's identity with another key.
+        guard let key = PublicKey(hex: keyText), key.identity == identity,
+              let peer = try? PeerID(displayName: name, publicKey: key) else { return .failure(.badPublicKey(keyText)) }
         return .success((peer, info))
     }
 }

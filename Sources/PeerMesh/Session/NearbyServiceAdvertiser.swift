@@ -31,6 +31,9 @@ public final class NearbyServiceAdvertiser: Sendable {
     public let serviceType: String
     /// How long an unanswered invitation may wait at most, whatever the inviter asked (default 60 s).
     public let maximumInvitationWait: Duration
+    /// How much the advertiser insists on encryption when an inviter connects (default `.required`). The
+    /// session an invitation is accepted into must agree: a `.required` session refuses a plaintext link.
+    public let encryptionPreference: EncryptionPreference
 
     private let discovery: any DiscoveryBackend
     private let requestedPort: UInt16
@@ -48,7 +51,11 @@ public final class NearbyServiceAdvertiser: Sendable {
     /// Validates the service type and discovery info. `discovery` defaults to `AvahiDiscovery`.
     public init(peer: PeerID, discoveryInfo: [String: String]?, serviceType: String,
                 discovery: (any DiscoveryBackend)? = nil, port: UInt16 = 0, bindHost: String = "0.0.0.0",
-                maximumInvitationWait: Duration = .seconds(60)) throws(PeerMeshError) {
+                maximumInvitationWait: Duration = .seconds(60),
+                encryptionPreference: EncryptionPreference = .required) throws(PeerMeshError) {
+        if encryptionPreference != .none, peer.keys == nil {
+            throw .invalidParameter("peer \(peer) has no key pair; use PeerID(displayName:) or a PeerIdentity")
+        }
         try DiscoveryValidation.validate(serviceType: serviceType)
         try DiscoveryValidation.validate(discoveryInfo: discoveryInfo ?? [:])
         myPeerID = peer
@@ -58,6 +65,7 @@ public final class NearbyServiceAdvertiser: Sendable {
         requestedPort = port
         self.bindHost = bindHost
         self.maximumInvitationWait = maximumInvitationWait
+        self.encryptionPreference = encryptionPreference
     }
 
     deinit { stopAdvertisingPeer() }
@@ -83,6 +91,9 @@ public final class NearbyServiceAdvertiser: Sendable {
             let listener = try FileDescriptor.tcpListener(bind)
             core = AdvertiserCore(listener: listener, port: try listener.localAddress().port, loop: try EventLoop.shared(),
                                   configuration: .init(localPeer: myPeerID, maximumInvitationWait: maximumInvitationWait.nanoseconds),
+                                  channel: SecureChannel.Configuration(role: .responder, preference: encryptionPreference,
+                                                                       localPeer: myPeerID,
+                                                                       maximumFrameLength: AdvertiserCore.maximumFrameBeforeAcceptance),
                                   advertiser: WeakAdvertiser(self))
         } catch {
             throw .transport(error.description)
@@ -136,17 +147,23 @@ private final class AdvertiserCore: Sendable {
         var nextID: PendingID = 0
     }
 
+    /// Largest frame before the app accepts: an INVITE with the largest context.
+    static let maximumFrameBeforeAcceptance = 1 + 16 + ControlFrame.maximumContext
+
     let port: UInt16
     private let listener: FileDescriptor
     private let loop: EventLoop
     private let advertiser: WeakAdvertiser
+    private let channel: SecureChannel.Configuration
     private let io: LoopBound<IO>
 
     init(listener: FileDescriptor, port: UInt16, loop: EventLoop, configuration: AdvertiserStateMachine.Configuration,
-         advertiser: WeakAdvertiser) {
+         channel: SecureChannel.Configuration, advertiser: WeakAdvertiser) {
+        Sys.raiseFileLimit()
         self.listener = listener
         self.port = port
         self.loop = loop
+        self.channel = channel
         self.advertiser = advertiser
         io = LoopBound(IO(machine: AdvertiserStateMachine(configuration: configuration)), loop: loop)
     }
@@ -186,8 +203,7 @@ private final class AdvertiserCore: Sendable {
             case .refuse:
                 socket.close()
             case .greet(_, let hello):
-                let c = Connection(socket: socket, remote: remote, connecting: false, loop: loop,
-                                   maximumFrameLength: ControlFrame.maximumFrameLength)
+                let c = Connection(socket: socket, remote: remote, connecting: false, loop: loop, channel: channel)
                 io.value.connections[id] = c
                 c.start(onFrame: { [unowned self] f in received(f, on: id) }, onEnd: { [unowned self] _ in ended(id) })
                 c.send(hello)

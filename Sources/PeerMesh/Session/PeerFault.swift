@@ -10,8 +10,16 @@ public enum PeerFault: Error, Equatable, Sendable, CustomStringConvertible {
     case unexpectedFrame(String)
     /// The peer said nothing (or not enough) before its deadline.
     case silent
-    /// Another peer than the one discovered answered at the advertised address (a stale record).
+    /// Another peer than the one discovered answered at the advertised address (a stale record), or a key other
+    /// than the one pinned.
     case wrongPeer
+    /// The Noise handshake failed (a message that does not authenticate, a bad key, out of turn).
+    case handshake(String)
+    /// The peer answered in another mode than the one offered, or offered plaintext to a side that requires
+    /// encryption.
+    case downgrade
+    /// An encrypted record did not authenticate (tampered, replayed, truncated).
+    case unauthentic
 
     static func malformedFrame(_ e: ControlFrame.DecodeError) -> PeerFault { .malformedFrame(e.description) }
 
@@ -20,7 +28,10 @@ public enum PeerFault: Error, Equatable, Sendable, CustomStringConvertible {
         case .malformedFrame(let why): "the peer sent a malformed frame (\(why))"
         case .unexpectedFrame(let what): "the peer sent \(what) out of turn"
         case .silent: "the peer said nothing in time"
-        case .wrongPeer: "another peer answered at that address"
+        case .wrongPeer: "another peer (another key) answered at that address"
+        case .handshake(let why): "the secure handshake failed (\(why))"
+        case .downgrade: "the peer tried to connect without the encryption this side requires"
+        case .unauthentic: "an encrypted record did not authenticate"
         }
     }
 }

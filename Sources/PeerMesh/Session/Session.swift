@@ -4,7 +4,7 @@ import Synchronization
 
 /// How `Session.send` delivers data, as MultipeerConnectivity's `MCSessionSendDataMode`.
 public enum SendMode: Sendable, Equatable {
-    /// In order, exactly once (TCP). Up to 16 MiB per message.
+    /// In order, exactly once (TCP). Up to `Session.Configuration.maximumMessageSize` (1 MiB by default).
     case reliable
     /// A UDP datagram: may be lost, never corrupted or duplicated. Up to `Session.maximumDatagramSize` bytes.
     case unreliable
@@ -25,6 +25,24 @@ public protocol SessionDelegate: AnyObject, Sendable {
     /// An invitation this session sent ended without a connection (declined, timed out, refused…).
     /// `peer` is `nil` for a direct connect that failed before the peer said who it is.
     func session(_ session: Session, invitationTo peer: PeerID?, failedWith reason: DeclineReason, detail: String)
+    /// An encrypted link's handshake proved `peer`'s key, as MC's `didReceiveCertificate`: call
+    /// `certificateHandler(true)` to let the peer join, `false` to refuse it — now or later, from any thread, once.
+    /// Until then the peer stays `connecting` (bounded by the invitation's timeout). The default accepts.
+    func session(_ session: Session, didReceiveCertificate certificate: PeerCertificate, fromPeer peer: PeerID,
+                 certificateHandler: @escaping @Sendable (Bool) -> Void)
+}
+
+/// What an encrypted handshake proved about a peer: the key it holds, and the short authentication string both
+/// sides derive from the handshake (people compare it to rule out a man in the middle).
+public struct PeerCertificate: Sendable, Equatable {
+    /// The peer's long-term public key.
+    public let publicKey: PublicKey
+    /// Six digits (`123 456`) that are the same on both sides of this handshake and differ for any other.
+    public let shortAuthenticationString: String
+    /// Where the peer connected from (or was reached at).
+    public let address: String?
+    /// Whether this side invited (the peer is the advertiser).
+    public let weInvited: Bool
 }
 
 public extension SessionDelegate {
@@ -34,6 +52,10 @@ public extension SessionDelegate {
         self.session(session, didReceiveDatagram: Data(bytes), fromPeer: peer)
     }
     func session(_ session: Session, invitationTo peer: PeerID?, failedWith reason: DeclineReason, detail: String) {}
+    func session(_ session: Session, didReceiveCertificate certificate: PeerCertificate, fromPeer peer: PeerID,
+                 certificateHandler: @escaping @Sendable (Bool) -> Void) {
+        certificateHandler(true)
+    }
 }
 
 /// Counters of a session's traffic. Exact: every datagram the session reads lands in one of them.
@@ -75,41 +97,84 @@ public final class Session: Sendable {
         public var heartbeatInterval: Duration?
         /// UDP port for datagrams; 0 picks one. Give it the advertiser's port to keep one port number per host.
         public var udpPort: UInt16 = 0
-        /// Local IPv4 address to bind (default all).
+        /// Local address to bind the UDP socket to (numeric IPv4 or IPv6; default all IPv4 addresses).
         public var bindHost: String = "0.0.0.0"
+        /// Largest reliable message accepted from, or sent to, a peer (default 1 MiB).
+        public var maximumMessageSize: Int = 1 << 20
+        /// Most peers (connected or connecting) from one source address (default 4): one host cannot fill the
+        /// session's slots.
+        public var maximumPeersPerHost: Int = 4
+        /// Most bytes queued towards one peer before `send` refuses with `.busy` (default 8 MiB).
+        public var maximumQueuedBytes: Int = 8 << 20
 
         public init(maximumPeers: Int = 8, peerTimeout: Duration = .seconds(2), heartbeatInterval: Duration? = nil,
-                    udpPort: UInt16 = 0, bindHost: String = "0.0.0.0") {
+                    udpPort: UInt16 = 0, bindHost: String = "0.0.0.0", maximumMessageSize: Int = 1 << 20,
+                    maximumPeersPerHost: Int = 4, maximumQueuedBytes: Int = 8 << 20) {
             self.maximumPeers = maximumPeers
             self.peerTimeout = peerTimeout
             self.heartbeatInterval = heartbeatInterval
             self.udpPort = udpPort
             self.bindHost = bindHost
+            self.maximumMessageSize = maximumMessageSize
+            self.maximumPeersPerHost = maximumPeersPerHost
+            self.maximumQueuedBytes = maximumQueuedBytes
         }
     }
 
-    /// Largest unreliable payload: 1200 bytes. With PeerMesh's 20-byte header, UDP's 8 and IPv6's 40, a datagram is
-    /// at most 1268 bytes: under IPv6's minimum MTU (1280), so it is never fragmented on Ethernet (1500), PPPoE
-    /// (1492), common VPN tunnels, or any IPv6 path.
-    public static let maximumDatagramSize = 1200
+    /// Largest unreliable payload: 1184 bytes. With PeerMesh's 20-byte header, the 16-byte authentication tag,
+    /// UDP's 8 and IPv6's 40 bytes, a datagram is at most 1268 bytes: under IPv6's minimum MTU (1280), so it is
+    /// never fragmented on Ethernet (1500), PPPoE (1492), common VPN tunnels, or any IPv6 path.
+    public static let maximumDatagramSize = 1184
 
-    /// Largest reliable message.
+    /// The most any session accepts as one reliable message (the per-session limit is
+    /// `Configuration.maximumMessageSize`).
     public static let maximumReliableMessageSize = ControlFrame.maximumReliableMessage
 
     /// This peer.
     public let myPeerID: PeerID
+    /// How much this session insists on encryption.
+    public let encryptionPreference: EncryptionPreference
     let core: SessionCore
 
-    /// Opens the session's UDP socket and starts its I/O thread.
-    public init(peer: PeerID, configuration: Configuration = Configuration()) throws(PeerMeshError) {
+    /// Opens the session's UDP socket and joins the process's I/O loop, as MC's
+    /// `MCSession(peer:securityIdentity:encryptionPreference:)`.
+    ///
+    /// - Parameters:
+    ///   - peer: this peer. A `PeerID(displayName:)` has a key pair for this run; `securityIdentity` gives the
+    ///     persistent one (then `peer` must be its `peerID`, or nil).
+    ///   - encryptionPreference: `.required` (the default) encrypts and authenticates every link; `.none` is
+    ///     INSECURE and meant for tests and benchmarks.
+    public init(peer: PeerID? = nil, securityIdentity: PeerIdentity? = nil, encryptionPreference: EncryptionPreference = .required,
+                configuration: Configuration = Configuration()) throws(PeerMeshError) {
         guard configuration.maximumPeers >= 2 else {
             throw .invalidParameter("maximumPeers must be at least 2 (it counts the local peer)")
         }
         guard configuration.peerTimeout > .milliseconds(100) else {
             throw .invalidParameter("peerTimeout must be more than 100 ms")
         }
-        myPeerID = peer
-        core = try SessionCore(peer: peer, configuration: configuration)
+        guard (1...ControlFrame.maximumReliableMessage).contains(configuration.maximumMessageSize) else {
+            throw .invalidParameter("maximumMessageSize must be 1…\(ControlFrame.maximumReliableMessage) bytes")
+        }
+        guard configuration.maximumPeersPerHost >= 1, configuration.maximumQueuedBytes >= 1 << 16 else {
+            throw .invalidParameter("maximumPeersPerHost must be at least 1 and maximumQueuedBytes at least 64 KiB")
+        }
+        let me: PeerID
+        switch (peer, securityIdentity) {
+        case (nil, nil): throw .invalidParameter("a session needs a peer or a securityIdentity")
+        case (let p?, nil): me = p
+        case (nil, let id?): me = id.peerID
+        case (let p?, let id?):
+            guard p.identity == id.peerID.identity else {
+                throw .invalidParameter("peer \(p) is not the securityIdentity's peer (\(id.peerID))")
+            }
+            me = id.peerID
+        }
+        if encryptionPreference != .none, me.keys == nil {
+            throw .invalidParameter("peer \(me) has no key pair (a PeerID decoded or made from an identity number cannot encrypt); use PeerID(displayName:) or a PeerIdentity")
+        }
+        myPeerID = me
+        self.encryptionPreference = encryptionPreference
+        core = try SessionCore(peer: me, preference: encryptionPreference, configuration: configuration)
         core.owner.withLock { $0 = WeakSession(self) }
         core.start()
     }
@@ -149,8 +214,8 @@ public final class Session: Sendable {
         guard !data.isEmpty else { throw .invalidParameter("send: the data is empty") }
         switch mode {
         case .reliable:
-            guard data.count <= Session.maximumReliableMessageSize else {
-                throw .invalidParameter("send: \(data.count) bytes exceeds the reliable limit of \(Session.maximumReliableMessageSize)")
+            guard data.count <= core.maximumMessageSize else {
+                throw .invalidParameter("send: \(data.count) bytes exceeds the reliable limit of \(core.maximumMessageSize)")
             }
             try core.sendReliable(Array(data), to: peers)
         case .unreliable:
@@ -183,4 +248,14 @@ public final class Session: Sendable {
 
     /// Says goodbye to every peer and reports each `notConnected`. The session stays usable.
     public func disconnect() { core.disconnect() }
+
+    /// Says goodbye to `peer` only (and cancels an invitation to it in progress).
+    public func disconnect(_ peer: PeerID) { core.disconnect(peer) }
+
+    /// The short authentication string of the encrypted link to `peer` (six digits, the same on both sides), or
+    /// nil when the peer is not connected over an encrypted link.
+    public func shortAuthenticationString(for peer: PeerID) -> String? { core.shortAuthenticationString(for: peer) }
+
+    /// Whether the link to `peer` is encrypted and authenticated.
+    public func isEncrypted(_ peer: PeerID) -> Bool { core.isEncrypted(peer) }
 }

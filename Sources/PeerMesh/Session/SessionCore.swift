@@ -55,7 +55,12 @@ struct SendRoute: Sendable {
     let remote: SocketAddress
     let remoteToken: UInt64
     let counters: LinkCounters
+    /// The link's datagram key (nil on a plaintext link).
+    let key: SecretKey?
 }
+
+/// Sequence numbers never wrap: past this a link refuses to send (reconnect to get fresh keys).
+let maximumDatagramSequence: UInt64 = 1 << 62
 
 /// The driver of a `Session`: owns its UDP socket and connections on the process's event loop, feeds the pure
 /// `SessionStateMachine` (control) and `DatagramRouter` (datagrams), and performs their actions.
@@ -76,6 +81,10 @@ final class SessionCore: Sendable {
     struct IO {
         var connections: [LinkID: Connection] = [:]
         var localTokens: [LinkID: UInt64] = [:]
+        /// The key an invited peer must prove (from its advertisement), by link.
+        var expectedKeys: [LinkID: PublicKey] = [:]
+        /// Datagram keys of encrypted links, by link: ours to seal, the peer's to open.
+        var datagramKeys: [LinkID: (send: SecretKey, receive: SecretKey)] = [:]
         var router = DatagramRouter()
         var counters: [LinkID: LinkCounters] = [:]
         var failureDetail: [LinkID: String] = [:]
@@ -86,10 +95,14 @@ final class SessionCore: Sendable {
     }
 
     let peer: PeerID
+    let preference: EncryptionPreference
     let loop: EventLoop
     let udp: FileDescriptor
     let udpPort: UInt16
     let heartbeat: Nanos
+    let maximumMessageSize: Int
+    let maximumPeersPerHost: Int
+    let maximumQueuedBytes: Int
     let shared: Mutex<Shared>
     let counters = SessionCounters()
     let delegate = Mutex(WeakDelegate(nil))
@@ -98,8 +111,13 @@ final class SessionCore: Sendable {
     /// Connected peers' send routes (a peer with two links uses its oldest).
     private let sendTable = Mutex<[PeerID: SendRoute]>([:])
 
-    init(peer: PeerID, configuration c: Session.Configuration) throws(PeerMeshError) {
+    init(peer: PeerID, preference: EncryptionPreference, configuration c: Session.Configuration) throws(PeerMeshError) {
         self.peer = peer
+        self.preference = preference
+        maximumMessageSize = c.maximumMessageSize
+        maximumPeersPerHost = c.maximumPeersPerHost
+        maximumQueuedBytes = c.maximumQueuedBytes
+        Sys.raiseFileLimit()
         let timeout = c.peerTimeout.nanoseconds
         var beat = timeout / 4
         if let h = c.heartbeatInterval {
@@ -121,6 +139,12 @@ final class SessionCore: Sendable {
                                                                peerTimeout: timeout, heartbeatInterval: beat))
         shared = Mutex(Shared(machine: machine))
         io = LoopBound(IO(), loop: loop)
+    }
+
+    /// The security layer's settings for a link of this session.
+    func channelConfiguration(_ role: SecureChannel.Role) -> SecureChannel.Configuration {
+        SecureChannel.Configuration(role: role, preference: preference, localPeer: peer,
+                                    maximumFrameLength: maximumMessageSize + 1)
     }
 
     /// Starts reading the UDP socket.
@@ -170,19 +194,55 @@ final class SessionCore: Sendable {
             return (id, s.machine.inviteStarted(link: id, expected: expected, context: ctx, timeout: nanos,
                                                 localUDPPort: udpPort, localToken: token, now: MonotonicClock.nowNanos()))
         }
+        let pinned = expected?.publicKey
         loop.execute { [self] in
-            let c = Connection(socket: sock, remote: addr, connecting: true, loop: loop)
+            let c = Connection(socket: sock, remote: addr, connecting: true, loop: loop, channel: channelConfiguration(.initiator))
             io.value.connections[link] = c
             io.value.localTokens[link] = token
+            if let pinned { io.value.expectedKeys[link] = pinned }
             c.start(onFrame: { [unowned self] f in received(f, on: link) },
+                    onApproval: { [unowned self] p in identified(p, on: link) },
                     onEnd: { [unowned self] why in ended(link, why) })
             perform(actions)
         }
     }
 
-    /// Takes over a connection whose invitation the app accepted into this session. Loop thread only.
+    /// Takes over a connection whose invitation the app accepted into this session. An encrypted link's key goes
+    /// to the delegate's certificate check first; a peer over the per-host limit is declined. Loop thread only.
     func adopt(_ connection: Connection, from peer: PeerID, invite: ControlFrame.InviteBody, listenerPort: UInt16) {
-        let token = UInt64.random(in: 1...UInt64.max)
+        func decline(_ reason: DeclineReason, _ text: String) {
+            connection.send(.decline(reason, text))
+            connection.close()
+        }
+        if shared.withLock({ $0.shutDown }) { return decline(.unavailable, DeclineReason.unavailable.description) }
+        if preference == .required, !connection.isEncrypted {
+            return decline(.declined, "this session requires encryption")
+        }
+        if let host = connection.remote {
+            let sameHost = io.value.connections.values.filter { $0.remote?.sameHost(as: host) == true }.count
+            if sameHost >= maximumPeersPerHost {
+                return decline(.peerLimit, "too many peers from \(host.host) (at most \(maximumPeersPerHost))")
+            }
+        }
+        connection.setMaximumFrameLength(maximumMessageSize + 1)
+        guard connection.isEncrypted, let key = peer.publicKey else {
+            return admit(connection, from: peer, invite: invite, listenerPort: listenerPort)
+        }
+        // The app judges the proven key; the connection waits (its own frames are not read meanwhile).
+        connection.pause()
+        let certificate = PeerCertificate(publicKey: key, shortAuthenticationString: connection.shortAuthenticationString ?? "",
+                                          address: connection.remote?.host, weInvited: false)
+        askCertificate(certificate, from: peer) { [self] ok in
+            let c = connection
+            if ok { admit(c, from: peer, invite: invite, listenerPort: listenerPort) } else {
+                c.rehome(onFrame: { _ in }, onEnd: { _ in })
+                decline(.declined, "certificate rejected: \(peer.displayName)'s key \(key.shortFingerprint) is not trusted")
+            }
+        }
+    }
+
+    private func admit(_ connection: Connection, from peer: PeerID, invite: ControlFrame.InviteBody, listenerPort: UInt16) {
+        let token = Sodium.randomUInt64() | 1
         let acceptPort: UInt16 = udpPort == listenerPort ? 0 : udpPort
         let adopted = shared.withLock { s -> (LinkID, [SessionStateMachine.Action])? in
             guard !s.shutDown else { return nil }
@@ -204,9 +264,71 @@ final class SessionCore: Sendable {
         perform(actions)
     }
 
+    /// Asks the delegate about a proven key; `decide` runs on the loop with the answer (a session without a
+    /// delegate accepts, as MC does).
+    private func askCertificate(_ certificate: PeerCertificate, from peer: PeerID, decide: @escaping (Bool) -> Void) {
+        let answered = Atomic<Bool>(false)
+        let box = LoopBound<((Bool) -> Void)?>(decide, loop: loop)
+        let handler: @Sendable (Bool) -> Void = { [weak self] ok in
+            guard answered.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged,
+                  let self else { return }
+            self.loop.execute {
+                let d = box.value
+                box.value = nil
+                d?(ok)
+            }
+        }
+        guard let s = owner.withLock({ $0.value }), let d = delegate.withLock({ $0.value }) else { return handler(true) }
+        d.session(s, didReceiveCertificate: certificate, fromPeer: peer, certificateHandler: handler)
+    }
+
+    /// Initiator: the handshake proved who answered. Check the key against the advertised one, then ask the
+    /// delegate; on yes the handshake finishes and the invitation goes out.
+    private func identified(_ peer: PeerID, on link: LinkID) {
+        guard let c = io.value.connections[link], let key = peer.publicKey else { return }
+        if let pinned = io.value.expectedKeys[link], pinned != key {
+            return faulted(link, .wrongPeer)
+        }
+        let certificate = PeerCertificate(publicKey: key, shortAuthenticationString: c.shortAuthenticationString ?? "",
+                                          address: c.remote?.host, weInvited: true)
+        askCertificate(certificate, from: peer) { [self] ok in
+            guard let c = io.value.connections[link] else { return }
+            if ok {
+                c.approve()
+            } else {
+                io.value.failureDetail[link] = "certificate rejected: \(peer.displayName)'s key \(key.shortFingerprint) is not trusted"
+                let actions = shared.withLock { $0.machine.linkClosed(link) }
+                perform(actions)
+            }
+        }
+    }
+
+    /// The peer on `link` broke the protocol: count it, say so, close the link.
+    private func faulted(_ link: LinkID, _ fault: PeerFault) {
+        SessionCounters.bump(counters.peerFaults)
+        io.value.failureDetail[link] = fault.description
+        let actions = shared.withLock { $0.machine.linkClosed(link) }
+        perform(actions)
+    }
+
     func disconnect() {
         let actions = shared.withLock { $0.machine.disconnect() }
         loop.execute { [self] in perform(actions) }
+    }
+
+    func disconnect(_ peer: PeerID) {
+        let actions = shared.withLock { $0.machine.disconnect(peer) }
+        loop.execute { [self] in perform(actions) }
+    }
+
+    func shortAuthenticationString(for peer: PeerID) -> String? {
+        guard let link = shared.withLock({ $0.machine.primaryLink(for: peer) }) else { return nil }
+        return loop.submitAndWait { [self] in io.value.connections[link]?.shortAuthenticationString }
+    }
+
+    func isEncrypted(_ peer: PeerID) -> Bool {
+        guard let link = shared.withLock({ $0.machine.primaryLink(for: peer) }) else { return false }
+        return loop.submitAndWait { [self] in io.value.connections[link]?.isEncrypted ?? false }
     }
 
     func sendReliable(_ bytes: [UInt8], to peers: [PeerID]) throws(PeerMeshError) {
@@ -218,10 +340,26 @@ final class SessionCore: Sendable {
                 return l
             }
         }
+        let queued = queuedBytes.withLock { q in links.map { q[$0, default: 0] } }
+        if let full = queued.firstIndex(where: { $0 + bytes.count > maximumQueuedBytes }) {
+            throw .busy("send: \(queued[full]) bytes are already queued for \(peers[full]); nothing was sent (the peer is not reading)")
+        }
+        queuedBytes.withLock { q in for l in links { q[l, default: 0] += bytes.count } }
         let frame = ControlFrame.data(bytes)
         loop.execute { [self] in
-            for l in links { io.value.connections[l]?.send(frame) }
+            for l in links {
+                io.value.connections[l]?.send(frame)
+                noteQueue(l)
+            }
         }
+    }
+
+    /// Bytes not yet written, by link, for `send`'s backpressure (refreshed by the loop after each write).
+    private let queuedBytes = Mutex<[LinkID: Int]>([:])
+
+    private func noteQueue(_ link: LinkID) {
+        let n = io.value.connections[link]?.queuedBytes ?? 0
+        queuedBytes.withLock { if n == 0 { $0[link] = nil } else { $0[link] = n } }
     }
 
     func sendDatagram(_ payload: UnsafeRawBufferPointer, to peers: [PeerID]) throws(PeerMeshError) {
@@ -229,16 +367,36 @@ final class SessionCore: Sendable {
         for p in peers where table[p] == nil {
             throw .notConnected("send: peer \(p) is not connected; nothing was sent")
         }
-        // No heap allocation: the datagram is assembled in stack space, the header rewritten for each peer.
-        withUnsafeTemporaryAllocation(byteCount: DatagramHeader.size + payload.count, alignment: 8) { buf in
-            UnsafeMutableRawBufferPointer(rebasing: buf[DatagramHeader.size...]).copyMemory(from: payload)
+        // No heap allocation: each datagram is assembled (and sealed, on an encrypted link) in stack space.
+        let size = DatagramHeader.size + payload.count + Sodium.tagSize
+        var sent: UInt64 = 0
+        withUnsafeTemporaryAllocation(byteCount: size, alignment: 16) { buf in
             for p in peers {
                 let r = table[p]!
-                DatagramHeader(kind: .data, token: r.remoteToken, sequence: r.counters.takeSequence()).write(to: buf)
-                _ = udp.send(UnsafeRawBufferPointer(buf), to: r.remote)
+                let sequence = r.counters.takeSequence()
+                guard sequence < maximumDatagramSequence else { continue }
+                let n = Self.seal(payload, kind: .data, token: r.remoteToken, sequence: sequence, key: r.key, into: buf)
+                if udp.send(UnsafeRawBufferPointer(rebasing: buf[..<n]), to: r.remote) >= 0 { sent += 1 }
             }
         }
-        SessionCounters.bump(counters.datagramsSent, by: UInt64(peers.count))
+        SessionCounters.bump(counters.datagramsSent, by: sent)
+    }
+
+    /// Writes a datagram — header, then the payload sealed under `key` (nonce: the sequence number; associated
+    /// data: the header) or in clear on a plaintext link — into `out`. Returns its length.
+    @inline(__always)
+    static func seal(_ payload: UnsafeRawBufferPointer, kind: DatagramHeader.Kind, token: UInt64, sequence: UInt64,
+                     key: SecretKey?, into out: UnsafeMutableRawBufferPointer) -> Int {
+        let header = DatagramHeader(kind: kind, token: token, sequence: sequence)
+        header.write(to: out)
+        let body = UnsafeMutableRawBufferPointer(rebasing: out[DatagramHeader.size...])
+        guard let key else {
+            body.copyMemory(from: payload)
+            return DatagramHeader.size + payload.count
+        }
+        let n = Sodium.seal(key: key, counter: sequence, ad: UnsafeRawBufferPointer(rebasing: out[..<DatagramHeader.size]),
+                            plaintext: payload, into: body)
+        return DatagramHeader.size + n
     }
 
     /// The smoothed RTT to `peer`, in nanoseconds.
@@ -258,6 +416,7 @@ final class SessionCore: Sendable {
 
     private func ended(_ link: LinkID, _ why: ConnectionEnd) {
         io.value.connections[link] = nil
+        queuedBytes.withLock { $0[link] = nil }
         switch why {
         case .closedByPeer: break
         case .failed(let text):
@@ -293,6 +452,8 @@ final class SessionCore: Sendable {
             case .close(let l):
                 io.value.connections.removeValue(forKey: l)?.close()
                 io.value.localTokens[l] = nil
+                io.value.expectedKeys[l] = nil
+                queuedBytes.withLock { $0[l] = nil }
             case .linkUp(let l, let p, let port, let token):
                 guard let c = io.value.connections[l], let local = io.value.localTokens[l],
                       var remote = c.socket.peerAddress() ?? c.remote else { continue }
@@ -303,13 +464,15 @@ final class SessionCore: Sendable {
                                         latches: !c.isOutgoing, now: now)
                 let lc = LinkCounters()
                 io.value.counters[l] = lc
+                io.value.datagramKeys[l] = c.datagramKeys
                 routesChanged = true
                 // The inviter learns last that the link is up: it pings at once, so the far side latches its
                 // address and both measure the RTT early. (An invitee's ping could outrun its ACCEPT.)
-                if c.isOutgoing { sendPing(to: remote, token: token, counters: lc, now: now) }
+                if c.isOutgoing { sendPing(to: remote, token: token, counters: lc, key: c.datagramKeys?.send, now: now) }
             case .linkDown(let l):
                 io.value.router.routeDown(link: l)
                 io.value.counters[l] = nil
+                io.value.datagramKeys[l] = nil
                 routesChanged = true
             }
         }
@@ -323,7 +486,8 @@ final class SessionCore: Sendable {
         for route in io.value.router.all.values {
             guard let lc = io.value.counters[route.link] else { continue }
             if let existing = table[route.peer], existing.link < route.link { continue }
-            table[route.peer] = SendRoute(link: route.link, remote: route.remote, remoteToken: route.remoteToken, counters: lc)
+            table[route.peer] = SendRoute(link: route.link, remote: route.remote, remoteToken: route.remoteToken, counters: lc,
+                                          key: io.value.datagramKeys[route.link]?.send)
         }
         sendTable.withLock { $0 = table }
     }
@@ -350,7 +514,8 @@ final class SessionCore: Sendable {
             io.value.nextPing = now + heartbeat
             for route in io.value.router.all.values {
                 guard let lc = io.value.counters[route.link] else { continue }
-                sendPing(to: route.remote, token: route.remoteToken, counters: lc, now: now)
+                sendPing(to: route.remote, token: route.remoteToken, counters: lc,
+                         key: io.value.datagramKeys[route.link]?.send, now: now)
             }
         }
         perform(actions)
@@ -359,15 +524,19 @@ final class SessionCore: Sendable {
 
     // MARK: Loop: datagrams
 
-    private func sendPing(to address: SocketAddress, token: UInt64, counters lc: LinkCounters, now: Nanos) {
-        sendControlDatagram(DatagramHeader(kind: .ping, token: token, sequence: lc.takeSequence()), timestamp: now, to: address)
+    private func sendPing(to address: SocketAddress, token: UInt64, counters lc: LinkCounters, key: SecretKey?, now: Nanos) {
+        sendControlDatagram(.ping, token: token, sequence: lc.takeSequence(), key: key, timestamp: now, to: address)
     }
 
-    private func sendControlDatagram(_ h: DatagramHeader, timestamp: UInt64, to address: SocketAddress) {
-        withUnsafeTemporaryAllocation(byteCount: DatagramHeader.size + 8, alignment: 8) { buf in
-            h.write(to: buf)
-            buf.storeBytes(of: timestamp.bigEndian, toByteOffset: DatagramHeader.size, as: UInt64.self)
-            _ = udp.send(UnsafeRawBufferPointer(buf), to: address)
+    private func sendControlDatagram(_ kind: DatagramHeader.Kind, token: UInt64, sequence: UInt64, key: SecretKey?,
+                                     timestamp: UInt64, to address: SocketAddress) {
+        guard sequence < maximumDatagramSequence else { return }
+        var stamp = timestamp.bigEndian
+        withUnsafeBytes(of: &stamp) { payload in
+            withUnsafeTemporaryAllocation(byteCount: DatagramHeader.size + 8 + Sodium.tagSize, alignment: 16) { buf in
+                let n = Self.seal(payload, kind: kind, token: token, sequence: sequence, key: key, into: buf)
+                _ = udp.send(UnsafeRawBufferPointer(rebasing: buf[..<n]), to: address)
+            }
         }
     }
 
@@ -380,22 +549,32 @@ final class SessionCore: Sendable {
         for _ in 0..<256 {
             guard let (n, source) = udp.receive(into: buffer) else { break }
             guard let source else { SessionCounters.bump(counters.malformedDatagrams); continue }
-            latched = handleDatagram(UnsafeRawBufferPointer(rebasing: buffer[..<n]), from: source, receiver: receiver) || latched
+            latched = handleDatagram(UnsafeMutableRawBufferPointer(rebasing: buffer[..<n]), from: source, receiver: receiver) || latched
         }
         if latched { publishSendTable() }
     }
 
     /// Routes one datagram and acts on the verdict. Returns whether a route latched onto a new address.
-    private func handleDatagram(_ d: UnsafeRawBufferPointer, from source: SocketAddress,
+    private func handleDatagram(_ d: UnsafeMutableRawBufferPointer, from source: SocketAddress,
                                 receiver: (Session?, (any SessionDelegate)?)) -> Bool {
-        guard case .success(let header) = DatagramHeader.decode(d) else {
+        guard case .success(let header) = DatagramHeader.decode(UnsafeRawBufferPointer(d)) else {
             SessionCounters.bump(counters.malformedDatagrams)
             return false
         }
         let now = MonotonicClock.nowNanos()
-        let payload = UnsafeRawBufferPointer(rebasing: d[DatagramHeader.size...])
-        let (verdict, effects) = io.value.router.received(header, from: source, now: now) { _ in
-            DatagramBody.parse(kind: header.kind, payload: payload)
+        var payload = UnsafeRawBufferPointer(rebasing: d[DatagramHeader.size...])
+        let keys = io.value.datagramKeys
+        let (verdict, effects) = io.value.router.received(header, from: source, now: now) { link in
+            // An encrypted link's datagram is opened in place; only then is its body believed.
+            if let key = keys[link]?.receive {
+                let body = UnsafeMutableRawBufferPointer(rebasing: d[DatagramHeader.size...])
+                guard let n = Sodium.open(key: key, counter: header.sequence,
+                                          ad: UnsafeRawBufferPointer(rebasing: d[..<DatagramHeader.size]),
+                                          ciphertext: UnsafeRawBufferPointer(body), into: body)
+                else { return .failure(.unauthentic) }
+                payload = UnsafeRawBufferPointer(rebasing: body[..<n])
+            }
+            return DatagramBody.parse(kind: header.kind, payload: payload)
         }
         if let link = effects.proofOfLife {
             shared.withLock { $0.machine.heardDatagram(on: link, now: now) }
@@ -411,7 +590,7 @@ final class SessionCore: Sendable {
         case .answerPing(let address, let token, let link):
             if let lc = io.value.counters[link] {
                 let echo = UInt64(bigEndian: payload.loadUnaligned(as: UInt64.self))
-                sendControlDatagram(DatagramHeader(kind: .pong, token: token, sequence: lc.takeSequence()),
+                sendControlDatagram(.pong, token: token, sequence: lc.takeSequence(), key: keys[link]?.send,
                                     timestamp: echo, to: address)
             }
         case .measured(let link, _, let smoothed):

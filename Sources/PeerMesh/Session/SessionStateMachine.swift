@@ -242,6 +242,39 @@ struct SessionStateMachine: Sendable {
         return actions
     }
 
+    /// The app disconnected from `peer` only: goodbye on its links, its pending invitations end, it is reported
+    /// `notConnected`.
+    mutating func disconnect(_ peer: PeerID) -> [Action] {
+        var actions: [Action] = []
+        for link in links.keys.sorted() {
+            switch links[link]! {
+            case .inviting(let e?, _, _) where e == peer: actions += drop(link, failure: (peer, .unavailable))
+            case .awaitingReply(let p, _, _) where p == peer: actions += drop(link, failure: (peer, .unavailable))
+            case .connected(let p, _, _) where p == peer: actions += drop(link, failure: nil)
+            default: break
+            }
+        }
+        yielding[peer] = nil
+        return actions + refresh(peer)
+    }
+
+    /// The peer on `link`, if known.
+    func peer(on link: LinkID) -> PeerID? {
+        switch links[link] {
+        case .inviting(let e, _, _): e
+        case .awaitingReply(let p, _, _), .connected(let p, _, _): p
+        case nil: nil
+        }
+    }
+
+    /// Links that are not closed, with their peers when known.
+    var openLinks: [LinkID: PeerID?] { links.mapValues { s in
+        switch s {
+        case .inviting(let e, _, _): e
+        case .awaitingReply(let p, _, _), .connected(let p, _, _): p
+        }
+    } }
+
     /// The next instant at which `tick` has work, for the driver's poll timeout.
     func nextDeadline() -> Nanos? {
         (links.values.map { s -> Nanos in

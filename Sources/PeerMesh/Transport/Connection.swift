@@ -13,12 +13,13 @@ enum ConnectionEnd: Equatable, Sendable {
     case fault(PeerFault)
 }
 
-/// One TCP connection of the PeerMesh control protocol on the event loop: non-blocking connect, framing in,
-/// a write queue out.
+/// One TCP connection of the PeerMesh control protocol on the event loop: non-blocking connect, the
+/// `SecureChannel` (preamble, Noise handshake, records), framing in, a write queue out.
 ///
 /// Loop-confined: it is created anywhere but used only on its loop's thread, by whoever owns it — the advertiser
 /// while an invitation is pending, then the session it is handed to (`rehome`). Frames arrive through `onFrame`;
-/// the end of the connection arrives once through `onEnd`, after which nothing more is delivered.
+/// an initiator's peer awaiting approval through `onApproval`; the end of the connection arrives once through
+/// `onEnd`, after which nothing more is delivered.
 final class Connection {
     /// The socket.
     let socket: FileDescriptor
@@ -31,43 +32,66 @@ final class Connection {
     private var registration: EventLoop.Registration?
     private var connected: Bool
     private var ended = false
-    private var assembler: FrameAssembler
+    private var channel: SecureChannel
     private var outbound: [UInt8] = []
     private var sent = 0
     private var paused = false
     private var onFrame: (ControlFrame) -> Void = { _ in }
+    private var onApproval: (PeerID) -> Void = { _ in }
     private var onEnd: (ConnectionEnd) -> Void = { _ in }
 
     /// Wraps `socket`. `connecting` is true for an outgoing connect still in progress.
-    init(socket: FileDescriptor, remote: SocketAddress?, connecting: Bool, loop: EventLoop,
-         maximumFrameLength: Int = ControlFrame.maximumFrameLength) {
+    init(socket: FileDescriptor, remote: SocketAddress?, connecting: Bool, loop: EventLoop, channel: SecureChannel.Configuration) {
         self.socket = socket
         self.remote = remote
         self.isOutgoing = connecting
         self.connected = !connecting
         self.loop = loop
-        assembler = FrameAssembler(maximumFrameLength: maximumFrameLength)
+        self.channel = SecureChannel(configuration: channel)
     }
 
     /// Starts (or continues, after `rehome`) delivering to these handlers. Loop thread only.
-    func start(onFrame: @escaping (ControlFrame) -> Void, onEnd: @escaping (ConnectionEnd) -> Void) {
+    func start(onFrame: @escaping (ControlFrame) -> Void, onApproval: @escaping (PeerID) -> Void = { _ in },
+               onEnd: @escaping (ConnectionEnd) -> Void) {
         self.onFrame = onFrame
+        self.onApproval = onApproval
         self.onEnd = onEnd
         paused = false
         guard !ended else { return }
         if registration == nil {
+            if isOutgoing { perform(channel.start()) }
             registration = loop.register(fd: socket.fd, interest: interest) { [unowned self] ready in handle(ready) }
         } else {
             updateInterest()
             // Frames that arrived in the previous owner's last read after the one it paused on.
-            drainFrames()
+            deliverPending()
         }
     }
 
     /// Hands the connection to a new owner: the same as `start`, named for what it means.
-    func rehome(onFrame: @escaping (ControlFrame) -> Void, onEnd: @escaping (ConnectionEnd) -> Void) {
-        start(onFrame: onFrame, onEnd: onEnd)
+    func rehome(onFrame: @escaping (ControlFrame) -> Void, onApproval: @escaping (PeerID) -> Void = { _ in },
+                onEnd: @escaping (ConnectionEnd) -> Void) {
+        start(onFrame: onFrame, onApproval: onApproval, onEnd: onEnd)
     }
+
+    /// Initiator: the owner trusts the peer the handshake identified; finish the handshake.
+    func approve() {
+        guard !ended else { return }
+        perform(channel.approve())
+        if !ended { updateInterest() }
+    }
+
+    /// Whether frames travel encrypted and authenticated.
+    var isEncrypted: Bool { channel.isEncrypted }
+
+    /// The link's datagram keys, once encrypted.
+    var datagramKeys: (send: SecretKey, receive: SecretKey)? { channel.datagramKeys }
+
+    /// The short authentication string both sides can show, once encrypted.
+    var shortAuthenticationString: String? { channel.shortAuthenticationString }
+
+    /// Raises the frame limit (a session's limit after the advertiser's tighter one).
+    func setMaximumFrameLength(_ n: Int) { channel.setMaximumFrameLength(n) }
 
     /// Stops reading until `rehome` (the advertiser pauses a connection while the app decides). A hang-up is
     /// still seen and ends the connection, so a withdrawn invitation is noticed.
@@ -79,7 +103,7 @@ final class Connection {
     /// Queues `frame` and writes what the socket takes now.
     func send(_ frame: ControlFrame) {
         guard !ended else { return }
-        outbound.append(contentsOf: frame.encoded())
+        outbound.append(contentsOf: channel.send(frame))
         if connected { flush() }
         updateInterest()
     }
@@ -156,8 +180,7 @@ final class Connection {
         while !ended && !paused {
             let n = recv(socket.fd, buffer.baseAddress, buffer.count, 0)
             if n > 0 {
-                assembler.append(UnsafeRawBufferPointer(rebasing: buffer[..<n]))
-                drainFrames()
+                perform(channel.received(UnsafeRawBufferPointer(rebasing: buffer[..<n])))
                 if n < buffer.count { return }
                 continue
             }
@@ -168,11 +191,30 @@ final class Connection {
         }
     }
 
-    private func drainFrames() {
-        while !ended, !paused, let r = assembler.next() {
-            switch r {
-            case .success(let frame): onFrame(frame)
-            case .failure(let e): return end(.fault(.malformedFrame(e)))
+    /// Frames decoded but not yet delivered (the connection was paused in the middle of a read).
+    private var pendingEvents: [SecureChannel.Event] = []
+
+    /// Carries out the channel's events: writes, frames to the owner, approval requests, faults.
+    private func perform(_ events: [SecureChannel.Event]) {
+        pendingEvents += events
+        deliverPending()
+    }
+
+    private func deliverPending() {
+        while !ended, !paused, !pendingEvents.isEmpty {
+            let e = pendingEvents.removeFirst()
+            switch e {
+            case .write(let bytes):
+                outbound.append(contentsOf: bytes)
+                if connected { flush() }
+            case .frame(let f): onFrame(f)
+            case .needsApproval(let peer): onApproval(peer)
+            case .refused(let why):
+                if connected { flush() }
+                end(.failed(why))
+            case .fault(let f):
+                if connected { flush() }
+                end(.fault(f))
             }
         }
     }
@@ -191,7 +233,9 @@ final class Connection {
         if let registration { loop.deregister(registration) }
         registration = nil
         onFrame = { _ in }
+        onApproval = { _ in }
         onEnd = { _ in }
+        pendingEvents = []
         outbound = []
         sent = 0
     }

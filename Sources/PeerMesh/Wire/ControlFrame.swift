@@ -1,7 +1,7 @@
 import Foundation
 
 /// Version of the PeerMesh wire protocol carried in every HELLO and datagram. See docs/PROTOCOL.md.
-public let peerMeshProtocolVersion: UInt8 = 1
+public let peerMeshProtocolVersion: UInt8 = 2
 
 /// Why an invitation was declined, carried in a DECLINE frame.
 public enum DeclineReason: UInt8, Sendable, Equatable, CustomStringConvertible {
@@ -205,7 +205,7 @@ struct FrameAssembler {
     private var buffer: [UInt8] = []
     private var start = 0
     /// Largest frame (type byte + body) accepted; a larger length means garbage.
-    let maximumFrameLength: Int
+    var maximumFrameLength: Int
 
     init(maximumFrameLength: Int = ControlFrame.maximumFrameLength) {
         self.maximumFrameLength = maximumFrameLength

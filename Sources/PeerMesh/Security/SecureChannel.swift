@@ -1,0 +1,482 @@
+/// How much a session insists on encryption, as MultipeerConnectivity's `MCEncryptionPreference`.
+public enum EncryptionPreference: Sendable, Equatable, CustomStringConvertible {
+    /// Every link is encrypted and mutually authenticated; a peer that cannot is refused. The default.
+    case required
+    /// Links this side opens are encrypted; a peer that offers only plaintext is still accepted.
+    case optional
+    /// INSECURE: no encryption, no authentication — anyone on the network can listen, inject and impersonate.
+    /// For tests and benchmarks only.
+    case none
+
+    public var description: String {
+        switch self {
+        case .required: "required"
+        case .optional: "optional"
+        case .none: "none (insecure)"
+        }
+    }
+}
+
+/// The security layer of one control connection, as a pure state machine: the clear preamble that negotiates
+/// the mode, the Noise XX handshake that carries HELLO, then AEAD records that carry the frame stream.
+///
+/// ```
+/// preamble  "PMSH" · version (2) · mode (1 Noise XX, 0 plaintext, 255 refused) · reason · 0      (8 bytes, clear)
+/// handshake u16 length · Noise message (≤ 1024 bytes)                                              (clear framing)
+/// record    u16 length · ChaCha20-Poly1305(frame-stream bytes) (≤ 65 535 bytes, nonce = per-direction counter)
+/// ```
+///
+/// Bytes in, events out: `received` parses what arrived and returns what to write, the frames that arrived and
+/// any fault. `send` turns a frame into bytes to write (held until the channel is established). The owner writes
+/// and closes; the channel never touches a socket. HELLO is the handshake's payload in Noise mode: the channel
+/// turns it into a `.hello` frame for the owner, so the frame stream looks the same in both modes.
+struct SecureChannel: Sendable {
+    enum Role: Sendable { case initiator, responder }
+
+    /// The negotiated mode, carried in the preamble.
+    enum Mode: UInt8, Sendable {
+        case plaintext = 0
+        case noiseXX = 1
+    }
+
+    /// Why a responder refused the initiator's mode (preamble mode 255).
+    enum Refusal: UInt8, Sendable, CustomStringConvertible {
+        case encryptionRequired = 1
+        case encryptionUnsupported = 2
+
+        var description: String {
+            switch self {
+            case .encryptionRequired: "the peer requires encryption; this side offered none"
+            case .encryptionUnsupported: "the peer does not accept encryption (its encryption preference is none)"
+            }
+        }
+    }
+
+    /// Limits and who we are.
+    struct Configuration: Sendable {
+        var role: Role
+        var preference: EncryptionPreference
+        var localPeer: PeerID
+        /// Largest handshake message accepted (everything before authentication is bounded by this).
+        var maximumHandshakeMessage = 1_024
+        /// Largest frame (type byte + body) in the frame stream.
+        var maximumFrameLength = ControlFrame.maximumFrameLength
+    }
+
+    /// What `received`, `start`, `approve` and `send` ask of the owner.
+    enum Event: Equatable, Sendable {
+        /// Write these bytes.
+        case write([UInt8])
+        /// A frame arrived (in Noise mode, the peer's `.hello` comes from the handshake).
+        case frame(ControlFrame)
+        /// The initiator has identified the responder; call `approve()` to finish the handshake (after checking
+        /// the key) or close.
+        case needsApproval(PeerID)
+        /// The peer refused the mode we offered: close, and say why.
+        case refused(String)
+        /// The peer broke the protocol: close.
+        case fault(PeerFault)
+    }
+
+    static let magic: [UInt8] = [0x50, 0x4d, 0x53, 0x48]
+    static let preambleSize = 8
+    static let refusedMode: UInt8 = 0xff
+    /// Largest record: a u16 length of ciphertext.
+    static let maximumRecord = 65_535
+    static let maximumRecordPlaintext = maximumRecord - Sodium.tagSize
+
+    /// The 8-byte preamble for `mode` (or a refusal).
+    static func preamble(_ mode: UInt8, reason: UInt8 = 0) -> [UInt8] { magic + [peerMeshProtocolVersion, mode, reason, 0] }
+
+    private struct Transport: Sendable {
+        var send: Noise.CipherState
+        var receive: Noise.CipherState
+        let datagramSend: SecretKey
+        let datagramReceive: SecretKey
+        let handshakeHash: [UInt8]
+    }
+
+    private enum State: Sendable {
+        /// Initiator before `start()`.
+        case idle
+        /// Initiator: preamble (and message 1) sent; waiting for the responder's preamble.
+        case awaitingPreamble(Noise.XXHandshake?)
+        /// Initiator: waiting for message 2.
+        case awaitingMessage2(Noise.XXHandshake)
+        /// Initiator: message 2 read; the owner decides whether to trust the responder.
+        case awaitingApproval(Noise.XXHandshake, hello: ControlFrame)
+        /// Responder: waiting for the initiator's preamble.
+        case awaitingInitiatorPreamble
+        /// Responder: waiting for message 1.
+        case awaitingMessage1(Noise.XXHandshake)
+        /// Responder: message 2 sent; waiting for message 3.
+        case awaitingMessage3(Noise.XXHandshake)
+        /// Noise done: records both ways.
+        case established(Transport)
+        /// Plaintext: the frame stream as is.
+        case plaintext
+        /// Refused, faulted or exhausted: nothing more.
+        case closed
+    }
+
+    private let config: Configuration
+    private var state: State
+    private var inbound: [UInt8] = []
+    private var assembler: FrameAssembler
+    /// Frames the owner sent before the channel could carry them.
+    private var held: [ControlFrame] = []
+
+    init(configuration: Configuration) {
+        config = configuration
+        state = configuration.role == .initiator ? .idle : .awaitingInitiatorPreamble
+        assembler = FrameAssembler(maximumFrameLength: configuration.maximumFrameLength)
+    }
+
+    // MARK: Queries
+
+    /// Whether frames now go out encrypted and authenticated.
+    var isEncrypted: Bool { if case .established = state { true } else { false } }
+
+    /// Whether `send` writes at once (rather than holding the frame).
+    var isOpen: Bool {
+        switch state {
+        case .established, .plaintext: true
+        default: false
+        }
+    }
+
+    /// Keys for the link's datagrams (ours to seal with, the peer's to open with); nil in plaintext.
+    var datagramKeys: (send: SecretKey, receive: SecretKey)? {
+        if case .established(let t) = state { (t.datagramSend, t.datagramReceive) } else { nil }
+    }
+
+    /// The short authentication string both sides can compare (six digits, `123 456`), from the handshake hash
+    /// after message 2 — known to both sides from then on, and different on each side of a man in the middle
+    /// (who cannot make both handshakes share ephemeral keys). Nil in plaintext or before message 2.
+    var shortAuthenticationString: String? { sasSource.map(Self.sas) }
+
+    private var sasSource: [UInt8]?
+
+    static func sas(_ handshakeHash: [UInt8]) -> String {
+        let d = Sodium.sha256([Array("PeerMesh v2 SAS".utf8), handshakeHash])
+        let n = (UInt32(d[0]) << 24 | UInt32(d[1]) << 16 | UInt32(d[2]) << 8 | UInt32(d[3])) % 1_000_000
+        let s = String(n)
+        let padded = String(repeating: "0", count: 6 - s.count) + s
+        return String(padded.prefix(3)) + " " + String(padded.suffix(3))
+    }
+
+    /// The mode the initiator offers for a preference.
+    private var offeredMode: Mode { config.preference == .none ? .plaintext : .noiseXX }
+
+    // MARK: Events
+
+    /// Initiator: the first bytes to send (preamble, and message 1 in Noise mode).
+    mutating func start() -> [Event] {
+        guard config.role == .initiator, case .idle = state else { return [] }
+        let pre = Self.preamble(offeredMode.rawValue)
+        if offeredMode == .plaintext {
+            state = .awaitingPreamble(nil)
+            return [.write(pre)]
+        }
+        guard let keys = config.localPeer.keys else {
+            state = .closed
+            return [.refused("this peer has no key pair; make it with PeerID(displayName:) or PeerIdentity")]
+        }
+        var hs = Noise.XXHandshake(role: .initiator, localStatic: keys, prologue: pre)
+        // writeMessage1 cannot fail on a fresh initiator.
+        let m1 = try! hs.writeMessage1()
+        state = .awaitingPreamble(hs)
+        return [.write(pre + Self.lengthPrefixed(m1))]
+    }
+
+    /// Bytes arrived from the peer.
+    mutating func received(_ bytes: UnsafeRawBufferPointer) -> [Event] {
+        guard !isClosed else { return [] }
+        switch state {
+        case .plaintext:
+            assembler.append(bytes)
+            return drainFrames()
+        default:
+            inbound.append(contentsOf: bytes)
+            return process()
+        }
+    }
+
+    /// Initiator: the owner trusts the responder; finish the handshake and send what was held.
+    mutating func approve() -> [Event] {
+        guard case .awaitingApproval(var hs, _) = state else { return [] }
+        let hello = ControlFrame.hello(peer: config.localPeer).encoded()
+        let (m3, result): ([UInt8], Noise.Result)
+        do { (m3, result) = try hs.writeMessage3(payload: Array(hello.dropFirst(4))) } catch {
+            state = .closed
+            return [.fault(.handshake(error.description))]
+        }
+        state = .established(Transport(send: result.send, receive: result.receive, datagramSend: result.datagramSend,
+                                       datagramReceive: result.datagramReceive, handshakeHash: result.handshakeHash))
+        var out = Self.lengthPrefixed(m3)
+        out += sealHeld()
+        var events: [Event] = [.write(out)]
+        // Records that arrived right behind message 2 (none are expected before message 3, but be exact).
+        events += process()
+        return events
+    }
+
+    /// A frame to send: the bytes to write now (empty while held). In Noise mode `.hello` is the handshake's job
+    /// and is not sent as a frame.
+    mutating func send(_ frame: ControlFrame) -> [UInt8] {
+        switch state {
+        case .plaintext: return frame.encoded()
+        case .established:
+            if case .hello = frame { return [] }
+            return seal(frame.encoded())
+        case .closed: return []
+        default:
+            held.append(frame)
+            return []
+        }
+    }
+
+    /// Raises the frame limit (after an invitation is accepted, the session's own limit applies).
+    mutating func setMaximumFrameLength(_ n: Int) { assembler.maximumFrameLength = n }
+
+    // MARK: Parsing
+
+    private var isClosed: Bool { if case .closed = state { true } else { false } }
+
+    private mutating func fail(_ fault: PeerFault) -> [Event] {
+        state = .closed
+        inbound = []
+        held = []
+        return [.fault(fault)]
+    }
+
+    /// Takes one u16-length-prefixed message off `inbound`, if whole. `limit` bounds the length.
+    private mutating func takeMessage(limit: Int) -> Result<[UInt8]?, PeerFault> {
+        guard inbound.count >= 2 else { return .success(nil) }
+        let n = Int(inbound[0]) << 8 | Int(inbound[1])
+        guard n >= 1, n <= limit else { return .failure(.malformedFrame("message length \(n) outside 1…\(limit)")) }
+        guard inbound.count >= 2 + n else { return .success(nil) }
+        let m = Array(inbound[2..<(2 + n)])
+        inbound.removeFirst(2 + n)
+        return .success(m)
+    }
+
+    private mutating func takePreamble() -> Result<[UInt8]?, PeerFault> {
+        guard inbound.count >= Self.preambleSize else {
+            // Fail early on bytes that cannot become a preamble (another protocol).
+            if !zip(inbound, Self.magic).allSatisfy(==) { return .failure(.malformedFrame("not a PeerMesh peer (bad magic)")) }
+            return .success(nil)
+        }
+        let p = Array(inbound[0..<Self.preambleSize])
+        inbound.removeFirst(Self.preambleSize)
+        guard Array(p[0..<4]) == Self.magic else { return .failure(.malformedFrame("not a PeerMesh peer (bad magic)")) }
+        guard p[4] == peerMeshProtocolVersion else {
+            return .failure(.malformedFrame("protocol version \(p[4]); this build speaks \(peerMeshProtocolVersion)"))
+        }
+        return .success(p)
+    }
+
+    private mutating func process() -> [Event] {
+        var events: [Event] = []
+        while true {
+            switch state {
+            case .idle, .closed, .awaitingApproval:
+                return events
+            case .plaintext:
+                assembler.append(inbound)
+                inbound = []
+                return events + drainFrames()
+            case .established:
+                return events + openRecords()
+            case .awaitingPreamble(let hs):
+                let pre: [UInt8]
+                switch takePreamble() {
+                case .failure(let f): return events + fail(f)
+                case .success(nil): return events
+                case .success(let p?): pre = p
+                }
+                if pre[5] == Self.refusedMode {
+                    state = .closed
+                    let why = Refusal(rawValue: pre[6])?.description ?? "the peer refused the connection"
+                    return events + [.refused(why)]
+                }
+                guard pre[5] == offeredMode.rawValue else {
+                    // A responder must answer in the mode offered: anything else is a downgrade (or a broken peer).
+                    return events + fail(.downgrade)
+                }
+                if let hs { state = .awaitingMessage2(hs) } else {
+                    state = .plaintext
+                    events += flushHeldPlaintext()
+                }
+            case .awaitingMessage2(var hs):
+                let m: [UInt8]
+                switch takeMessage(limit: config.maximumHandshakeMessage) {
+                case .failure(let f): return events + fail(f)
+                case .success(nil): return events
+                case .success(let msg?): m = msg
+                }
+                do {
+                    let (rs, payload) = try hs.readMessage2(m)
+                    let hello = try helloFrame(payload, remoteStatic: rs)
+                    guard case .hello(let peer) = hello else { return events + fail(.handshake("bad HELLO")) }
+                    sasSource = hs.hash
+                    state = .awaitingApproval(hs, hello: hello)
+                    return events + [.frame(hello), .needsApproval(peer)]
+                } catch {
+                    return events + fail(.handshake(error.description))
+                }
+            case .awaitingInitiatorPreamble:
+                let pre: [UInt8]
+                switch takePreamble() {
+                case .failure(let f): return events + fail(f)
+                case .success(nil): return events
+                case .success(let p?): pre = p
+                }
+                guard let mode = Mode(rawValue: pre[5]) else { return events + fail(.malformedFrame("unknown mode \(pre[5])")) }
+                switch (mode, config.preference) {
+                case (.plaintext, .required):
+                    state = .closed
+                    return events + [.write(Self.preamble(Self.refusedMode, reason: Refusal.encryptionRequired.rawValue)),
+                                     .fault(.downgrade)]
+                case (.noiseXX, .none):
+                    state = .closed
+                    return events + [.write(Self.preamble(Self.refusedMode, reason: Refusal.encryptionUnsupported.rawValue)),
+                                     .refused(Refusal.encryptionUnsupported.description)]
+                case (.plaintext, _):
+                    state = .plaintext
+                    events.append(.write(Self.preamble(Mode.plaintext.rawValue)))
+                    events += flushHeldPlaintext()
+                case (.noiseXX, _):
+                    guard let keys = config.localPeer.keys else {
+                        state = .closed
+                        return events + [.refused("this peer has no key pair")]
+                    }
+                    state = .awaitingMessage1(Noise.XXHandshake(role: .responder, localStatic: keys, prologue: pre))
+                    events.append(.write(Self.preamble(Mode.noiseXX.rawValue)))
+                }
+            case .awaitingMessage1(var hs):
+                let m: [UInt8]
+                switch takeMessage(limit: config.maximumHandshakeMessage) {
+                case .failure(let f): return events + fail(f)
+                case .success(nil): return events
+                case .success(let msg?): m = msg
+                }
+                do {
+                    let payload = try hs.readMessage1(m)
+                    guard payload.isEmpty else { return events + fail(.handshake("message 1 carries a payload")) }
+                    let hello = ControlFrame.hello(peer: config.localPeer).encoded()
+                    let m2 = try hs.writeMessage2(payload: Array(hello.dropFirst(4)))
+                    sasSource = hs.hash
+                    state = .awaitingMessage3(hs)
+                    events.append(.write(Self.lengthPrefixed(m2)))
+                } catch {
+                    return events + fail(.handshake(error.description))
+                }
+            case .awaitingMessage3(var hs):
+                let m: [UInt8]
+                switch takeMessage(limit: config.maximumHandshakeMessage) {
+                case .failure(let f): return events + fail(f)
+                case .success(nil): return events
+                case .success(let msg?): m = msg
+                }
+                do {
+                    let (payload, result) = try hs.readMessage3(m)
+                    let hello = try helloFrame(payload, remoteStatic: result.remoteStatic)
+                    state = .established(Transport(send: result.send, receive: result.receive, datagramSend: result.datagramSend,
+                                                   datagramReceive: result.datagramReceive, handshakeHash: result.handshakeHash))
+                    events.append(.frame(hello))
+                    let sealed = sealHeld()
+                    if !sealed.isEmpty { events.append(.write(sealed)) }
+                } catch {
+                    return events + fail(.handshake(error.description))
+                }
+            }
+        }
+    }
+
+    /// The peer's HELLO from a handshake payload: its name, and the identity its proven key gives.
+    private func helloFrame(_ payload: [UInt8], remoteStatic: [UInt8]) throws(Noise.Failure) -> ControlFrame {
+        guard payload.count <= 255, let key = PublicKey(bytes: remoteStatic) else { throw .badLength(payload.count) }
+        let r = payload.withUnsafeBytes { ControlFrame.decode(body: UnsafeRawBufferPointer($0)) }
+        guard case .success(.hello(let claimed)) = r, claimed.identity == key.identity,
+              let peer = try? PeerID(displayName: claimed.displayName, publicKey: key)
+        else { throw .decryptFailed }
+        return .hello(peer: peer)
+    }
+
+    private mutating func drainFrames() -> [Event] {
+        var events: [Event] = []
+        while let r = assembler.next() {
+            switch r {
+            case .success(.hello) where isEncrypted:
+                return events + fail(.unexpectedFrame("HELLO inside the encrypted channel"))
+            case .success(let f): events.append(.frame(f))
+            case .failure(let e): return events + fail(.malformedFrame(e))
+            }
+        }
+        return events
+    }
+
+    private mutating func openRecords() -> [Event] {
+        var events: [Event] = []
+        while case .established(var t) = state {
+            guard inbound.count >= 2 else { break }
+            let n = Int(inbound[0]) << 8 | Int(inbound[1])
+            guard n >= Sodium.tagSize + 1 else { return events + fail(.malformedFrame("record of \(n) bytes")) }
+            guard inbound.count >= 2 + n else { break }
+            let record = Array(inbound[2..<(2 + n)])
+            inbound.removeFirst(2 + n)
+            guard let plain = try? t.receive.decrypt(ad: [], record) else {
+                return events + fail(.unauthentic)
+            }
+            state = .established(t)
+            assembler.append(plain)
+            events += drainFrames()
+        }
+        return events
+    }
+
+    private mutating func seal(_ plaintext: [UInt8]) -> [UInt8] {
+        guard case .established(var t) = state else { return [] }
+        var out: [UInt8] = []
+        var offset = 0
+        while offset < plaintext.count {
+            let end = min(plaintext.count, offset + Self.maximumRecordPlaintext)
+            guard !t.send.isExhausted else {
+                state = .closed
+                return out
+            }
+            let c = t.send.encrypt(ad: [], Array(plaintext[offset..<end]))
+            out.append(UInt8(c.count >> 8))
+            out.append(UInt8(c.count & 0xff))
+            out += c
+            offset = end
+        }
+        state = .established(t)
+        return out
+    }
+
+    private mutating func sealHeld() -> [UInt8] {
+        let frames = held
+        held = []
+        var out: [UInt8] = []
+        for f in frames {
+            if case .hello = f { continue }
+            out += seal(f.encoded())
+        }
+        return out
+    }
+
+    private mutating func flushHeldPlaintext() -> [Event] {
+        let frames = held
+        held = []
+        let bytes = frames.flatMap { $0.encoded() }
+        return bytes.isEmpty ? [] : [.write(bytes)]
+    }
+
+    private static func lengthPrefixed(_ m: [UInt8]) -> [UInt8] { [UInt8(m.count >> 8), UInt8(m.count & 0xff)] + m }
+}
+
+extension FrameAssembler {
+    mutating func append(_ bytes: [UInt8]) { bytes.withUnsafeBytes { append($0) } }
+}
