@@ -436,7 +436,8 @@ struct SecureChannel: Sendable {
         return events
     }
 
-    private mutating func seal(_ plaintext: [UInt8]) -> [UInt8] {
+    /// Seals frame-stream bytes as records (internal for tests that play a peer sealing what it should not).
+    mutating func seal(_ plaintext: [UInt8]) -> [UInt8] {
         guard case .established(var t) = state else { return [] }
         var out: [UInt8] = []
         var offset = 0

@@ -1,0 +1,234 @@
+import Testing
+import MeshTestSupport
+@testable import PeerMesh
+
+private let alice = try! PeerID(displayName: "alice")
+private let bob = try! PeerID(displayName: "bob")
+
+/// Two channels joined back to back, with the bytes each writes handed to the other.
+private struct Wire {
+    var initiator: SecureChannel
+    var responder: SecureChannel
+    var toResponder: [[UInt8]] = []
+    var toInitiator: [[UInt8]] = []
+    var initiatorSaw: [SecureChannel.Event] = []
+    var responderSaw: [SecureChannel.Event] = []
+
+    init(_ i: EncryptionPreference = .required, _ r: EncryptionPreference = .required) {
+        initiator = SecureChannel(configuration: .init(role: .initiator, preference: i, localPeer: alice))
+        responder = SecureChannel(configuration: .init(role: .responder, preference: r, localPeer: bob))
+    }
+
+    mutating func collect(_ events: [SecureChannel.Event], fromInitiator: Bool) {
+        for e in events {
+            if case .write(let b) = e {
+                if fromInitiator { toResponder.append(b) } else { toInitiator.append(b) }
+            } else if fromInitiator {
+                initiatorSaw.append(e)
+            } else {
+                responderSaw.append(e)
+            }
+        }
+    }
+
+    /// Delivers everything written so far, both ways, until quiet.
+    mutating func pump(approve: Bool = true) {
+        var rounds = 0
+        while (!toResponder.isEmpty || !toInitiator.isEmpty) && rounds < 20 {
+            rounds += 1
+            for b in toResponder { collect(b.withUnsafeBytes { responder.received($0) }, fromInitiator: false) }
+            toResponder = []
+            for b in toInitiator { collect(b.withUnsafeBytes { initiator.received($0) }, fromInitiator: true) }
+            toInitiator = []
+            if approve, initiatorSaw.contains(where: { if case .needsApproval = $0 { true } else { false } }),
+               !initiator.isOpen {
+                collect(initiator.approve(), fromInitiator: true)
+            }
+        }
+    }
+
+    mutating func start() { collect(initiator.start(), fromInitiator: true) }
+
+    mutating func sendFromInitiator(_ f: ControlFrame) { toResponder.append(initiator.send(f)) }
+    mutating func sendFromResponder(_ f: ControlFrame) { toInitiator.append(responder.send(f)) }
+}
+
+private func frames(_ events: [SecureChannel.Event]) -> [ControlFrame] {
+    events.compactMap { if case .frame(let f) = $0 { f } else { nil } }
+}
+
+private func faults(_ events: [SecureChannel.Event]) -> [PeerFault] {
+    events.compactMap { if case .fault(let f) = $0 { f } else { nil } }
+}
+
+private let invite = ControlFrame.invite(.init(context: Array("ctx".utf8), timeoutMillis: 5_000, udpPort: 7, token: 9))
+
+@Suite("SecureChannel: preamble, Noise XX, records (pure)")
+struct SecureChannelTests {
+    @Test func encryptedBothWaysWithProvenNames() throws {
+        var w = Wire()
+        w.sendFromResponder(.hello(peer: bob))   // swallowed: the handshake carries it
+        w.start()
+        w.sendFromInitiator(.hello(peer: alice))
+        w.sendFromInitiator(invite)               // held until the handshake ends
+        w.pump()
+        // Each side learned the other's name and proven key from the handshake.
+        guard case .hello(let seenBob)? = frames(w.initiatorSaw).first,
+              case .hello(let seenAlice)? = frames(w.responderSaw).first else {
+            Issue.record("no HELLO: \(w.initiatorSaw) \(w.responderSaw)"); return
+        }
+        #expect(seenBob == bob && seenBob.publicKey == bob.publicKey && seenBob.displayName == "bob")
+        #expect(seenAlice == alice && seenAlice.publicKey == alice.publicKey)
+        #expect(frames(w.responderSaw) == [.hello(peer: alice), invite])
+        #expect(w.initiator.isEncrypted && w.responder.isEncrypted)
+        #expect(w.initiator.shortAuthenticationString == w.responder.shortAuthenticationString)
+        #expect(w.initiator.shortAuthenticationString?.count == 7)
+        // A message bigger than one record crosses as several.
+        let big = ControlFrame.data((0..<200_000).map { UInt8(truncatingIfNeeded: $0) })
+        w.sendFromResponder(big)
+        w.sendFromResponder(.heartbeat)
+        w.pump()
+        #expect(frames(w.initiatorSaw).suffix(2) == [big, .heartbeat])
+        #expect(faults(w.initiatorSaw + w.responderSaw).isEmpty)
+    }
+
+    @Test func datagramKeysPairUp() {
+        var w = Wire()
+        w.start()
+        w.pump()
+        let i = w.initiator.datagramKeys!, r = w.responder.datagramKeys!
+        #expect(i.send.bytes == r.receive.bytes && i.receive.bytes == r.send.bytes && i.send.bytes != i.receive.bytes)
+    }
+
+    @Test(arguments: [EncryptionPreference.required, .optional])
+    func aPlaintextInitiatorIsRefusedByARequiredResponder(_ responder: EncryptionPreference) {
+        var w = Wire(.none, responder)
+        w.start()
+        w.sendFromInitiator(.hello(peer: alice))
+        w.pump()
+        if responder == .required {
+            #expect(faults(w.responderSaw) == [.downgrade], "the responder refuses and closes")
+            #expect(w.initiatorSaw.contains(.refused(SecureChannel.Refusal.encryptionRequired.description)))
+            #expect(frames(w.responderSaw).isEmpty, "nothing the initiator sent was taken as a frame")
+        } else {
+            #expect(frames(w.responderSaw) == [.hello(peer: alice)], "an optional responder takes plaintext")
+            #expect(!w.responder.isEncrypted)
+        }
+    }
+
+    @Test func anEncryptingInitiatorIsRefusedByAPlaintextOnlyResponder() {
+        var w = Wire(.required, .none)
+        w.start()
+        w.pump()
+        #expect(w.initiatorSaw.contains(.refused(SecureChannel.Refusal.encryptionUnsupported.description)))
+    }
+
+    @Test func aResponderThatAnswersInPlaintextIsADowngrade() {
+        // A man in the middle (or a broken peer) answers an encrypted offer with a plaintext preamble.
+        var i = SecureChannel(configuration: .init(role: .initiator, preference: .required, localPeer: alice))
+        _ = i.start()
+        let events = SecureChannel.preamble(0).withUnsafeBytes { i.received($0) }
+        #expect(faults(events) == [.downgrade])
+        #expect(!i.isOpen)
+    }
+
+    @Test func aTamperedOrTruncatedRecordIsCaughtAtEveryBytePosition() {
+        var w = Wire()
+        w.start()
+        w.pump()
+        let record = w.initiator.send(.data(Array("secret audio control".utf8)))
+        for pos in 0..<record.count {
+            var r = w.responder
+            var bad = record
+            bad[pos] ^= 0x20
+            let events = bad.withUnsafeBytes { r.received($0) }
+            #expect(frames(events).isEmpty, "byte \(pos)")
+            if pos >= 2 { #expect(faults(events) == [.unauthentic], "byte \(pos)") }
+        }
+        // Truncated: never a frame; the rest of the record simply has not come yet.
+        for n in 0..<record.count {
+            var r = w.responder
+            #expect(frames(Array(record.prefix(n)).withUnsafeBytes { r.received($0) }).isEmpty)
+        }
+        // The genuine record still opens.
+        var r = w.responder
+        #expect(frames(record.withUnsafeBytes { r.received($0) }) == [.data(Array("secret audio control".utf8))])
+    }
+
+    @Test func aReplayedRecordIsRefused() {
+        var w = Wire()
+        w.start()
+        w.pump()
+        let first = w.initiator.send(.data([1]))
+        var r = w.responder
+        #expect(frames(first.withUnsafeBytes { r.received($0) }) == [.data([1])])
+        #expect(faults(first.withUnsafeBytes { r.received($0) }) == [.unauthentic], "the nonce moved on")
+    }
+
+    @Test func aReplayedHandshakeFromAnotherSessionFails() {
+        // Record an initiator's messages 1 and 3 against one responder; replay them to a fresh responder.
+        var w = Wire()
+        w.start()
+        let m1 = w.toResponder
+        w.pump()
+        var replay = SecureChannel(configuration: .init(role: .responder, preference: .required, localPeer: bob))
+        var events: [SecureChannel.Event] = []
+        for b in m1 { events += b.withUnsafeBytes { replay.received($0) } }
+        // The fresh responder answered with a new ephemeral key; the old message 3 cannot match it.
+        let oldThird = w.initiator.send(.heartbeat) // any later initiator bytes stand in for "what came next"
+        events += oldThird.withUnsafeBytes { replay.received($0) }
+        #expect(!faults(events).isEmpty)
+        #expect(!replay.isEncrypted)
+        #expect(frames(events).isEmpty)
+    }
+
+    @Test func anUnknownPeerOrV1BytesAreFaultsNotFrames() {
+        var r = SecureChannel(configuration: .init(role: .responder, preference: .required, localPeer: bob))
+        // A v1 HELLO frame: its length prefix is not the preamble's magic.
+        let v1 = ControlFrame.hello(peer: alice).encoded()
+        #expect(faults(v1.withUnsafeBytes { r.received($0) }).count == 1)
+        var r2 = SecureChannel(configuration: .init(role: .responder, preference: .required, localPeer: bob))
+        let wrongVersion = SecureChannel.magic + [1, 1, 0, 0]
+        #expect(faults(wrongVersion.withUnsafeBytes { r2.received($0) }).count == 1)
+    }
+
+    @Test func anOversizeHandshakeMessageIsRefusedBeforeItArrives() {
+        var r = SecureChannel(configuration: .init(role: .responder, preference: .required, localPeer: bob))
+        let events = (SecureChannel.preamble(1) + [0x04, 0x01]).withUnsafeBytes { r.received($0) } // 1025 bytes announced
+        #expect(faults(events).count == 1, "\(events)")
+    }
+
+    @Test func noFrameBeforeTheHandshakeEndsAndNoHelloInsideIt() {
+        var w = Wire()
+        w.start()
+        w.pump(approve: false)
+        // The initiator waits for approval: its invitation is held, nothing reached the responder as a frame.
+        w.sendFromInitiator(invite)
+        w.pump(approve: false)
+        #expect(frames(w.responderSaw).isEmpty)
+        w.collect(w.initiator.approve(), fromInitiator: true)
+        w.pump(approve: false)
+        #expect(frames(w.responderSaw) == [.hello(peer: alice), invite])
+        // A HELLO frame smuggled inside the encrypted stream is a fault.
+        var raw = w.initiator
+        let smuggled = raw.sendRawFrameForTests(.hello(peer: alice))
+        var r = w.responder
+        #expect(faults(smuggled.withUnsafeBytes { r.received($0) }) == [.unexpectedFrame("HELLO inside the encrypted channel")])
+    }
+
+    @Test func randomBytesNeverTrapAndNeverMakeFrames() {
+        var rng = SeededRandom(seed: 42)
+        for _ in 0..<2_000 {
+            var r = SecureChannel(configuration: .init(role: .responder, preference: .required, localPeer: bob))
+            let n = Int(rng.next() % 200)
+            var bytes = (0..<n).map { _ in UInt8(truncatingIfNeeded: rng.next()) }
+            if rng.next() % 2 == 0 { bytes = SecureChannel.preamble(1) + bytes }
+            #expect(frames(bytes.withUnsafeBytes { r.received($0) }).isEmpty)
+        }
+    }
+}
+
+extension SecureChannel {
+    /// Seals any frame, HELLO included, as a broken or malicious peer would.
+    mutating func sendRawFrameForTests(_ f: ControlFrame) -> [UInt8] { seal(f.encoded()) }
+}
