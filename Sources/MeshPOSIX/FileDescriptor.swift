@@ -80,10 +80,16 @@ package final class FileDescriptor: Sendable {
         return s
     }
 
-    /// Starts a non-blocking TCP connect to `target`; completion shows as writability (then check `pendingError`).
-    package static func tcpConnect(to target: SocketAddress) throws(SyscallError) -> FileDescriptor {
+    /// Starts a non-blocking TCP connect to `target` (from `source`'s address, when given and of the same family);
+    /// completion shows as writability (then check `pendingError`).
+    package static func tcpConnect(to target: SocketAddress, from source: SocketAddress? = nil) throws(SyscallError) -> FileDescriptor {
         let s = try socket(target.family, SOCK_STREAM, "TCP")
         try? Sys.setOption(s.fd, Int32(IPPROTO_TCP), TCP_NODELAY, 1)
+        if let source, source.family == target.family, !source.hostBytes.allSatisfy({ $0 == 0 }) {
+            _ = try source.with(port: 0).withSockaddr { (p, l) throws(SyscallError) in
+                try Sys.call("bind(TCP \(source.host))") { bind(s.fd, p, l) }
+            }
+        }
         _ = try target.withSockaddr { (p, l) throws(SyscallError) in
             try Sys.nonBlocking("connect(\(target))") { connect(s.fd, p, l) }
         }

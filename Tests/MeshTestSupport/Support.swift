@@ -136,3 +136,87 @@ package final class ChildProcess: Sendable {
         }
     }
 }
+
+/// Captures the UDP datagrams on the loopback interface, as an attacker on the host would (an `AF_PACKET`
+/// socket; root only). Each capture keeps the datagrams whose destination port is in `ports` (all if empty).
+package final class LoopbackCapture: Sendable {
+    /// One captured UDP datagram.
+    package struct Datagram: Sendable {
+        package var sourceIP: [UInt8]
+        package var sourcePort: UInt16
+        package var destinationPort: UInt16
+        package var payload: [UInt8]
+    }
+
+    private let fd: Int32
+    private let captured = Mutex<[Datagram]>([])
+    private let running = Atomic<Bool>(true)
+    private let done = Semaphore()
+    private let ports: Set<UInt16>
+
+    /// Starts capturing; throws if the socket cannot be opened (not root).
+    package init(ports: Set<UInt16> = []) throws {
+        self.ports = ports
+        let ethPAll = UInt16(0x0003)
+        let s = socket(17 /* AF_PACKET */, Int32(SOCK_DGRAM.rawValue), Int32(ethPAll.bigEndian))
+        guard s >= 0 else { throw CaptureError(text: "AF_PACKET socket: \(String(cString: strerror(errno)))") }
+        var tv = timeval(tv_sec: 0, tv_usec: 100_000)
+        setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        // Bind to lo: struct sockaddr_ll { family u16, protocol u16 (BE), ifindex i32, hatype u16, pkttype u8, halen u8, addr[8] }.
+        var ll = [UInt8](repeating: 0, count: 20)
+        ll[0] = 17; ll[1] = 0
+        ll[2] = UInt8(ethPAll >> 8); ll[3] = UInt8(ethPAll & 0xff)
+        let index = Int32(if_nametoindex("lo"))
+        withUnsafeBytes(of: index.littleEndian) { for i in 0..<4 { ll[4 + i] = $0[i] } }
+        let rc = ll.withUnsafeBytes { bind(s, $0.baseAddress!.assumingMemoryBound(to: sockaddr.self), socklen_t(20)) }
+        guard rc == 0 else {
+            close(s)
+            throw CaptureError(text: "bind(AF_PACKET, lo): \(String(cString: strerror(errno)))")
+        }
+        fd = s
+        let t = Thread { [self] in run() }
+        t.start()
+    }
+
+    private func run() {
+        var buf = [UInt8](repeating: 0, count: 65_536)
+        var ll = [UInt8](repeating: 0, count: 20)
+        while running.load(ordering: .acquiring) {
+            var len = socklen_t(20)
+            let n = buf.withUnsafeMutableBytes { b in
+                ll.withUnsafeMutableBytes { l in
+                    recvfrom(fd, b.baseAddress, b.count, 0, l.baseAddress!.assumingMemoryBound(to: sockaddr.self), &len)
+                }
+            }
+            // Outgoing packets on lo are seen twice (PACKET_OUTGOING and the loop back in): keep the incoming copy.
+            guard n > 28, ll[10] != 4 /* PACKET_OUTGOING */ else { continue }
+            guard buf[0] >> 4 == 4, buf[9] == 17 else { continue } // IPv4, UDP
+            let ihl = Int(buf[0] & 0x0f) * 4
+            guard n >= ihl + 8 else { continue }
+            let sport = UInt16(buf[ihl]) << 8 | UInt16(buf[ihl + 1])
+            let dport = UInt16(buf[ihl + 2]) << 8 | UInt16(buf[ihl + 3])
+            guard ports.isEmpty || ports.contains(dport) else { continue }
+            let d = Datagram(sourceIP: Array(buf[12..<16]), sourcePort: sport, destinationPort: dport,
+                             payload: Array(buf[(ihl + 8)..<n]))
+            captured.withLock { $0.append(d) }
+        }
+        done.signal()
+    }
+
+    /// What was captured so far.
+    package var datagrams: [Datagram] { captured.withLock { $0 } }
+
+    /// Stops capturing.
+    package func stop() {
+        guard running.exchange(false, ordering: .acquiringAndReleasing) else { return }
+        done.wait()
+        close(fd)
+    }
+
+    deinit { stop() }
+
+    package struct CaptureError: Error, CustomStringConvertible {
+        package let text: String
+        package var description: String { text }
+    }
+}

@@ -121,7 +121,7 @@ struct AdvertiserStateMachineTests {
 
     @Test func helloThenInviteAsksTheApp() {
         var m = machine()
-        #expect(m.accepted(1, host: hostA, now: 0) == .greet(1, .hello(peer: me)))
+        #expect(m.accepted(1, host: hostA, now: 0) == .greet(1, .hello(peer: me), evicting: nil))
         #expect(m.received(.hello(peer: bob), on: 1, now: 1) == .wait)
         #expect(m.received(.invite(invite()), on: 1, now: 2) == .ask(1, bob, invite()))
         #expect(m.answered(1, accept: true) == .handOver(1, bob, invite()))
@@ -153,15 +153,19 @@ struct AdvertiserStateMachineTests {
 
     @Test func silentCallersAreClosedAndUnansweredInvitationsDeclined() {
         var m = machine()
-        _ = m.accepted(1, host: hostA, now: 0)          // never speaks
+        _ = m.accepted(1, host: hostA, now: 0)          // never speaks: 2 s to its first byte
+        _ = m.accepted(3, host: hostA, now: 0)          // speaks, never finishes: 10 s (this machine's greeting time)
+        m.heard(3)
         _ = m.accepted(2, host: hostA, now: 0)
+        m.heard(2)
         _ = m.received(.hello(peer: bob), on: 2, now: 0)
         _ = m.received(.invite(invite(timeoutMillis: 3_000)), on: 2, now: sec) // asks until 4 s
-        #expect(m.nextDeadline() == 4 * sec)
-        #expect(m.expire(now: 4 * sec - 1) == [])
+        #expect(m.nextDeadline() == 2 * sec)
+        #expect(m.expire(now: 2 * sec - 1) == [])
+        #expect(m.expire(now: 2 * sec) == [.close(1)])
         #expect(m.expire(now: 4 * sec) == [.decline(2, .timedOut)])
         #expect(m.nextDeadline() == 10 * sec)
-        #expect(m.expire(now: 10 * sec) == [.close(1)])
+        #expect(m.expire(now: 10 * sec) == [.close(3)])
         #expect(m.answered(2, accept: true) == .ignore, "a late answer changes nothing")
     }
 
@@ -187,18 +191,32 @@ struct AdvertiserStateMachineTests {
         #expect(m.nextDeadline() == nil)
     }
 
-    @Test func limitsInAllAndPerHost() {
+    @Test func atACapTheOldestHandshakeIsEvictedSilentOnesFirst() {
         var m = machine(pending: 3, perHost: 2)
-        #expect(m.accepted(1, host: hostA, now: 0) == .greet(1, .hello(peer: me)))
-        #expect(m.accepted(2, host: hostA, now: 0) == .greet(2, .hello(peer: me)))
-        #expect(m.accepted(3, host: hostA, now: 0) == .refuse(3), "a third from one host")
-        #expect(!m.isFull)
-        #expect(m.accepted(4, host: hostB, now: 0) == .greet(4, .hello(peer: me)))
+        #expect(m.accepted(1, host: hostA, now: 0) == .greet(1, .hello(peer: me), evicting: nil))
+        #expect(m.accepted(2, host: hostA, now: 1) == .greet(2, .hello(peer: me), evicting: nil))
+        m.heard(1)
+        // A third from one host: the oldest *silent* one from that host goes (2), not the older live one (1).
+        #expect(m.accepted(3, host: hostA, now: 2) == .greet(3, .hello(peer: me), evicting: 2))
+        #expect(m.accepted(4, host: hostB, now: 3) == .greet(4, .hello(peer: me), evicting: nil))
+        #expect(m.pendingCount == 3)
+        // Full in all: a new one from a third host evicts the oldest silent one anywhere (3).
+        #expect(m.accepted(5, host: [10, 0, 0, 4], now: 4) == .greet(5, .hello(peer: me), evicting: 3))
+        #expect(!m.isFull, "handshaking connections never make the advertiser stop accepting")
+    }
+
+    @Test func invitationsTheAppHoldsAreNeverEvicted() {
+        var m = machine(pending: 2, perHost: 2)
+        for id in 1...2 {
+            _ = m.accepted(id, host: hostA, now: 0)
+            _ = m.received(.hello(peer: bob), on: id, now: 0)
+            _ = m.received(.invite(invite()), on: id, now: 0)
+        }
         #expect(m.isFull)
-        #expect(m.accepted(5, host: hostB, now: 0) == .refuse(5))
-        m.closed(1)
+        #expect(m.accepted(3, host: hostB, now: 1) == .refuse(3))
+        #expect(m.answered(1, accept: false) == .decline(1, .declined))
         #expect(!m.isFull)
-        #expect(m.accepted(6, host: hostA, now: 0) == .greet(6, .hello(peer: me)))
+        #expect(m.accepted(4, host: hostB, now: 2) == .greet(4, .hello(peer: me), evicting: nil))
     }
 
     @Test func stopDeclinesWhatTheAppHoldsAndClosesTheRest() {

@@ -80,7 +80,7 @@ typealias SeededRNG = SeededRandom
         var m = machine()
         _ = m.inviteStarted(link: 1, expected: bob, context: [], timeout: 5 * sec, localUDPPort: 4000, localToken: 77, now: 0)
         #expect(m.received(.hello(peer: carol), on: 1, now: 1)
-                == [.close(1), .invitationFailed(1, bob, .unavailable), .report(bob, .notConnected)])
+                == [.fault(1, .wrongPeer), .close(1), .invitationFailed(1, bob, .unavailable), .report(bob, .notConnected)])
         #expect(m.state(of: bob) == .notConnected)
         #expect(m.state(of: carol) == .notConnected)
         #expect(m.nextDeadline() == nil)

@@ -8,46 +8,56 @@ typealias PendingID = Int
 ///
 /// Each event is one `mutating` method that returns what the driver must do. No I/O, no clock.
 ///
-/// Limits: at most `maximumPending` connections wait at once, and at most `maximumPendingPerHost` from one host;
-/// at the cap the driver stops accepting (`isFull`) until one ends. Each connection must identify itself and
-/// invite within `greetingTimeout`; an invitation the app has not answered is declined at its deadline (the
-/// inviter's timeout, at most `maximumInvitationWait`).
+/// Limits: at most `maximumPending` connections wait at once, and at most `maximumPendingPerHost` from one host.
+/// A connection must send its first bytes within `firstByteTimeout` and finish the handshake and its invitation
+/// within `greetingTimeout`; an invitation the app has not answered is declined at its deadline (the inviter's
+/// timeout, at most `maximumInvitationWait`). At a cap, a new connection evicts the oldest one that is still
+/// handshaking — a silent one first — so idle or slow connections cannot lock a real peer out (a real peer
+/// finishes its handshake within a round trip). Only when every slot holds an invitation the app is deciding
+/// is a new connection refused; then the driver stops accepting (`isFull`) until one ends.
 struct AdvertiserStateMachine: Sendable {
     /// Limits and timing.
     struct Configuration: Equatable, Sendable {
         var localPeer: PeerID
-        var greetingTimeout: Nanos = 10_000_000_000
+        var firstByteTimeout: Nanos = 2_000_000_000
+        var greetingTimeout: Nanos = 5_000_000_000
         var maximumInvitationWait: Nanos = 60_000_000_000
         var maximumPending: Int = 64
         var maximumPendingPerHost: Int = 8
     }
 
     private enum Pending: Equatable {
-        /// Accepted and greeted; the caller has not said who it is.
-        case greeted(host: [UInt8], deadline: Nanos)
+        /// Accepted and greeted; nothing has arrived yet.
+        case silent(host: [UInt8], acceptedAt: Nanos)
+        /// Bytes arrived (the handshake is under way); the caller has not said who it is.
+        case greeted(host: [UInt8], acceptedAt: Nanos)
         /// The caller said HELLO; its INVITE has not come.
-        case introduced(host: [UInt8], peer: PeerID, deadline: Nanos)
+        case introduced(host: [UInt8], acceptedAt: Nanos, peer: PeerID)
         /// The app holds the invitation.
-        case asking(host: [UInt8], peer: PeerID, invite: ControlFrame.InviteBody, deadline: Nanos)
+        case asking(host: [UInt8], acceptedAt: Nanos, peer: PeerID, invite: ControlFrame.InviteBody, deadline: Nanos)
 
         var host: [UInt8] {
             switch self {
-            case .greeted(let h, _), .introduced(let h, _, _), .asking(let h, _, _, _): h
+            case .silent(let h, _), .greeted(let h, _), .introduced(let h, _, _), .asking(let h, _, _, _, _): h
             }
         }
 
-        var deadline: Nanos {
+        var acceptedAt: Nanos {
             switch self {
-            case .greeted(_, let d), .introduced(_, _, let d), .asking(_, _, _, let d): d
+            case .silent(_, let a), .greeted(_, let a), .introduced(_, let a, _), .asking(_, let a, _, _, _): a
             }
         }
+
+        var isAsking: Bool { if case .asking = self { true } else { false } }
+        var isSilent: Bool { if case .silent = self { true } else { false } }
     }
 
     /// What to do with a connection just accepted.
     enum OnAccepted: Equatable, Sendable {
-        /// Keep it: send our HELLO.
-        case greet(PendingID, ControlFrame)
-        /// Too many pending connections (from that host, or in all): close it at once.
+        /// Keep it: send our HELLO (carried by the handshake when encrypted). Close `evicting` first, if any: it
+        /// was the oldest connection still handshaking at a cap.
+        case greet(PendingID, ControlFrame, evicting: PendingID?)
+        /// Every slot holds an invitation the app is deciding: close the new one at once.
         case refuse(PendingID)
     }
 
@@ -88,39 +98,72 @@ struct AdvertiserStateMachine: Sendable {
         config = configuration
     }
 
-    /// Whether the advertiser should stop accepting until a pending connection ends.
-    var isFull: Bool { pending.count >= config.maximumPending }
+    /// Whether the advertiser should stop accepting until a pending connection ends: every slot holds an
+    /// invitation the app is deciding.
+    var isFull: Bool { pending.count >= config.maximumPending && pending.values.allSatisfy(\.isAsking) }
 
     /// Connections waiting.
     var pendingCount: Int { pending.count }
 
+    /// When `p` expires.
+    private func deadline(_ p: Pending) -> Nanos {
+        switch p {
+        case .silent(_, let a): a &+ config.firstByteTimeout
+        case .greeted(_, let a), .introduced(_, let a, _): a &+ config.greetingTimeout
+        case .asking(_, _, _, _, let d): d
+        }
+    }
+
     /// The next instant at which `expire` has work.
-    func nextDeadline() -> Nanos? { pending.values.map(\.deadline).min() }
+    func nextDeadline() -> Nanos? { pending.values.map(deadline).min() }
 
     // MARK: Events
 
     /// A connection from `host` (its address bytes) was accepted.
     mutating func accepted(_ id: PendingID, host: [UInt8], now: Nanos) -> OnAccepted {
         precondition(pending[id] == nil, "pending ids are unique")
-        guard !stopped, pending.count < config.maximumPending,
-              pending.values.count(where: { $0.host == host }) < config.maximumPendingPerHost
-        else { return .refuse(id) }
-        pending[id] = .greeted(host: host, deadline: now &+ config.greetingTimeout)
-        return .greet(id, .hello(peer: config.localPeer))
+        guard !stopped else { return .refuse(id) }
+        var victim: PendingID?
+        let fromHost = pending.filter { $0.value.host == host }
+        if fromHost.count >= config.maximumPendingPerHost {
+            victim = evictionCandidate(among: fromHost)
+            guard victim != nil else { return .refuse(id) }
+        } else if pending.count >= config.maximumPending {
+            victim = evictionCandidate(among: pending)
+            guard victim != nil else { return .refuse(id) }
+        }
+        if let victim { pending[victim] = nil }
+        pending[id] = .silent(host: host, acceptedAt: now)
+        return .greet(id, .hello(peer: config.localPeer), evicting: victim)
+    }
+
+    /// The oldest connection still handshaking, silent ones first; nil when all are asking the app.
+    private func evictionCandidate(among candidates: [PendingID: Pending]) -> PendingID? {
+        candidates.filter { !$0.value.isAsking }
+            .min { a, b in
+                if a.value.isSilent != b.value.isSilent { return a.value.isSilent }
+                return (a.value.acceptedAt, a.key) < (b.value.acceptedAt, b.key)
+            }?.key
+    }
+
+    /// The first bytes arrived on `id`: it is no longer silent.
+    mutating func heard(_ id: PendingID) {
+        if case .silent(let host, let a)? = pending[id] { pending[id] = .greeted(host: host, acceptedAt: a) }
     }
 
     /// A frame arrived on a pending connection.
     mutating func received(_ frame: ControlFrame, on id: PendingID, now: Nanos) -> OnFrame {
         guard let p = pending[id] else { return .wait }
         switch (p, frame) {
-        case (.greeted(let host, let deadline), .hello(let peer)):
+        case (.silent(let host, let a), .hello(let peer)), (.greeted(let host, let a), .hello(let peer)):
             if peer == config.localPeer { return close(id, .unexpectedFrame("our own HELLO")) }
-            pending[id] = .introduced(host: host, peer: peer, deadline: deadline)
+            pending[id] = .introduced(host: host, acceptedAt: a, peer: peer)
             return .wait
-        case (.introduced(let host, let peer, _), .invite(let body)):
+        case (.introduced(let host, let a, let peer), .invite(let body)):
             var wait = UInt64(body.timeoutMillis) * 1_000_000
             if wait == 0 { wait = 30_000_000_000 }
-            pending[id] = .asking(host: host, peer: peer, invite: body, deadline: now &+ min(wait, config.maximumInvitationWait))
+            pending[id] = .asking(host: host, acceptedAt: a, peer: peer, invite: body,
+                                  deadline: now &+ min(wait, config.maximumInvitationWait))
             return .ask(id, peer, body)
         default:
             return close(id, .unexpectedFrame(frame.name))
@@ -129,7 +172,7 @@ struct AdvertiserStateMachine: Sendable {
 
     /// The app answered the invitation on `id`.
     mutating func answered(_ id: PendingID, accept: Bool) -> OnAnswer {
-        guard case .asking(_, let peer, let invite, _)? = pending[id] else { return .ignore }
+        guard case .asking(_, _, let peer, let invite, _)? = pending[id] else { return .ignore }
         pending[id] = nil
         return accept ? .handOver(id, peer, invite) : .decline(id, .declined)
     }
@@ -142,7 +185,7 @@ struct AdvertiserStateMachine: Sendable {
     /// Time passed: close callers that never invited, decline invitations not answered in time.
     mutating func expire(now: Nanos) -> [OnExpiry] {
         var out: [OnExpiry] = []
-        for id in pending.keys.sorted() where pending[id]!.deadline <= now {
+        for id in pending.keys.sorted() where deadline(pending[id]!) <= now {
             if case .asking = pending[id]! { out.append(.decline(id, .timedOut)) } else { out.append(.close(id)) }
             pending[id] = nil
         }

@@ -202,9 +202,11 @@ private final class AdvertiserCore: Sendable {
             switch io.value.machine.accepted(id, host: remote?.hostBytes ?? [], now: MonotonicClock.nowNanos()) {
             case .refuse:
                 socket.close()
-            case .greet(_, let hello):
+            case .greet(_, let hello, let victim):
+                if let victim { io.value.connections.removeValue(forKey: victim)?.close() }
                 let c = Connection(socket: socket, remote: remote, connecting: false, loop: loop, channel: channel)
                 io.value.connections[id] = c
+                c.onFirstBytes = { [unowned self] in io.value.machine.heard(id) }
                 c.start(onFrame: { [unowned self] f in received(f, on: id) }, onEnd: { [unowned self] _ in ended(id) })
                 c.send(hello)
             }

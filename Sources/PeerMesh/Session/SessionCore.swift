@@ -83,6 +83,8 @@ final class SessionCore: Sendable {
         var localTokens: [LinkID: UInt64] = [:]
         /// The key an invited peer must prove (from its advertisement), by link.
         var expectedKeys: [LinkID: PublicKey] = [:]
+        /// Invitations from each host accepted by the app but still waiting on the certificate check.
+        var admitting: [[UInt8]: Int] = [:]
         /// Datagram keys of encrypted links, by link: ours to seal, the peer's to open.
         var datagramKeys: [LinkID: (send: SecretKey, receive: SecretKey)] = [:]
         var router = DatagramRouter()
@@ -103,6 +105,8 @@ final class SessionCore: Sendable {
     let maximumMessageSize: Int
     let maximumPeersPerHost: Int
     let maximumQueuedBytes: Int
+    /// The configured local address (outgoing connections leave from it too).
+    let bindAddress: SocketAddress
     let shared: Mutex<Shared>
     let counters = SessionCounters()
     let delegate = Mutex(WeakDelegate(nil))
@@ -128,6 +132,7 @@ final class SessionCore: Sendable {
         guard let bind = SocketAddress(numericHost: c.bindHost, port: c.udpPort) else {
             throw .invalidParameter("bindHost \"\(c.bindHost)\" is not a numeric IPv4 or IPv6 address")
         }
+        bindAddress = bind
         do {
             loop = try EventLoop.shared()
             udp = try FileDescriptor.udpSocket(bind)
@@ -185,7 +190,7 @@ final class SessionCore: Sendable {
             throw .invalidParameter("\"\(endpoint.host)\" is not a numeric IPv4 or IPv6 address")
         }
         let sock: FileDescriptor
-        do { sock = try FileDescriptor.tcpConnect(to: addr) } catch { throw .transport(error.description) }
+        do { sock = try FileDescriptor.tcpConnect(to: addr, from: bindAddress) } catch { throw .transport(error.description) }
         let token = UInt64.random(in: 1...UInt64.max)
         let (link, actions) = try shared.withLock { (s) throws(PeerMeshError) -> (LinkID, [SessionStateMachine.Action]) in
             guard !s.shutDown else { throw .sessionClosed }
@@ -218,22 +223,26 @@ final class SessionCore: Sendable {
         if preference == .required, !connection.isEncrypted {
             return decline(.declined, "this session requires encryption")
         }
-        if let host = connection.remote {
-            let sameHost = io.value.connections.values.filter { $0.remote?.sameHost(as: host) == true }.count
-            if sameHost >= maximumPeersPerHost {
-                return decline(.peerLimit, "too many peers from \(host.host) (at most \(maximumPeersPerHost))")
-            }
+        let hostKey = connection.remote?.hostBytes ?? []
+        let sameHost = io.value.connections.values.filter { $0.remote?.hostBytes == hostKey }.count
+            + io.value.admitting[hostKey, default: 0]
+        if sameHost >= maximumPeersPerHost {
+            return decline(.peerLimit, "too many peers from \(connection.remote?.host ?? "one address") (at most \(maximumPeersPerHost))")
         }
         connection.setMaximumFrameLength(maximumMessageSize + 1)
         guard connection.isEncrypted, let key = peer.publicKey else {
             return admit(connection, from: peer, invite: invite, listenerPort: listenerPort)
         }
-        // The app judges the proven key; the connection waits (its own frames are not read meanwhile).
+        // The app judges the proven key; the connection waits (its own frames are not read meanwhile), and holds
+        // its place against the per-host limit.
         connection.pause()
+        io.value.admitting[hostKey, default: 0] += 1
         let certificate = PeerCertificate(publicKey: key, shortAuthenticationString: connection.shortAuthenticationString ?? "",
                                           address: connection.remote?.host, weInvited: false)
         askCertificate(certificate, from: peer) { [self] ok in
             let c = connection
+            io.value.admitting[hostKey, default: 1] -= 1
+            if io.value.admitting[hostKey] == 0 { io.value.admitting[hostKey] = nil }
             if ok { admit(c, from: peer, invite: invite, listenerPort: listenerPort) } else {
                 c.rehome(onFrame: { _ in }, onEnd: { _ in })
                 decline(.declined, "certificate rejected: \(peer.displayName)'s key \(key.shortFingerprint) is not trusted")

@@ -141,8 +141,8 @@ struct SessionStateMachine: Sendable {
         switch (state, frame) {
         case (.inviting(let expected, let deadline, let token), .hello(let peer)):
             if let expected, expected != peer {
-                // A different peer now answers at that address: the advertisement was stale.
-                return drop(link, failure: (expected, .unavailable))
+                // A different peer (another key) answers at that address: a stale advertisement, or an impostor.
+                return [.fault(link, .wrongPeer)] + drop(link, failure: (expected, .unavailable))
             }
             if peer == config.localPeer { return drop(link, failure: (peer, .unavailable)) }
             if expected == nil, reported[peer] == .connected {

@@ -36,6 +36,8 @@ final class Connection {
     private var outbound: [UInt8] = []
     private var sent = 0
     private var paused = false
+    /// Called once, when the first bytes arrive (the advertiser tells idle connections from live ones).
+    var onFirstBytes: (() -> Void)?
     private var onFrame: (ControlFrame) -> Void = { _ in }
     private var onApproval: (PeerID) -> Void = { _ in }
     private var onEnd: (ConnectionEnd) -> Void = { _ in }
@@ -180,6 +182,10 @@ final class Connection {
         while !ended && !paused {
             let n = recv(socket.fd, buffer.baseAddress, buffer.count, 0)
             if n > 0 {
+                if let first = onFirstBytes {
+                    onFirstBytes = nil
+                    first()
+                }
                 perform(channel.received(UnsafeRawBufferPointer(rebasing: buffer[..<n])))
                 if n < buffer.count { return }
                 continue
@@ -235,6 +241,7 @@ final class Connection {
         onFrame = { _ in }
         onApproval = { _ in }
         onEnd = { _ in }
+        onFirstBytes = nil
         pendingEvents = []
         outbound = []
         sent = 0

@@ -1,0 +1,163 @@
+import Foundation
+import Testing
+import MeshPOSIX
+import MeshTestSupport
+@testable import PeerMesh
+
+/// A UDP socket of the attacker's, on 127.0.0.1.
+private final class AttackerUDP {
+    let fd: FileDescriptor
+
+    init() throws {
+        fd = try FileDescriptor.udpSocket(SocketAddress(numericHost: "127.0.0.1", port: 0)!)
+    }
+
+    func send(_ bytes: [UInt8], toPort port: UInt16) {
+        _ = bytes.withUnsafeBytes { fd.send($0, to: SocketAddress(numericHost: "127.0.0.1", port: port)!) }
+    }
+
+    /// Datagrams that arrive within `seconds`.
+    func received(within seconds: Double) -> Int {
+        var count = 0
+        let deadline = Date().addingTimeInterval(seconds)
+        var buf = [UInt8](repeating: 0, count: 2048)
+        while Date() < deadline {
+            if buf.withUnsafeMutableBytes({ fd.receive(into: $0) }) != nil { count += 1 } else { usleep(5_000) }
+        }
+        return count
+    }
+}
+
+/// Attacks on a session over real sockets on 127.0.0.1, each asserting what the attacker got: nothing.
+@Suite("Attacks on encrypted sessions (real sockets)", .serialized)
+struct AttackTests {
+    @Test("Captured datagrams replayed, forged far-future and spoofed pings: dropped, counted, stream unharmed")
+    func replayedForgedAndSpoofedDatagrams() throws {
+        let pair = try Pair()
+        let capture = try LoopbackCapture(ports: [pair.host.udpPort])
+        defer { capture.stop() }
+        for i in 0..<5 { try pair.guest.send(Data("frame \(i)".utf8), toPeers: [pair.hostPeer], with: .unreliable) }
+        #expect(pair.hostLog.wait(3) { $0.datagrams.count == 5 })
+        #expect(eventually(3) { capture.datagrams.filter { $0.payload.count > DatagramHeader.size && $0.payload[3] == 1 }.count >= 5 })
+        let real = capture.datagrams.filter { $0.payload[3] == 1 }.prefix(5).map(\.payload)
+        // Nothing of the app's data is visible on the wire.
+        for d in real { #expect(!String(decoding: d, as: UTF8.self).contains("frame")) }
+        let before = pair.host.statistics
+        let attacker = try AttackerUDP()
+
+        // 1. Replays, verbatim (they authenticate, but were seen).
+        for d in real { attacker.send(d, toPort: pair.host.udpPort) }
+        // 2. A far-future sequence number on a real datagram: the tag no longer matches.
+        var future = real[0]
+        for i in 0..<8 { future[12 + i] = i == 0 ? 0x80 : 0 }
+        attacker.send(future, toPort: pair.host.udpPort)
+        // 3. A spoofed ping with the host's token, from another port: would latch the host onto the attacker.
+        var ping = Array(real[1].prefix(DatagramHeader.size)) + [UInt8](repeating: 0x41, count: 8 + 16)
+        ping[3] = 2
+        for i in 0..<8 { ping[12 + i] = 0xff }
+        attacker.send(ping, toPort: pair.host.udpPort)
+
+        #expect(eventually(3) {
+            let s = pair.host.statistics
+            return s.duplicateDatagrams - before.duplicateDatagrams == 5 && s.unauthenticDatagrams - before.unauthenticDatagrams == 2
+        }, "\(pair.host.statistics)")
+        #expect(pair.hostLog.snapshot.datagrams.count == 5, "replays were not delivered again")
+        // The stream goes on in both directions, at the real addresses: the window did not jump, nothing latched.
+        try pair.guest.send(Data("after".utf8), toPeers: [pair.hostPeer], with: .unreliable)
+        try pair.host.send(Data("to the real guest".utf8), toPeers: [pair.guestPeer], with: .unreliable)
+        #expect(pair.hostLog.wait(3) { $0.datagrams.count == 6 })
+        #expect(pair.guestLog.wait(3) { $0.datagrams.contains { $0.1 == Data("to the real guest".utf8) } })
+        #expect(attacker.received(within: 0.3) == 0, "the attacker's port got nothing")
+        #expect(pair.host.connectedPeers == [pair.guestPeer])
+    }
+
+    @Test("A client that connects without finishing the handshake gets no datagram and never becomes a peer")
+    func unauthenticatedClientGetsNothing() throws {
+        let pair = try Pair()
+        let attacker = try AttackerUDP()
+        // A raw TCP client: preamble and half a handshake message, then silence.
+        let tcp = try FileDescriptor.tcpConnect(to: SocketAddress(numericHost: "127.0.0.1", port: pair.advertiser.port!)!)
+        usleep(50_000)
+        let partial = SecureChannel.preamble(1) + [0, 32] + [UInt8](repeating: 7, count: 10)
+        _ = partial.withUnsafeBytes { Glibc.send(tcp.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        for i in 0..<100 { try pair.host.send(Data("audio \(i)".utf8), toPeers: [pair.guestPeer], with: .unreliable) }
+        #expect(pair.guestLog.wait(3) { $0.datagrams.count >= 99 })
+        #expect(attacker.received(within: 0.3) == 0)
+        #expect(pair.host.connectedPeers == [pair.guestPeer])
+        #expect(pair.hostLog.snapshot.invitations.count == 1, "only the real guest's invitation reached the app")
+    }
+
+    @Test("A peer whose key does not match its advertisement is not joined; a rejected certificate is not either")
+    func wrongKeyAndRejectedCertificate() throws {
+        // The browser found `host` with one key; another process answers at that address with another key.
+        let discovery = InProcessDiscovery()
+        let realHost = try PeerID(displayName: "kitchen")
+        let impostor = try PeerID(displayName: "kitchen")
+        let impostorSession = try Session(peer: impostor)
+        let impostorLog = MeshEventLog()
+        impostorSession.delegate = impostorLog
+        let advertiser = try NearbyServiceAdvertiser(peer: impostor, discoveryInfo: nil, serviceType: "pm-wrongkey",
+                                                     discovery: discovery, bindHost: "127.0.0.1")
+        advertiser.delegate = impostorLog
+        impostorLog.acceptInto.withLock { $0 = impostorSession }
+        try advertiser.startAdvertisingPeer()
+        let guest = try Session(peer: try PeerID(displayName: "guest"))
+        let guestLog = MeshEventLog()
+        guest.delegate = guestLog
+        // The guest invites what it believes is the real host (its advertised key), at the impostor's address.
+        try guest.core.invite(expected: realHost, endpoint: PeerEndpoint(host: "127.0.0.1", port: advertiser.port!),
+                              context: nil, timeout: .seconds(3))
+        #expect(guestLog.wait(3) { !$0.failures.isEmpty })
+        #expect(guestLog.snapshot.failures.first?.2.contains("another key") == true, "\(guestLog.snapshot.failures)")
+        #expect(guest.connectedPeers.isEmpty && impostorSession.connectedPeers.isEmpty)
+        #expect(guest.statistics.peerFaults == 1)
+
+        // A certificate the app rejects: the invitation ends, with that reason.
+        final class Rejecting: SessionDelegate, @unchecked Sendable { // fields set once before use
+            let log = MeshEventLog()
+            func session(_ session: Session, peer: PeerID, didChange state: SessionState) { log.session(session, peer: peer, didChange: state) }
+            func session(_ session: Session, invitationTo peer: PeerID?, failedWith reason: DeclineReason, detail: String) {
+                log.session(session, invitationTo: peer, failedWith: reason, detail: detail)
+            }
+            func session(_ session: Session, didReceiveCertificate certificate: PeerCertificate, fromPeer peer: PeerID,
+                         certificateHandler: @escaping @Sendable (Bool) -> Void) {
+                certificateHandler(false)
+            }
+        }
+        let picky = Rejecting()
+        guest.delegate = picky
+        try guest.connect(to: PeerEndpoint(host: "127.0.0.1", port: advertiser.port!), timeout: .seconds(3))
+        #expect(picky.log.wait(3) { !$0.failures.isEmpty })
+        #expect(picky.log.snapshot.failures.first?.2.contains("certificate rejected") == true, "\(picky.log.snapshot.failures)")
+        #expect(guest.connectedPeers.isEmpty)
+        #expect(impostorSession.connectedPeers.isEmpty)
+    }
+
+    @Test("40 peers from one address cannot fill the slots; a peer from another address still joins")
+    func onePlaceCannotFillTheSlots() throws {
+        let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(maximumPeers: 33, bindHost: "127.0.0.1"))
+        let log = MeshEventLog()
+        host.delegate = log
+        let advertiser = try NearbyServiceAdvertiser(peer: host.myPeerID, discoveryInfo: nil, serviceType: "pm-flood",
+                                                     discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
+        advertiser.delegate = log
+        log.acceptInto.withLock { $0 = host }
+        try advertiser.startAdvertisingPeer()
+        let endpoint = PeerEndpoint(host: "127.0.0.1", port: advertiser.port!)
+        var flood: [Session] = []
+        for i in 0..<40 {
+            let s = try Session(peer: try PeerID(displayName: "fake\(i)"), configuration: .init(bindHost: "127.0.0.1"))
+            try s.connect(to: endpoint, timeout: .seconds(5))
+            flood.append(s)
+        }
+        #expect(eventually(8) { flood.filter { !$0.connectedPeers.isEmpty }.count == 4 && log.snapshot.failures.isEmpty })
+        usleep(300_000)
+        #expect(flood.filter { !$0.connectedPeers.isEmpty }.count == 4, "at most maximumPeersPerHost from one address")
+        let real = try Session(peer: try PeerID(displayName: "real"), configuration: .init(bindHost: "127.0.0.2"))
+        let realLog = MeshEventLog()
+        real.delegate = realLog
+        try real.connect(to: endpoint, timeout: .seconds(5))
+        #expect(realLog.wait(5) { s in s.states.contains { $0.1 == .connected } }, "\(realLog.snapshot.failures)")
+        #expect(host.connectedPeers.count == 5)
+    }
+}
