@@ -1,0 +1,107 @@
+import Foundation
+import Testing
+import MeshPOSIX
+@testable import PeerMesh
+
+private func temporaryDirectory() -> String {
+    let dir = FileManager.default.temporaryDirectory.appendingPathComponent("pm-identity-\(UUID().uuidString)").path
+    return dir
+}
+
+@Suite("Identity and trust files")
+struct IdentityFileTests {
+    @Test func anIdentitySurvivesARestartWithPrivatePermissions() throws {
+        let dir = temporaryDirectory() + "/state"
+        let path = dir + "/identity.json"
+        let (made, created) = try PeerIdentity.loadOrCreate(at: path, displayName: "kitchen")
+        #expect(created)
+        #expect(PrivateFile.mode(dir) == 0o700 && PrivateFile.mode(path) == 0o600)
+        let (again, createdAgain) = try PeerIdentity.loadOrCreate(at: path, displayName: "other name")
+        #expect(!createdAgain)
+        #expect(again.publicKey == made.publicKey && again.displayName == "kitchen")
+        #expect(again.peerID == made.peerID && again.peerID.identity == made.publicKey.identity)
+        // The private key really is the same: both derive the same shared secret with a third key.
+        let third = Noise.KeyPair.generate()
+        #expect(Sodium.x25519(made.keys.secret, third.publicKey)!.bytes == Sodium.x25519(again.keys.secret, third.publicKey)!.bytes)
+    }
+
+    @Test func aDamagedIdentityIsAnErrorAndIsNotReplaced() throws {
+        let path = temporaryDirectory() + "/identity.json"
+        _ = try PeerIdentity.loadOrCreate(at: path, displayName: "kitchen")
+        var bytes = try PrivateFile.read(path)
+        bytes[bytes.count / 2] ^= 0x55
+        try PrivateFile.write(bytes, to: path)
+        #expect(throws: PeerMeshError.self) { _ = try PeerIdentity.loadOrCreate(at: path, displayName: "kitchen") }
+        do { _ = try PeerIdentity.load(from: path) } catch { #expect(error.description.contains("damaged"), "\(error)") }
+        #expect(try PrivateFile.read(path) == bytes, "left exactly as it was")
+        // Truncated to nothing, and a key that does not match its public half.
+        try PrivateFile.write([], to: path)
+        #expect(throws: PeerMeshError.self) { _ = try PeerIdentity.load(from: path) }
+    }
+
+    @Test func anIdentityReadableByOthersIsRefused() throws {
+        let path = temporaryDirectory() + "/identity.json"
+        _ = try PeerIdentity.loadOrCreate(at: path, displayName: "kitchen")
+        chmod(path, 0o644)
+        do {
+            _ = try PeerIdentity.load(from: path)
+            Issue.record("loaded a world-readable identity")
+        } catch {
+            #expect(error.description.contains("chmod 600"), "\(error)")
+        }
+    }
+
+    @Test func trustStoreAddsRenamesForgetsAndPersists() throws {
+        let path = temporaryDirectory() + "/trust.json"
+        let store = TrustStore(path: path)
+        #expect(try store.list().isEmpty)
+        let ka = try PeerIdentity.generate(displayName: "a").publicKey
+        let kb = try PeerIdentity.generate(displayName: "b").publicKey
+        try store.add(ka, name: "kitchen")
+        try store.add(kb, name: "bedroom")
+        try store.add(ka, name: "Kitchen 2")
+        #expect(try TrustStore(path: path).list().map(\.name) == ["Kitchen 2", "bedroom"])
+        #expect(try store.contains(kb) && PrivateFile.mode(path) == 0o600)
+        try store.touch(kb, name: "bedroom")
+        #expect(try store.entry(for: kb)?.lastSeen != nil)
+        #expect(try store.remove(matching: "BEDROOM").map(\.publicKey) == [kb])
+        #expect(try store.remove(matching: String(ka.fingerprintString.prefix(9))).map(\.publicKey) == [ka])
+        #expect(try store.list().isEmpty)
+    }
+
+    @Test func concurrentWritersLoseNothing() throws {
+        let path = temporaryDirectory() + "/trust.json"
+        let keys = try (0..<64).map { _ in try PeerIdentity.generate(displayName: "x").publicKey }
+        DispatchQueue.concurrentPerform(iterations: 8) { worker in
+            let store = TrustStore(path: path)   // each writer with its own handle, as separate processes would
+            for i in stride(from: worker, to: keys.count, by: 8) { try! store.add(keys[i], name: "peer \(i)") }
+        }
+        #expect(Set(try TrustStore(path: path).list().map(\.publicKey)) == Set(keys))
+    }
+
+    @Test func aDamagedTrustStoreIsAnErrorAndIsNotOverwritten() throws {
+        let path = temporaryDirectory() + "/trust.json"
+        let store = TrustStore(path: path)
+        try store.add(try PeerIdentity.generate(displayName: "a").publicKey, name: "a")
+        try PrivateFile.write(Array("{ not json".utf8), to: path)
+        #expect(throws: PeerMeshError.self) { try store.list() }
+        #expect(throws: PeerMeshError.self) { try store.add(try PeerIdentity.generate(displayName: "b").publicKey, name: "b") }
+        #expect(try PrivateFile.read(path) == Array("{ not json".utf8))
+    }
+
+    @Test func fingerprintsAndIdentitiesFollowTheKey() throws {
+        let k = PublicKey(bytes: Array(repeating: 1, count: 32))!
+        #expect(k.fingerprintString.count == 52 + 12)
+        #expect(k.shortFingerprint == String(k.fingerprintString.prefix(9)))
+        #expect(k.matches(fingerprintPrefix: k.shortFingerprint.uppercased()))
+        #expect(!k.matches(fingerprintPrefix: "abc"), "too short to name a key")
+        #expect(PublicKey(hex: k.hex) == k && PublicKey(hex: "zz" + k.hex.dropFirst(2)) == nil)
+        let p = try PeerID(displayName: "x", publicKey: k)
+        #expect(p.identity == k.identity)
+        let decoded = try JSONDecoder().decode(PeerID.self, from: JSONEncoder().encode(p))
+        #expect(decoded == p && decoded.publicKey == k)
+        // A JSON PeerID whose identity does not match its key is refused.
+        let forged = #"{"displayName":"x","identity":1,"publicKey":"\#(k.hex)"}"#
+        #expect(throws: DecodingError.self) { _ = try JSONDecoder().decode(PeerID.self, from: Data(forged.utf8)) }
+    }
+}
