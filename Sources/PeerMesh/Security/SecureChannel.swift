@@ -157,6 +157,13 @@ struct SecureChannel: Sendable {
 
     private var sasSource: [UInt8]?
 
+    /// A value unique to this handshake that both ends share (like a TLS exporter): apps bind their own proofs
+    /// to the channel with it (the pairing code's PAKE does). Nil in plaintext.
+    var channelBinding: [UInt8]? {
+        guard case .established(let t) = state else { return nil }
+        return Sodium.sha256([Array("PeerMesh v2 channel binding".utf8), t.handshakeHash])
+    }
+
     static func sas(_ handshakeHash: [UInt8]) -> String {
         let d = Sodium.sha256([Array("PeerMesh v2 SAS".utf8), handshakeHash])
         let n = (UInt32(d[0]) << 24 | UInt32(d[1]) << 16 | UInt32(d[2]) << 8 | UInt32(d[3])) % 1_000_000

@@ -161,6 +161,17 @@ enum Sodium {
         return out
     }
 
+    /// SHA-512 of the concatenation of `parts`.
+    static func sha512(_ parts: [[UInt8]]) -> [UInt8] {
+        ready()
+        var state = crypto_hash_sha512_state()
+        crypto_hash_sha512_init(&state)
+        for p in parts { p.withUnsafeBufferPointer { _ = crypto_hash_sha512_update(&state, $0.baseAddress ?? nonEmpty, UInt64($0.count)) } }
+        var out = [UInt8](repeating: 0, count: 64)
+        crypto_hash_sha512_final(&state, &out)
+        return out
+    }
+
     /// HMAC-SHA-256 with `key` (any length) over the concatenation of `parts`.
     static func hmacSHA256(key: [UInt8], _ parts: [[UInt8]]) -> [UInt8] {
         ready()

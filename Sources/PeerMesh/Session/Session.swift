@@ -256,6 +256,11 @@ public final class Session: Sendable {
     /// nil when the peer is not connected over an encrypted link.
     public func shortAuthenticationString(for peer: PeerID) -> String? { core.shortAuthenticationString(for: peer) }
 
+    /// 32 bytes unique to the encrypted link to `peer`, the same on both ends (a channel binding, like a TLS
+    /// exporter): bind an application-level proof to this link with it (PeerMesh's pairing does). Nil when the
+    /// peer is not connected over an encrypted link.
+    public func channelBinding(for peer: PeerID) -> [UInt8]? { core.channelBinding(for: peer) }
+
     /// Whether the link to `peer` is encrypted and authenticated.
     public func isEncrypted(_ peer: PeerID) -> Bool { core.isEncrypted(peer) }
 }

@@ -335,6 +335,11 @@ final class SessionCore: Sendable {
         return loop.submitAndWait { [self] in io.value.connections[link]?.shortAuthenticationString }
     }
 
+    func channelBinding(for peer: PeerID) -> [UInt8]? {
+        guard let link = shared.withLock({ $0.machine.primaryLink(for: peer) }) else { return nil }
+        return loop.submitAndWait { [self] in io.value.connections[link]?.channelBinding }
+    }
+
     func isEncrypted(_ peer: PeerID) -> Bool {
         guard let link = shared.withLock({ $0.machine.primaryLink(for: peer) }) else { return false }
         return loop.submitAndWait { [self] in io.value.connections[link]?.isEncrypted ?? false }

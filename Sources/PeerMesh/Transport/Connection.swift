@@ -89,6 +89,9 @@ final class Connection {
     /// The link's datagram keys, once encrypted.
     var datagramKeys: (send: SecretKey, receive: SecretKey)? { channel.datagramKeys }
 
+    /// The channel binding, once encrypted.
+    var channelBinding: [UInt8]? { channel.channelBinding }
+
     /// The short authentication string both sides can show, once encrypted.
     var shortAuthenticationString: String? { channel.shortAuthenticationString }
 
