@@ -212,6 +212,29 @@ struct AvahiDiscoveryTests {
     }
 
     @Test(.enabled(if: AvahiRig.canRestart, "needs a rig that owns its avahi-daemon (MESH_AVAHI_CTL)"))
+    func publishesOnceTheDaemonAppears() async throws {
+        let type = AvahiRig.uniqueServiceType()
+        let (stopped, _) = try AvahiRig.run(AvahiRig.ctl!, ["stop"], timeout: 30)
+        #expect(stopped == 0)
+        var restarted = false
+        defer { if !restarted { _ = try? AvahiRig.run(AvahiRig.ctl!, ["start"], timeout: 30) } }
+        let early = peer("Early")
+        let publisher = try AvahiDiscovery(waitForDaemon: true)
+        let pubLog = AvahiEventLog<PublicationEvent>()
+        let pub = try publisher.publish(ServiceAdvertisement(peer: early, serviceType: type, port: 40700, discoveryInfo: [:]),
+                                        onEvent: pubLog.handler)
+        #expect(await pubLog.wait(timeout: .seconds(2)) { $0 == .waitingForDaemon } != nil)
+        let (started, _) = try AvahiRig.run(AvahiRig.ctl!, ["start"], timeout: 30)
+        restarted = true
+        #expect(started == 0)
+        #expect(await pubLog.wait(timeout: .seconds(10)) { $0 == .published(instanceName: early.identityString) } != nil,
+                "\(pubLog.all)")
+        let lines = try AvahiRig.avahiBrowse(serviceType: type)
+        #expect(lines.contains { $0.count == 10 && $0[3] == early.identityString }, "avahi-browse printed: \(lines)")
+        pub.cancel()
+    }
+
+    @Test(.enabled(if: AvahiRig.canRestart, "needs a rig that owns its avahi-daemon (MESH_AVAHI_CTL)"))
     func missingDaemonGivesOneClearLine() throws {
         let (stopped, _) = try AvahiRig.run(AvahiRig.ctl!, ["stop"], timeout: 30)
         #expect(stopped == 0)

@@ -13,7 +13,8 @@ private func avahiError(_ code: Int32, _ what: String) -> PeerMeshError {
 
 private let ifUnspec = AvahiIfIndex(AVAHI_IF_UNSPEC)
 private let protoUnspec = AvahiProtocol(AVAHI_PROTO_UNSPEC)
-private let protoInet = AvahiProtocol(AVAHI_PROTO_INET)
+/// Most resolvers a browse keeps open for TXT updates; beyond it, instances are resolved once and closed.
+private let maximumOpenResolvers = 128
 
 /// Owns the threaded poll, the client and every entry group, browser and resolver made from it, and frees them
 /// in order (resolvers, browsers, groups, client, then the poll).
@@ -73,7 +74,7 @@ final class AvahiCore: @unchecked Sendable {
     private var publications: [Int: Publication] = [:]
     private var browses: [Int: Browse] = [:]
 
-    init(reconfirmWindow: Duration, log: @escaping @Sendable (String) -> Void) throws(PeerMeshError) {
+    init(reconfirmWindow: Duration, waitForDaemon: Bool, log: @escaping @Sendable (String) -> Void) throws(PeerMeshError) {
         self.log = log
         let (s, atto) = reconfirmWindow.components
         reconfirmSeconds = max(0, Double(s) + Double(atto) / 1e18)
@@ -86,7 +87,8 @@ final class AvahiCore: @unchecked Sendable {
             throw .discovery(AvahiDiscovery.daemonMissingMessage)
         }
         client = c
-        if avahi_client_get_state(c) == AVAHI_CLIENT_CONNECTING || avahi_client_get_state(c) == AVAHI_CLIENT_FAILURE {
+        let state = avahi_client_get_state(c)
+        if state == AVAHI_CLIENT_FAILURE || (state == AVAHI_CLIENT_CONNECTING && !waitForDaemon) {
             avahi_client_free(c)
             client = nil
             throw .discovery(AvahiDiscovery.daemonMissingMessage)
@@ -142,6 +144,7 @@ final class AvahiCore: @unchecked Sendable {
             nextID += 1
             let p = Publication(id: nextID, advertisement: ad, sink: sink, core: self)
             publications[p.id] = p
+            if !running { sink.send(.waitingForDaemon) }
             if running {
                 do throws(PeerMeshError) { try commit(p) } catch {
                     publications[p.id] = nil
@@ -245,7 +248,7 @@ final class AvahiCore: @unchecked Sendable {
 
     private func startBrowser(_ b: Browse) throws(PeerMeshError) {
         guard let c = client, b.browser == nil else { return }
-        guard let browser = avahi_service_browser_new(c, ifUnspec, protoInet, b.type, nil, AvahiLookupFlags(0),
+        guard let browser = avahi_service_browser_new(c, ifUnspec, protoUnspec, b.type, nil, AvahiLookupFlags(0),
                                                       browseTrampoline, Unmanaged.passUnretained(b).toOpaque()) else {
             throw avahiError(avahi_client_errno(c), "avahi could not browse for \(b.type)")
         }
@@ -275,8 +278,9 @@ final class AvahiCore: @unchecked Sendable {
         switch event {
         case AVAHI_BROWSER_NEW:
             guard b.resolvers[key] == nil else { return }
-            // The resolver stays open so that TXT changes arrive as further FOUND events.
-            if let r = avahi_service_resolver_new(c, interface, proto, name, type, domain, protoInet, AvahiLookupFlags(0),
+            // The resolver stays open so that TXT changes arrive as further FOUND events (up to a bound: past it,
+            // an instance is resolved once and its resolver closed). Each record is resolved in its own family.
+            if let r = avahi_service_resolver_new(c, interface, proto, name, type, domain, proto, AvahiLookupFlags(0),
                                                   resolveTrampoline, Unmanaged.passUnretained(b).toOpaque()) {
                 b.resolvers[key] = r
             } else {
@@ -308,7 +312,14 @@ final class AvahiCore: @unchecked Sendable {
             guard let address else { return }
             var buf = [CChar](repeating: 0, count: Int(AVAHI_ADDRESS_STR_MAX))
             avahi_address_snprint(&buf, buf.count, address)
-            let host = String(decoding: buf.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            var host = String(decoding: buf.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            // A link-local IPv6 address is only usable with its interface.
+            if address.pointee.proto == AvahiProtocol(AVAHI_PROTO_INET6), host.lowercased().hasPrefix("fe80"), interface > 0 {
+                var name = [CChar](repeating: 0, count: 32)
+                if if_indextoname(UInt32(interface), &name) != nil {
+                    host += "%" + String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+                }
+            }
             var strings: [String] = []
             var node = txt
             while let n = node {
@@ -320,6 +331,10 @@ final class AvahiCore: @unchecked Sendable {
             }
             guard port != 0 else { return }
             perform(b.table.resolved(key, txt: strings, endpoint: PeerEndpoint(host: host, port: port)), for: b)
+            if b.resolvers.count > maximumOpenResolvers, b.resolvers[key] == r {
+                b.resolvers[key] = nil
+                avahi_service_resolver_free(r)
+            }
         default:
             // Resolution timed out or failed: drop the resolver; a later NEW (or a restart) tries again.
             b.resolvers[key] = nil
@@ -372,6 +387,7 @@ final class AvahiCore: @unchecked Sendable {
         for p in publications.values {
             p.group = nil
             p.name = p.advertisement.peer.identityString
+            p.sink.send(.waitingForDaemon)
         }
         avahi_client_free(old) // frees its groups, browsers and resolvers too
         client = nil

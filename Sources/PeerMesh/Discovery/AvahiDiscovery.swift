@@ -7,7 +7,7 @@ import Synchronization
 /// `peer.identityString`, TXT record `ServiceAdvertisement.txtRecord`. After a name collision it is re-published
 /// under Avahi's alternative name (`0123456789abcdef #2`); browsers strip that suffix to recover the identity.
 ///
-/// Browsing resolves every instance to IPv4 endpoints, merges instances of one identity seen on several
+/// Browsing resolves every instance to IPv4 and IPv6 endpoints (link-local ones with their interface), merges instances of one identity seen on several
 /// interfaces (found once, lost when the last instance goes), skips (and logs once) instances whose TXT record
 /// is malformed, and ignores the local peer's own advertisement.
 ///
@@ -19,7 +19,7 @@ import Synchronization
 public final class AvahiDiscovery: DiscoveryBackend {
     /// Text of the error thrown when avahi-daemon (or the system bus it needs) cannot be reached.
     public static let daemonMissingMessage =
-        "avahi-daemon is not running: start it (systemctl start avahi-daemon, or scripts/avahi-up) or use --connect host:port"
+        "avahi-daemon is not running: start it (systemctl start avahi-daemon); without it, peers must be given by address"
 
     private let core: AvahiCore
 
@@ -29,8 +29,12 @@ public final class AvahiDiscovery: DiscoveryBackend {
     /// - Parameter log: receives the backend's diagnostics (a skipped malformed record, a resolver that could not
     ///   start); by default they are dropped. Libraries never write to stderr themselves.
     /// - Throws: `PeerMeshError.discovery(AvahiDiscovery.daemonMissingMessage)` when the daemon is not reachable.
-    public init(reconfirmWindow: Duration = .seconds(5), log: @escaping @Sendable (String) -> Void = { _ in }) throws(PeerMeshError) {
-        core = try AvahiCore(reconfirmWindow: reconfirmWindow, log: log)
+    /// - Parameter waitForDaemon: when avahi-daemon is not running, wait for it (publications go out and browses
+    ///   start as soon as it appears; publications report `.waitingForDaemon` meanwhile) instead of throwing.
+    ///   The system bus must be up either way.
+    public init(reconfirmWindow: Duration = .seconds(5), waitForDaemon: Bool = false,
+                log: @escaping @Sendable (String) -> Void = { _ in }) throws(PeerMeshError) {
+        core = try AvahiCore(reconfirmWindow: reconfirmWindow, waitForDaemon: waitForDaemon, log: log)
     }
 
     deinit { core.shutdown() }
@@ -153,6 +157,7 @@ struct AvahiBrowseTable {
         guard case .success(let (peer, info)) = decoded else {
             guard case .failure(let why) = decoded else { return [] }
             var out = removed(key)
+            if reported.count >= 1024 { reported.removeAll() }   // bounded: a flood of bad records costs at most this
             if reported.insert(key.name).inserted {
                 out.append(.log("peermesh: skipping DNS-SD service \"\(key.name)\" of type "
                     + "\(AvahiDiscovery.dnssdType(serviceType)): \(why)"))
@@ -216,11 +221,13 @@ struct AvahiBrowseTable {
         return out
     }
 
+    /// The endpoints of `keys`: IPv4 first, then global IPv6, then link-local IPv6.
     private func endpoints(of keys: [ItemKey]) -> [PeerEndpoint] {
         var out: [PeerEndpoint] = []
         for key in keys {
             if let e = items[key]?.endpoint, !out.contains(e) { out.append(e) }
         }
-        return out
+        func rank(_ e: PeerEndpoint) -> Int { !e.host.contains(":") ? 0 : (e.host.lowercased().hasPrefix("fe80") ? 2 : 1) }
+        return out.enumerated().sorted { (rank($0.element), $0.offset) < (rank($1.element), $1.offset) }.map(\.element)
     }
 }

@@ -91,6 +91,8 @@ public enum BrowseEvent: Sendable, Equatable {
 public enum PublicationEvent: Sendable, Equatable {
     /// The advertisement is live (possibly under an alternative instance name after a collision).
     case published(instanceName: String)
+    /// avahi-daemon is not running (yet, or any more): the advertisement goes out as soon as it is.
+    case waitingForDaemon
     /// Publishing failed; the text says what to do.
     case failed(PeerMeshError)
 }

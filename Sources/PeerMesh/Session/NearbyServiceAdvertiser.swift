@@ -12,10 +12,14 @@ public protocol NearbyServiceAdvertiserDelegate: AnyObject, Sendable {
                     withContext context: Data?, invitationHandler: @escaping @Sendable (Bool, Session?) -> Void)
     /// Advertising failed (the discovery daemon is gone…).
     func advertiser(_ advertiser: NearbyServiceAdvertiser, didNotStartAdvertisingPeer error: PeerMeshError)
+    /// The advertisement went out (under `instanceName`), or waits for the discovery daemon (`.waitingForDaemon`).
+    /// Lets an app tell people the truth about whether it can be found.
+    func advertiser(_ advertiser: NearbyServiceAdvertiser, didUpdate publication: PublicationEvent)
 }
 
 public extension NearbyServiceAdvertiserDelegate {
     func advertiser(_ advertiser: NearbyServiceAdvertiser, didNotStartAdvertisingPeer error: PeerMeshError) {}
+    func advertiser(_ advertiser: NearbyServiceAdvertiser, didUpdate publication: PublicationEvent) {}
 }
 
 /// Publishes this peer under a service type and accepts invitations, as MC's `MCNearbyServiceAdvertiser`.
@@ -100,8 +104,9 @@ public final class NearbyServiceAdvertiser: Sendable {
         }
         let ad = ServiceAdvertisement(peer: myPeerID, serviceType: serviceType, port: core.port, discoveryInfo: discoveryInfo ?? [:])
         let registration = try discovery.publish(ad) { [weak self] event in
-            guard let self, case .failed(let e) = event else { return }
-            self.delegate?.advertiser(self, didNotStartAdvertisingPeer: e)
+            guard let self else { return }
+            if case .failed(let e) = event { self.delegate?.advertiser(self, didNotStartAdvertisingPeer: e) }
+            self.delegate?.advertiser(self, didUpdate: event)
         }
         state.withLock { $0 = Running(port: core.port, core: core, registration: registration) }
         core.start()
