@@ -3,6 +3,7 @@ import Glibc
 #elseif canImport(Musl)
 import Musl
 #endif
+import CLinux
 
 /// An IPv4 or IPv6 socket address (numeric host and port; IPv6 with its scope id).
 ///
@@ -81,6 +82,21 @@ package struct SocketAddress: Hashable, Sendable, CustomStringConvertible {
             return nil
         }
     }
+
+    /// Parses a bind address: a numeric host, or `""`/`"*"` for every address — dual-stack `::` (IPv4 arrives
+    /// IPv4-mapped) where the system has IPv6, else `0.0.0.0`.
+    package static func bindAddress(_ host: String, port: UInt16) -> SocketAddress? {
+        if host.isEmpty || host == "*" { return ipv6Available ? .any(.v6, port: port) : .any(.v4, port: port) }
+        return SocketAddress(numericHost: host, port: port)
+    }
+
+    /// Whether the kernel has IPv6 (an IPv6 socket can be made).
+    package static let ipv6Available: Bool = {
+        let fd = socket(AF_INET6, Int32(SOCK_DGRAM.rawValue), 0)
+        guard fd >= 0 else { return false }
+        close(fd)
+        return true
+    }()
 
     /// The unspecified address of `family` (`0.0.0.0` or `::`) at `port`.
     package static func any(_ family: Family, port: UInt16) -> SocketAddress {

@@ -1,6 +1,7 @@
 import Foundation
 
-/// A network address at which a peer's advertiser accepts invitations (TCP) — numeric IPv4/IPv6 host and port.
+/// A network address at which a peer's advertiser accepts invitations (TCP): a host — numeric IPv4 or IPv6 (with
+/// `%scope` when link-local) or a name to resolve — and a port.
 public struct PeerEndpoint: Hashable, Sendable, CustomStringConvertible {
     /// Numeric address, e.g. `127.0.0.1`.
     public var host: String

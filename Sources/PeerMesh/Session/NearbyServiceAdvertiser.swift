@@ -54,7 +54,7 @@ public final class NearbyServiceAdvertiser: Sendable {
 
     /// Validates the service type and discovery info. `discovery` defaults to `AvahiDiscovery`.
     public init(peer: PeerID, discoveryInfo: [String: String]?, serviceType: String,
-                discovery: (any DiscoveryBackend)? = nil, port: UInt16 = 0, bindHost: String = "0.0.0.0",
+                discovery: (any DiscoveryBackend)? = nil, port: UInt16 = 0, bindHost: String = "",
                 maximumInvitationWait: Duration = .seconds(60),
                 encryptionPreference: EncryptionPreference = .required) throws(PeerMeshError) {
         if encryptionPreference != .none, peer.keys == nil {
@@ -87,8 +87,8 @@ public final class NearbyServiceAdvertiser: Sendable {
     /// discovery backend refuses.
     public func startAdvertisingPeer() throws(PeerMeshError) {
         guard state.withLock({ $0 == nil }) else { return }
-        guard let bind = SocketAddress(numericHost: bindHost, port: requestedPort) else {
-            throw .invalidParameter("bindHost \"\(bindHost)\" is not a numeric IPv4 or IPv6 address")
+        guard let bind = SocketAddress.bindAddress(bindHost, port: requestedPort) else {
+            throw .invalidParameter("bindHost \"\(bindHost)\" is not a numeric IPv4 or IPv6 address (or \"\" for all)")
         }
         let core: AdvertiserCore
         do {

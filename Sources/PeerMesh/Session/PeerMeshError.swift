@@ -12,6 +12,8 @@ public enum PeerMeshError: Error, Equatable, Sendable, CustomStringConvertible {
     case notConnected(String)
     /// A socket call failed (bind, listen, connect…); the text carries `strerror`.
     case transport(String)
+    /// A host name does not exist (a permanent failure: trying again will not help).
+    case unresolvable(String)
     /// The discovery daemon is missing or failed; the text says what to do.
     case discovery(String)
     /// An identity file is missing, unreadable, readable by others or damaged; the text names it and what to do.
@@ -27,7 +29,7 @@ public enum PeerMeshError: Error, Equatable, Sendable, CustomStringConvertible {
         switch self {
         case .invalidDisplayName(let s), .invalidServiceType(let s), .invalidDiscoveryInfo(let s),
              .invalidParameter(let s), .notConnected(let s), .transport(let s), .discovery(let s),
-             .identity(let s), .trust(let s), .busy(let s):
+             .identity(let s), .trust(let s), .busy(let s), .unresolvable(let s):
             return s
         case .sessionClosed:
             return "the session has been shut down"

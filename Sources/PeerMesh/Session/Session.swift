@@ -97,8 +97,9 @@ public final class Session: Sendable {
         public var heartbeatInterval: Duration?
         /// UDP port for datagrams; 0 picks one. Give it the advertiser's port to keep one port number per host.
         public var udpPort: UInt16 = 0
-        /// Local address to bind the UDP socket to (numeric IPv4 or IPv6; default all IPv4 addresses).
-        public var bindHost: String = "0.0.0.0"
+        /// Local address to bind the UDP socket to, and to connect from: a numeric IPv4 or IPv6 address, or `""`
+        /// (the default) for every address, IPv4 and IPv6.
+        public var bindHost: String = ""
         /// Largest reliable message accepted from, or sent to, a peer (default 1 MiB).
         public var maximumMessageSize: Int = 1 << 20
         /// Most peers (connected or connecting) from one source address (default 4): one host cannot fill the
@@ -108,7 +109,7 @@ public final class Session: Sendable {
         public var maximumQueuedBytes: Int = 8 << 20
 
         public init(maximumPeers: Int = 8, peerTimeout: Duration = .seconds(2), heartbeatInterval: Duration? = nil,
-                    udpPort: UInt16 = 0, bindHost: String = "0.0.0.0", maximumMessageSize: Int = 1 << 20,
+                    udpPort: UInt16 = 0, bindHost: String = "", maximumMessageSize: Int = 1 << 20,
                     maximumPeersPerHost: Int = 4, maximumQueuedBytes: Int = 8 << 20) {
             self.maximumPeers = maximumPeers
             self.peerTimeout = peerTimeout

@@ -129,8 +129,8 @@ final class SessionCore: Sendable {
             guard beat > 0, beat < timeout else { throw .invalidParameter("heartbeatInterval must be positive and below peerTimeout") }
         }
         heartbeat = beat
-        guard let bind = SocketAddress(numericHost: c.bindHost, port: c.udpPort) else {
-            throw .invalidParameter("bindHost \"\(c.bindHost)\" is not a numeric IPv4 or IPv6 address")
+        guard let bind = SocketAddress.bindAddress(c.bindHost, port: c.udpPort) else {
+            throw .invalidParameter("bindHost \"\(c.bindHost)\" is not a numeric IPv4 or IPv6 address (or \"\" for all)")
         }
         bindAddress = bind
         do {
@@ -186,8 +186,10 @@ final class SessionCore: Sendable {
             throw .invalidParameter("invitation context is \(ctx.count) bytes; at most \(ControlFrame.maximumContext)")
         }
         let nanos = (timeout <= .zero ? .seconds(30) : timeout).nanoseconds
-        guard let addr = SocketAddress(numericHost: endpoint.host, port: endpoint.port) else {
-            throw .invalidParameter("\"\(endpoint.host)\" is not a numeric IPv4 or IPv6 address")
+        // Numeric addresses at once; names through the system resolver (/etc/hosts, DNS, mDNS .local with nss-mdns).
+        let addr: SocketAddress
+        do { addr = try SocketAddress.resolve(host: endpoint.host, port: endpoint.port)[0] } catch {
+            throw error.isTemporary ? .transport(error.description) : .unresolvable(error.description)
         }
         let sock: FileDescriptor
         do { sock = try FileDescriptor.tcpConnect(to: addr, from: bindAddress) } catch { throw .transport(error.description) }
