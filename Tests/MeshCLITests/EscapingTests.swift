@@ -1,0 +1,18 @@
+import Testing
+@testable import MeshCLI
+
+@Suite("Remote text printed safely")
+struct EscapingTests {
+    @Test func controlBidiAndEscapeSequencesBecomeVisible() {
+        #expect(TerminalText.escape("kitchen") == "kitchen")
+        #expect(TerminalText.escape("Küche 🎤") == "Küche 🎤")
+        #expect(TerminalText.escape("\u{1b}[2K\ralice") == "\\x1b[2K\\x0dalice")
+        #expect(TerminalText.escape("a\u{202e}evil") == "a\\u{202e}evil")
+        #expect(TerminalText.escape("tab\tnul\u{0}del\u{7f}c1\u{9b}") == "tab\\x09nul\\x00del\\x7fc1\\x9b")
+        #expect(TerminalText.escape("back\\slash") == "back\\\\slash")
+        #expect(TerminalText.escape("zw\u{200b}j") == "zw\\u{200b}j")
+        // Nothing that reaches the terminal is a control character any more.
+        let hostile = String((0..<0x200).compactMap { Unicode.Scalar($0) }.map(Character.init))
+        #expect(!TerminalText.escape(hostile).unicodeScalars.contains { $0.value < 0x20 || (0x7f..<0xa0).contains($0.value) })
+    }
+}
