@@ -20,10 +20,11 @@ let package = Package(
         .systemLibrary(name: "CAvahi", pkgConfig: "avahi-client", providers: [.apt(["libavahi-client-dev"])]),
         .systemLibrary(name: "CSndfile", pkgConfig: "sndfile", providers: [.apt(["libsndfile1-dev"])]),
         .systemLibrary(name: "CSpeexDSP", pkgConfig: "speexdsp", providers: [.apt(["libspeexdsp-dev"])]),
+        .systemLibrary(name: "CPThread"),
 
         // Libraries.
         .target(name: "PeerMesh", dependencies: ["CAvahi"]),
-        .target(name: "MeshAudio", dependencies: ["CALSA", "CSndfile", "CSpeexDSP"]),
+        .target(name: "MeshAudio", dependencies: ["CALSA", "CSndfile", "CSpeexDSP", "CPThread"]),
         .target(name: "MeshRelay", dependencies: ["PeerMesh", "MeshAudio"]),
 
         // Command-line tools.
