@@ -7,6 +7,7 @@ let package = Package(
     products: [
         .library(name: "PeerMesh", targets: ["PeerMesh"]),
         .library(name: "MeshAudio", targets: ["MeshAudio"]),
+        .library(name: "MeshPipeline", targets: ["MeshPipeline"]),
         .library(name: "MeshRelay", targets: ["MeshRelay"]),
         .executable(name: "mesh-record", targets: ["mesh-record"]),
         .executable(name: "mesh-play", targets: ["mesh-play"]),
@@ -24,8 +25,9 @@ let package = Package(
 
         // Libraries.
         .target(name: "PeerMesh", dependencies: ["CAvahi"]),
-        .target(name: "MeshAudio", dependencies: ["CALSA", "CSndfile", "CSpeexDSP", "CPThread"]),
-        .target(name: "MeshRelay", dependencies: ["PeerMesh", "MeshAudio"]),
+        .target(name: "MeshAudio", dependencies: ["CALSA", "CSndfile", "CPThread"]),
+        .target(name: "MeshPipeline", dependencies: ["MeshAudio", "CSpeexDSP"]),
+        .target(name: "MeshRelay", dependencies: ["PeerMesh", "MeshAudio", "MeshPipeline"]),
 
         // Command-line tools.
         .executableTarget(name: "mesh-record", dependencies: ["MeshRelay"]),
@@ -37,7 +39,8 @@ let package = Package(
         // Tests.
         .testTarget(name: "PeerMeshTests", dependencies: ["PeerMesh"]),
         .testTarget(name: "MeshAudioTests", dependencies: ["MeshAudio"]),
-        .testTarget(name: "MeshRelayTests", dependencies: ["MeshRelay", "PeerMesh", "MeshAudio"]),
+        .testTarget(name: "MeshPipelineTests", dependencies: ["MeshPipeline", "MeshAudio"]),
+        .testTarget(name: "MeshRelayTests", dependencies: ["MeshRelay", "PeerMesh", "MeshAudio", "MeshPipeline"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -11,6 +11,7 @@
 //       the host process's CPU seconds over the same window.
 import Foundation
 import MeshAudio
+import MeshPipeline
 import MeshRelay
 import PeerMesh
 import Synchronization

@@ -1,5 +1,6 @@
 import Testing
-@testable import MeshAudio
+import MeshAudio
+@testable import MeshPipeline
 
 /// Virtual-time host → network → PlayoutRenderer run. The host captures a 440 Hz sine in 128-frame periods on a
 /// clock running at rate·(1+ppm); `network(k)` gives the arrival delays (ns) of packet k's copies (empty = lost).

@@ -1,3 +1,4 @@
+import MeshAudio
 import Synchronization
 
 /// A decoded packet as it waits in a `PacketRing` slot.

@@ -1,5 +1,6 @@
 import Testing
-@testable import MeshAudio
+import MeshAudio
+@testable import MeshPipeline
 
 /// The playout chain behind a lossy, jittery, reordering link (what `mesh-impair --loss 2% --delay-ms 5
 /// --jitter-ms 5` does), in virtual time on one clock: the auto target must settle near the delay spread, with no

@@ -1,3 +1,5 @@
+import MeshAudio
+
 /// The receive-side jitter buffer: packets in, a steady stream of frames (with loss marks) out.
 ///
 /// A pure struct with preallocated storage (a ring of `capacityFrames` frames plus a presence map), driven by the

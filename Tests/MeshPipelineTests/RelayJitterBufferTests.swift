@@ -1,5 +1,6 @@
 import Testing
-@testable import MeshAudio
+import MeshAudio
+@testable import MeshPipeline
 
 /// A virtual-time driver: packets of `n` frames captured at 44.1 kHz from frame `start`, renders of `block`
 /// frames; `arrival(k)` gives packet k's arrival (nil = lost); each render inserts every packet arrived by then.

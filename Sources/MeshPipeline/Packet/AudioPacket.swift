@@ -1,3 +1,5 @@
+import MeshAudio
+
 /// The relay's audio datagram: one run of consecutive captured frames, self-describing, at most
 /// `AudioPacket.maximumSize` (1200) bytes so that it fits one PeerMesh unreliable datagram payload
 /// (`maximumAudioPayload`).

@@ -1,3 +1,4 @@
+import MeshAudio
 import Synchronization
 
 /// A snapshot of a `PlayoutRenderer`'s counters, readable from any thread.

@@ -1,3 +1,5 @@
+import MeshAudio
+
 /// Turns each captured period into audio packets immediately (no batching).
 ///
 /// A period that does not fit one 1200-byte packet (48 kHz stereo, 256 frames, for instance) is split into

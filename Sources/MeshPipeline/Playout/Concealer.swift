@@ -1,3 +1,5 @@
+import MeshAudio
+
 /// Per-frame marks a `JitterBuffer` read hands to the `Concealer`.
 public enum FrameMark {
     /// The frame never arrived: synthesize it.

@@ -1,4 +1,5 @@
-@testable import MeshAudio
+import MeshAudio
+@testable import MeshPipeline
 
 /// Deterministic PRNG for fuzz and impairment tests (SplitMix64).
 struct RelayRNG: RandomNumberGenerator {
