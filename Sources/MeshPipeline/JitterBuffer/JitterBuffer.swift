@@ -184,6 +184,13 @@ public struct JitterBuffer {
     /// Arrival time of the packet that holds the newest frame, nanoseconds (0 when idle).
     public var newestArrivalNanos: UInt64 { cursor?.newestArrival ?? 0 }
 
+    /// The stream as the drift controller sees it; nil when idle.
+    public var bufferedStream: BufferedStream? {
+        guard let cursor else { return nil }
+        return BufferedStream(newestFrameEnd: cursor.newestEnd, newestArrivalNanos: cursor.newestArrival,
+                              targetFrames: target.frames, isPlaying: isPlaying)
+    }
+
     /// Buffered latency in frames at `nowNanos` (see the type's doc); 0 when idle.
     public func latencyFrames(nowNanos: UInt64) -> Double {
         guard let cursor else { return 0 }
@@ -422,5 +429,28 @@ public struct JitterBuffer {
         let end = h.firstFrameIndex &+ UInt64(h.frameCount)
         let nominal = Double(Int64(bitPattern: end &- frames.streamStart)) * 1e9 / rate
         jitter.note(transitNanos: Double(packet.arrivalNanos) - nominal, arrivalNanos: packet.arrivalNanos)
+    }
+}
+
+extension JitterBuffer: FrameStage {
+    /// What the drift controller tells the jitter buffer before each block.
+    public struct DriftFeedback: Sendable, Equatable {
+        /// The jitter-free latency minus the measured one, frames: the jitter of the newest arrival and of the
+        /// render call, taken out of the latency compared with the target.
+        public var steadyOffsetFrames: Double
+        /// Whether the controller's floors are not trustworthy yet: a priming buffer must not start.
+        public var holdStart: Bool
+
+        public init(steadyOffsetFrames: Double = 0, holdStart: Bool = false) {
+            self.steadyOffsetFrames = steadyOffsetFrames
+            self.holdStart = holdStart
+        }
+    }
+
+    /// Reads `block.frames` frames into the block, comparing its latency plus what is queued downstream plus the
+    /// drift controller's offset with the target.
+    public mutating func process(_ block: FrameBlock, feedback: DriftFeedback) {
+        read(into: block.samples, marks: block.marks, frames: block.frames, nowNanos: block.nowNanos,
+             pipelineFrames: block.downstreamFrames + feedback.steadyOffsetFrames, holdStart: feedback.holdStart)
     }
 }

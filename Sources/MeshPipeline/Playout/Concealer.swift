@@ -283,3 +283,10 @@ func _cosApprox(_ x: Float) -> Float {
     let s = y * (1 - y2 / 6 * (1 - y2 / 20 * (1 - y2 / 42 * (1 - y2 / 72 * (1 - y2 / 110)))))
     return -s
 }
+
+extension Concealer: FrameStage {
+    /// Conceals the block in place (see `process(_:marks:frames:)`).
+    public mutating func process(_ block: FrameBlock, feedback: Void) {
+        process(block.samples, marks: UnsafeBufferPointer(block.marks), frames: block.frames)
+    }
+}
