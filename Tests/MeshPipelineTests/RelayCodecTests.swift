@@ -57,10 +57,10 @@ struct RelayCodecTests {
 
     @Test func fuzzNeverTrapsAndEverythingIsCounted() throws {
         var rng = RelayRNG(seed: 7)
-        let renderer = try PlayoutRenderer(format: .default, configuration: .init(mode: .low))
+        let pipeline = try PlayoutPipeline(format: .default, configuration: .init(mode: .low), sink: VirtualTimeSink())
         var p = try Packetizer(format: .default)
         let valid = p.packets(relaySine(start: 0, count: 200), chunk: ChunkInfo(firstFrameIndex: 0, frames: 200, timestampNanos: 0))[0]
-        var failures = 0, successes = 0
+        var failures = 0, successes = 0, queued = 0, otherFormat = 0
         for i in 0..<20_000 {
             var bytes: [UInt8]
             switch i % 4 {
@@ -75,15 +75,24 @@ struct RelayCodecTests {
                 bytes = valid + (0..<Int.random(in: 1...400, using: &rng)).map { _ in UInt8.random(in: 0...255, using: &rng) }
             }
             let decodes = (try? AudioPacket.decode(bytes)) != nil
-            let ok = bytes.withUnsafeBytes { renderer.enqueue(packet: $0, arrivalNanos: UInt64(i)) }
+            // The ingress stage decodes once: a packet that decodes is taken (queued, or reported as another
+            // format), anything else is malformed.
+            let outcome = bytes.withUnsafeBytes { pipeline.receive($0, arrivalNanos: UInt64(i)) }
+            let ok: Bool
+            switch outcome {
+            case .queued: ok = true; queued += 1
+            case .formatChanged: ok = true; otherFormat += 1
+            case .malformed, .ringFull: ok = false
+            }
             #expect(ok == decodes)
             if decodes { successes += 1 } else { failures += 1 }
             if i % 256 == 0 {  // keep the ring drained
                 var out = [Float](repeating: 0, count: 128)
-                out.withUnsafeMutableBufferPointer { renderer.render(into: $0, context: RenderContext(frames: 128, deviceDelayFrames: 0, nowNanos: UInt64(i))) }
+                out.withUnsafeMutableBufferPointer { pipeline.renderer.render(into: $0, context: RenderContext(frames: 128, deviceDelayFrames: 0, nowNanos: UInt64(i))) }
             }
         }
-        #expect(renderer.stats.malformed == UInt64(failures))
+        #expect(pipeline.stats.malformed == UInt64(failures))
+        #expect(pipeline.stats.formatMismatches == UInt64(otherFormat) && queued + otherFormat == successes)
         #expect(failures > 15_000)
         #expect(failures + successes == 20_000)
     }
@@ -122,7 +131,8 @@ struct RelayCodecTests {
         var pushed: [[UInt8]] = []
         for k in 0..<5 {
             let b = p.packets(relaySine(start: k * 64, count: 64), chunk: ChunkInfo(firstFrameIndex: UInt64(k * 64), frames: 64, timestampNanos: 0))[0]
-            let r = b.withUnsafeBytes { ring.push(encoded: $0, arrivalNanos: UInt64(k)) }
+            let h = try AudioPacket.decode(b).header
+            let r = b.withUnsafeBytes { ring.push(header: h, payload: $0, arrivalNanos: UInt64(k)) }
             #expect(r == (k < 4 ? .pushed : .full))
             pushed.append(b)
         }

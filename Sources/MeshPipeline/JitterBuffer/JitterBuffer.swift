@@ -6,7 +6,7 @@ import MeshAudio
 /// times are passed in, so it runs in virtual time under test. It is a thin composition of pure parts: the frames
 /// (`FrameStore`), the loss count (`LossTracker`), the jitter measure (`JitterEstimator`), the target policy
 /// (`LatencyTarget`), and the stretch/skip (`LatencyCorrector`, `CrossfadeGuard`) and resync (`ResyncDetector`)
-/// decisions.
+/// decisions. Packets come decoded and in the buffer's format: `PacketIngress` is where formats are checked.
 ///
 /// - Ordering: packets land at their frame index, so reordering is free. A packet any part of which is behind
 ///   the playout point is dropped as `late` (even a late copy of a packet already played); one whose frames
@@ -66,7 +66,7 @@ public struct JitterBuffer {
 
     /// What `insert` did with a packet.
     public enum InsertResult: Sendable, Equatable {
-        case accepted, late, duplicate, resync, formatMismatch
+        case accepted, late, duplicate, resync
     }
 
     /// What `read` produced.
@@ -91,8 +91,6 @@ public struct JitterBuffer {
         public var late: UInt64 = 0
         /// Packets dropped because all their frames were already there.
         public var duplicates: UInt64 = 0
-        /// Packets of another format than the buffer's, dropped.
-        public var formatMismatches: UInt64 = 0
         /// Packets never received, from sequence-number gaps (RFC 3550 style; late ones count as received).
         public var lostPackets: UInt64 = 0
         /// Frames that reached the playout point without data (concealed).
@@ -215,17 +213,13 @@ public struct JitterBuffer {
     // MARK: - Insert (render thread, after popping the PacketRing)
 
     /// Stores one packet (`samples` holds `frameCount × channels` interleaved samples) that arrived at
-    /// `arrivalNanos` (receiver clock).
+    /// `arrivalNanos` (receiver clock). The packet is in the buffer's format (`PacketIngress` checked it).
     @discardableResult
     public mutating func insert(_ packet: ReceivedPacket, samples: UnsafeBufferPointer<Float>) -> InsertResult {
-        counters.received &+= 1
         let h = packet.header
-        guard h.format == format, h.frameCount >= 1, h.frameCount * 4 <= capacityFrames,
-              samples.count >= h.frameCount * format.channels
-        else {
-            counters.formatMismatches &+= 1
-            return .formatMismatch
-        }
+        precondition(h.format == format && samples.count >= h.frameCount * format.channels,
+                     "JitterBuffer.insert: a packet of another format (PacketIngress passes only the buffer's)")
+        counters.received &+= 1
         let n = h.frameCount
         let f = h.firstFrameIndex
         let end = f &+ UInt64(n)
