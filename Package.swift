@@ -1,5 +1,12 @@
 // swift-tools-version:6.0
 // PeerMesh: MultipeerConnectivity-style sessions on Linux, and a LAN audio relay built on them.
+//
+// Module graph (each arrow: "depends on"):
+//
+//   mesh-record, mesh-play, mesh-impair, peermesh-probe ──▶ MeshCLI ──▶ MeshRelay ──▶ PeerMesh ──▶ MeshPOSIX
+//                                                             │            └────────▶ MeshPipeline ──▶ MeshAudio ──▶ MeshPOSIX
+//                                                             └──▶ MeshImpair ──▶ MeshPOSIX
+//   C leaves: CALSA, CSndfile (MeshAudio) · CSpeexDSP (MeshPipeline) · CAvahi, CSodium (PeerMesh) · CLinux (MeshPOSIX)
 import PackageDescription
 
 let package = Package(
@@ -7,6 +14,7 @@ let package = Package(
     products: [
         .library(name: "PeerMesh", targets: ["PeerMesh"]),
         .library(name: "MeshAudio", targets: ["MeshAudio"]),
+        .library(name: "MeshPipeline", targets: ["MeshPipeline"]),
         .library(name: "MeshRelay", targets: ["MeshRelay"]),
         .executable(name: "mesh-record", targets: ["mesh-record"]),
         .executable(name: "mesh-play", targets: ["mesh-play"]),
@@ -21,15 +29,16 @@ let package = Package(
         .systemLibrary(name: "CSndfile", pkgConfig: "sndfile", providers: [.apt(["libsndfile1-dev"])]),
         .systemLibrary(name: "CSpeexDSP", pkgConfig: "speexdsp", providers: [.apt(["libspeexdsp-dev"])]),
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
+        .systemLibrary(name: "CLinux"),   // glibc's epoll, eventfd, accept4 and thread names (not in Swift's Glibc module)
 
-        // Shared POSIX plumbing (package-internal): syscall funnel, sockets, event loop, clock, output writers.
-        .systemLibrary(name: "CLinux"),   // glibc's epoll, eventfd and thread names (not in Swift's Glibc module)
+        // Shared POSIX plumbing (package-internal): syscall funnel, sockets, event loop, clock, threads, writers.
         .target(name: "MeshPOSIX", dependencies: ["CLinux"]),
 
         // Libraries.
         .target(name: "PeerMesh", dependencies: ["MeshPOSIX", "CAvahi", "CSodium"]),
-        .target(name: "MeshAudio", dependencies: ["CALSA", "CSndfile", "CSpeexDSP"]),
-        .target(name: "MeshRelay", dependencies: ["PeerMesh", "MeshAudio"]),
+        .target(name: "MeshAudio", dependencies: ["MeshPOSIX", "CALSA", "CSndfile"]),
+        .target(name: "MeshPipeline", dependencies: ["MeshAudio", "MeshPOSIX", "CSpeexDSP"]),
+        .target(name: "MeshRelay", dependencies: ["PeerMesh", "MeshAudio", "MeshPipeline", "MeshPOSIX"]),
 
         // Test tools.
         .target(name: "MeshImpair", dependencies: ["MeshPOSIX"]),
@@ -42,13 +51,15 @@ let package = Package(
         .executableTarget(name: "mesh-play", dependencies: ["MeshCLI"]),
         .executableTarget(name: "mesh-impair", dependencies: ["MeshCLI"]),
         .executableTarget(name: "peermesh-probe", dependencies: ["MeshCLI"]),
-        .executableTarget(name: "mesh-bench", dependencies: ["PeerMesh", "MeshRelay"]),
+        .executableTarget(name: "mesh-bench", dependencies: ["MeshCLI"]),
 
         // Tests, and what they share (package-internal).
-        .target(name: "MeshTestSupport", dependencies: ["MeshPOSIX"], path: "Tests/MeshTestSupport"),
+        .target(name: "MeshTestSupport", dependencies: ["MeshPOSIX", "MeshAudio"], path: "Tests/MeshTestSupport"),
         .testTarget(name: "PeerMeshTests", dependencies: ["PeerMesh", "MeshTestSupport"]),
-        .testTarget(name: "MeshAudioTests", dependencies: ["MeshAudio"]),
-        .testTarget(name: "MeshRelayTests", dependencies: ["MeshRelay", "PeerMesh", "MeshAudio", "MeshImpair", "MeshCLI"]),
+        .testTarget(name: "MeshAudioTests", dependencies: ["MeshAudio", "MeshTestSupport"]),
+        .testTarget(name: "MeshPipelineTests", dependencies: ["MeshPipeline", "MeshAudio", "MeshTestSupport"]),
+        .testTarget(name: "MeshRelayTests", dependencies: ["MeshRelay", "PeerMesh", "MeshAudio", "MeshPipeline", "MeshImpair",
+                                                          "MeshCLI", "MeshTestSupport"]),
         .testTarget(name: "MeshImpairTests", dependencies: ["MeshImpair", "MeshTestSupport"]),
         .testTarget(name: "MeshCLITests", dependencies: ["MeshCLI"]),
     ],

@@ -3,7 +3,7 @@
 /// Capture side: an `AudioSource` (ALSA `Recorder`, `ToneSource`, `WAVFileSource`) produces chunks of frames that a
 /// consumer thread reads and hands on (packetize → send). Playback side: an `AudioSink` (ALSA `Player`,
 /// `WAVFileSink`) pulls exactly the frames its clock needs from an `AudioRenderer` (jitter buffer → conceal →
-/// resample). The relay assembles these in one place (`MeshRelay`).
+/// resample). MeshPipeline assembles them, one place per direction (`CapturePipeline`, `PlayoutPipeline`).
 
 /// Where a chunk of captured frames sits in the capture stream.
 public struct ChunkInfo: Sendable, Equatable {

@@ -1,5 +1,6 @@
 import Foundation
 import MeshAudio
+import MeshPipeline
 import PeerMesh
 
 /// `mesh-record --host` options.

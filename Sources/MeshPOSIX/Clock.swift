@@ -6,15 +6,15 @@ import Musl
 
 /// Monotonic time in nanoseconds (`CLOCK_MONOTONIC`). Pure code never reads a clock: time is passed in as `Nanos`,
 /// so state machines run on virtual time under test.
-package typealias Nanos = UInt64
+public typealias Nanos = UInt64
 
 /// `CLOCK_MONOTONIC` in nanoseconds, and absolute sleeps against it.
 ///
 /// Safe on a real-time thread: no allocation, no locks, no Foundation.
-package enum MonotonicClock {
+public enum MonotonicClock {
     /// Nanoseconds since an arbitrary fixed point (boot).
     @inline(__always)
-    package static func nowNanos() -> Nanos {
+    public static func nowNanos() -> Nanos {
         var ts = timespec()
         clock_gettime(CLOCK_MONOTONIC, &ts)
         return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
@@ -22,14 +22,14 @@ package enum MonotonicClock {
 
     /// Sleeps until `CLOCK_MONOTONIC` reaches `deadlineNanos` (`clock_nanosleep`, `TIMER_ABSTIME`), resuming after
     /// signal interruptions. Returns at once when the deadline has passed.
-    package static func sleep(untilNanos deadlineNanos: Nanos) {
+    public static func sleep(untilNanos deadlineNanos: Nanos) {
         var ts = timespec(tv_sec: Int(deadlineNanos / 1_000_000_000), tv_nsec: Int(deadlineNanos % 1_000_000_000))
         while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nil) == EINTR {}
     }
 
     /// Converts a frame count at `sampleRate` to nanoseconds.
     @inline(__always)
-    package static func nanos(frames: Int, sampleRate: Int) -> Nanos {
+    public static func nanos(frames: Int, sampleRate: Int) -> Nanos {
         UInt64(frames) &* 1_000_000_000 / UInt64(sampleRate)
     }
 }

@@ -94,7 +94,7 @@ package final class EventLoop: @unchecked Sendable { // loop-confined state is o
     package func submitAndWait<T: Sendable>(_ work: @escaping @Sendable () -> T) -> T {
         if inLoop { return work() }
         let result = Mutex<T?>(nil)
-        let done = Semaphore()
+        let done = WakeSignal()
         execute {
             let r = work()
             result.withLock { $0 = r }
@@ -265,25 +265,6 @@ private struct TimerHeap {
             i = m
         }
     }
-}
-
-/// A counting semaphore over `sem_t`, for the rare places that must wait for another thread.
-package final class Semaphore: @unchecked Sendable { // sem_t is designed for concurrent use; the pointer never changes
-    private let s: UnsafeMutablePointer<sem_t>
-
-    package init(value: UInt32 = 0) {
-        s = .allocate(capacity: 1)
-        sem_init(s, 0, value)
-    }
-
-    deinit {
-        sem_destroy(s)
-        s.deallocate()
-    }
-
-    package func signal() { sem_post(s) }
-
-    package func wait() { while sem_wait(s) != 0 && errno == EINTR {} }
 }
 
 /// A value that only the loop thread may touch, inside a `Sendable` owner.

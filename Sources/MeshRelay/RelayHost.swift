@@ -1,13 +1,14 @@
 import Foundation
 import MeshAudio
+import MeshPipeline
 import PeerMesh
 import Synchronization
 
 /// The capture side of the relay: captures from an `AudioSource`, advertises a PeerMesh session, and sends each
 /// captured period to every connected player at once (fan-out) as unreliable datagrams.
 ///
-/// The chain is capture → packetize → send, each a single call on the host's send thread:
-/// `source.read` → `Packetizer.packetize` → `Session.sendDatagram`.
+/// The chain is MeshPipeline's `CapturePipeline` (source → packetize → send, on the `pm-send` thread); the host
+/// gives it the source and the network end: the connected players, and `Session.sendDatagram`.
 public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, Sendable {
     /// How the host answers invitations.
     public enum AcceptPolicy: Sendable {
@@ -61,12 +62,25 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     public let session: Session
     private let advertiser: NearbyServiceAdvertiser
     private let source: any AudioSource
-    private let players = Mutex<[PeerID]>([])
-    private let counters = Mutex(Statistics())
+    private let players: Players
+    private let capture: CapturePipeline<[PeerID]>
     private let running = Atomic<Bool>(false)
-    private let finished = DispatchSemaphore(value: 0)
     private let events: @Sendable (String) -> Void
-    private let askQueue = DispatchQueue(label: "mesh-record.ask")
+    private let askQueue = DispatchQueue(label: "peermesh.relay-host.ask")
+
+    /// The connected players, shared with the send thread.
+    private final class Players: Sendable {
+        private let peers = Mutex<[PeerID]>([])
+        /// The players now; nil when there are none.
+        var audience: [PeerID]? { peers.withLock { $0.isEmpty ? nil : $0 } }
+        var all: [PeerID] { peers.withLock { $0 } }
+        func update(_ peer: PeerID, connected: Bool) {
+            peers.withLock { p in
+                p.removeAll { $0 == peer }
+                if connected { p.append(peer) }
+            }
+        }
+    }
 
     /// Opens the session and the advertiser (nothing is published until `start`).
     /// - Parameter log: receives one human-readable line per event (joins, leaves, invitations).
@@ -76,9 +90,15 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         self.configuration = configuration
         self.source = source
         events = log
-        session = try Session(peer: peer, configuration: .init(maximumPeers: configuration.maximumPeers,
-                                                              peerTimeout: configuration.peerTimeout,
-                                                              udpPort: configuration.port))
+        let session = try Session(peer: peer, configuration: .init(maximumPeers: configuration.maximumPeers,
+                                                                  peerTimeout: configuration.peerTimeout,
+                                                                  udpPort: configuration.port))
+        self.session = session
+        let players = Players()
+        self.players = players
+        capture = try CapturePipeline(source: source, audience: { [players] in players.audience }, send: { bytes, peers in
+            (try? session.sendDatagram(bytes, toPeers: peers)) != nil
+        })
         advertiser = try NearbyServiceAdvertiser(
             peer: peer,
             discoveryInfo: ["rate": String(source.format.sampleRate), "ch": String(source.format.channels),
@@ -92,74 +112,40 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     /// The advertiser's (and session's) port.
     public var port: UInt16 { advertiser.port ?? session.udpPort }
 
-    /// Starts capture, advertising and the send thread.
+    /// Starts capture and the send thread, then advertising.
     public func start() throws {
-        try source.start()
-        try advertiser.startAdvertisingPeer()
+        try capture.start()
         running.store(true, ordering: .releasing)
-        let t = Thread { [self] in sendLoop() }
-        t.name = "mesh-record.send"
-        t.qualityOfService = .userInteractive
-        t.start()
+        try advertiser.startAdvertisingPeer()
     }
 
-    /// Stops advertising, says goodbye to every player and stops capture.
+    /// Stops capture (nothing is sent after this), stops advertising and says goodbye to every player.
     public func stop() {
         guard running.exchange(false, ordering: .acquiringAndReleasing) else { return }
+        capture.stop()
         advertiser.stopAdvertisingPeer()
         session.disconnect()
-        source.stop()
-        finished.wait()
     }
 
     /// A snapshot of the counters.
     public var statistics: Statistics {
-        var s = counters.withLock { $0 }
-        s.players = players.withLock { $0 }
+        var s = Statistics()
+        s.players = players.all
+        let c = capture.statistics
+        s.packetsSent = c.packetsSent
+        s.framesCaptured = c.framesCaptured
+        s.peakLevel = c.peakLevel
+        s.rmsLevel = c.rmsLevel
         let a = source.stats
         s.captureXruns = a.xruns
         s.captureDelayFrames = a.delayFrames
         return s
     }
 
-    private func sendLoop() {
-        defer { finished.signal() }
-        let format = source.format
-        let samples = UnsafeMutableBufferPointer<Float>.allocate(capacity: source.periodFrames * format.channels)
-        defer { samples.deallocate() }
-        let scratch = UnsafeMutableRawBufferPointer.allocate(byteCount: AudioPacket.maximumSize, alignment: 8)
-        defer { scratch.deallocate() }
-        guard var packetizer = try? Packetizer(format: format) else { return }
-        while running.load(ordering: .acquiring) {
-            guard let chunk = source.read(into: samples, timeoutNanos: 100_000_000) else { continue }
-            let targets = players.withLock { $0 }
-            packetizer.hostLatencyFrames = UInt32(clamping: max(0, source.stats.delayFrames))
-            var peak: Float = 0, sum: Float = 0
-            let n = chunk.frames * format.channels
-            for i in 0..<n { let v = abs(samples[i]); peak = max(peak, v); sum += v * v }
-            var sent: UInt64 = 0
-            if !targets.isEmpty {
-                packetizer.packetize(UnsafeBufferPointer(rebasing: samples[0..<n]), chunk: chunk, scratch: scratch) { bytes in
-                    // A player may leave between the snapshot and the send; the next period skips it.
-                    if (try? session.sendDatagram(bytes, toPeers: targets)) != nil { sent += 1 }
-                }
-            }
-            counters.withLock { c in
-                c.packetsSent += sent
-                c.framesCaptured += UInt64(chunk.frames)
-                c.peakLevel = peak
-                c.rmsLevel = n > 0 ? (sum / Float(n)).squareRoot() : 0
-            }
-        }
-    }
-
     // MARK: Delegates
 
     public func session(_ session: Session, peer: PeerID, didChange state: SessionState) {
-        players.withLock { p in
-            p.removeAll { $0 == peer }
-            if state == .connected { p.append(peer) }
-        }
+        players.update(peer, connected: state == .connected)
         switch state {
         case .connected: events("player \(peer.displayName) joined")
         case .notConnected: events("player \(peer.displayName) left")

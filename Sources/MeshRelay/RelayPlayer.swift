@@ -1,14 +1,17 @@
 import Foundation
 import MeshAudio
+import MeshPipeline
 import PeerMesh
 import Synchronization
+import MeshPOSIX
 
 /// The playback side of the relay: finds a host (DNS-SD or a direct address), joins its session, and plays what
 /// it sends. When the host goes away it says so, searches again and rejoins by itself.
 ///
-/// The chain is receive → jitter buffer → conceal/resample → play: `Session` delivers each datagram to
-/// `PlayoutRenderer.enqueue` on the session's I/O thread; the sink's real-time thread pulls
-/// `PlayoutRenderer.render`. The sink is built for the host's format by `makeSink`.
+/// The chain is MeshPipeline's `PlayoutPipeline` (ingress → jitter buffer → conceal → drift/resample → sink); the
+/// player gives it the sink, built for the host's format by `makeSink`, and hands it each datagram on the session's
+/// I/O thread without taking a lock. When the host switches format, the pipeline reports it and the control queue
+/// builds a new one and swaps it in.
 public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, Sendable {
     /// What the player needs to run.
     public struct Configuration: Sendable {
@@ -67,26 +70,17 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     private let makeSink: SinkFactory
     private let browser: NearbyServiceBrowser?
     private let join: Mutex<JoinStateMachine>
-    private let chain = Mutex<Chain?>(nil)
-    private let counters = Mutex(Counters())
-    private let control = DispatchQueue(label: "mesh-play.control")
+    /// The pipeline playing now: read by the datagram path, replaced only on `control`.
+    private let playout = CurrentPipeline()
+    private let host = Mutex<PeerID?>(nil)
+    private let framesReceived = Atomic<UInt64>(0)
+    /// When the first audio arrived (0: not yet).
+    private let firstAudio = Atomic<UInt64>(0)
+    private let control = DispatchQueue(label: "peermesh.relay-player.control")
     private let ticking = Atomic<Bool>(false)
     private let log: @Sendable (String) -> Void
     private let onGiveUp: @Sendable (String) -> Void
     private let started = Atomic<UInt64>(0)
-
-    private struct Chain: Sendable {
-        let format: AudioFormat
-        let renderer: PlayoutRenderer
-        let sink: any AudioSink
-    }
-
-    private struct Counters {
-        var host: PeerID?
-        var framesReceived: UInt64 = 0
-        var firstAudio: UInt64?
-        var pendingFormat: AudioFormat?
-    }
 
     /// - Parameters:
     ///   - log: one human-readable line per event.
@@ -114,7 +108,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     /// Builds the playback chain, starts the sink (it plays silence until audio arrives) and starts joining.
     public func start() throws {
         started.store(monotonicNow(), ordering: .releasing)
-        try buildChain(configuration.initialFormat)
+        try control.sync { try buildPipeline(configuration.initialFormat) }
         try browser?.startBrowsingForPeers()
         ticking.store(true, ordering: .releasing)
         // Join actions all run on the control queue, one at a time.
@@ -128,30 +122,31 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         join.withLock { $0.stop() }
         browser?.stopBrowsingForPeers()
         session.disconnect()
-        let c = chain.withLock { c in let old = c; c = nil; return old }
-        c?.sink.stop()
+        control.sync { playout.replace(with: nil) }?.stop()
     }
 
     /// A snapshot of every counter.
     public var statistics: Statistics {
         var s = Statistics()
         s.phase = join.withLock { $0.phase }
-        let c = counters.withLock { $0 }
-        s.host = c.host
-        s.framesReceived = c.framesReceived
-        if let ch = chain.withLock({ $0 }) {
-            s.playout = ch.renderer.stats
-            s.device = ch.sink.stats
-            s.format = ch.format
+        let host = self.host.withLock { $0 }
+        s.host = host
+        s.framesReceived = framesReceived.load(ordering: .relaxed)
+        playout.withCurrent { pipeline in
+            guard let pipeline else { return }
+            s.playout = pipeline.stats
+            s.device = pipeline.sink.stats
+            s.format = pipeline.format
         }
         let st = session.statistics
         s.datagrams = st.datagramsReceived
         s.strangerDatagrams = st.strangerDatagrams
         s.malformedDatagrams = st.malformedDatagrams
-        if let h = c.host, let rtt = session.roundTripTime(to: h) {
+        if let h = host, let rtt = session.roundTripTime(to: h) {
             s.roundTripMilliseconds = Double(rtt.components.seconds) * 1000 + Double(rtt.components.attoseconds) / 1e15
         }
-        if let first = c.firstAudio {
+        let first = firstAudio.load(ordering: .acquiring)
+        if first != 0 {
             s.firstAudioSeconds = Double(first &- started.load(ordering: .acquiring)) / 1e9
             s.mouthToEarMilliseconds = (s.roundTripMilliseconds ?? 0) / 2 + s.playout.playoutLatencyMilliseconds
                 + s.playout.hostLatencyMilliseconds
@@ -159,14 +154,14 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         return s
     }
 
-    // MARK: Chain
+    // MARK: Pipeline (control queue only)
 
-    private func buildChain(_ format: AudioFormat) throws {
-        let renderer = try PlayoutRenderer(format: format, configuration: .init(mode: configuration.latency))
-        let sink = try makeSink(format)
-        try sink.start(renderer: renderer)
-        let old = chain.withLock { c in let o = c; c = Chain(format: format, renderer: renderer, sink: sink); return o }
-        old?.sink.stop()
+    /// Builds and starts a pipeline for `format`, swaps it in, then stops the one it replaces.
+    private func buildPipeline(_ format: AudioFormat) throws {
+        let pipeline = try PlayoutPipeline(format: format, configuration: .init(mode: configuration.latency),
+                                           sink: try makeSink(format))
+        try pipeline.start()
+        playout.replace(with: pipeline)?.stop()
     }
 
     // MARK: Join driver
@@ -204,42 +199,30 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
 
     private func tick() {
         perform(join.withLock { $0.tick(now: monotonicNow()) })
-        // A host with another format: rebuild the chain here, off the network thread.
-        if let f = counters.withLock({ c in let p = c.pendingFormat; c.pendingFormat = nil; return p }),
-           chain.withLock({ $0?.format }) != f {
+        // A host with another format: build a pipeline for it here, off the network thread.
+        if let f = playout.withCurrent({ $0?.takePendingFormat() }) {
             log("host sends \(f); reopening playback")
-            do { try buildChain(f) } catch { log("cannot play \(f): \(error)") }
+            do { try buildPipeline(f) } catch { log("cannot play \(f): \(error)") }
         }
     }
 
     // MARK: Delegates
 
     public func session(_ session: Session, peer: PeerID, didChange state: SessionState) {
-        counters.withLock { c in
-            if state == .connected { c.host = peer } else if c.host == peer { c.host = nil }
+        host.withLock { host in
+            if state == .connected { host = peer } else if host == peer { host = nil }
         }
         let actions = join.withLock { $0.sessionState(peer, state, now: monotonicNow()) }
         control.async { self.perform(actions) }
     }
 
+    /// The datagram path (the session's I/O thread): no lock, no allocation.
     public func session(_ session: Session, didReceiveDatagramBytes raw: UnsafeRawBufferPointer, fromPeer peer: PeerID) {
         let now = monotonicNow()
-        guard let ch = chain.withLock({ $0 }) else { return }
-        let frames: Int = {
-            guard let h = try? AudioPacket.decodeHeader(raw) else {
-                ch.renderer.enqueue(packet: raw, arrivalNanos: now) // counted as malformed there
-                return 0
-            }
-            if h.format != ch.format {
-                counters.withLock { $0.pendingFormat = h.format }
-                return 0
-            }
-            return ch.renderer.enqueue(packet: raw, arrivalNanos: now) ? h.frameCount : 0
-        }()
-        counters.withLock { c in
-            if frames > 0, c.firstAudio == nil { c.firstAudio = now }
-            c.framesReceived += UInt64(frames)
-        }
+        let outcome = playout.withCurrent { $0?.receive(raw, arrivalNanos: now) }
+        guard case .queued(let frames) = outcome else { return }
+        framesReceived.wrappingAdd(UInt64(frames), ordering: .relaxed)
+        _ = firstAudio.compareExchange(expected: 0, desired: max(1, now), ordering: .acquiringAndReleasing)
     }
 
     public func session(_ session: Session, invitationTo peer: PeerID?, failedWith reason: DeclineReason, detail: String) {

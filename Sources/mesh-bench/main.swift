@@ -11,9 +11,11 @@
 //       the host process's CPU seconds over the same window.
 import Foundation
 import MeshAudio
+import MeshPipeline
 import MeshRelay
 import PeerMesh
 import Synchronization
+import MeshPOSIX
 
 func fail(_ text: String) -> Never {
     FileHandle.standardError.write(Data("mesh-bench: \(text)\n".utf8))

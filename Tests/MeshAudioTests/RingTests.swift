@@ -1,6 +1,7 @@
 import Testing
 import Foundation
 @testable import MeshAudio
+import MeshPOSIX
 
 @Suite("SampleRing and ChunkRing")
 struct RingTests {

@@ -87,3 +87,10 @@ struct JoinStateMachineTests {
         #expect(m.invitationFailed(nil, reason: "refused", now: 310 * ms).first == .announce("could not join 127.0.0.1:9: refused"))
     }
 }
+
+@Suite("Relay packets fit PeerMesh datagrams")
+struct PacketSizeTests {
+    @Test func anAudioPacketFitsOneEncryptedDatagram() {
+        #expect(AudioPacket.maximumSize == Session.maximumDatagramSize)
+    }
+}

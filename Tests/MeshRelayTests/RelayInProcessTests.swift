@@ -1,6 +1,7 @@
 import Foundation
 import MeshAudio
 import MeshImpair
+import MeshPipeline
 import PeerMesh
 import Testing
 @testable import MeshRelay

@@ -151,7 +151,7 @@ package final class LoopbackCapture: Sendable {
     private let fd: Int32
     private let captured = Mutex<[Datagram]>([])
     private let running = Atomic<Bool>(true)
-    private let done = Semaphore()
+    private let done = WakeSignal()
     private let ports: Set<UInt16>
 
     /// Starts capturing; throws if the socket cannot be opened (not root).

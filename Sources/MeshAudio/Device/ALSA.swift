@@ -3,6 +3,7 @@ import CALSA
 #if canImport(Glibc)
 import Glibc
 #endif
+import MeshPOSIX
 
 /// A failed ALSA call: which call, on which device, and ALSA's own words for it (`snd_strerror`).
 public struct ALSAError: Error, Equatable, Sendable, CustomStringConvertible {
@@ -94,15 +95,13 @@ final class PCMHandle: @unchecked Sendable {  // Used by one thread at a time: t
     // MARK: Opening
 
     /// Opens `device` for `stream` with `configuration`. If the device refuses Float32LE, the rate or the channel
-    /// count, it is re-opened once as `plug:<device>` and one line saying so goes to stderr.
+    /// count, it is re-opened once as `plug:<device>` (`usesPlugConversion`; the owner's app can say so — a library
+    /// writes nothing to stderr itself).
     static func open(device: String, stream: PCMStream, configuration: PCMConfiguration) throws(ALSAError) -> PCMHandle {
         do {
             return try openConfigured(name: device, requestedName: device, stream: stream, configuration: configuration)
         } catch let error where error.kind == .formatRefused {
             guard let plugName = plugName(for: device) else { throw error }
-            let line = "MeshAudio: ALSA device '\(device)' does not take \(configuration.format) natively "
-                + "(\(error.call): \(error.message)); re-opening it as \(plugName)"
-            StandardError.writeLine(line)
             return try openConfigured(name: plugName, requestedName: device, stream: stream, configuration: configuration)
         }
     }

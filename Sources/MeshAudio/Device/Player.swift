@@ -1,4 +1,5 @@
 import Synchronization
+import MeshPOSIX
 
 /// Plays to an ALSA device, pulling each period from an `AudioRenderer` on a dedicated real-time thread.
 ///
@@ -25,7 +26,7 @@ public final class Player: AudioSink {
     public let usesPlugConversion: Bool
 
     private let loop: PlaybackLoop
-    private let lifecycle = Mutex<StageLifecycle>(.idle)
+    private let lifecycle: StageLifecycle
 
     /// Opens `device` for playback. Throws `AudioFormatError` for an unsupported format and `ALSAError` when the
     /// device cannot be opened or configured (the message names the device and says to run `aplay -L`).
@@ -50,7 +51,9 @@ public final class Player: AudioSink {
         self.prefillFrames = min(prefillFrames, handle.bufferFrames)
         self.deviceName = handle.deviceName
         self.usesPlugConversion = handle.usesPlugConversion
-        self.loop = PlaybackLoop(handle: handle, prefillFrames: self.prefillFrames)
+        let lifecycle = StageLifecycle(stage: "Player(\(handle.deviceName))", threadName: "pm-playback")
+        self.lifecycle = lifecycle
+        self.loop = PlaybackLoop(handle: handle, prefillFrames: self.prefillFrames, lifecycle: lifecycle)
     }
 
     deinit {
@@ -59,36 +62,19 @@ public final class Player: AudioSink {
 
     /// Starts the playback thread pulling from `renderer`. Calling it while running does nothing.
     public func start(renderer: any AudioRenderer) throws {
-        try lifecycle.withLock { state throws in
-            switch state {
-            case .running: return
-            case .stopped: throw AudioStageError.restartNotSupported(stage: "Player(\(deviceName))")
-            case .idle:
-                loop.running.store(true, ordering: .releasing)
-                let loop = self.loop
-                state = .running(try RealtimeThread(name: "mesh-playback") { loop.run(renderer: renderer) })
-            }
-        }
+        let loop = self.loop
+        try lifecycle.start { loop.run(renderer: renderer) }
     }
 
     /// Stops pulling (within one period), plays out what is queued and stops the device.
     public func stop() {
-        let thread = lifecycle.withLock { state -> RealtimeThread? in
-            defer { state = .stopped }
-            if case .running(let thread) = state { return thread }
-            return nil
-        }
-        loop.running.store(false, ordering: .releasing)
-        thread?.join()
-        if thread != nil { loop.handle.finish() }
+        if lifecycle.stop() { loop.handle.finish() }
     }
 
     public var stats: AudioStats { loop.counters.snapshot() }
 
     /// Whether the playback thread got `SCHED_FIFO` (false before `start`).
-    public var isRealtime: Bool {
-        lifecycle.withLock { if case .running(let thread) = $0 { thread.isRealtime } else { false } }
-    }
+    public var isRealtime: Bool { lifecycle.isRealtime }
 
     /// The error that ended playback, if the device failed in a way `snd_pcm_recover` could not fix.
     public var failure: ALSAError? { loop.failure }
@@ -98,15 +84,17 @@ public final class Player: AudioSink {
 final class PlaybackLoop: @unchecked Sendable {  // `block` is used only by the playback thread; the rest is Sendable.
     let handle: PCMHandle
     let counters = AudioCounters()
-    let running = Atomic<Bool>(false)
+    /// Whose `isRunning` keeps the loop going.
+    let lifecycle: StageLifecycle
     let prefillFrames: Int
     private let failureCode = Atomic<Int>(0)
     private let failedInWrite = Atomic<Bool>(false)
     /// One period of interleaved samples: the renderer's output, and silence for the prefill.
     private let block: UnsafeMutablePointer<Float>
 
-    init(handle: PCMHandle, prefillFrames: Int) {
+    init(handle: PCMHandle, prefillFrames: Int, lifecycle: StageLifecycle) {
         self.handle = handle
+        self.lifecycle = lifecycle
         self.prefillFrames = prefillFrames
         let samples = handle.periodFrames * handle.format.channels
         self.block = .allocate(capacity: samples)
@@ -132,14 +120,14 @@ final class PlaybackLoop: @unchecked Sendable {  // `block` is used only by the 
         let output = UnsafeMutableBufferPointer(start: block, count: period * channels)
 
         var silence = prefillFrames
-        while silence > 0 && running.load(ordering: .acquiring) {
+        while silence > 0 && lifecycle.isRunning {
             let frames = min(silence, period)
             output.update(repeating: 0)
             guard write(frames: frames, countingOutput: false) else { return }
             silence -= frames
         }
 
-        while running.load(ordering: .acquiring) {
+        while lifecycle.isRunning {
             let delay = max(handle.delayFrames() ?? 0, 0)
             counters.delayFrames.store(delay, ordering: .relaxed)
             let context = RenderContext(frames: period, deviceDelayFrames: delay, nowNanos: MonotonicClock.nowNanos())

@@ -1,22 +1,44 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import MeshPOSIX
 import Synchronization
 
-/// A dedicated POSIX thread for an audio loop, scheduled `SCHED_FIFO` when the system allows it.
+/// A dedicated POSIX thread for an audio loop, named for `top -H` and debuggers, scheduled `SCHED_FIFO` when asked
+/// and when the system allows it.
 ///
 /// If the process may not use real-time scheduling (`EPERM`), the thread is started with normal scheduling,
 /// quietly; `isRealtime` tells which happened. The body runs once; `join()` waits for it to return.
 public final class RealtimeThread: Sendable {
+    /// How the thread is scheduled.
+    public enum Scheduling: Sendable, Equatable {
+        /// `SCHED_FIFO` at `priority` (clamped to the system's range), or normal scheduling where that is refused.
+        case fifo(priority: Int32)
+        /// The default time-sharing scheduler (a loop that feeds the network, not a device).
+        case normal
+
+        /// `SCHED_FIFO` at the audio loops' priority.
+        public static let realtime = Scheduling.fifo(priority: 5)
+    }
+
+    /// Longest OS thread name Linux keeps, in bytes (16 with the terminating NUL).
+    public static let maximumNameBytes = 15
+
+    /// The OS name of the thread (`name` cut to `maximumNameBytes` bytes of UTF-8).
+    public let name: String
     /// Whether the thread got `SCHED_FIFO`.
     public let isRealtime: Bool
     private let thread: pthread_t
     private let joined = Atomic<Bool>(false)
 
-    /// Boxes the body so it can cross the C thread-start boundary.
+    /// Boxes the body and the thread's name so they can cross the C thread-start boundary.
     private final class Body {
         let run: @Sendable () -> Void
-        init(_ run: @escaping @Sendable () -> Void) { self.run = run }
+        let name: String
+        init(_ run: @escaping @Sendable () -> Void, name: String) {
+            self.run = run
+            self.name = name
+        }
     }
 
     /// Error starting a thread (`pthread_create` failed even without real-time scheduling).
@@ -26,25 +48,28 @@ public final class RealtimeThread: Sendable {
         public var description: String { "cannot start thread \(name): \(String(cString: strerror(code)))" }
     }
 
-    /// Starts `body` on a new thread (`name` labels errors), at `SCHED_FIFO` priority `priority` if allowed.
-    public init(name: String, priority: Int32 = 5, body: @escaping @Sendable () -> Void) throws {
-        let context = Unmanaged.passRetained(Body(body)).toOpaque()
+    /// Starts `body` on a new thread named `name` (cut to 15 bytes), scheduled as `scheduling` asks.
+    public init(name: String, scheduling: Scheduling = .realtime, body: @escaping @Sendable () -> Void) throws {
+        let osName = Self.osName(name)
+        self.name = osName
+        let context = Unmanaged.passRetained(Body(body, name: osName)).toOpaque()
         var tid = pthread_t()
         var realtime = false
+        var result: Int32 = -1
 
-        var attr = pthread_attr_t()
-        pthread_attr_init(&attr)
-        defer { pthread_attr_destroy(&attr) }
-        pthread_attr_setinheritsched(&attr, Int32(PTHREAD_EXPLICIT_SCHED))
-        pthread_attr_setschedpolicy(&attr, SCHED_FIFO)
-        let maxPriority = sched_get_priority_max(SCHED_FIFO)
-        var param = sched_param(sched_priority: min(max(priority, 1), maxPriority))
-        pthread_attr_setschedparam(&attr, &param)
-
-        var result = pthread_create(&tid, &attr, realtimeThreadEntry, context)
-        if result == 0 {
-            realtime = true
-        } else {
+        if case .fifo(let priority) = scheduling {
+            var attr = pthread_attr_t()
+            pthread_attr_init(&attr)
+            defer { pthread_attr_destroy(&attr) }
+            pthread_attr_setinheritsched(&attr, Int32(PTHREAD_EXPLICIT_SCHED))
+            pthread_attr_setschedpolicy(&attr, SCHED_FIFO)
+            let maxPriority = sched_get_priority_max(SCHED_FIFO)
+            var param = sched_param(sched_priority: min(max(priority, 1), maxPriority))
+            pthread_attr_setschedparam(&attr, &param)
+            result = pthread_create(&tid, &attr, realtimeThreadEntry, context)
+            realtime = result == 0
+        }
+        if result != 0 {
             result = pthread_create(&tid, nil, realtimeThreadEntry, context)
         }
         guard result == 0 else {
@@ -53,6 +78,13 @@ public final class RealtimeThread: Sendable {
         }
         self.thread = tid
         self.isRealtime = realtime
+    }
+
+    /// `name` cut to at most `maximumNameBytes` bytes, on a character boundary.
+    static func osName(_ name: String) -> String {
+        var cut = Substring(name)
+        while cut.utf8.count > maximumNameBytes { cut = cut.dropLast() }
+        return String(cut)
     }
 
     /// Waits for the body to return. Safe to call more than once and from any thread but the audio thread itself.
@@ -68,6 +100,7 @@ public final class RealtimeThread: Sendable {
 
     fileprivate static func run(_ context: UnsafeMutableRawPointer) {
         let body = Unmanaged<Body>.fromOpaque(context).takeRetainedValue()
+        ThreadName.setCurrent(body.name)
         body.run()
     }
 }

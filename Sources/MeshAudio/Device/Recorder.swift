@@ -1,4 +1,5 @@
 import Synchronization
+import MeshPOSIX
 
 /// Captures from an ALSA device on a dedicated real-time thread and hands periods to one consumer.
 ///
@@ -21,7 +22,7 @@ public final class Recorder: AudioSource {
     public let usesPlugConversion: Bool
 
     private let loop: CaptureLoop
-    private let lifecycle = Mutex<StageLifecycle>(.idle)
+    private let lifecycle: StageLifecycle
 
     /// Opens `device` for capture. Throws `AudioFormatError` for an unsupported format and `ALSAError` when the
     /// device cannot be opened or configured (the message names the device and says to run `arecord -L`).
@@ -42,7 +43,9 @@ public final class Recorder: AudioSource {
         self.bufferFrames = handle.bufferFrames
         self.deviceName = handle.deviceName
         self.usesPlugConversion = handle.usesPlugConversion
-        self.loop = CaptureLoop(handle: handle, ringChunks: ringChunks)
+        let lifecycle = StageLifecycle(stage: "Recorder(\(handle.deviceName))", threadName: "pm-capture")
+        self.lifecycle = lifecycle
+        self.loop = CaptureLoop(handle: handle, ringChunks: ringChunks, lifecycle: lifecycle)
     }
 
     deinit {
@@ -51,30 +54,14 @@ public final class Recorder: AudioSource {
 
     /// Starts the device and the capture thread. Calling it while running does nothing.
     public func start() throws {
-        try lifecycle.withLock { state throws in
-            switch state {
-            case .running: return
-            case .stopped: throw AudioStageError.restartNotSupported(stage: "Recorder(\(deviceName))")
-            case .idle:
-                try loop.handle.start()
-                loop.running.store(true, ordering: .releasing)
-                let loop = self.loop
-                state = .running(try RealtimeThread(name: "mesh-capture") { loop.run() })
-            }
-        }
+        let loop = self.loop
+        try lifecycle.start(prepare: { try loop.handle.start() }, body: { loop.run() })
     }
 
     /// Stops the capture thread (within one period) and the device. A blocked `read` returns `nil` once the
     /// chunks already captured have been read.
     public func stop() {
-        let thread = lifecycle.withLock { state -> RealtimeThread? in
-            defer { state = .stopped }
-            if case .running(let thread) = state { return thread }
-            return nil
-        }
-        loop.running.store(false, ordering: .releasing)
-        thread?.join()
-        if thread != nil { loop.handle.finish() }
+        if lifecycle.stop() { loop.handle.finish() }
         loop.ring.finish()
     }
 
@@ -87,22 +74,10 @@ public final class Recorder: AudioSource {
     public var stats: AudioStats { loop.counters.snapshot() }
 
     /// Whether the capture thread got `SCHED_FIFO` (false before `start`).
-    public var isRealtime: Bool {
-        lifecycle.withLock { if case .running(let thread) = $0 { thread.isRealtime } else { false } }
-    }
+    public var isRealtime: Bool { lifecycle.isRealtime }
 
     /// The error that ended capture, if the device failed in a way `snd_pcm_recover` could not fix.
     public var failure: ALSAError? { loop.failure }
-}
-
-/// Where a device or file stage is in its one-shot life (idle → running → stopped), kept in a `Mutex`.
-///
-/// `start()` creates the thread while holding the lock so a concurrent `stop()` can never miss it; that is the one
-/// action taken under the lock, and it calls no user code. `stop()` decides under the lock and joins after it.
-enum StageLifecycle {
-    case idle
-    case running(RealtimeThread)
-    case stopped
 }
 
 /// Everything the capture thread touches, so the thread does not keep the `Recorder` alive.
@@ -110,14 +85,16 @@ final class CaptureLoop: @unchecked Sendable {  // `scratch` is used only by the
     let handle: PCMHandle
     let ring: ChunkRing
     let counters = AudioCounters()
-    let running = Atomic<Bool>(false)
+    /// Whose `isRunning` keeps the loop going.
+    let lifecycle: StageLifecycle
     /// Negative ALSA code that ended the loop (0 = none); `failedInRead` tells which call.
     private let failureCode = Atomic<Int>(0)
     private let failedInRead = Atomic<Bool>(false)
     private let scratch: UnsafeMutablePointer<Float>
 
-    init(handle: PCMHandle, ringChunks: Int) {
+    init(handle: PCMHandle, ringChunks: Int, lifecycle: StageLifecycle) {
         self.handle = handle
+        self.lifecycle = lifecycle
         self.ring = ChunkRing(channels: handle.format.channels, maxChunkFrames: handle.periodFrames,
                               minimumChunks: ringChunks)
         self.scratch = .allocate(capacity: handle.periodFrames * handle.format.channels)
@@ -141,7 +118,7 @@ final class CaptureLoop: @unchecked Sendable {  // `scratch` is used only by the
         let channels = handle.format.channels
         let rate = UInt64(handle.format.sampleRate)
         var frameIndex: UInt64 = 0
-        while running.load(ordering: .acquiring) {
+        while lifecycle.isRunning {
             let got = handle.readFrames(into: scratch, frames: period)
             let now = MonotonicClock.nowNanos()
             if got < 0 {

@@ -1,5 +1,4 @@
-import Synchronization
-
+import MeshPOSIX
 /// Fills chunks for a `PacedSource`: the generator behind a file sibling of `Recorder`.
 protocol ChunkProducer: AnyObject, Sendable {
     /// Writes up to `frames` interleaved frames into `buffer`; returns how many (0 = end of stream).
@@ -20,15 +19,14 @@ final class PacedSource: @unchecked Sendable {  // `scratch` is used only by the
     let ring: ChunkRing
     let counters = AudioCounters()
     private let producer: any ChunkProducer
-    private let running = Atomic<Bool>(false)
-    private let lifecycle = Mutex<StageLifecycle>(.idle)
+    private let lifecycle: StageLifecycle
     private let scratch: UnsafeMutablePointer<Float>
-    private let name: String
 
+    /// `name` labels the stage in errors (`ToneSource(440.0 Hz)`); its thread is `pm-source`.
     init(name: String, format: AudioFormat, periodFrames: Int, realtime: Bool, ringChunks: Int,
          producer: any ChunkProducer) {
         precondition(periodFrames > 0 && ringChunks > 0, "periodFrames and ringChunks must be positive")
-        self.name = name
+        self.lifecycle = StageLifecycle(stage: name, threadName: "pm-source")
         self.format = format
         self.periodFrames = periodFrames
         self.realtime = realtime
@@ -43,25 +41,11 @@ final class PacedSource: @unchecked Sendable {  // `scratch` is used only by the
     }
 
     func start() throws {
-        try lifecycle.withLock { state throws in
-            switch state {
-            case .running: return
-            case .stopped: throw AudioStageError.restartNotSupported(stage: name)
-            case .idle:
-                running.store(true, ordering: .releasing)
-                state = .running(try RealtimeThread(name: name) { [self] in run() })
-            }
-        }
+        try lifecycle.start { [self] in run() }
     }
 
     func stop() {
-        let thread = lifecycle.withLock { state -> RealtimeThread? in
-            defer { state = .stopped }
-            if case .running(let thread) = state { return thread }
-            return nil
-        }
-        running.store(false, ordering: .releasing)
-        thread?.join()
+        lifecycle.stop()
         ring.finish()
     }
 
@@ -76,7 +60,7 @@ final class PacedSource: @unchecked Sendable {  // `scratch` is used only by the
         let channels = format.channels
         let clock = PacingClock(sampleRate: format.sampleRate)
         var frameIndex: UInt64 = 0
-        produce: while running.load(ordering: .acquiring) {
+        produce: while lifecycle.isRunning {
             let frames = producer.produce(into: scratch, frames: periodFrames)
             guard frames > 0 else { break }
             let timestamp: UInt64
@@ -86,7 +70,7 @@ final class PacedSource: @unchecked Sendable {  // `scratch` is used only by the
             } else {
                 while !ring.waitForSpace(sampleCount: frames * channels,
                                          untilNanos: MonotonicClock.nowNanos() + 50_000_000) {
-                    if !running.load(ordering: .acquiring) { break produce }
+                    if !lifecycle.isRunning { break produce }
                 }
                 timestamp = MonotonicClock.nowNanos()
             }

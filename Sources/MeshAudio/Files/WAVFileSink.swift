@@ -1,4 +1,5 @@
 import Synchronization
+import MeshPOSIX
 
 /// Records what a renderer produces into a WAV file, the file sibling of `Player`.
 ///
@@ -16,7 +17,7 @@ public final class WAVFileSink: AudioSink {
     /// Frames after which the sink stops pulling, if set.
     public let maxFrames: Int?
     private let loop: SinkLoop
-    private let lifecycle = Mutex<StageLifecycle>(.idle)
+    private let lifecycle: StageLifecycle
 
     /// Creates (or truncates) the WAV file at `path`. Throws `SndfileError` if it cannot be created and
     /// `AudioFormatError` for an unsupported format.
@@ -30,8 +31,10 @@ public final class WAVFileSink: AudioSink {
         self.periodFrames = periodFrames
         self.encoding = encoding
         self.maxFrames = maxFrames
+        let lifecycle = StageLifecycle(stage: "WAVFileSink(\(path))", threadName: "pm-wavsink")
+        self.lifecycle = lifecycle
         self.loop = SinkLoop(file: file, format: format, periodFrames: periodFrames, realtime: realtime,
-                             maxFrames: maxFrames)
+                             maxFrames: maxFrames, lifecycle: lifecycle)
     }
 
     deinit {
@@ -39,27 +42,13 @@ public final class WAVFileSink: AudioSink {
     }
 
     public func start(renderer: any AudioRenderer) throws {
-        try lifecycle.withLock { state throws in
-            switch state {
-            case .running: return
-            case .stopped: throw AudioStageError.restartNotSupported(stage: "WAVFileSink(\(path))")
-            case .idle:
-                loop.running.store(true, ordering: .releasing)
-                let loop = self.loop
-                state = .running(try RealtimeThread(name: "mesh-wav-sink") { loop.run(renderer: renderer) })
-            }
-        }
+        let loop = self.loop
+        try lifecycle.start { loop.run(renderer: renderer) }
     }
 
     /// Stops pulling and closes the file, finalizing its header. Safe to call more than once.
     public func stop() {
-        let thread = lifecycle.withLock { state -> RealtimeThread? in
-            defer { state = .stopped }
-            if case .running(let thread) = state { return thread }
-            return nil
-        }
-        loop.running.store(false, ordering: .releasing)
-        thread?.join()
+        lifecycle.stop()
         loop.close()
     }
 
@@ -81,7 +70,8 @@ public final class WAVFileSink: AudioSink {
 /// Everything the sink thread touches.
 final class SinkLoop: @unchecked Sendable {  // `file` and `block` are used by the sink thread, then by `close` after join.
     let counters = AudioCounters()
-    let running = Atomic<Bool>(false)
+    /// Whose `isRunning` keeps the loop going.
+    let lifecycle: StageLifecycle
     let done = Atomic<Bool>(false)
     let doneSignal = WakeSignal()
     private let file: SoundFile
@@ -92,8 +82,10 @@ final class SinkLoop: @unchecked Sendable {  // `file` and `block` are used by t
     private let block: UnsafeMutablePointer<Float>
     private let failureStore = Mutex<SndfileError?>(nil)
 
-    init(file: SoundFile, format: AudioFormat, periodFrames: Int, realtime: Bool, maxFrames: Int?) {
+    init(file: SoundFile, format: AudioFormat, periodFrames: Int, realtime: Bool, maxFrames: Int?,
+         lifecycle: StageLifecycle) {
         self.file = file
+        self.lifecycle = lifecycle
         self.format = format
         self.periodFrames = periodFrames
         self.realtime = realtime
@@ -112,7 +104,7 @@ final class SinkLoop: @unchecked Sendable {  // `file` and `block` are used by t
         let channels = format.channels
         let clock = PacingClock(sampleRate: format.sampleRate)
         var written = 0
-        while running.load(ordering: .acquiring) {
+        while lifecycle.isRunning {
             let frames = min(periodFrames, (maxFrames ?? Int.max) - written)
             guard frames > 0 else { break }
             let context = RenderContext(frames: frames, deviceDelayFrames: 0, nowNanos: MonotonicClock.nowNanos())

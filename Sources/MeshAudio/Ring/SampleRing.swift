@@ -1,4 +1,5 @@
 import Synchronization
+import MeshPOSIX
 
 /// A preallocated single-producer, single-consumer ring of `Float` samples.
 ///

@@ -1,5 +1,6 @@
 import Foundation
 @testable import MeshAudio
+import MeshPOSIX
 
 /// Facts about the JACK test rig started by scripts/lib/jack-rig.sh (see that file for the PCM wiring).
 enum JackRig {

@@ -1,5 +1,6 @@
 import Testing
-@testable import MeshAudio
+import MeshAudio
+@testable import MeshPipeline
 
 /// A virtual-time driver: packets of `n` frames captured at 44.1 kHz from frame `start`, renders of `block`
 /// frames; `arrival(k)` gives packet k's arrival (nil = lost); each render inserts every packet arrived by then.
@@ -134,11 +135,17 @@ struct RelayJitterBufferTests {
         #expect(r.result == .playing)
     }
 
-    @Test func formatMismatchIsDroppedAndCounted() {
+    @Test func formatMismatchIsDroppedAndCounted() throws {
+        // The format is checked once, at the ingress stage in front of the buffer's packet ring.
         var jb = JitterBuffer(format: .default)
-        let (_, h, s) = relayIndexPacket(first: 0, frames: 64, sequence: 0, format: AudioFormat(sampleRate: 48_000, channels: 2))
-        #expect(jb.insert(h, s, arrival: 1) == .formatMismatch)
-        #expect(jb.snapshot.formatMismatches == 1 && !jb.isActive)
+        let ring = PacketRing(capacity: 4)
+        let ingress = PacketIngress(format: .default, ring: ring)
+        let other = AudioFormat(sampleRate: 48_000, channels: 2)
+        let (_, h, s) = relayIndexPacket(first: 0, frames: 64, sequence: 0, format: other)
+        let bytes = try AudioPacket.encode(h, samples: s)
+        #expect(bytes.withUnsafeBytes { ingress.receive($0, arrivalNanos: 1) } == .formatChanged(other))
+        while let _ = ring.pop({ jb.insert($0, samples: $1) }) {}
+        #expect(ingress.counters.formatMismatches == 1 && !jb.isActive)
     }
 
     @Test func autoTargetAdaptsFastUpSlowDown() {

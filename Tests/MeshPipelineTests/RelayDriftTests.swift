@@ -1,5 +1,6 @@
 import Testing
-@testable import MeshAudio
+import MeshAudio
+@testable import MeshPipeline
 
 /// Least-squares fit of a·sin + b·cos + dc at angular frequency `w` (rad/sample); returns SNR in dB.
 func relaySNR(_ y: [Float], w: Double) -> Double {

@@ -1,6 +1,8 @@
+import MeshAudio
+
 /// Turns each captured period into audio packets immediately (no batching).
 ///
-/// A period that does not fit one 1200-byte packet (48 kHz stereo, 256 frames, for instance) is split into
+/// A period that does not fit one packet (`AudioPacket.maximumSize`) (48 kHz stereo, 256 frames, for instance) is split into
 /// the fewest packets that fit, of near-equal size (the first ones one frame longer when it does not divide),
 /// with consecutive sequence numbers and frame indices. Encoding goes into a caller-provided buffer: no
 /// allocation per packet.

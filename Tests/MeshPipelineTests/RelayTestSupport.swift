@@ -1,4 +1,5 @@
-@testable import MeshAudio
+import MeshAudio
+@testable import MeshPipeline
 
 /// Deterministic PRNG for fuzz and impairment tests (SplitMix64).
 struct RelayRNG: RandomNumberGenerator {
@@ -75,3 +76,13 @@ extension JitterBuffer {
 
 /// Nanoseconds of `frames` at `rate`.
 func relayNanos(_ frames: Double, rate: Double = 44_100) -> UInt64 { UInt64((frames * 1e9 / rate).rounded()) }
+
+/// A sink that never runs a thread: the test pulls the pipeline's renderer itself, in virtual time.
+final class VirtualTimeSink: AudioSink {
+    let format: AudioFormat
+    let periodFrames = 128
+    init(format: AudioFormat = .default) { self.format = format }
+    func start(renderer: any AudioRenderer) throws {}
+    func stop() {}
+    var stats: AudioStats { AudioStats() }
+}

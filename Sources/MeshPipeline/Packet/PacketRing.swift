@@ -1,3 +1,4 @@
+import MeshAudio
 import Synchronization
 
 /// A decoded packet as it waits in a `PacketRing` slot.
@@ -15,8 +16,9 @@ public struct ReceivedPacket: Sendable, Equatable {
 
 /// A preallocated single-producer single-consumer ring of fixed-size packet slots.
 ///
-/// The network receive thread (the only producer) decodes datagrams straight into free slots with `push`; the
-/// playback real-time thread (the only consumer) reads them in place with `pop`. Slot ownership is handed over
+/// The network receive thread (the only producer, through `PacketIngress`) decodes each datagram's samples straight
+/// into a free slot with `push`, its header already decoded; the playback real-time thread (the only consumer) reads
+/// them in place with `pop`. Slot ownership is handed over
 /// by the release/acquire `head`/`tail` atomics; nothing allocates or locks after `init`.
 public final class PacketRing: @unchecked Sendable {
     // @unchecked: slot memory is written only by the producer before releasing `head` and read only by the
@@ -60,10 +62,10 @@ public final class PacketRing: @unchecked Sendable {
     /// Packets waiting (approximate when read from a third thread).
     public var count: Int { head.load(ordering: .acquiring) - tail.load(ordering: .acquiring) }
 
-    /// Producer: decodes `bytes` into the next free slot. Malformed bytes are rejected (and nothing is stored).
-    public func push(encoded bytes: UnsafeRawBufferPointer, arrivalNanos: UInt64) -> PushResult {
-        let header: AudioPacketHeader
-        do { header = try AudioPacket.decodeHeader(bytes) } catch { return .malformed(error) }
+    /// Producer: decodes the samples of `bytes`, whose header `AudioPacket.decodeHeader` returned as `header`,
+    /// into the next free slot. A packet with a non-finite sample (or too big for a slot) is rejected as
+    /// `.malformed`, and nothing is stored.
+    public func push(header: AudioPacketHeader, payload bytes: UnsafeRawBufferPointer, arrivalNanos: UInt64) -> PushResult {
         guard header.frameCount * header.format.channels <= samplesPerSlot else { return .malformed(.tooLarge(bytes.count)) }
         let h = head.load(ordering: .relaxed)
         guard h - tail.load(ordering: .acquiring) < capacity else { return .full }
@@ -76,19 +78,6 @@ public final class PacketRing: @unchecked Sendable {
         headers[slot] = ReceivedPacket(header: header, arrivalNanos: arrivalNanos)
         head.store(h + 1, ordering: .releasing)
         return .pushed
-    }
-
-    /// Producer: copies an already decoded packet into the next free slot. Returns false when full.
-    public func push(header: AudioPacketHeader, samples source: UnsafeBufferPointer<Float>, arrivalNanos: UInt64) -> Bool {
-        let n = header.frameCount * header.format.channels
-        precondition(n <= samplesPerSlot && source.count >= n, "packet larger than a PacketRing slot")
-        let h = head.load(ordering: .relaxed)
-        guard h - tail.load(ordering: .acquiring) < capacity else { return false }
-        let slot = h % capacity
-        (samples + slot * samplesPerSlot).update(from: source.baseAddress!, count: n)
-        headers[slot] = ReceivedPacket(header: header, arrivalNanos: arrivalNanos)
-        head.store(h + 1, ordering: .releasing)
-        return true
     }
 
     /// Consumer: hands the oldest packet and its interleaved samples to `body`, then frees the slot.

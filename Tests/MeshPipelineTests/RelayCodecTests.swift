@@ -1,5 +1,6 @@
 import Testing
-@testable import MeshAudio
+import MeshAudio
+@testable import MeshPipeline
 
 @Suite("Relay codec and packetizer")
 struct RelayCodecTests {
@@ -22,8 +23,8 @@ struct RelayCodecTests {
     }
 
     @Test func sizeLimits() throws {
-        #expect(AudioPacket.maximumFrames(for: .default) == 291)
-        #expect(AudioPacket.maximumFrames(for: AudioFormat(sampleRate: 48_000, channels: 2)) == 145)
+        #expect(AudioPacket.maximumFrames(for: .default) == 287)
+        #expect(AudioPacket.maximumFrames(for: AudioFormat(sampleRate: 48_000, channels: 2)) == 143)
         let fmt = AudioFormat(sampleRate: 48_000, channels: 2)
         let tooMany = AudioPacketHeader(sequence: 0, firstFrameIndex: 0, frameCount: 146, format: fmt)
         #expect(throws: AudioPacketError.tooLarge(36 + 146 * 8)) {
@@ -56,10 +57,10 @@ struct RelayCodecTests {
 
     @Test func fuzzNeverTrapsAndEverythingIsCounted() throws {
         var rng = RelayRNG(seed: 7)
-        let renderer = try PlayoutRenderer(format: .default, configuration: .init(mode: .low))
+        let pipeline = try PlayoutPipeline(format: .default, configuration: .init(mode: .low), sink: VirtualTimeSink())
         var p = try Packetizer(format: .default)
         let valid = p.packets(relaySine(start: 0, count: 200), chunk: ChunkInfo(firstFrameIndex: 0, frames: 200, timestampNanos: 0))[0]
-        var failures = 0, successes = 0
+        var failures = 0, successes = 0, queued = 0, otherFormat = 0
         for i in 0..<20_000 {
             var bytes: [UInt8]
             switch i % 4 {
@@ -74,15 +75,24 @@ struct RelayCodecTests {
                 bytes = valid + (0..<Int.random(in: 1...400, using: &rng)).map { _ in UInt8.random(in: 0...255, using: &rng) }
             }
             let decodes = (try? AudioPacket.decode(bytes)) != nil
-            let ok = bytes.withUnsafeBytes { renderer.enqueue(packet: $0, arrivalNanos: UInt64(i)) }
+            // The ingress stage decodes once: a packet that decodes is taken (queued, or reported as another
+            // format), anything else is malformed.
+            let outcome = bytes.withUnsafeBytes { pipeline.receive($0, arrivalNanos: UInt64(i)) }
+            let ok: Bool
+            switch outcome {
+            case .queued: ok = true; queued += 1
+            case .formatChanged: ok = true; otherFormat += 1
+            case .malformed, .ringFull: ok = false
+            }
             #expect(ok == decodes)
             if decodes { successes += 1 } else { failures += 1 }
             if i % 256 == 0 {  // keep the ring drained
                 var out = [Float](repeating: 0, count: 128)
-                out.withUnsafeMutableBufferPointer { renderer.render(into: $0, context: RenderContext(frames: 128, deviceDelayFrames: 0, nowNanos: UInt64(i))) }
+                out.withUnsafeMutableBufferPointer { pipeline.renderer.render(into: $0, context: RenderContext(frames: 128, deviceDelayFrames: 0, nowNanos: UInt64(i))) }
             }
         }
-        #expect(renderer.stats.malformed == UInt64(failures))
+        #expect(pipeline.stats.malformed == UInt64(failures))
+        #expect(pipeline.stats.formatMismatches == UInt64(otherFormat) && queued + otherFormat == successes)
         #expect(failures > 15_000)
         #expect(failures + successes == 20_000)
     }
@@ -97,7 +107,7 @@ struct RelayCodecTests {
         #expect(p.nextSequence == 6)
     }
 
-    @Test(arguments: [(256, [128, 128]), (1000, [143, 143, 143, 143, 143, 143, 142]), (145, [145]), (146, [73, 73])])
+    @Test(arguments: [(256, [128, 128]), (1000, [143, 143, 143, 143, 143, 143, 142]), (143, [143]), (145, [73, 72]), (146, [73, 73])])
     func packetizerSplits48kStereo(frames: Int, sizes: [Int]) throws {
         let fmt = AudioFormat(sampleRate: 48_000, channels: 2)
         var p = try Packetizer(format: fmt, firstSequence: UInt32.max)
@@ -106,7 +116,7 @@ struct RelayCodecTests {
         #expect(pk.map { (try? AudioPacket.decode($0))?.header.frameCount ?? -1 } == sizes)
         var next = UInt64.max - 100, seq = UInt32.max, joined: [Float] = []
         for b in pk {
-            #expect(b.count <= 1200)
+            #expect(b.count <= AudioPacket.maximumSize && AudioPacket.maximumSize == 1184)
             let (h, s) = try AudioPacket.decode(b)
             #expect(h.firstFrameIndex == next && h.sequence == seq && h.format == fmt)
             next &+= UInt64(h.frameCount); seq &+= 1
@@ -121,7 +131,8 @@ struct RelayCodecTests {
         var pushed: [[UInt8]] = []
         for k in 0..<5 {
             let b = p.packets(relaySine(start: k * 64, count: 64), chunk: ChunkInfo(firstFrameIndex: UInt64(k * 64), frames: 64, timestampNanos: 0))[0]
-            let r = b.withUnsafeBytes { ring.push(encoded: $0, arrivalNanos: UInt64(k)) }
+            let h = try AudioPacket.decode(b).header
+            let r = b.withUnsafeBytes { ring.push(header: h, payload: $0, arrivalNanos: UInt64(k)) }
             #expect(r == (k < 4 ? .pushed : .full))
             pushed.append(b)
         }

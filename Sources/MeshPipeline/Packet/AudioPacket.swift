@@ -1,5 +1,7 @@
+import MeshAudio
+
 /// The relay's audio datagram: one run of consecutive captured frames, self-describing, at most
-/// `AudioPacket.maximumSize` (1200) bytes so that it fits one PeerMesh unreliable datagram payload
+/// `AudioPacket.maximumSize` (1184) bytes so that it fits one PeerMesh unreliable datagram payload
 /// (`maximumAudioPayload`).
 ///
 /// Wire layout, version 1. Header integers are big-endian (network order); samples are IEEE-754 Float32
@@ -20,13 +22,14 @@
 /// |     32 |    4 | host report: host capture-device delay in frames at capture (0 = unknown)      |
 /// |     36 |  4·F·C | samples, Float32 LE, frame-major interleaved (F frames × C channels)        |
 ///
-/// The total length must be exactly `36 + 4 × frameCount × channels` and at most 1200 bytes, so one packet
-/// carries at most 291 samples (291 mono frames, 145 stereo frames). The host report rides in every packet
+/// The total length must be exactly `36 + 4 × frameCount × channels` and at most 1184 bytes, so one packet
+/// carries at most 287 samples (287 mono frames, 143 stereo frames). The host report rides in every packet
 /// (4 bytes) instead of a separate message, so the player always knows the host's share of the latency.
 /// Decoding never traps: anything malformed, truncated, foreign or non-finite yields an `AudioPacketError`.
 public enum AudioPacket {
     /// Largest datagram the relay sends (PeerMesh `maximumAudioPayload`).
-    public static let maximumSize = 1200
+    /// PeerMesh's `Session.maximumDatagramSize` (an encrypted datagram's payload; checked by a test).
+    public static let maximumSize = 1184
     /// Bytes before the first sample.
     public static let headerSize = 36
     /// The magic bytes "MA".
@@ -161,7 +164,7 @@ public struct AudioPacketHeader: Sendable, Equatable {
     public var sequence: UInt32
     /// Index in the capture stream of the packet's first frame.
     public var firstFrameIndex: UInt64
-    /// Frames carried (1...65535, and the packet must fit 1200 bytes).
+    /// Frames carried (1...65535, and the packet must fit `maximumSize` bytes).
     public var frameCount: Int
     /// Format of the samples.
     public var format: AudioFormat
@@ -204,7 +207,7 @@ public enum AudioPacketError: Error, Equatable, Sendable, CustomStringConvertibl
         case .unsupportedFormat: "audio packet format is outside 8–192 kHz, 1–8 channels, Float32LE"
         case .badFrameCount(let n): "audio packet frame count \(n) is invalid"
         case .lengthMismatch(let e, let a): "audio packet length \(a) does not match the expected \(e)"
-        case .tooLarge(let n): "audio packet of \(n) bytes exceeds 1200"
+        case .tooLarge(let n): "audio packet of \(n) bytes exceeds \(AudioPacket.maximumSize)"
         case .nonFiniteSample: "audio packet carries a NaN or infinite sample"
         }
     }

@@ -1,49 +1,3 @@
-/// The minimum of a value over a sliding time window, kept in fixed time buckets (preallocated: `add` and
-/// `minimum` never allocate).
-///
-/// The window covers the current bucket and the `buckets − 1` before it, so it spans between
-/// `(buckets − 1)·bucketNanos` and `buckets·bucketNanos`.
-public struct SlidingMinimum: Sendable {
-    /// Bucket length, nanoseconds.
-    public let bucketNanos: UInt64
-    private var ids: [Int64]
-    private var mins: [Double]
-
-    /// A window of `buckets` buckets of `bucketNanos` each.
-    public init(bucketNanos: UInt64, buckets: Int) {
-        precondition(bucketNanos > 0 && buckets > 0, "SlidingMinimum needs a positive bucket length and count")
-        self.bucketNanos = bucketNanos
-        ids = [Int64](repeating: Int64.min, count: buckets)
-        mins = [Double](repeating: 0, count: buckets)
-    }
-
-    /// Forgets every sample.
-    public mutating func reset() {
-        for i in ids.indices { ids[i] = Int64.min }
-    }
-
-    /// Records `value` observed at `nanos`.
-    public mutating func add(_ value: Double, atNanos nanos: UInt64) {
-        let id = Int64(nanos / bucketNanos)
-        let b = Int(id % Int64(ids.count))
-        if ids[b] != id {
-            ids[b] = id
-            mins[b] = value
-        } else if value < mins[b] {
-            mins[b] = value
-        }
-    }
-
-    /// The minimum over the window ending at `nanos`, or nil when the window holds no sample.
-    public func minimum(atNanos nanos: UInt64) -> Double? {
-        let id = Int64(nanos / bucketNanos)
-        let oldest = id - Int64(ids.count) + 1
-        var m = Double.infinity
-        for i in ids.indices where ids[i] >= oldest && ids[i] <= id { m = min(m, mins[i]) }
-        return m.isFinite ? m : nil
-    }
-}
-
 /// Clock-drift control loop: estimates the long-term rate difference between the sender's clock and the playout
 /// device's clock, robustly to jitter, and turns it into a resampling correction.
 ///
@@ -74,6 +28,10 @@ public struct SlidingMinimum: Sendable {
 /// to the target with time constant `trimSeconds`, its error clamped to ±`trimLimitSeconds` (so target changes
 /// move the ratio by at most a few hundred ppm). Clamped to ±`maximumCorrectionPPM`.
 /// Ratio = input frames consumed per output frame: above 1 drains the buffer, below 1 fills it.
+///
+/// **Timelines.** The controller keeps the two timelines it compares (`RenderTimeline`, `ArrivalTimeline`): the
+/// playout chain reports each render call (`noteRenderCall`, `noteRendered`) and each packet (`notePacket`), and asks
+/// for the block's `steer`ing — the jitter-free latency, the correction, and whether its floors are ready.
 ///
 /// Pure and allocation-free after `init` (fixed-size arrays, mutated in place).
 public struct DriftController: Sendable {
@@ -149,6 +107,9 @@ public struct DriftController: Sendable {
     private var arrivalSamples = 0
     /// Steps taken out of the excursion since the last reference.
     public private(set) var steps = 0
+    /// The render calls' timeline (lateness), and the packets' (transit).
+    public private(set) var renderTimeline: RenderTimeline
+    public private(set) var arrivalTimeline: ArrivalTimeline
 
     public init(sampleRate: Int, configuration: Configuration = Configuration()) {
         self.sampleRate = sampleRate
@@ -160,12 +121,15 @@ public struct DriftController: Sendable {
         slopeBuckets = max(4, Int(configuration.slopeWindowSeconds.rounded()))
         bucketT = [Double](repeating: 0, count: slopeBuckets)
         bucketX = [Double](repeating: 0, count: slopeBuckets)
+        renderTimeline = RenderTimeline(sampleRate: sampleRate)
+        arrivalTimeline = ArrivalTimeline(sampleRate: sampleRate)
     }
 
     /// Consumption ratio, exactly 1.0 while disengaged.
     public var ratio: Double { engaged ? 1 + correctionPPM * 1e-6 : 1 }
 
-    /// Back to the initial state (new stream): disengaged, floors and estimates forgotten.
+    /// Back to the initial state (new stream): disengaged, floors and estimates forgotten. The timelines stay (the
+    /// render timeline belongs to the device; the arrival timeline is re-anchored by the caller's next packet).
     public mutating func reset() {
         engaged = false
         correctionPPM = 0
@@ -353,5 +317,93 @@ public struct DriftController: Sendable {
         guard stt > 0 else { return }
         estimatedDriftPPM = stx / stt / rate * 1e6   // frames per second → ppm of the rate
         haveSlope = true
+    }
+
+    // MARK: - The playout chain's inputs
+
+    /// A render call at `nowNanos` whose first frame plays after `deviceDelayFrames` more frames: advances the render
+    /// timeline (re-anchoring it, and forgetting the lateness floor, when it jumped) and feeds its lateness to the
+    /// lateness floor.
+    public mutating func noteRenderCall(nowNanos: UInt64, deviceDelayFrames: Int) {
+        let anchoring = renderTimeline.noteCall(nowNanos: nowNanos, deviceDelayFrames: deviceDelayFrames,
+                                                latenessFloorNanos: latenessFloor(atNanos: nowNanos))
+        if anchoring == .rebased { rebaseRenderTimeline() }
+        noteRender(latenessNanos: renderTimeline.latenessNanos, atNanos: nowNanos)
+    }
+
+    /// The render call produced `frames` frames.
+    public mutating func noteRendered(frames: Int) {
+        renderTimeline.noteRendered(frames: frames)
+    }
+
+    /// A packet of `frames` frames from `firstFrame` arrived at `arrivalNanos`; `streamRestarted` when the jitter
+    /// buffer restarted the stream at it (the sender may be another clock: the controller starts over, and the
+    /// arrival timeline is re-anchored). Feeds its transit to the transit floor.
+    public mutating func notePacket(firstFrame: UInt64, frames: Int, arrivalNanos: UInt64, streamRestarted: Bool) {
+        if streamRestarted || !arrivalTimeline.isAnchored {
+            if arrivalTimeline.isAnchored { reset() }
+            arrivalTimeline.anchor(firstFrame: firstFrame, arrivalNanos: arrivalNanos)
+        }
+        noteArrival(transitNanos: arrivalTimeline.transitNanos(end: firstFrame &+ UInt64(frames), arrivalNanos: arrivalNanos),
+                    atNanos: arrivalNanos)
+    }
+
+    /// One control step for a block at `nowNanos`, given the latency `measuredLatencyFrames` held on this side
+    /// (jitter buffer + downstream queue, as measured) and the `stream` the jitter buffer holds (nil when idle).
+    /// While the stream plays, this is `update`: the returned steering carries the correction to apply.
+    public mutating func steer(measuredLatencyFrames measured: Double, stream: BufferedStream?, nowNanos: UInt64)
+        -> DriftSteering
+    {
+        var steering = DriftSteering(measuredLatencyFrames: measured, steadyLatencyFrames: measured,
+                                     correctionPPM: nil, engaged: engaged, floorsReady: floorsReady)
+        guard let stream else { return steering }
+        steering.steadyLatencyFrames = steadyLatency(
+            rawFrames: measured, latenessNanos: renderTimeline.latenessNanos,
+            newestTransitNanos: arrivalTimeline.transitNanos(end: stream.newestFrameEnd, arrivalNanos: stream.newestArrivalNanos),
+            atNanos: nowNanos)
+        guard stream.isPlaying else { return steering }   // the controller only regulates a running stream
+        steering.correctionPPM = update(steadyLatencyFrames: steering.steadyLatencyFrames,
+                                        targetFrames: stream.targetFrames, nowNanos: nowNanos)
+        steering.engaged = engaged
+        return steering
+    }
+}
+
+/// What the drift controller needs to know each block about the stream the jitter buffer holds.
+public struct BufferedStream: Sendable, Equatable {
+    /// One past the newest frame received.
+    public var newestFrameEnd: UInt64
+    /// Arrival time of the packet holding the newest frame, nanoseconds.
+    public var newestArrivalNanos: UInt64
+    /// The jitter buffer's target delay, frames.
+    public var targetFrames: Double
+    /// Whether the stream plays (priming is over): only then does the controller regulate.
+    public var isPlaying: Bool
+
+    public init(newestFrameEnd: UInt64, newestArrivalNanos: UInt64, targetFrames: Double, isPlaying: Bool) {
+        self.newestFrameEnd = newestFrameEnd
+        self.newestArrivalNanos = newestArrivalNanos
+        self.targetFrames = targetFrames
+        self.isPlaying = isPlaying
+    }
+}
+
+/// The drift controller's output for one block: its word to the resampler (correction, engagement) and to the
+/// jitter buffer (the jitter-free latency, whether its floors are ready).
+public struct DriftSteering: Sendable, Equatable {
+    /// The latency held on this side as measured this block, frames.
+    public var measuredLatencyFrames: Double
+    /// The same with the jitter taken out (equal to it without a stream or floors), frames.
+    public var steadyLatencyFrames: Double
+    /// The correction to apply from this block on, ppm; nil while no stream plays (the ratio is left as it is).
+    public var correctionPPM: Double?
+    /// Whether the loop is engaged: the resampler belongs in the chain.
+    public var engaged: Bool
+    /// Whether the floors have seen enough to de-jitter the latency (a priming jitter buffer may start).
+    public var floorsReady: Bool
+
+    /// The jitter buffer's share: the jitter to take out of its latency, and whether to hold its start.
+    public var jitterFeedback: JitterBuffer.DriftFeedback {
+        JitterBuffer.DriftFeedback(steadyOffsetFrames: steadyLatencyFrames - measuredLatencyFrames, holdStart: !floorsReady)
     }
 }

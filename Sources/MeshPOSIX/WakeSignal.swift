@@ -7,10 +7,10 @@ import Glibc
 /// `signal()` never blocks and is safe on a real-time thread (it is `sem_post`). `wait(untilNanos:)` is for the
 /// other side only. Waiters must re-check their condition after waking: the count may run ahead of the events
 /// it stands for, so a wake-up can be spurious.
-public final class WakeSignal: @unchecked Sendable {  // sem_t is designed for concurrent use; the pointer never changes.
+package final class WakeSignal: @unchecked Sendable {  // sem_t is designed for concurrent use; the pointer never changes.
     private let semaphore: UnsafeMutablePointer<sem_t>
 
-    public init() {
+    package init() {
         semaphore = .allocate(capacity: 1)
         sem_init(semaphore, 0, 0)
     }
@@ -22,8 +22,13 @@ public final class WakeSignal: @unchecked Sendable {  // sem_t is designed for c
 
     /// Wakes one waiter (or the next one to wait). Real-time safe.
     @inline(__always)
-    public func signal() {
+    package func signal() {
         sem_post(semaphore)
+    }
+
+    /// Waits for a signal, however long it takes. Not for real-time threads.
+    package func wait() {
+        while sem_wait(semaphore) != 0 && errno == EINTR {}
     }
 
     /// Waits for a signal until `CLOCK_MONOTONIC` reaches `deadlineNanos`. Returns `false` on timeout.
@@ -31,7 +36,7 @@ public final class WakeSignal: @unchecked Sendable {  // sem_t is designed for c
     /// `sem_timedwait` takes a `CLOCK_REALTIME` deadline, so the remaining monotonic time is re-based on the
     /// wall clock at each attempt; a wall-clock step can stretch or shorten one wait, never the overall deadline.
     @discardableResult
-    public func wait(untilNanos deadlineNanos: UInt64) -> Bool {
+    package func wait(untilNanos deadlineNanos: UInt64) -> Bool {
         while true {
             let now = MonotonicClock.nowNanos()
             guard now < deadlineNanos else { return sem_trywait(semaphore) == 0 }

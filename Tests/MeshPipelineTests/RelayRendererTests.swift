@@ -1,10 +1,11 @@
 import Testing
-@testable import MeshAudio
+import MeshAudio
+@testable import MeshPipeline
 
-/// Virtual-time host → network → PlayoutRenderer run. The host captures a 440 Hz sine in 128-frame periods on a
+/// Virtual-time host → network → PlayoutPipeline run (its renderer pulled here, in virtual time). The host captures a 440 Hz sine in 128-frame periods on a
 /// clock running at rate·(1+ppm); `network(k)` gives the arrival delays (ns) of packet k's copies (empty = lost).
 struct RelayRendererSim {
-    let renderer: PlayoutRenderer
+    let pipeline: PlayoutPipeline
     var ppm = 0.0
     var periods = 1000
     var block = 128
@@ -19,7 +20,9 @@ struct RelayRendererSim {
     /// Frames of render call j (default: `block`).
     var blockSize: ((Int) -> Int)?
 
-    init(mode: JitterBuffer.Mode) throws { renderer = try PlayoutRenderer(format: .default, configuration: .init(mode: mode)) }
+    init(mode: JitterBuffer.Mode) throws {
+        pipeline = try PlayoutPipeline(format: .default, configuration: .init(mode: mode), sink: VirtualTimeSink())
+    }
 
     mutating func run(extra: (Int) -> [UInt8]? = { _ in nil }, network: (Int) -> [UInt64]) throws {
         var pz = try Packetizer(format: .default)
@@ -43,15 +46,15 @@ struct RelayRendererSim {
             let ideal = UInt64((Double(rendered) * 1e9 / rate).rounded()) + 1_300_000
             let now = ideal + (renderLateness?(j) ?? 0)
             while qi < queue.count && queue[qi].0 <= now {
-                _ = queue[qi].1.withUnsafeBytes { renderer.enqueue(packet: $0, arrivalNanos: queue[qi].0) }
+                _ = queue[qi].1.withUnsafeBytes { pipeline.receive($0, arrivalNanos: queue[qi].0) }
                 qi += 1
             }
             buf.withUnsafeMutableBufferPointer {
-                renderer.render(into: UnsafeMutableBufferPointer(rebasing: $0[0..<frames]),
+                pipeline.renderer.render(into: UnsafeMutableBufferPointer(rebasing: $0[0..<frames]),
                                 context: RenderContext(frames: frames, deviceDelayFrames: 256, nowNanos: now))
             }
             output += buf[0..<frames]
-            if recordStatsEvery > 0 && j % recordStatsEvery == 0 { stats.append(renderer.stats); statsAt.append(rendered) }
+            if recordStatsEvery > 0 && j % recordStatsEvery == 0 { stats.append(pipeline.stats); statsAt.append(rendered) }
             rendered += frames
             j += 1
         }
@@ -93,7 +96,7 @@ struct RelayRendererTests {
     @Test func sameClockInOrderIsBitExact() throws {
         var sim = try RelayRendererSim(mode: .low)
         try sim.run { _ in [1_000_000] }
-        let s = sim.renderer.stats
+        let s = sim.pipeline.stats
         #expect(!s.resampling && s.driftPPM == 0)
         #expect(s.late == 0 && s.duplicates == 0 && s.lostPackets == 0 && s.lostFrames == 0 && s.underruns == 0)
         #expect(s.concealedFrames == 0 && s.malformed == 0)
@@ -109,7 +112,7 @@ struct RelayRendererTests {
         var sim = try RelayRendererSim(mode: .fixed(milliseconds: 10))
         // Every 4th packet is overtaken by the next one (delayed by 1.5 periods).
         try sim.run { k in [k % 4 == 1 ? 1_000_000 + 4_354_000 : 1_000_000] }
-        let s = sim.renderer.stats
+        let s = sim.pipeline.stats
         #expect(!s.resampling && s.late == 0 && s.lostFrames == 0 && s.underruns == 0)
         #expect(sim.firstMismatchAfterStart() == nil)
     }
@@ -125,7 +128,7 @@ struct RelayRendererTests {
             malformedSent += 1
             return [0x4D, 0x41, 1, 1, 0, 0]   // truncated
         }) { k in lost.contains(k) ? [] : dup.contains(k) ? [1_000_000, 1_500_000] : [1_000_000] }
-        let s = sim.renderer.stats
+        let s = sim.pipeline.stats
         #expect(s.lostPackets == UInt64(lost.count))
         #expect(s.lostFrames == UInt64(lost.count * 128))
         #expect(s.concealedFrames == s.lostFrames)
@@ -149,7 +152,7 @@ struct RelayRendererTests {
         try sim.run { _ in [1_000_000 + UInt64.random(in: 0...300_000, using: &rng)] }  // ±0.15 ms network jitter
         let settled = sim.stats.dropFirst(344 * 30)
         let worst = settled.map { abs($0.steadyLatencyMilliseconds - $0.targetMilliseconds) }.max()!
-        let last = sim.renderer.stats
+        let last = sim.pipeline.stats
         print("renderer at \(ppm) ppm: worst |steady latency - target| after 30 s = \(worst) ms, correction \(last.driftPPM) ppm")
         #expect(worst <= 1)
         #expect(last.resampling)
@@ -184,7 +187,7 @@ struct RelayRendererTests {
         let j = Self.realisticJitter(seed: seed)
         sim.renderLateness = j.lateness
         try sim.run(network: j.network)
-        let s = sim.renderer.stats
+        let s = sim.pipeline.stats
         let excursion = sim.stats.map { abs($0.clockExcursionMilliseconds) }.max()!
         let steadySpread = sim.stats.dropFirst(5).map { $0.steadyLatencyMilliseconds - $0.targetMilliseconds }
         print("same clock + jitter (seed \(seed)): resampling \(s.resampling), drift \(s.driftPPM) ppm, estimate \(s.estimatedDriftPPM) ppm, max |excursion| \(excursion) ms, steady error \(steadySpread.min()!)…\(steadySpread.max()!) ms, raw buffered \(s.bufferedMilliseconds) ms")
@@ -206,7 +209,7 @@ struct RelayRendererTests {
         try sim.run(network: j.network)
         let settled = zip(sim.stats, sim.statsAt).filter { $0.1 > 44_100 * 30 }.map { $0.0 }
         let errors = settled.map { $0.steadyLatencyMilliseconds - $0.targetMilliseconds }
-        let last = sim.renderer.stats
+        let last = sim.pipeline.stats
         let jump = sim.maxJump(from: sim.start + 200)
         let tail = Array(sim.output.suffix(8192))
         let w0 = 2 * Double.pi * 440 / 44_100 * (1 + ppm * 1e-6)
@@ -246,7 +249,7 @@ struct RelayRendererTests {
         })
         sim.renderLateness = nil
         _ = ren.next(); _ = sizes.next()
-        let s0 = sim.renderer.stats
+        let s0 = sim.pipeline.stats
         var sim2 = try RelayRendererSim(mode: .auto)
         sim2.ppm = ppm
         sim2.periods = 344 * 45
@@ -264,7 +267,7 @@ struct RelayRendererTests {
             if (20..<30).contains(t) { d += 15_000_000 }
             return [d]
         })
-        for (name, run, st) in [("fixed 128-frame renders", sim, s0), ("jittered odd-size renders", sim2, sim2.renderer.stats)] {
+        for (name, run, st) in [("fixed 128-frame renders", sim, s0), ("jittered odd-size renders", sim2, sim2.pipeline.stats)] {
             let jump = run.maxJump(from: run.start)
             print("clicks at \(ppm) ppm, \(name): max jump \(jump) = \(jump / Self.sineStep)× sine step; lost \(st.lostPackets) concealed \(st.concealedFrames) stretched \(st.stretchedFrames) skipped \(st.skippedFrames) underruns \(st.underruns) late \(st.late) resampling \(st.resampling) drift \(st.driftPPM)")
             #expect(st.lostPackets > 300 && st.stretchedFrames > 0 && st.concealedFrames > 0 && st.underruns > 0)
@@ -286,7 +289,7 @@ struct RelayRendererTests {
                                       chunk: ChunkInfo(firstFrameIndex: UInt64(j * 128), frames: 128, timestampNanos: 0))[0]
         }
         try sim.run(extra: { k in restarted[k] }) { k in k < 300 ? [1_000_000] : [] }
-        let s = sim.renderer.stats
+        let s = sim.pipeline.stats
         #expect(s.resyncs == 1)
         #expect(s.late == 7)
         #expect(s.underruns <= 12)
@@ -294,7 +297,8 @@ struct RelayRendererTests {
     }
 
     @Test func renderIsExactSizeForAnyPull() throws {
-        let r = try PlayoutRenderer(format: AudioFormat(sampleRate: 48_000, channels: 2))
+        let format = AudioFormat(sampleRate: 48_000, channels: 2)
+        let r = try PlayoutPipeline(format: format, sink: VirtualTimeSink(format: format)).renderer
         for frames in [1, 64, 441, 5000] {
             var buf = [Float](repeating: 7, count: frames * 2 + 2)
             buf.withUnsafeMutableBufferPointer {

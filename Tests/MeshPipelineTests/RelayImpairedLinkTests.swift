@@ -1,5 +1,6 @@
 import Testing
-@testable import MeshAudio
+import MeshAudio
+@testable import MeshPipeline
 
 /// The playout chain behind a lossy, jittery, reordering link (what `mesh-impair --loss 2% --delay-ms 5
 /// --jitter-ms 5` does), in virtual time on one clock: the auto target must settle near the delay spread, with no
@@ -31,7 +32,7 @@ struct RelayImpairedLinkTests {
             return [UInt64.random(in: 0...10_000_000, using: &net2)]
         }
         for (name, run, lostPackets) in [("steady renders", sim, lost), ("±0.5 ms renders", sim2, lost2)] {
-            let s = run.renderer.stats
+            let s = run.pipeline.stats
             let at10 = zip(run.stats, run.statsAt).first { $0.1 >= 44_100 * 10 }!.0
             let settled = zip(run.stats, run.statsAt).filter { $0.1 >= 44_100 * 10 }.map { $0.0 }
             let targets = settled.map(\.targetMilliseconds)

@@ -1,3 +1,5 @@
+import MeshAudio
+
 /// Per-frame marks a `JitterBuffer` read hands to the `Concealer`.
 public enum FrameMark {
     /// The frame never arrived: synthesize it.
@@ -280,4 +282,11 @@ func _cosApprox(_ x: Float) -> Float {
     let y2 = y * y
     let s = y * (1 - y2 / 6 * (1 - y2 / 20 * (1 - y2 / 42 * (1 - y2 / 72 * (1 - y2 / 110)))))
     return -s
+}
+
+extension Concealer: FrameStage {
+    /// Conceals the block in place (see `process(_:marks:frames:)`).
+    public mutating func process(_ block: FrameBlock, feedback: Void) {
+        process(block.samples, marks: UnsafeBufferPointer(block.marks), frames: block.frames)
+    }
 }

@@ -1,5 +1,6 @@
 import Testing
-@testable import MeshAudio
+import MeshAudio
+@testable import MeshPipeline
 
 @Suite("Relay concealer")
 struct RelayConcealerTests {

@@ -1,0 +1,75 @@
+import Synchronization
+
+/// The one-shot life of a stage that runs a thread of its own — idle → running → stopped — shared by the devices
+/// (`Recorder`, `Player`), their file siblings (`PacedSource`, `WAVFileSink`) and the relay's send loop.
+///
+/// The thread's loop runs while `isRunning`. `start` creates the thread while holding the lock, so a concurrent
+/// `stop` can never miss it; that (and the caller's `prepare`) is all that happens under the lock. `stop` decides
+/// under the lock, then clears `isRunning`, wakes the thread and joins it after.
+public final class StageLifecycle: Sendable {
+    /// The stage as errors name it, e.g. `Recorder(default)`.
+    public let stage: String
+    /// The OS name of the stage's thread, e.g. `pm-capture` (at most 15 bytes).
+    public let threadName: String
+    private let scheduling: RealtimeThread.Scheduling
+    private let running = Atomic<Bool>(false)
+    private let state = Mutex<State>(.idle)
+
+    private enum State {
+        case idle
+        case running(RealtimeThread)
+        case stopped
+    }
+
+    /// A stage not started yet.
+    public init(stage: String, threadName: String, scheduling: RealtimeThread.Scheduling = .realtime) {
+        self.stage = stage
+        self.threadName = threadName
+        self.scheduling = scheduling
+    }
+
+    /// Whether the thread's loop should go on: set by `start`, cleared by `stop`. Real-time safe.
+    @inline(__always)
+    public var isRunning: Bool { running.load(ordering: .acquiring) }
+
+    /// Runs `prepare` (starting a device, say), then starts the thread running `body`. Does nothing while running;
+    /// throws `AudioStageError.restartNotSupported` once stopped (stages run once).
+    public func start(prepare: () throws -> Void = {}, body: @escaping @Sendable () -> Void) throws {
+        try state.withLock { state throws in
+            switch state {
+            case .running: return
+            case .stopped: throw AudioStageError.restartNotSupported(stage: stage)
+            case .idle:
+                try prepare()
+                running.store(true, ordering: .releasing)
+                do {
+                    state = .running(try RealtimeThread(name: threadName, scheduling: scheduling, body: body))
+                } catch {
+                    running.store(false, ordering: .releasing)
+                    throw error
+                }
+            }
+        }
+    }
+
+    /// Stops the stage for good: clears `isRunning`, calls `wake` (to unblock a thread waiting on something other
+    /// than the flag), then joins the thread. Safe to call more than once, and before `start`. Returns whether a
+    /// thread was running (it has ended now).
+    @discardableResult
+    public func stop(wake: () -> Void = {}) -> Bool {
+        let thread = state.withLock { state -> RealtimeThread? in
+            defer { state = .stopped }
+            if case .running(let thread) = state { return thread }
+            return nil
+        }
+        running.store(false, ordering: .releasing)
+        wake()
+        thread?.join()
+        return thread != nil
+    }
+
+    /// Whether the thread got `SCHED_FIFO` (false unless running).
+    public var isRealtime: Bool {
+        state.withLock { if case .running(let thread) = $0 { thread.isRealtime } else { false } }
+    }
+}

@@ -1,0 +1,120 @@
+/// How much the packets' network delay varies, measured on their transits (arrival time minus nominal capture time,
+/// on the stream's own timeline):
+///
+/// - the RFC 3550 interarrival jitter (a running mean of transit differences, gain 1/16), reported;
+/// - the transit deviation over the last `windowSeconds`: a high quantile of the window's transits — all but the top
+///   `outlierFraction`, so a rare outlier does not set everyone's latency — minus their least. This is what the
+///   latency target covers. It is recomputed at most every 20 ms, and at once when a transit goes beyond what it
+///   covers; a run of late packets (the delay stepped up) can ask for the whole window, outliers included.
+///
+/// Pure; preallocated (the window holds at most `transitCapacity` packets, the quantile is a quickselect in place).
+struct JitterEstimator {
+    /// Most transits kept for the deviation quantile (the window is shortened beyond that many packets).
+    static let transitCapacity = 4096
+    /// Fraction of the window's packets whose excess transit the deviation does not cover.
+    static let outlierFraction = 0.003
+    /// Least interval between two recomputations of the deviation.
+    static let deviationIntervalNanos: UInt64 = 20_000_000
+
+    /// Span of the deviation window, seconds (at least 0.05).
+    let windowSeconds: Double
+    /// RFC 3550 interarrival jitter, nanoseconds.
+    private(set) var interarrivalJitterNanos: Double = 0
+    /// Transit deviation over the window (high quantile minus least), nanoseconds.
+    private(set) var deviationNanos: Double = 0
+
+    /// The previous packet's transit, for the RFC 3550 estimate (nil at a stream's start).
+    private var previousTransit: Double?
+    /// The least transit of the window at the latest recomputation.
+    private var leastTransit: Double = 0
+    // Transits of the window's packets (a ring in arrival order) with their arrival times, and a scratch copy for
+    // the quantile selection.
+    private var transits: [Double]
+    private var arrivals: [UInt64]
+    private var scratch: [Double]
+    private var next = 0
+    private var count = 0
+    /// When the deviation was last recomputed (0: not since the stream started).
+    private var lastRecomputeNanos: UInt64 = 0
+
+    /// An estimator over a window of `windowSeconds`.
+    init(windowSeconds: Double) {
+        self.windowSeconds = windowSeconds
+        transits = [Double](repeating: 0, count: Self.transitCapacity)
+        arrivals = [UInt64](repeating: 0, count: Self.transitCapacity)
+        scratch = [Double](repeating: 0, count: Self.transitCapacity)
+    }
+
+    /// A new stream: forgets the window (the reported figures stand until new packets move them).
+    mutating func restart() {
+        previousTransit = nil
+        next = 0
+        count = 0
+        lastRecomputeNanos = 0
+    }
+
+    /// A packet with transit `transitNanos` (any fixed origin, the stream's own) arrived at `arrivalNanos`.
+    mutating func note(transitNanos transit: Double, arrivalNanos: UInt64) {
+        if let previous = previousTransit {
+            interarrivalJitterNanos += (abs(transit - previous) - interarrivalJitterNanos) / 16
+        }
+        previousTransit = transit
+        transits[next] = transit
+        arrivals[next] = arrivalNanos
+        next = (next + 1) % Self.transitCapacity
+        count = min(count + 1, Self.transitCapacity)
+        if lastRecomputeNanos == 0 || arrivalNanos < lastRecomputeNanos
+            || arrivalNanos - lastRecomputeNanos >= Self.deviationIntervalNanos
+            || transit - leastTransit > deviationNanos   // beyond what the deviation covers: at once
+        {
+            lastRecomputeNanos = max(1, arrivalNanos)
+            recompute(nowNanos: arrivalNanos, droppingOutliers: true)
+        }
+    }
+
+    /// The delay stepped up (a run of late packets): let the deviation cover the whole window, outliers included.
+    mutating func coverWholeWindow(nowNanos: UInt64) {
+        recompute(nowNanos: nowNanos, droppingOutliers: false)
+    }
+
+    /// The transit deviation of the window ending at `nowNanos`: a high quantile of the transits (all but the top
+    /// `outlierFraction` when `droppingOutliers`) minus their least.
+    private mutating func recompute(nowNanos: UInt64, droppingOutliers: Bool) {
+        let window = UInt64(max(0.05, windowSeconds) * 1e9)
+        var n = 0
+        var least = Double.infinity
+        var i = next
+        for _ in 0..<count {
+            i = i == 0 ? Self.transitCapacity - 1 : i - 1
+            let t = arrivals[i]
+            if t <= nowNanos && nowNanos - t > window { break }
+            scratch[n] = transits[i]
+            least = min(least, transits[i])
+            n += 1
+        }
+        guard n > 0 else { deviationNanos = 0; return }
+        let k = droppingOutliers ? min(n - 1, Int(Double(n) * Self.outlierFraction)) : 0   // drop the k largest
+        leastTransit = least
+        deviationNanos = selectLargest(rank: k, count: n) - least
+    }
+
+    /// The value of rank `rank` (0 = largest) among `scratch[0..<count]` (Hoare quickselect, in place).
+    private mutating func selectLargest(rank: Int, count: Int) -> Double {
+        var left = 0, right = count - 1
+        while left < right {
+            let pivot = scratch[(left + right) / 2]
+            var a = left, b = right
+            while a <= b {
+                while scratch[a] > pivot { a += 1 }
+                while scratch[b] < pivot { b -= 1 }
+                if a <= b {
+                    scratch.swapAt(a, b)
+                    a += 1
+                    b -= 1
+                }
+            }
+            if rank <= b { right = b } else if rank >= a { left = a } else { break }
+        }
+        return scratch[rank]
+    }
+}

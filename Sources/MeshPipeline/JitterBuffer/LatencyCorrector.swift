@@ -1,0 +1,84 @@
+/// Decides when a playing jitter buffer corrects its latency itself, by stretching (holding the playout point:
+/// frames are synthesized) or skipping (jumping the playout point ahead). Smaller errors are the drift controller's
+/// job.
+///
+/// Errors are judged on the caller's jitter-free latency, with hysteresis, so that normal jitter never triggers a
+/// correction:
+/// - more than `max(block, 2 ms)` short: stretch the whole block at once;
+/// - more than 0.5 ms short for `stretchConfirmSeconds`: hold for just the missing frames, once;
+/// - more than `max(block + packet, 4 ms)` over for `skipConfirmSeconds`: skip the least excess seen meanwhile.
+///
+/// Pure: one mutating method per block, returning what to do.
+struct LatencyCorrector {
+    /// How long the latency must stay over the skip threshold before frames are skipped.
+    static let skipConfirmSeconds = 0.5
+    /// A latency deficit beyond this, lasting `stretchConfirmSeconds`, is stretched away.
+    static let smallDeficitSeconds = 0.0005
+    /// How long a small latency deficit must last before the playout point holds.
+    static let stretchConfirmSeconds = 0.25
+
+    /// What to do with the block about to be played.
+    enum Correction: Equatable {
+        /// Play it.
+        case none
+        /// Far too little latency: hold the playout point for the whole block.
+        case stretchBlock
+        /// A lasting small deficit: hold the playout point for the block's first `frames` frames.
+        case hold(frames: Int)
+        /// A lasting excess: jump the playout point `frames` ahead, then play.
+        case skip(frames: Int)
+    }
+
+    private enum State {
+        /// Within bounds: no evidence gathered.
+        case onTarget
+        /// Short of the target by more than `smallDeficitSeconds` since `since` (≥ 1).
+        case short(since: UInt64)
+        /// Over the skip threshold since `since` (≥ 1), by at least `leastExcess` frames meanwhile.
+        case over(since: UInt64, leastExcess: Double)
+    }
+
+    /// Frames per second.
+    let rate: Double
+    private var state = State.onTarget
+
+    init(rate: Double) { self.rate = rate }
+
+    /// A new stream: the evidence gathered so far no longer applies.
+    mutating func restart() { state = .onTarget }
+
+    /// The block of `frames` frames about to be played at `nowNanos`, with the latency `errorFrames` off the target
+    /// (negative: short), where a render block is `blockFrames` and a packet `packetFrames`.
+    mutating func decide(errorFrames error: Double, frames: Int, blockFrames: Int, packetFrames: Int,
+                         nowNanos: UInt64) -> Correction {
+        if error < -max(Double(blockFrames), rate * 0.002) { return .stretchBlock }
+        // A small deficit that lasts (the target rose a little, the start fell short): hold for just the missing
+        // frames, once. Jitter never triggers it: the latency measure is jitter-free, and the deficit must persist.
+        if error >= -rate * Self.smallDeficitSeconds {
+            if case .short = state { state = .onTarget }
+        } else if case .short(let since) = state {
+            if nowNanos > since, Double(nowNanos - since) >= Self.stretchConfirmSeconds * 1e9 {
+                state = .onTarget
+                return .hold(frames: min(frames, Int((-error).rounded(.up))))
+            }
+        } else {
+            state = .short(since: max(1, nowNanos))
+        }
+        // Too much latency: skip only when the excess has lasted (jitter in the measure or a short-lived target
+        // bump never triggers it), and only by the least excess seen meanwhile.
+        let threshold = max(Double(blockFrames + packetFrames), rate * 0.004)
+        if error <= threshold {
+            if case .over = state { state = .onTarget }
+        } else if case .over(let since, let least) = state {
+            state = .over(since: since, leastExcess: min(least, error))
+        } else {
+            state = .over(since: max(1, nowNanos), leastExcess: error)
+        }
+        if case .over(let since, let least) = state, nowNanos > since,
+           Double(nowNanos - since) >= Self.skipConfirmSeconds * 1e9 {
+            state = .onTarget
+            return .skip(frames: Int(least))
+        }
+        return .none
+    }
+}

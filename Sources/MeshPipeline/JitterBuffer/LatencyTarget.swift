@@ -1,0 +1,51 @@
+/// The delay the jitter buffer aims for, in frames, updated once per read.
+///
+/// The structural minimum is one render block + one packet (`structuralFrames`). `.low` pins the target to that plus
+/// the safety margin; `.fixed(ms)` to the given delay (never below the structure); `.auto` covers the measured
+/// transit deviation on top of `.low`: it rises at once when the deviation grows and decays back exponentially, with
+/// time constant `shrinkSeconds`, when it falls. Never above `maximumFrames` (what the buffer can hold). Pure.
+struct LatencyTarget {
+    /// How the target is chosen.
+    let mode: JitterBuffer.Mode
+    /// Margin added to the structural minimum, milliseconds.
+    let safetyMilliseconds: Double
+    /// Time constant of the decay (`.auto`), seconds.
+    let shrinkSeconds: Double
+    /// Frames per second.
+    let rate: Double
+    /// The current target, frames (0 before the first update).
+    private(set) var frames: Double = 0
+    /// When the target was last updated (0: never).
+    private var lastUpdateNanos: UInt64 = 0
+
+    /// A target chosen as `configuration` says, at `rate` frames per second.
+    init(configuration: JitterBuffer.Configuration, rate: Double) {
+        mode = configuration.mode
+        safetyMilliseconds = configuration.safetyMilliseconds
+        shrinkSeconds = configuration.shrinkSeconds
+        self.rate = rate
+    }
+
+    /// Updates the target at `nowNanos` for a buffer whose render block plus packet is `structuralFrames`, over
+    /// packets whose transit deviation is `deviationNanos`, holding at most `maximumFrames`.
+    mutating func update(nowNanos: UInt64, structuralFrames structural: Double, deviationNanos: Double,
+                         maximumFrames: Double) {
+        let safety = safetyMilliseconds * rate / 1000
+        let dt = lastUpdateNanos == 0 || nowNanos < lastUpdateNanos ? 0 : Double(nowNanos - lastUpdateNanos) / 1e9
+        lastUpdateNanos = nowNanos
+        switch mode {
+        case .low:
+            frames = structural + safety
+        case .fixed(let ms):
+            frames = max(ms * rate / 1000, structural)
+        case .auto:
+            let desired = structural + safety + deviationNanos * rate / 1e9
+            if desired >= frames {
+                frames = desired
+            } else {
+                frames += (desired - frames) * min(1, dt / shrinkSeconds)
+            }
+        }
+        frames = min(frames, maximumFrames)
+    }
+}

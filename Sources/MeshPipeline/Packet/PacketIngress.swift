@@ -1,0 +1,103 @@
+import MeshAudio
+import Synchronization
+
+/// The first stage of the playout pipeline, on the network thread: decodes a datagram's header once, checks its
+/// format once, and pushes the packet — samples decoded straight into a slot — into the `PacketRing` that the render
+/// thread drains. What it drops it counts itself.
+///
+/// A packet in another format than the pipeline's is not queued: it is counted (`formatMismatches`) and reported
+/// upward as `pendingFormat`, which the owner polls from its control queue to build a pipeline for that format.
+/// One producer thread; lock-free and allocation-free.
+public final class PacketIngress: Sendable {
+    /// What became of one datagram.
+    public enum Outcome: Sendable, Equatable {
+        /// In the ring, for the render thread: `frames` frames of audio.
+        case queued(frames: Int)
+        /// Not an audio packet, or a corrupted one (counted as `malformed`).
+        case malformed(AudioPacketError)
+        /// A valid packet in another format (counted as a format mismatch, and left as `pendingFormat`).
+        case formatChanged(AudioFormat)
+        /// The render thread is behind: the ring is full (counted as a ring overflow).
+        case ringFull
+    }
+
+    /// Exact counts of the datagrams dropped here.
+    public struct Counters: Sendable, Equatable {
+        /// Datagrams that failed to decode.
+        public var malformed: UInt64 = 0
+        /// Valid packets of another format than the pipeline's.
+        public var formatMismatches: UInt64 = 0
+        /// Packets dropped because the ring was full.
+        public var ringOverflows: UInt64 = 0
+        public init() {}
+    }
+
+    /// The one format this stage passes on.
+    public let format: AudioFormat
+    private let ring: PacketRing
+    private let malformedCount = Atomic<UInt64>(0)
+    private let mismatchCount = Atomic<UInt64>(0)
+    private let overflowCount = Atomic<UInt64>(0)
+    /// The latest other format seen and not yet taken (`PackedFormat`, 0 = none).
+    private let pending = Atomic<UInt64>(0)
+
+    /// Passes packets of `format` into `ring` (this stage is its only producer).
+    public init(format: AudioFormat, ring: PacketRing) {
+        self.format = format
+        self.ring = ring
+    }
+
+    /// Producer side (one network thread): takes one datagram that arrived at `arrivalNanos` (receiver clock).
+    @discardableResult
+    public func receive(_ datagram: UnsafeRawBufferPointer, arrivalNanos: UInt64) -> Outcome {
+        let header: AudioPacketHeader
+        do {
+            header = try AudioPacket.decodeHeader(datagram)
+        } catch {
+            malformedCount.add(1, ordering: .relaxed)
+            return .malformed(error)
+        }
+        guard header.format == format else {
+            mismatchCount.add(1, ordering: .relaxed)
+            pending.store(PackedFormat.pack(header.format), ordering: .releasing)
+            return .formatChanged(header.format)
+        }
+        switch ring.push(header: header, payload: datagram, arrivalNanos: arrivalNanos) {
+        case .pushed:
+            return .queued(frames: header.frameCount)
+        case .full:
+            overflowCount.add(1, ordering: .relaxed)
+            return .ringFull
+        case .malformed(let error):
+            malformedCount.add(1, ordering: .relaxed)
+            return .malformed(error)
+        }
+    }
+
+    /// The latest other format the host sent, taken (so each report is acted on once); nil when there is none.
+    public func takePendingFormat() -> AudioFormat? {
+        PackedFormat.unpack(pending.exchange(0, ordering: .acquiring))
+    }
+
+    /// A snapshot of the counters (any thread).
+    public var counters: Counters {
+        var c = Counters()
+        c.malformed = malformedCount.load(ordering: .relaxed)
+        c.formatMismatches = mismatchCount.load(ordering: .relaxed)
+        c.ringOverflows = overflowCount.load(ordering: .relaxed)
+        return c
+    }
+}
+
+/// An `AudioFormat` in one atomic word: rate << 16 | channels << 8 | sample type (never 0: the type is ≥ 1).
+enum PackedFormat {
+    static func pack(_ format: AudioFormat) -> UInt64 {
+        UInt64(truncatingIfNeeded: format.sampleRate) << 16 | UInt64(truncatingIfNeeded: format.channels & 0xFF) << 8
+            | UInt64(format.sampleType.rawValue)
+    }
+
+    static func unpack(_ word: UInt64) -> AudioFormat? {
+        guard let type = AudioFormat.SampleType(rawValue: UInt8(truncatingIfNeeded: word)) else { return nil }
+        return AudioFormat(sampleRate: Int(word >> 16), channels: Int((word >> 8) & 0xFF), sampleType: type)
+    }
+}

@@ -1,0 +1,177 @@
+import MeshAudio
+
+/// The receive direction of the relay, assembled in one place. Read it top to bottom:
+///
+///     datagram ─▶ PacketIngress ─▶ PacketRing ─▶ JitterBuffer ─▶ Concealer ─▶ DriftResampler ─▶ sink
+///                 network thread:  SPSC hand-    render thread, pulled by the sink once per period
+///                 one decode, one  over               ▲ latency          ▲ ratio
+///                 format check                        └──── DriftController ┘
+///
+/// The network thread hands each datagram to `receive`; the sink's real-time thread pulls `renderer`, which walks
+/// the chain block by block (`PlayoutRenderer.render`). The sink is an input — an ALSA `Player`, a `WAVFileSink`, a
+/// test's virtual-time sink — so the pipeline depends on no device and not on PeerMesh.
+///
+/// A pipeline plays one format. A packet in another format is counted and reported (`takePendingFormat`): its owner
+/// builds a pipeline for that format and swaps it in.
+public final class PlayoutPipeline: Sendable {
+    /// Tuning of the whole chain.
+    public struct Configuration: Sendable, Equatable {
+        public var jitter = JitterBuffer.Configuration()
+        public var drift = DriftController.Configuration()
+        /// libspeexdsp quality, 0...10.
+        public var resamplerQuality = 5
+        /// Packets the network thread can queue ahead of the render thread.
+        public var ringCapacity = 512
+        /// Largest block walked through the chain at once (bigger pulls are split).
+        public var maximumPeriodFrames = 4096
+        public init(mode: JitterBuffer.Mode = .auto) { jitter = JitterBuffer.Configuration(mode: mode) }
+    }
+
+    /// The format played (and accepted from the network).
+    public let format: AudioFormat
+    /// The configuration in use.
+    public let configuration: Configuration
+    /// Where the audio goes.
+    public let sink: any AudioSink
+    /// The render-thread end of the chain: what `sink` pulls.
+    public let renderer: PlayoutRenderer
+    private let ingress: PacketIngress
+
+    /// Assembles the chain for `format`, ending in `sink` (not started yet). Throws when the format is unsupported
+    /// or libspeexdsp fails.
+    public init(format: AudioFormat, configuration: Configuration = Configuration(), sink: any AudioSink) throws {
+        try format.validate()
+        self.format = format
+        self.configuration = configuration
+        self.sink = sink
+        let packets = PacketRing(capacity: configuration.ringCapacity)
+        ingress = PacketIngress(format: format, ring: packets)
+        renderer = try PlayoutRenderer(
+            format: format,
+            packets: packets,
+            upstream: ConcealedStream(jitterBuffer: JitterBuffer(format: format, configuration: configuration.jitter),
+                                      concealer: Concealer(format: format)),
+            drift: DriftController(sampleRate: format.sampleRate, configuration: configuration.drift),
+            resampler: DriftResampler(format: format, maximumPeriodFrames: max(16, configuration.maximumPeriodFrames),
+                                      quality: configuration.resamplerQuality,
+                                      maximumCorrectionPPM: configuration.drift.maximumCorrectionPPM))
+    }
+
+    /// Starts the sink: it plays silence until audio arrives.
+    public func start() throws { try sink.start(renderer: renderer) }
+
+    /// Stops the sink (a WAV file is finalized).
+    public func stop() { sink.stop() }
+
+    /// The network end (one thread): a datagram that arrived at `arrivalNanos` (receiver clock).
+    @discardableResult
+    public func receive(_ datagram: UnsafeRawBufferPointer, arrivalNanos: UInt64) -> PacketIngress.Outcome {
+        ingress.receive(datagram, arrivalNanos: arrivalNanos)
+    }
+
+    /// The other format the host switched to, taken (each report once); nil when there is none.
+    public func takePendingFormat() -> AudioFormat? { ingress.takePendingFormat() }
+
+    /// A snapshot of the counters and levels (any thread).
+    public var stats: PlayoutStats { renderer.stats(ingress: ingress.counters) }
+}
+
+/// The render-thread end of a `PlayoutPipeline`, pulled by its sink. Each pull walks the chain once per block of at
+/// most `maximumPeriodFrames` (`renderBlock`): packets → jitter buffer (their transits → drift controller); the
+/// latency held → drift controller → steering; jitter buffer → concealer → resampler → out. Real-time safe: it never
+/// allocates, locks, logs or touches Foundation.
+public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mutable state: the render thread's only.
+    private let packets: PacketRing
+    /// Jitter buffer → concealer: what the resampler pulls.
+    private var upstream: ConcealedStream
+    private var drift: DriftController
+    private let resampler: DriftResampler
+    private var meter: LevelMeter
+    private let channels: Int
+    private let rate: Double
+    private let maximumBlockFrames: Int
+    /// The host's capture-device delay, from the latest packet's host report.
+    private var hostLatencyFrames: UInt32 = 0
+    /// The latest block's steering (its measured and jitter-free latency are published).
+    private var latest: DriftSteering
+    private let published = PublishedStats()
+
+    init(format: AudioFormat, packets: PacketRing, upstream: ConcealedStream, drift: DriftController,
+         resampler: DriftResampler) {
+        self.packets = packets
+        self.upstream = upstream
+        self.drift = drift
+        self.resampler = resampler
+        meter = LevelMeter(sampleRate: format.sampleRate)
+        channels = format.channels
+        rate = Double(format.sampleRate)
+        maximumBlockFrames = resampler.maximumPeriodFrames
+        latest = DriftSteering(measuredLatencyFrames: 0, steadyLatencyFrames: 0, correctionPPM: nil, engaged: false,
+                               floorsReady: false)
+    }
+
+    /// Fills exactly `context.frames` frames. Real-time safe.
+    public func render(into buffer: UnsafeMutableBufferPointer<Float>, context: RenderContext) {
+        let total = min(context.frames, buffer.count / channels)
+        drift.noteRenderCall(nowNanos: context.nowNanos, deviceDelayFrames: context.deviceDelayFrames)
+        var done = 0
+        while done < total {
+            let n = min(maximumBlockFrames, total - done)
+            renderBlock(buffer.baseAddress! + done * channels, frames: n,
+                        nowNanos: context.nowNanos &+ UInt64(Double(done) * 1e9 / rate))
+            done += n
+        }
+        drift.noteRendered(frames: total)
+        if total > 0 { resampler.noteLastOutput(buffer.baseAddress! + (total - 1) * channels) }
+        meter.measure(UnsafeBufferPointer(rebasing: buffer[0..<(total * channels)]), frames: total)
+        publish(deviceDelayFrames: context.deviceDelayFrames)
+    }
+
+    /// One block through the chain.
+    private func renderBlock(_ out: UnsafeMutablePointer<Float>, frames: Int, nowNanos: UInt64) {
+        // Packets → jitter buffer; each one's transit → drift controller (a resync restarts the controller).
+        while let _ = packets.pop({ packet, samples in
+            hostLatencyFrames = packet.header.hostLatencyFrames
+            let stored = upstream.jitterBuffer.insert(packet, samples: samples)
+            drift.notePacket(firstFrame: packet.header.firstFrameIndex, frames: packet.header.frameCount,
+                             arrivalNanos: packet.arrivalNanos, streamRestarted: stored == .resync)
+        }) {}
+        // Feedback: the latency held here (jitter buffer + resampler queue) → drift controller → steering.
+        let measured = upstream.jitterBuffer.latencyFrames(nowNanos: nowNanos) + Double(resampler.stagedFrames)
+            + resampler.lookAheadFrames
+        let steering = drift.steer(measuredLatencyFrames: measured, stream: upstream.jitterBuffer.bufferedStream,
+                                   nowNanos: nowNanos)
+        latest = steering
+        // Jitter buffer → concealer, pulled by the resampler → out; both steered by the drift controller.
+        resampler.render(into: out, frames: frames, nowNanos: nowNanos, steering: steering,
+                         from: &upstream, feedback: steering.jitterFeedback)
+    }
+
+    // MARK: - Stats
+
+    /// The published counters and levels, with the ingress stage's counts (any thread).
+    func stats(ingress: PacketIngress.Counters) -> PlayoutStats { published.snapshot(ingress: ingress) }
+
+    private func publish(deviceDelayFrames: Int) {
+        let c = upstream.jitterBuffer.snapshot
+        let ms = 1000 / rate
+        let p = published
+        let latency = latest.measuredLatencyFrames
+        storeDouble(p.buffered, latency * ms)
+        storeDouble(p.steady, latest.steadyLatencyFrames * ms)
+        storeDouble(p.estimatedDrift, drift.estimatedDriftPPM)
+        storeDouble(p.excursion, drift.filteredExcursion * 1000)
+        storeDouble(p.target, upstream.jitterBuffer.targetFrames * ms)
+        storeDouble(p.playout, (latency + Double(deviceDelayFrames)) * ms)
+        storeDouble(p.host, Double(hostLatencyFrames) * ms)
+        storeDouble(p.jitter, upstream.jitterBuffer.interarrivalJitterNanos / 1e6)
+        storeDouble(p.peakJitter, upstream.jitterBuffer.peakDeviationNanosInWindow / 1e6)
+        let sent = c.lostPackets &+ c.accepted &+ c.late
+        storeDouble(p.loss, sent == 0 ? 0 : 100 * Double(c.lostPackets) / Double(sent))
+        storeDouble(p.concealed, Double(upstream.concealer.concealedFrames) * ms)
+        storeDouble(p.drift, drift.engaged ? drift.correctionPPM : 0)
+        p.setFlag(resampler.isResampling)
+        p.setCounts(c, concealed: upstream.concealer.concealedFrames, resamplerErrors: resampler.errors)
+        p.peak.store(meter.peak.bitPattern, ordering: .relaxed)
+    }
+}

@@ -1,0 +1,133 @@
+import Testing
+import Foundation
+import Synchronization
+@testable import MeshAudio
+import MeshPOSIX
+
+/// The OS names of this process's threads (`/proc/self/task/*/comm`).
+func threadNames() -> [String] {
+    let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
+    return tasks.compactMap { try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8) }
+        .map { $0.trimmingCharacters(in: .newlines) }
+}
+
+/// The calling thread's OS name.
+func currentThreadName() -> String {
+    ((try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8)) ?? "").trimmingCharacters(in: .newlines)
+}
+
+/// Something a thread body can write and the test read.
+final class Box<Value: Sendable>: Sendable {
+    private let value: Mutex<Value>
+    init(_ value: Value) { self.value = Mutex(value) }
+    var current: Value { value.withLock { $0 } }
+    func set(_ v: Value) { value.withLock { $0 = v } }
+}
+
+@Suite("Stage lifecycle and thread names")
+struct LifecycleTests {
+    @Test func startRunsTheBodyOnANamedThreadUntilStop() throws {
+        let lifecycle = StageLifecycle(stage: "TestStage", threadName: "pm-test")
+        let name = Box(""), laps = Box(0)
+        #expect(!lifecycle.isRunning)
+        try lifecycle.start {
+            name.set(currentThreadName())
+            while lifecycle.isRunning {
+                laps.set(laps.current + 1)
+                usleep(1_000)
+            }
+        }
+        #expect(lifecycle.isRunning)
+        try lifecycle.start { Issue.record("a second start while running must not start another thread") }
+        usleep(20_000)
+        #expect(lifecycle.stop())
+        #expect(!lifecycle.isRunning)
+        let after = laps.current
+        usleep(5_000)
+        #expect(laps.current == after, "the thread was joined")
+        #expect(name.current == "pm-test")
+        #expect(!lifecycle.stop(), "a second stop finds no thread")
+        #expect(throws: AudioStageError.restartNotSupported(stage: "TestStage")) { try lifecycle.start {} }
+    }
+
+    @Test func stopWakesBeforeJoiningAndWorksBeforeStart() throws {
+        let idle = StageLifecycle(stage: "Idle", threadName: "pm-idle")
+        var woken = false
+        #expect(!idle.stop { woken = true })
+        #expect(woken)
+
+        let lifecycle = StageLifecycle(stage: "Waiting", threadName: "pm-wait")
+        let signal = WakeSignal()
+        try lifecycle.start { signal.wait(untilNanos: MonotonicClock.nowNanos() + 10_000_000_000) }
+        let before = MonotonicClock.nowNanos()
+        #expect(lifecycle.stop { signal.signal() })
+        #expect(MonotonicClock.nowNanos() - before < 5_000_000_000, "the waiting thread was woken, not waited out")
+    }
+
+    @Test func aFailedPrepareLeavesTheStageIdle() throws {
+        struct Refused: Error {}
+        let lifecycle = StageLifecycle(stage: "Refusing", threadName: "pm-refuse")
+        #expect(throws: Refused.self) { try lifecycle.start(prepare: { throw Refused() }, body: {}) }
+        #expect(!lifecycle.isRunning && !lifecycle.isRealtime)
+        try lifecycle.start {}
+        lifecycle.stop()
+    }
+
+    @Test func normalSchedulingIsNeverRealtime() throws {
+        let thread = try RealtimeThread(name: "pm-normal", scheduling: .normal) {}
+        thread.join()
+        #expect(!thread.isRealtime)
+    }
+
+    @Test func threadNamesAreCutToFifteenBytes() throws {
+        #expect(RealtimeThread.osName("pm-capture") == "pm-capture")
+        #expect(RealtimeThread.osName("0123456789abcdefgh") == "0123456789abcde")
+        #expect(RealtimeThread.osName("pm-aéééééééé") == "pm-aééééé", "cut on a character boundary (14 bytes)")
+        let seen = Box("")
+        let thread = try RealtimeThread(name: "0123456789abcdefgh", scheduling: .normal) { seen.set(currentThreadName()) }
+        thread.join()
+        #expect(thread.name == "0123456789abcde" && seen.current == "0123456789abcde")
+    }
+
+    @Test func fileStagesNameTheirThreads() throws {
+        let tone = try ToneSource(frequency: 440, realtime: false)
+        try tone.start()
+        #expect(threadNames().contains("pm-source"))
+        tone.stop()
+
+        final class NameRecorder: AudioRenderer, Sendable {
+            let name = Box("")
+            func render(into buffer: UnsafeMutableBufferPointer<Float>, context: RenderContext) {
+                if name.current.isEmpty { name.set(currentThreadName()) }
+                buffer.update(repeating: 0)
+            }
+        }
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("pm-names-\(getpid()).wav").path
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let sink = try WAVFileSink(path: path, realtime: false, maxFrames: 1024)
+        let renderer = NameRecorder()
+        try sink.start(renderer: renderer)
+        #expect(sink.waitUntilFinished(timeoutNanos: 5_000_000_000))
+        sink.stop()
+        #expect(renderer.name.current == "pm-wavsink")
+    }
+}
+
+/// The devices' thread names, on the JACK rig.
+@Suite("Device thread names on the JACK rig", .serialized, .enabled(if: JackRig.isRunning, "needs MESH_JACK_RIG=1 (scripts/lib/jack-rig.sh)"))
+struct DeviceThreadNameTests {
+    @Test func recorderAndPlayerNameTheirThreads() throws {
+        let recorder = try Recorder(device: "pm_cap", periodFrames: 128)
+        try recorder.start()
+        #expect(threadNames().contains("pm-capture"))
+        recorder.stop()
+
+        final class Silence: AudioRenderer, Sendable {
+            func render(into buffer: UnsafeMutableBufferPointer<Float>, context: RenderContext) { buffer.update(repeating: 0) }
+        }
+        let player = try Player(device: "pm_play", periodFrames: 128)
+        try player.start(renderer: Silence())
+        #expect(threadNames().contains("pm-playback"))
+        player.stop()
+    }
+}

@@ -1,0 +1,258 @@
+import Testing
+import MeshAudio
+@testable import MeshPipeline
+
+/// The jitter buffer's pure parts, each alone.
+@Suite("Jitter buffer parts")
+struct JitterBufferPartsTests {
+    // MARK: FrameStore
+
+    @Test func frameStoreStoresTakesAndForgets() {
+        var store = FrameStore(channels: 2, capacityFrames: 8)
+        store.restart(at: 100)
+        let samples: [Float] = [1, -1, 2, -2, 3, -3]
+        samples.withUnsafeBufferPointer { store.store($0, first: 100, count: 3) }
+        #expect(store.holdsAll(first: 100, count: 3) && !store.holdsAll(first: 100, count: 4))
+        var out = [Float](repeating: 9, count: 4)
+        out.withUnsafeMutableBufferPointer { o in
+            let first = store.take(101, into: o, frame: 1)
+            let again = store.take(101, into: o, frame: 0)
+            #expect(first)
+            #expect(!again, "a taken frame is forgotten")
+        }
+        #expect(out == [9, 9, 2, -2])
+        store.drop(first: 100, count: 1)
+        #expect(!store.holdsAll(first: 100, count: 1) && store.holdsAll(first: 102, count: 1))
+        store.clear()
+        #expect(!store.holdsAll(first: 102, count: 1))
+    }
+
+    @Test func frameStoreSlotsStayContinuousAcrossTheIndexWrap() {
+        var store = FrameStore(channels: 1, capacityFrames: 5)
+        let start = UInt64.max - 2
+        store.restart(at: start)
+        let values: [Float] = [0, 1, 2, 3, 4]
+        values.withUnsafeBufferPointer { store.store($0, first: start, count: 5) }   // frames max-2 … 1
+        #expect(store.holdsAll(first: start, count: 5) && store.streamStart == start)
+        var out = [Float](repeating: -1, count: 5)
+        out.withUnsafeMutableBufferPointer { o in
+            for i in 0..<5 {
+                let present = store.take(start &+ UInt64(i), into: o, frame: i)
+                #expect(present)
+            }
+        }
+        #expect(out == values)
+    }
+
+    // MARK: LossTracker
+
+    @Test func lossTrackerCountsGapsAndForgivesLatePackets() {
+        var losses = LossTracker()
+        #expect(losses.lostPackets == 0)
+        losses.startStream(at: 10)
+        for s: UInt32 in [11, 13, 14] {
+            let new = losses.noteSequence(s)
+            #expect(new)
+            losses.countReceived()
+        }
+        #expect(losses.lostPackets == 1)
+        #expect(losses.distance(to: 12) == -2)
+        let late = losses.noteSequence(12)
+        #expect(late, "late, but new")
+        losses.countReceived()
+        #expect(losses.lostPackets == 0)
+        let duplicate = losses.noteSequence(13)
+        #expect(!duplicate, "a duplicate is not new")
+    }
+
+    @Test func lossTrackerKeepsTheLossesOfClosedStreams() {
+        var losses = LossTracker()
+        losses.startStream(at: 0)
+        _ = losses.noteSequence(5)
+        losses.countReceived()
+        #expect(losses.lostPackets == 4)
+        losses.closeStream()
+        #expect(losses.lostPackets == 4)
+        losses.startStream(at: 1000)
+        _ = losses.noteSequence(1002)
+        losses.countReceived()
+        #expect(losses.lostPackets == 5)
+    }
+
+    @Test func lossTrackerSequenceNumbersWrap() {
+        var losses = LossTracker()
+        losses.startStream(at: UInt32.max - 1)
+        for s: UInt32 in [UInt32.max, 0, 1] {
+            #expect(losses.distance(to: s) == 1)
+            let new = losses.noteSequence(s)
+            #expect(new)
+            losses.countReceived()
+        }
+        #expect(losses.lostPackets == 0)
+        // Too old to tell: never marked, never a duplicate.
+        let tooOld = losses.noteSequence(1 &- 1500), stillTooOld = losses.noteSequence(1 &- 1500)
+        #expect(tooOld && stillTooOld)
+    }
+
+    // MARK: JitterEstimator
+
+    @Test func jitterEstimatorSeesNoJitterInSteadyTransits() {
+        var e = JitterEstimator(windowSeconds: 2)
+        for k in 0..<100 { e.note(transitNanos: 1_000_000, arrivalNanos: UInt64(k) * 2_902_494 + 1) }
+        #expect(e.interarrivalJitterNanos == 0 && e.deviationNanos == 0)
+    }
+
+    @Test func jitterEstimatorFollowsTransitDifferences() {
+        var e = JitterEstimator(windowSeconds: 2)
+        for k in 0..<400 { e.note(transitNanos: k % 2 == 0 ? 0 : 1_000_000, arrivalNanos: UInt64(k + 1) * 3_000_000) }
+        #expect(abs(e.interarrivalJitterNanos - 1_000_000) < 1_000, "RFC 3550 converges to |D|")
+        #expect(e.deviationNanos == 1_000_000)
+        e.restart()
+        e.note(transitNanos: 5_000_000, arrivalNanos: 2_000_000_000)
+        #expect(e.deviationNanos == 0, "a new stream's window holds only its own packets")
+        #expect(abs(e.interarrivalJitterNanos - 1_000_000) < 1_000, "no difference across streams")
+    }
+
+    @Test func jitterEstimatorIgnoresARareOutlierUnlessTheDelayStepped() {
+        var e = JitterEstimator(windowSeconds: 2)
+        for k in 0..<1000 { e.note(transitNanos: k == 500 ? 10_000_000 : 0, arrivalNanos: UInt64(k + 1) * 1_000_000) }
+        #expect(e.deviationNanos == 0, "one packet in a thousand is an outlier")
+        e.coverWholeWindow(nowNanos: 1_000_000_000)
+        #expect(e.deviationNanos == 10_000_000)
+    }
+
+    @Test func jitterEstimatorForgetsTransitsOlderThanTheWindow() {
+        var e = JitterEstimator(windowSeconds: 0.5)
+        e.note(transitNanos: 5_000_000, arrivalNanos: 1_000_000)
+        for k in 0..<10 { e.note(transitNanos: 0, arrivalNanos: 1_000_000_000 + UInt64(k) * 30_000_000) }
+        #expect(e.deviationNanos == 0)
+    }
+
+    // MARK: LatencyTarget
+
+    @Test func lowAndFixedTargets() {
+        var low = LatencyTarget(configuration: .init(mode: .low), rate: 44_100)
+        low.update(nowNanos: 1, structuralFrames: 256, deviationNanos: 5e6, maximumFrames: 1e6)
+        #expect(abs(low.frames - (256 + 22.05)) < 1e-9, "block + packet + 0.5 ms, whatever the jitter")
+        var fixed = LatencyTarget(configuration: .init(mode: .fixed(milliseconds: 10)), rate: 44_100)
+        fixed.update(nowNanos: 1, structuralFrames: 256, deviationNanos: 0, maximumFrames: 1e6)
+        #expect(abs(fixed.frames - 441) < 1e-9)
+        fixed.update(nowNanos: 2, structuralFrames: 600, deviationNanos: 0, maximumFrames: 1e6)
+        #expect(fixed.frames == 600, "never below the structure")
+    }
+
+    @Test func autoTargetRisesAtOnceDecaysSlowlyAndIsBounded() {
+        var target = LatencyTarget(configuration: .init(mode: .auto), rate: 44_100)   // decays over 10 s
+        target.update(nowNanos: 1_000_000_000, structuralFrames: 256, deviationNanos: 0, maximumFrames: 1e6)
+        #expect(abs(target.frames - 278.05) < 1e-9)
+        target.update(nowNanos: 1_100_000_000, structuralFrames: 256, deviationNanos: 10_000_000, maximumFrames: 1e6)
+        #expect(abs(target.frames - 719.05) < 1e-9)
+        target.update(nowNanos: 2_100_000_000, structuralFrames: 256, deviationNanos: 0, maximumFrames: 1e6)
+        #expect(abs(target.frames - (719.05 - 44.1)) < 1e-9, "a tenth of the way down after a second")
+        target.update(nowNanos: 2_200_000_000, structuralFrames: 256, deviationNanos: 1e9, maximumFrames: 1000)
+        #expect(target.frames == 1000)
+    }
+
+    // MARK: LatencyCorrector
+
+    static let block = 128, packet = 128
+
+    func decide(_ c: inout LatencyCorrector, _ error: Double, at nanos: UInt64) -> LatencyCorrector.Correction {
+        c.decide(errorFrames: error, frames: Self.block, blockFrames: Self.block, packetFrames: Self.packet, nowNanos: nanos)
+    }
+
+    @Test func farTooLittleLatencyStretchesAtOnce() {
+        var c = LatencyCorrector(rate: 44_100)
+        #expect(decide(&c, -200, at: 1) == .stretchBlock)
+        #expect(decide(&c, -100, at: 2) == .none, "within the block: evidence first")
+    }
+
+    @Test func aLastingSmallDeficitHoldsOnceForTheMissingFrames() {
+        var c = LatencyCorrector(rate: 44_100)
+        let t0: UInt64 = 1_000_000_000
+        #expect(decide(&c, -30.2, at: t0) == .none)
+        #expect(decide(&c, -30.2, at: t0 + 200_000_000) == .none)
+        #expect(decide(&c, -30.2, at: t0 + 250_000_000) == .hold(frames: 31))
+        #expect(decide(&c, -30.2, at: t0 + 260_000_000) == .none, "the evidence starts over")
+    }
+
+    @Test func aDeficitThatRecoversIsForgotten() {
+        var c = LatencyCorrector(rate: 44_100)
+        let t0: UInt64 = 1_000_000_000
+        #expect(decide(&c, -30, at: t0) == .none)
+        #expect(decide(&c, 0, at: t0 + 100_000_000) == .none)
+        #expect(decide(&c, -30, at: t0 + 300_000_000) == .none)
+        #expect(decide(&c, -30, at: t0 + 500_000_000) == .none)
+        #expect(decide(&c, -30, at: t0 + 550_000_000) == .hold(frames: 30))
+    }
+
+    @Test func aLastingExcessSkipsTheLeastExcessSeen() {
+        var c = LatencyCorrector(rate: 44_100)   // threshold: block + packet = 256 frames
+        let t0: UInt64 = 1_000_000_000
+        #expect(decide(&c, 400, at: t0) == .none)
+        #expect(decide(&c, 300.7, at: t0 + 200_000_000) == .none)
+        #expect(decide(&c, 350, at: t0 + 500_000_000) == .skip(frames: 300))
+        #expect(decide(&c, 350, at: t0 + 600_000_000) == .none)
+    }
+
+    @Test func anExcessThatDipsOrARestartIsForgotten() {
+        var c = LatencyCorrector(rate: 44_100)
+        let t0: UInt64 = 1_000_000_000
+        #expect(decide(&c, 400, at: t0) == .none)
+        #expect(decide(&c, 100, at: t0 + 300_000_000) == .none)
+        #expect(decide(&c, 400, at: t0 + 400_000_000) == .none)
+        #expect(decide(&c, 400, at: t0 + 800_000_000) == .none)
+        c.restart()
+        #expect(decide(&c, 400, at: t0 + 900_000_000) == .none)
+        #expect(decide(&c, 400, at: t0 + 1_400_000_000) == .skip(frames: 400))
+    }
+
+    // MARK: CrossfadeGuard
+
+    @Test func crossfadeGuardMarksFramesAndGuardsTransitions() {
+        var g = CrossfadeGuard(rate: 44_100)
+        #expect(g.guardFrames == 220)
+        #expect(g.play(present: true) == FrameMark.present && !g.isGuarding)
+        g.noteDiscontinuity()
+        #expect(g.play(present: true) == FrameMark.discontinuity && g.isGuarding)
+        for _ in 0..<219 { _ = g.play(present: true) }
+        #expect(g.isGuarding)
+        _ = g.play(present: true)
+        #expect(!g.isGuarding)
+        #expect(g.play(present: false) == FrameMark.missing && !g.isGuarding)
+        #expect(g.play(present: true) == FrameMark.present && g.isGuarding, "a resumption after missing frames")
+        for _ in 0..<220 { _ = g.play(present: true) }
+        g.noteStretch()
+        #expect(g.play(present: true) == FrameMark.present && g.isGuarding, "a resumption after a stretch")
+    }
+
+    // MARK: ResyncDetector
+
+    func arrived(_ r: inout ResyncDetector, behind: Int64, sequence: Int64) -> Bool {
+        r.packetArrived(behindFrames: behind, aheadEndFrames: 128 - behind, sequenceDistance: sequence,
+                        targetFrames: 441, rate: 44_100, capacityFrames: 33_075)
+    }
+
+    @Test func resyncOnAJumpAheadOrAnIndexGoingBackWhileTheSequenceMovesOn() {
+        var r = ResyncDetector()
+        #expect(arrived(&r, behind: -100_000, sequence: 1), "beyond the buffer")
+        #expect(!arrived(&r, behind: -128, sequence: 1))
+        #expect(arrived(&r, behind: 10_000, sequence: 1), "far behind (> 100 ms), sequence moved on")
+        #expect(!arrived(&r, behind: 10_000, sequence: -5), "far behind, an old copy")
+        #expect(arrived(&r, behind: 10_000, sequence: -2000), "far behind, sequence jumped back")
+        #expect(!arrived(&r, behind: 4_000, sequence: 1), "behind, but within 100 ms")
+    }
+
+    @Test func theEighthLatePacketInARowResyncs() {
+        var r = ResyncDetector()
+        for k in 1...7 {
+            #expect(!arrived(&r, behind: 128, sequence: -1))
+            #expect(r.packetLate() == (k >= 3), "the third late packet in a row is no outlier")
+        }
+        #expect(arrived(&r, behind: 128, sequence: -1))
+        #expect(r.lateRun == 0)
+        for _ in 1...7 { _ = r.packetLate() }
+        r.packetStored()
+        #expect(!arrived(&r, behind: 128, sequence: -1), "a stored packet ends the run")
+    }
+}
