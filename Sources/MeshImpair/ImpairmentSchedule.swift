@@ -94,9 +94,10 @@ struct ImpairmentSchedule<Outlet: Sendable>: Sendable {
 
     var isEmpty: Bool { heap.isEmpty && holds.isEmpty }
 
-    /// A PeerMesh data datagram: magic `PM`, version 1, kind 1, a payload after the 20-byte header.
+    /// A PeerMesh data datagram: magic `PM`, version 2, kind 1, a payload after the 20-byte header.
     static func isPeerMeshData(_ b: [UInt8]) -> Bool {
-        b.count > 20 && b[0] == 0x50 && b[1] == 0x4d && b[2] == 1 && b[3] == 1
+        // Magic "PM", protocol version 2, kind 1 (data). The header is clear even when the payload is sealed.
+        b.count > 20 && b[0] == 0x50 && b[1] == 0x4d && b[2] == 2 && b[3] == 1
     }
 
     mutating func admit(_ batch: [Incoming], now: UInt64) -> Admission {

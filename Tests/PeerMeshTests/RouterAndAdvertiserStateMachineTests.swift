@@ -124,8 +124,8 @@ struct AdvertiserStateMachineTests {
         #expect(m.accepted(1, host: hostA, now: 0) == .greet(1, .hello(peer: me), evicting: nil))
         #expect(m.received(.hello(peer: bob), on: 1, now: 1) == .wait)
         #expect(m.received(.invite(invite()), on: 1, now: 2) == .ask(1, bob, invite()))
-        #expect(m.answered(1, accept: true) == .handOver(1, bob, invite()))
-        #expect(m.answered(1, accept: true) == .ignore, "one answer only")
+        #expect(m.answered(1, .accept) == .handOver(1, bob, invite()))
+        #expect(m.answered(1, .accept) == .ignore, "one answer only")
         #expect(m.pendingCount == 0)
     }
 
@@ -134,7 +134,7 @@ struct AdvertiserStateMachineTests {
         _ = m.accepted(1, host: hostA, now: 0)
         _ = m.received(.hello(peer: bob), on: 1, now: 0)
         _ = m.received(.invite(invite()), on: 1, now: 0)
-        #expect(m.answered(1, accept: false) == .decline(1, .declined))
+        #expect(m.answered(1, .decline(.declined, "no")) == .decline(1, .declined, "no"))
     }
 
     @Test(arguments: [ControlFrame.invite(.init(context: [], timeoutMillis: 0, udpPort: 1, token: 1)), .data([1]), .accept(udpPort: 1, token: 1), .goodbye])
@@ -166,7 +166,7 @@ struct AdvertiserStateMachineTests {
         #expect(m.expire(now: 4 * sec) == [.decline(2, .timedOut)])
         #expect(m.nextDeadline() == 10 * sec)
         #expect(m.expire(now: 10 * sec) == [.close(3)])
-        #expect(m.answered(2, accept: true) == .ignore, "a late answer changes nothing")
+        #expect(m.answered(2, .accept) == .ignore, "a late answer changes nothing")
     }
 
     @Test func theInvitationWaitIsCappedAndZeroMeansThirtySeconds() {
@@ -187,7 +187,7 @@ struct AdvertiserStateMachineTests {
         _ = m.received(.hello(peer: bob), on: 1, now: 0)
         _ = m.received(.invite(invite()), on: 1, now: 0)
         m.closed(1)
-        #expect(m.answered(1, accept: true) == .ignore)
+        #expect(m.answered(1, .accept) == .ignore)
         #expect(m.nextDeadline() == nil)
     }
 
@@ -214,7 +214,7 @@ struct AdvertiserStateMachineTests {
         }
         #expect(m.isFull)
         #expect(m.accepted(3, host: hostB, now: 1) == .refuse(3))
-        #expect(m.answered(1, accept: false) == .decline(1, .declined))
+        #expect(m.answered(1, .decline(.declined, "no")) == .decline(1, .declined, "no"))
         #expect(!m.isFull)
         #expect(m.accepted(4, host: hostB, now: 2) == .greet(4, .hello(peer: me), evicting: nil))
     }

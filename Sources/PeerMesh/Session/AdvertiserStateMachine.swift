@@ -75,10 +75,16 @@ struct AdvertiserStateMachine: Sendable {
     enum OnAnswer: Equatable, Sendable {
         /// Give the connection to the session the app chose.
         case handOver(PendingID, PeerID, ControlFrame.InviteBody)
-        /// Answer DECLINE with the reason, then close.
-        case decline(PendingID, DeclineReason)
+        /// Answer DECLINE with the reason and text, then close.
+        case decline(PendingID, DeclineReason, String)
         /// The invitation is gone (expired, withdrawn, already answered): nothing to do.
         case ignore
+    }
+
+    /// The app's answer to an invitation.
+    enum Answer: Equatable, Sendable {
+        case accept
+        case decline(DeclineReason, String)
     }
 
     /// What time, or a stop, did to a pending connection.
@@ -171,11 +177,17 @@ struct AdvertiserStateMachine: Sendable {
     }
 
     /// The app answered the invitation on `id`.
-    mutating func answered(_ id: PendingID, accept: Bool) -> OnAnswer {
+    mutating func answered(_ id: PendingID, _ answer: Answer) -> OnAnswer {
         guard case .asking(_, _, let peer, let invite, _)? = pending[id] else { return .ignore }
         pending[id] = nil
-        return accept ? .handOver(id, peer, invite) : .decline(id, .declined)
+        switch answer {
+        case .accept: return .handOver(id, peer, invite)
+        case .decline(let reason, let text): return .decline(id, reason, text)
+        }
     }
+
+    /// Whether `id` is an invitation the app holds.
+    func isAsking(_ id: PendingID) -> Bool { pending[id]?.isAsking ?? false }
 
     /// The connection ended (the caller hung up, or it failed). An invitation the app holds is withdrawn.
     mutating func closed(_ id: PendingID) {

@@ -15,11 +15,19 @@ public protocol NearbyServiceAdvertiserDelegate: AnyObject, Sendable {
     /// The advertisement went out (under `instanceName`), or waits for the discovery daemon (`.waitingForDaemon`).
     /// Lets an app tell people the truth about whether it can be found.
     func advertiser(_ advertiser: NearbyServiceAdvertiser, didUpdate publication: PublicationEvent)
+    /// A peer invites us — the richer form of the call above: the inviter's proven key and address, a decline with
+    /// a reason and a message, and a notice when the invitation is withdrawn. The default forwards to the MC form.
+    func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceive invitation: Invitation)
 }
 
 public extension NearbyServiceAdvertiserDelegate {
     func advertiser(_ advertiser: NearbyServiceAdvertiser, didNotStartAdvertisingPeer error: PeerMeshError) {}
     func advertiser(_ advertiser: NearbyServiceAdvertiser, didUpdate publication: PublicationEvent) {}
+    func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceive invitation: Invitation) {
+        self.advertiser(advertiser, didReceiveInvitationFromPeer: invitation.peer, withContext: invitation.context) { ok, session in
+            if ok, let session { invitation.accept(into: session) } else { invitation.decline() }
+        }
+    }
 }
 
 /// Publishes this peer under a service type and accepts invitations, as MC's `MCNearbyServiceAdvertiser`.
@@ -30,7 +38,8 @@ public final class NearbyServiceAdvertiser: Sendable {
     /// This peer.
     public let myPeerID: PeerID
     /// The app's discovery info.
-    public let discoveryInfo: [String: String]?
+    public var discoveryInfo: [String: String]? { info.withLock { $0 } }
+    private let info: Mutex<[String: String]?>
     /// The MC-style service type.
     public let serviceType: String
     /// How long an unanswered invitation may wait at most, whatever the inviter asked (default 60 s).
@@ -63,7 +72,7 @@ public final class NearbyServiceAdvertiser: Sendable {
         try DiscoveryValidation.validate(serviceType: serviceType)
         try DiscoveryValidation.validate(discoveryInfo: discoveryInfo ?? [:])
         myPeerID = peer
-        self.discoveryInfo = discoveryInfo
+        info = Mutex(discoveryInfo)
         self.serviceType = serviceType
         if let discovery { self.discovery = discovery } else { self.discovery = try AvahiDiscovery() }
         requestedPort = port
@@ -102,14 +111,32 @@ public final class NearbyServiceAdvertiser: Sendable {
         } catch {
             throw .transport(error.description)
         }
-        let ad = ServiceAdvertisement(peer: myPeerID, serviceType: serviceType, port: core.port, discoveryInfo: discoveryInfo ?? [:])
-        let registration = try discovery.publish(ad) { [weak self] event in
+        let registration = try publish(port: core.port)
+        state.withLock { $0 = Running(port: core.port, core: core, registration: registration) }
+        core.start()
+    }
+
+    private func publish(port: UInt16) throws(PeerMeshError) -> any DiscoveryRegistration {
+        let ad = ServiceAdvertisement(peer: myPeerID, serviceType: serviceType, port: port, discoveryInfo: discoveryInfo ?? [:])
+        return try discovery.publish(ad) { [weak self] event in
             guard let self else { return }
             if case .failed(let e) = event { self.delegate?.advertiser(self, didNotStartAdvertisingPeer: e) }
             self.delegate?.advertiser(self, didUpdate: event)
         }
-        state.withLock { $0 = Running(port: core.port, core: core, registration: registration) }
-        core.start()
+    }
+
+    /// Replaces the discovery info and, if advertising, publishes the new record (connections and pending
+    /// invitations are not touched). MC has no such call — there an app stops and starts the advertiser.
+    public func updateDiscoveryInfo(_ newInfo: [String: String]?) throws(PeerMeshError) {
+        try DiscoveryValidation.validate(discoveryInfo: newInfo ?? [:])
+        info.withLock { $0 = newInfo }
+        guard let running = state.withLock({ $0 }) else { return }
+        // Withdraw first: one instance name cannot be published twice at once.
+        running.registration.cancel()
+        let registration = try publish(port: running.port)
+        state.withLock { s in
+            if let r = s { s = Running(port: r.port, core: r.core, registration: registration) } else { registration.cancel() }
+        }
     }
 
     /// Withdraws the advertisement and closes the listener. Invitations not yet answered are declined.
@@ -119,13 +146,9 @@ public final class NearbyServiceAdvertiser: Sendable {
         r.core.stop()
     }
 
-    fileprivate func deliver(peer: PeerID, context: [UInt8], reply: @escaping @Sendable (Bool, Session?) -> Void) {
-        guard let d = delegate else {
-            reply(false, nil)
-            return
-        }
-        d.advertiser(self, didReceiveInvitationFromPeer: peer, withContext: context.isEmpty ? nil : Data(context),
-                     invitationHandler: reply)
+    fileprivate func deliver(_ invitation: Invitation) {
+        guard let d = delegate else { return invitation.decline(.unavailable) }
+        d.advertiser(self, didReceive: invitation)
     }
 }
 
@@ -145,6 +168,8 @@ private final class AdvertiserCore: Sendable {
     private struct IO {
         var machine: AdvertiserStateMachine
         var connections: [PendingID: Connection] = [:]
+        /// Invitations the app holds, to withdraw when they go away unanswered.
+        var invitations: [PendingID: Invitation] = [:]
         var registration: EventLoop.Registration?
         var accepting = true
         var timer: EventLoop.Timer?
@@ -242,28 +267,34 @@ private final class AdvertiserCore: Sendable {
             io.value.connections.removeValue(forKey: id)?.close()
             resumeAccepting()
         case .ask(_, let peer, let invite):
-            io.value.connections[id]?.pause()
-            let answered = Atomic<Bool>(false)
-            let reply: @Sendable (Bool, Session?) -> Void = { [weak self] ok, session in
-                guard answered.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged,
-                      let self else { return }
-                self.loop.execute { self.answer(id, ok ? session : nil) }
+            guard let c = io.value.connections[id] else { break }
+            c.pause()
+            let certificate = peer.publicKey.map {
+                PeerCertificate(publicKey: $0, shortAuthenticationString: c.shortAuthenticationString ?? "",
+                                address: c.remote?.host, weInvited: false)
             }
-            if let a = advertiser.value { a.deliver(peer: peer, context: invite.context, reply: reply) } else { reply(false, nil) }
+            let invitation = Invitation(peer: peer, context: invite.context.isEmpty ? nil : Data(invite.context),
+                                        address: c.remote?.host, certificate: c.isEncrypted ? certificate : nil) { [weak self] answer, session in
+                guard let self else { return }
+                self.loop.execute { self.answer(id, answer, session) }
+            }
+            io.value.invitations[id] = invitation
+            if let a = advertiser.value { a.deliver(invitation) } else { invitation.decline(.unavailable) }
         }
         armTimer()
     }
 
-    private func answer(_ id: PendingID, _ session: Session?) {
-        switch io.value.machine.answered(id, accept: session != nil) {
+    private func answer(_ id: PendingID, _ answer: AdvertiserStateMachine.Answer, _ session: Session?) {
+        io.value.invitations[id] = nil
+        switch io.value.machine.answered(id, answer) {
         case .ignore:
             break
         case .handOver(_, let peer, let invite):
-            if let c = io.value.connections.removeValue(forKey: id) {
-                session!.core.adopt(c, from: peer, invite: invite, listenerPort: port)
+            if let c = io.value.connections.removeValue(forKey: id), let session {
+                session.core.adopt(c, from: peer, invite: invite, listenerPort: port)
             }
-        case .decline(_, let reason):
-            perform(.decline(id, reason))
+        case .decline(_, let reason, let text):
+            decline(id, reason, text)
         }
         resumeAccepting()
         armTimer()
@@ -272,17 +303,24 @@ private final class AdvertiserCore: Sendable {
     private func ended(_ id: PendingID) {
         io.value.connections[id] = nil
         io.value.machine.closed(id)
+        io.value.invitations.removeValue(forKey: id)?.withdraw()
         resumeAccepting()
+    }
+
+    private func decline(_ id: PendingID, _ reason: DeclineReason, _ text: String) {
+        io.value.invitations.removeValue(forKey: id)?.withdraw()
+        guard let c = io.value.connections.removeValue(forKey: id) else { return }
+        c.send(.decline(reason, text))
+        c.close()
     }
 
     private func perform(_ e: AdvertiserStateMachine.OnExpiry) {
         switch e {
         case .close(let id):
+            io.value.invitations.removeValue(forKey: id)?.withdraw()
             io.value.connections.removeValue(forKey: id)?.close()
         case .decline(let id, let reason):
-            guard let c = io.value.connections.removeValue(forKey: id) else { return }
-            c.send(.decline(reason, reason.description))
-            c.close()
+            decline(id, reason, reason.description)
         }
     }
 

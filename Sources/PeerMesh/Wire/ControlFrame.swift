@@ -17,6 +17,16 @@ public enum DeclineReason: UInt8, Sendable, Equatable, CustomStringConvertible {
     case alreadyConnected = 5
     /// The invitation could not be delivered (the advertiser stopped, the frame was malformed…).
     case unavailable = 6
+    /// The invited peer does not trust this peer's key (not paired); asking again will not help.
+    case notTrusted = 7
+
+    /// Whether asking again later could succeed: declined, unknown keys and duplicates are answers, not accidents.
+    public var isPermanent: Bool {
+        switch self {
+        case .declined, .notTrusted, .alreadyConnected: true
+        case .peerLimit, .timedOut, .simultaneousInvite, .unavailable: false
+        }
+    }
 
     public var description: String {
         switch self {
@@ -26,6 +36,7 @@ public enum DeclineReason: UInt8, Sendable, Equatable, CustomStringConvertible {
         case .simultaneousInvite: "simultaneous invitations; the other one wins"
         case .alreadyConnected: "already connected"
         case .unavailable: "the invited peer is not available"
+        case .notTrusted: "this peer's key is not trusted there (not paired)"
         }
     }
 }

@@ -1,0 +1,83 @@
+import Foundation
+import Synchronization
+
+/// An invitation as an advertiser received it: who asks (with the key its handshake proved), from where, with what
+/// context — and how to answer. PeerMesh's richer form of MC's invitation handler.
+///
+/// Answer once, from any thread, now or later: `accept(into:)` or `decline(_:message:)`. An invitation not answered
+/// before the inviter's timeout is declined for you; if the inviter hangs up or the invitation expires first, the
+/// `onWithdrawn` handler runs (an app that shows a prompt takes it down then).
+public final class Invitation: Sendable {
+    /// Who invites. On an encrypted link its `publicKey` is proven.
+    public let peer: PeerID
+    /// What the inviter sent along (MC's context).
+    public let context: Data?
+    /// The inviter's address, as the connection saw it.
+    public let address: String?
+    /// The inviter's proven key and the short authentication string, on an encrypted link.
+    public let certificate: PeerCertificate?
+
+    private enum State {
+        case open(withdrawn: (@Sendable () -> Void)?)
+        case answered
+        case withdrawn
+    }
+
+    private let state = Mutex(State.open(withdrawn: nil))
+    private let answer: @Sendable (AdvertiserStateMachine.Answer, Session?) -> Void
+
+    init(peer: PeerID, context: Data?, address: String?, certificate: PeerCertificate?,
+         answer: @escaping @Sendable (AdvertiserStateMachine.Answer, Session?) -> Void) {
+        self.peer = peer
+        self.context = context
+        self.address = address
+        self.certificate = certificate
+        self.answer = answer
+    }
+
+    /// Lets the inviter into `session`. Later answers do nothing.
+    public func accept(into session: Session) {
+        guard take() else { return }
+        answer(.accept, session)
+    }
+
+    /// Turns the invitation down, with a reason and a line the inviter sees. Later answers do nothing.
+    public func decline(_ reason: DeclineReason = .declined, message: String? = nil) {
+        guard take() else { return }
+        answer(.decline(reason, message ?? reason.description), nil)
+    }
+
+    /// Runs `body` once if the invitation goes away unanswered (the inviter hung up, or it timed out) — at once if
+    /// it already has.
+    public func onWithdrawn(_ body: @escaping @Sendable () -> Void) {
+        let now = state.withLock { s -> Bool in
+            switch s {
+            case .open: s = .open(withdrawn: body); return false
+            case .withdrawn: return true
+            case .answered: return false
+            }
+        }
+        if now { body() }
+    }
+
+    /// Whether it is still waiting for an answer.
+    public var isOpen: Bool { state.withLock { if case .open = $0 { true } else { false } } }
+
+    private func take() -> Bool {
+        state.withLock { s in
+            guard case .open = s else { return false }
+            s = .answered
+            return true
+        }
+    }
+
+    /// The advertiser: the invitation went away unanswered.
+    func withdraw() {
+        let handler = state.withLock { s -> (@Sendable () -> Void)? in
+            guard case .open(let w) = s else { return nil }
+            s = .withdrawn
+            return w
+        }
+        handler?()
+    }
+}
