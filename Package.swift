@@ -7,6 +7,7 @@
 //                                                             │            └────────▶ MeshPipeline ──▶ MeshAudio ──▶ MeshPOSIX
 //                                                             └──▶ MeshImpair ──▶ MeshPOSIX
 //   C leaves: CALSA, CSndfile (MeshAudio) · CSpeexDSP (MeshPipeline) · CAvahi, CSodium (PeerMesh) · CLinux (MeshPOSIX)
+//             · CQRencode (MeshCLI)
 import PackageDescription
 
 let package = Package(
@@ -29,6 +30,7 @@ let package = Package(
         .systemLibrary(name: "CSndfile", pkgConfig: "sndfile", providers: [.apt(["libsndfile1-dev"])]),
         .systemLibrary(name: "CSpeexDSP", pkgConfig: "speexdsp", providers: [.apt(["libspeexdsp-dev"])]),
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
+        .systemLibrary(name: "CQRencode", pkgConfig: "libqrencode", providers: [.apt(["libqrencode-dev"])]),
         .systemLibrary(name: "CLinux"),   // glibc's epoll, eventfd, accept4 and thread names (not in Swift's Glibc module)
 
         // Shared POSIX plumbing (package-internal): syscall funnel, sockets, event loop, clock, threads, writers.
@@ -44,7 +46,7 @@ let package = Package(
         .target(name: "MeshImpair", dependencies: ["MeshPOSIX"]),
 
         // The command-line front door, options, terminal and status output of every executable (package-internal).
-        .target(name: "MeshCLI", dependencies: ["MeshRelay", "MeshImpair", "MeshPOSIX"]),
+        .target(name: "MeshCLI", dependencies: ["MeshRelay", "MeshImpair", "MeshPOSIX", "CQRencode"]),
 
         // Command-line tools.
         .executableTarget(name: "mesh-record", dependencies: ["MeshCLI"]),

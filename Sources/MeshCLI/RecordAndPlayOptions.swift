@@ -3,47 +3,135 @@ import MeshAudio
 import MeshPipeline
 import PeerMesh
 
+/// Where a CLI keeps its identity and paired devices: `--state-dir DIR`, else `$XDG_CONFIG_HOME/peermesh`, else
+/// `~/.config/peermesh`. The directory is mode 0700 and the files 0600.
+package struct StateDirectory: Sendable, Equatable {
+    package var path: String
+
+    package init(_ path: String) { self.path = path }
+
+    /// The default for this user.
+    package static var `default`: StateDirectory {
+        let env = ProcessInfo.processInfo.environment
+        if let xdg = env["XDG_CONFIG_HOME"], xdg.hasPrefix("/") { return StateDirectory(xdg + "/peermesh") }
+        return StateDirectory((env["HOME"] ?? "/root") + "/.config/peermesh")
+    }
+
+    package var identityPath: String { path + "/identity.json" }
+    package var trustPath: String { path + "/paired.json" }
+}
+
+/// What a command line names as audio input: a capture device, a test tone or a sound file.
+package enum AudioInput: Sendable, Equatable {
+    case device(String)
+    case tone(Double)
+    case file(String)
+
+    /// `device:NAME`, `tone:HZ`, `file:PATH`, or a path ending in `.wav`, `.flac` or `.ogg` (any case).
+    package static func parse(_ text: String, flag: String = "--input") throws(UsageError) -> AudioInput {
+        if text.hasPrefix("device:") {
+            let name = String(text.dropFirst(7))
+            guard !name.isEmpty else { throw UsageError("\(flag) device: needs a device name (list them with arecord -L)") }
+            return .device(name)
+        }
+        if text.hasPrefix("tone:") {
+            guard let hz = Double(text.dropFirst(5)), hz.isFinite, hz > 0 else {
+                throw UsageError("\(flag) tone:HZ needs a positive frequency, got \"\(text)\"")
+            }
+            return .tone(hz)
+        }
+        if text.hasPrefix("file:") {
+            let path = String(text.dropFirst(5))
+            guard !path.isEmpty else { throw UsageError("\(flag) file: needs a path") }
+            return .file(path)
+        }
+        let lower = text.lowercased()
+        if [".wav", ".flac", ".ogg"].contains(where: { lower.hasSuffix($0) }) { return .file(text) }
+        throw UsageError("\(flag) takes device:NAME, tone:HZ, file:PATH or a .wav/.flac/.ogg file, got \"\(text)\"")
+    }
+
+    /// Opens the source this names. A file's format comes from the file (looped); the others use `format`.
+    package func makeSource(format: AudioFormat, periodFrames: Int) throws -> any AudioSource {
+        switch self {
+        case .device(let name): try Recorder(device: name, format: format, periodFrames: periodFrames)
+        case .tone(let hz): try ToneSource(frequency: hz, format: format, periodFrames: periodFrames)
+        case .file(let path): try WAVFileSource(path: path, periodFrames: periodFrames, loop: true)
+        }
+    }
+}
+
+/// Who a host lets listen (`--accept`).
+package enum AcceptMode: String, Sendable, Equatable {
+    /// Only paired players (the default).
+    case paired
+    /// Ask on the terminal about unpaired players.
+    case ask
+    /// Anyone on the network.
+    case all
+}
+
 /// `mesh-record --host` options.
 package struct RecordOptions: CommandLineTool, Sendable, Equatable {
     package static let program = "mesh-record"
 
-    /// Where audio comes from.
-    package enum Input: Sendable, Equatable {
-        case device(String)
-        case tone(Double)
-        case file(String)
+    /// What the run does.
+    package enum Action: Sendable, Equatable {
+        /// Serve (`--host`).
+        case host
+        /// List the paired players and exit (`--paired`).
+        case listPaired
+        /// Forget a paired player and exit (`--forget`).
+        case forget(String)
     }
 
+    package var action: Action = .host
     package var name: String = RecordOptions.defaultName
+    package var state = StateDirectory.default
     package var service = "mesh-audio"
-    package var input: Input = .device("default")
+    package var input: AudioInput = .device("default")
     package var rate = 44_100
     package var channels = 1
     package var period = 128
     package var port: UInt16 = 0
+    package var bind = ""
     package var maxPeers = 32
-    package var acceptAll = true
+    package var maxPerAddress = 4
+    package var accept: AcceptMode = .paired
+    package var pair = false
+    package var pairTimeout: Double = 30
     package var quiet = false
     package var json = false
 
+    /// The host name, cut to a display name.
     package static var defaultName: String {
-        String(decoding: ProcessInfo.processInfo.hostName.utf8.prefix(PeerID.maximumDisplayNameBytes), as: UTF8.self)
+        let name = String(decoding: ProcessInfo.processInfo.hostName.utf8.prefix(PeerID.maximumDisplayNameBytes), as: UTF8.self)
+        return name.isEmpty ? "peermesh" : name
     }
 
     package static let usage = """
     usage: mesh-record --host [options]
-      Captures audio and serves it to every mesh-play that joins (zero-config, over DNS-SD).
+           mesh-record --paired | --forget NAME|FINGERPRINT
+      Captures audio and serves it, encrypted, to the players paired with this host.
+      Pair a player once:  mesh-record --host --pair   (shows a code)   then on the player: mesh-play --pair CODE
+      --pair              open a pairing window: prints a code (and a QR code on a terminal)
+      --pair-timeout S    how long the window stays open (default 30)
+      --accept MODE       who may listen: paired (default), ask (ask on the terminal about others), or all
+                          (anyone on the network can listen)
+      --paired            list the paired players, then exit
+      --forget NAME|FP    forget a paired player (a connected one is disconnected at once), then exit
+      --state-dir DIR     identity and paired devices (default $XDG_CONFIG_HOME/peermesh or ~/.config/peermesh)
       --name NAME         name players see (default: host name)
       --service TYPE      DNS-SD service type (default mesh-audio)
       --device DEV        ALSA capture device (default "default"; list with arecord -L)
-      --input SRC         tone:HZ or FILE.wav instead of a device
+      --input SRC         device:NAME, tone:HZ, file:PATH or a .wav/.flac/.ogg file (looped) instead of --device
       --rate HZ           sample rate (default 44100)
       --channels N        channels (default 1)
       --period FRAMES     capture period = packet size (default 128, 2.9 ms)
       --port N            TCP+UDP port (default: any free port)
+      --bind ADDR         listen on this address only (default: every address, IPv4 and IPv6)
       --max-peers N       most players at once (default 32)
-      --accept all|ask    accept every player, or ask on the terminal (default all)
-      --quiet             no status line or event lines
+      --max-per-address N most players from one address (default 4)
+      --quiet             no status line or event lines (errors are still printed)
       --json              one JSON status object per second on stdout
       --help, --version
     """
@@ -53,9 +141,7 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
     package static func parse(_ arguments: [String]) throws(UsageError) -> ParsedCommand<RecordOptions> {
         var o = RecordOptions()
         var cursor = ArgumentCursor(arguments)
-        var sawHost = false
-        var sawDevice = false
-        var sawInput = false
+        var sawHost = false, sawDevice = false, sawInput = false, sawPaired = false, forget: String?
         while let a = cursor.next() {
             switch a {
             case "--host": sawHost = true
@@ -64,6 +150,7 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
             case "--name":
                 o.name = try cursor.value(for: a)
                 do { try PeerID.validate(displayName: o.name) } catch { throw UsageError("--name: \(error)") }
+            case "--state-dir": o.state = StateDirectory(try cursor.value(for: a))
             case "--service":
                 o.service = try cursor.value(for: a)
                 do { try DiscoveryValidation.validate(serviceType: o.service) } catch { throw UsageError("--service: \(error)") }
@@ -72,41 +159,44 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
                 sawDevice = true
             case "--input":
                 sawInput = true
-                let v = try cursor.value(for: a)
-                if v.hasPrefix("tone:") {
-                    guard let hz = Double(v.dropFirst(5)), hz.isFinite, hz > 0 else {
-                        throw UsageError("--input tone:HZ needs a positive frequency, got \"\(v)\"")
-                    }
-                    o.input = .tone(hz)
-                } else {
-                    o.input = .file(v)
-                }
+                o.input = try AudioInput.parse(try cursor.value(for: a))
             case "--rate": o.rate = try cursor.int(for: a, in: 8_000...192_000)
             case "--channels": o.channels = try cursor.int(for: a, in: 1...8)
             case "--period": o.period = try cursor.int(for: a, in: 16...8_192)
             case "--port": o.port = UInt16(try cursor.int(for: a, in: 1...65_535))
+            case "--bind":
+                o.bind = try cursor.value(for: a)
+                guard SocketAddressCheck.isNumeric(o.bind) else { throw UsageError("--bind takes a numeric IPv4 or IPv6 address, got \"\(o.bind)\"") }
             case "--max-peers": o.maxPeers = try cursor.int(for: a, in: 1...255)
+            case "--max-per-address": o.maxPerAddress = try cursor.int(for: a, in: 1...255)
             case "--accept":
-                switch try cursor.value(for: a) {
-                case "all": o.acceptAll = true
-                case "ask": o.acceptAll = false
-                case let v: throw UsageError("--accept takes all or ask, got \"\(v)\"")
-                }
+                let v = try cursor.value(for: a)
+                guard let m = AcceptMode(rawValue: v) else { throw UsageError("--accept takes paired, ask or all, got \"\(v)\"") }
+                o.accept = m
+            case "--pair": o.pair = true
+            case "--pair-timeout": o.pairTimeout = try cursor.number(for: a, in: 1...3_600)
+            case "--paired": sawPaired = true
+            case "--forget": forget = try cursor.value(for: a)
             case "--quiet": o.quiet = true
             case "--json": o.json = true
             default: throw UsageError("unknown option \"\(a)\"")
             }
         }
-        guard sawHost else { throw UsageError("mesh-record needs --host") }
+        let actions = [sawHost, sawPaired, forget != nil].filter { $0 }.count
+        guard actions == 1 else {
+            throw UsageError(actions == 0 ? "say what to do: --host, --paired or --forget NAME" : "--host, --paired and --forget are exclusive")
+        }
+        if sawPaired { o.action = .listPaired }
+        if let forget { o.action = .forget(forget) }
         if sawDevice, sawInput { throw UsageError("--device and --input are exclusive") }
         if case .tone(let hz) = o.input, hz >= Double(o.rate) / 2 {
-            throw UsageError("--input tone:\(hz) is above the Nyquist frequency of \(o.rate) Hz")
+            throw UsageError("--input tone:\(hz) is at or above the Nyquist frequency, \(o.rate / 2) Hz at --rate \(o.rate)")
         }
         return .run(o)
     }
 }
 
-/// `mesh-play --find` options.
+/// `mesh-play` options.
 package struct PlayOptions: CommandLineTool, Sendable, Equatable {
     package static let program = "mesh-play"
 
@@ -116,30 +206,51 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
         case file(String)
     }
 
+    /// What the run does.
+    package enum Action: Sendable, Equatable {
+        /// Find a host (or connect to one) and play.
+        case play
+        /// Print the hosts found and exit.
+        case list
+        /// Pair with a host and exit.
+        case pair(code: String, fingerprint: String?)
+        /// List paired hosts and exit.
+        case listPaired
+        /// Forget a paired host and exit.
+        case forget(String)
+    }
+
+    package var action: Action = .play
     package var hostName: String?
     package var connect: PeerEndpoint?
-    package var list = false
     package var service = "mesh-audio"
     package var output: Output = .device("default")
     package var latency: JitterBuffer.Mode = .auto
     package var duration: Double?
     package var quiet = false
     package var json = false
-    package var name = "mesh-play"
+    package var name = RecordOptions.defaultName
+    package var state = StateDirectory.default
 
     package static let usage = """
-    usage: mesh-play --find [options]
-      Finds a mesh-record host on the LAN, joins it and plays.
-      --host NAME         join only this host (default: the first found; the choice is printed)
-      --connect HOST:PORT join this address without DNS-SD
-      --list              print the hosts found, then exit
+    usage: mesh-play --find [--host NAME] [options]      find a paired host, join it and play
+           mesh-play --connect HOST:PORT [options]       join a paired host at an address, without DNS-SD
+           mesh-play --pair CODE [--host NAME]           pair with the host showing CODE (mesh-record --host --pair)
+           mesh-play --list | --paired | --forget NAME|FINGERPRINT
+      --host NAME|FP      only this host: its name (any case) or a prefix of its key fingerprint
+      --connect HOST:PORT a host name, IPv4 address or [IPv6] address, and the host's --port
+      --pair CODE|URI     the code the host shows (or the peermesh://pair URI of its QR code), then exit
+      --list              print the hosts found (paired or not), then exit
+      --paired            list the paired hosts, then exit
+      --forget NAME|FP    forget a paired host, then exit
+      --state-dir DIR     identity and paired devices (default $XDG_CONFIG_HOME/peermesh or ~/.config/peermesh)
+      --name NAME         this player's name (default: host name)
       --service TYPE      DNS-SD service type (default mesh-audio)
       --device DEV        ALSA playback device (default "default"; list with aplay -L)
       --output FILE.wav   write a WAV file instead of playing
       --latency auto|low|MS  jitter buffer: adaptive (default), pinned to the minimum, or fixed ms
       --duration SECONDS  stop after this long
-      --name NAME         this player's name (default mesh-play)
-      --quiet             no status line or event lines
+      --quiet             no status line or event lines (errors are still printed)
       --json              one JSON status object per second on stdout
       --help, --version
     """
@@ -149,9 +260,8 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
     package static func parse(_ arguments: [String]) throws(UsageError) -> ParsedCommand<PlayOptions> {
         var o = PlayOptions()
         var cursor = ArgumentCursor(arguments)
-        var sawFind = false
-        var sawDevice = false
-        var sawOutput = false
+        var sawFind = false, sawDevice = false, sawOutput = false, sawList = false, sawPaired = false
+        var pair: String?, forget: String?
         while let a = cursor.next() {
             switch a {
             case "--find": sawFind = true
@@ -163,9 +273,15 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
                 o.hostName = v
             case "--connect":
                 let v = try cursor.value(for: a)
-                guard let e = PeerEndpoint(parsing: v) else { throw UsageError("--connect takes HOST:PORT, got \"\(v)\"") }
+                guard let e = PeerEndpoint(parsing: v) else {
+                    throw UsageError("--connect takes HOST:PORT (a name, an IPv4 address or [IPv6]), got \"\(v)\"")
+                }
                 o.connect = e
-            case "--list": o.list = true
+            case "--pair": pair = try cursor.value(for: a)
+            case "--list": sawList = true
+            case "--paired": sawPaired = true
+            case "--forget": forget = try cursor.value(for: a)
+            case "--state-dir": o.state = StateDirectory(try cursor.value(for: a))
             case "--service":
                 o.service = try cursor.value(for: a)
                 do { try DiscoveryValidation.validate(serviceType: o.service) } catch { throw UsageError("--service: \(error)") }
@@ -198,9 +314,47 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
             default: throw UsageError("unknown option \"\(a)\"")
             }
         }
-        guard sawFind || o.connect != nil || o.list else { throw UsageError("mesh-play needs --find, --connect HOST:PORT or --list") }
+        let playing = sawFind || o.connect != nil
+        let chosen = [playing, sawList, pair != nil, sawPaired, forget != nil].filter { $0 }.count
+        guard chosen >= 1 else { throw UsageError("say what to do: --find, --connect HOST:PORT, --pair CODE, --list, --paired or --forget") }
+        if sawFind, o.connect != nil { throw UsageError("--find and --connect are exclusive") }
+        if pair != nil, sawFind { throw UsageError("--pair and --find are exclusive (pair first, then --find)") }
+        if chosen > 1, !(pair != nil && o.connect != nil && chosen == 2) {
+            throw UsageError("--find/--connect, --list, --pair, --paired and --forget are exclusive")
+        }
         if sawDevice, sawOutput { throw UsageError("--device and --output are exclusive") }
-        if o.list, o.connect != nil { throw UsageError("--list and --connect are exclusive") }
+        if sawList { o.action = .list }
+        if sawPaired { o.action = .listPaired }
+        if let forget { o.action = .forget(forget) }
+        if let pair { o.action = try parsePairing(pair) }
         return .run(o)
+    }
+
+    /// A pairing code, or a `peermesh://pair?code=…&fp=…` URI from a QR code.
+    static func parsePairing(_ text: String) throws(UsageError) -> Action {
+        if text.hasPrefix("peermesh://pair?") {
+            var code: String?, fp: String?
+            for item in text.dropFirst("peermesh://pair?".count).split(separator: "&") {
+                let kv = item.split(separator: "=", maxSplits: 1).map(String.init)
+                guard kv.count == 2 else { continue }
+                if kv[0] == "code" { code = kv[1] }
+                if kv[0] == "fp" { fp = kv[1] }
+            }
+            guard let code, Pairing.normalize(code).count == 8 else { throw UsageError("--pair: the URI carries no 8-digit code") }
+            return .pair(code: code, fingerprint: fp)
+        }
+        guard Pairing.normalize(text).count == 8, text.allSatisfy({ $0.isNumber || $0 == "-" || $0 == " " }) else {
+            throw UsageError("--pair takes the 8-digit code the host shows (like 4821-0937), got \"\(text)\"")
+        }
+        return .pair(code: text, fingerprint: nil)
+    }
+}
+
+/// A numeric-address check for `--bind` (the library resolves the rest).
+package enum SocketAddressCheck {
+    package static func isNumeric(_ s: String) -> Bool {
+        var a4 = in_addr(), a6 = in6_addr()
+        let h = s.hasPrefix("[") && s.hasSuffix("]") ? String(s.dropFirst().dropLast()) : s
+        return inet_pton(AF_INET, h, &a4) == 1 || inet_pton(AF_INET6, h, &a6) == 1
     }
 }

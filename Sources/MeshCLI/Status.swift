@@ -1,34 +1,82 @@
 import Foundation
 import MeshAudio
+import MeshPOSIX
 import MeshRelay
 import PeerMesh
 
-/// Turns relay statistics into the live status line (stderr, terminals only) and `--json` objects (stdout).
+/// Turns relay statistics into the live status line (stderr, terminals only) and `--json` objects (stdout), as
+/// documented field by field in docs/STATUS.md. Remote names are escaped before they reach a terminal.
 package enum StatusReport {
-    /// A five-step level meter for a linear peak in 0…1 (−50 dBFS … 0 dBFS).
-    package static func meter(_ peak: Float) -> String {
-        let db = peak > 0 ? 20 * log10(Double(peak)) : -120
-        let steps = max(0, min(5, Int(((db + 50) / 10).rounded(.up))))
-        return "[" + String(repeating: "#", count: steps) + String(repeating: "-", count: 5 - steps) + "]"
+    /// dBFS of a linear peak (−∞ as −120); a value that is not finite (a hostile stream) is clamped, never trapped on.
+    package static func dbfs(_ peak: Float) -> Double {
+        guard peak.isFinite, peak > 0 else { return peak.isFinite ? -120 : 0 }
+        return max(-120, min(0, 20 * log10(Double(min(peak, 1)))))
     }
 
-    private static func ms(_ v: Double?) -> String { v.map { String(format: "%.1f ms", $0) } ?? "–" }
+    /// A 20-step dBFS bar from −60 to 0 dBFS with a peak-hold mark: `[########·····|····]`.
+    package static func meter(level: Float, hold: Float) -> String {
+        func steps(_ p: Float) -> Int { max(0, min(20, Int(((dbfs(p) + 60) / 3).rounded(.down)))) }
+        let n = steps(level), h = steps(hold)
+        var bar = ""
+        for i in 0..<20 {
+            if i < n { bar += "#" } else if i == h - 1 && h > n { bar += "|" } else { bar += "·" }
+        }
+        return "[" + bar + "] " + (dbfs(level) <= -60 ? " -∞" : String(Int(dbfs(level).rounded()))) + " dBFS"
+    }
+
+    private static func ms(_ v: Double?) -> String {
+        guard let v, v.isFinite else { return "–" }
+        return JSONObject.number(v) + " ms"
+    }
+
+    /// An ISO-8601 UTC timestamp with milliseconds.
+    package static func timestamp(_ date: Date = Date()) -> String {
+        let f = ISO8601DateFormatter()
+        f.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        return f.string(from: date)
+    }
 
     // MARK: Host
 
-    package static func line(host s: RelayHost.Statistics, format: AudioFormat) -> String {
+    package static func line(host s: RelayHost.Statistics, format: AudioFormat, hold: Float, muted: Bool = false) -> String {
         let players = s.players.isEmpty ? "waiting for players" : "serving \(s.players.count) player\(s.players.count == 1 ? "" : "s")"
-        return "● \(players) | capture \(ms(format.milliseconds(frames: s.captureDelayFrames))) | xruns \(s.captureXruns) | \(meter(s.peakLevel))"
+        var parts = ["● \(players)"]
+        if s.pairing { parts.append("pairing open") }
+        if !s.advertised { parts.append("not advertised") }
+        if muted { parts.append("MUTED") }
+        parts += ["capture \(ms(format.milliseconds(frames: s.captureDelayFrames)))", "xruns \(s.captureXruns)",
+                  meter(level: s.peakLevel, hold: hold)]
+        return parts.joined(separator: " | ")
     }
 
-    package static func json(host s: RelayHost.Statistics, name: String, port: UInt16, format: AudioFormat) -> [String: Any] {
-        [
-            "role": "host", "name": name, "port": Int(port),
-            "players": s.players.map(\.displayName), "playerCount": s.players.count,
-            "packetsSent": s.packetsSent, "framesCaptured": s.framesCaptured,
-            "captureDelayMs": format.milliseconds(frames: s.captureDelayFrames), "xruns": s.captureXruns,
-            "peak": Double(s.peakLevel), "rms": Double(s.rmsLevel),
-        ]
+    package static func json(host s: RelayHost.Statistics, name: String, port: UInt16, format: AudioFormat,
+                             final: Bool = false, extra: (inout JSONObject) -> Void = { _ in }) -> JSONObject {
+        var o = JSONObject()
+        o.add("ts", timestamp())
+        o.add("role", "host")
+        o.add("name", name)
+        o.add("port", Int(port))
+        o.add("advertised", s.advertised)
+        o.add("pairing", s.pairing)
+        o.add("players", s.players.map { p in
+            var j = JSONObject()
+            j.add("name", p.peer.displayName)
+            j.add("address", p.address)
+            j.add("fingerprint", p.fingerprint)
+            return j
+        })
+        o.add("playerCount", s.players.count)
+        o.add("packetsSent", s.packetsSent)
+        o.add("framesCaptured", s.framesCaptured)
+        o.add("captureDelayMs", format.milliseconds(frames: s.captureDelayFrames))
+        o.add("xruns", s.captureXruns)
+        o.add("peakDbfs", dbfs(s.peakLevel))
+        o.add("rmsDbfs", dbfs(s.rmsLevel))
+        o.add("rate", format.sampleRate)
+        o.add("channels", format.channels)
+        extra(&o)
+        if final { o.add("final", true) }
+        return o
     }
 
     // MARK: Player
@@ -36,43 +84,85 @@ package enum StatusReport {
     package static func phase(_ p: JoinStateMachine.Phase) -> String {
         switch p {
         case .searching: "searching"
-        case .joining(let h): "joining \(h)"
-        case .joined(let h): "joined \(h)"
+        case .joining(let h): "joining \(TerminalText.escape(h))"
+        case .joined(let h): "joined \(TerminalText.escape(h))"
         case .stopped: "stopped"
         }
     }
 
-    package static func line(player s: RelayPlayer.Statistics) -> String {
+    package static func line(player s: RelayPlayer.Statistics, hold: Float, extra: [String] = []) -> String {
         let p = s.playout
-        return "▶ \(phase(s.phase)) | mouth-to-ear \(ms(s.mouthToEarMilliseconds)) | jitter \(ms(p.jitterMilliseconds)) | "
-            + String(format: "loss %.2f%% | concealed %.0f ms | drift %+.0f ppm | xruns %llu | ", p.lossPercent,
-                     p.concealedMilliseconds, p.driftPPM, s.device.xruns) + meter(p.peakLevel)
+        var parts = ["▶ \(phase(s.phase))", "mouth-to-ear \(ms(s.mouthToEarMilliseconds))", "jitter \(ms(p.jitterMilliseconds))",
+                     "loss \(JSONObject.number(p.lossPercent))%", "concealed \(ms(s.concealedMilliseconds))",
+                     "drift \(JSONObject.number(p.driftPPM)) ppm", "xruns \(s.device.xruns)"]
+        parts += extra
+        parts.append(meter(level: p.peakLevel, hold: hold))
+        return parts.joined(separator: " | ")
     }
 
-    package static func json(player s: RelayPlayer.Statistics) -> [String: Any] {
+    package static func json(player s: RelayPlayer.Statistics, final: Bool = false,
+                             extra: (inout JSONObject) -> Void = { _ in }) -> JSONObject {
         let p = s.playout
-        var o: [String: Any] = [
-            "role": "player", "state": phase(s.phase), "host": s.host?.displayName ?? NSNull(),
-            "mouthToEarMs": s.mouthToEarMilliseconds ?? NSNull(), "rttMs": s.roundTripMilliseconds ?? NSNull(),
-            "bufferMs": p.bufferedMilliseconds, "targetMs": p.targetMilliseconds,
-            "playoutLatencyMs": p.playoutLatencyMilliseconds, "hostLatencyMs": p.hostLatencyMilliseconds,
-            "jitterMs": p.jitterMilliseconds, "lossPercent": p.lossPercent, "concealedMs": p.concealedMilliseconds,
-            "driftPpm": p.driftPPM, "resampling": p.resampling, "xruns": s.device.xruns,
-            "received": p.received, "late": p.late, "duplicates": p.duplicates, "lostPackets": p.lostPackets,
-            "concealedFrames": p.concealedFrames, "underruns": p.underruns, "malformed": p.malformed,
-            "stretchedFrames": p.stretchedFrames, "skippedFrames": p.skippedFrames,
-            "steadyLatencyMs": p.steadyLatencyMilliseconds, "estimatedDriftPpm": p.estimatedDriftPPM,
-            "playedFrames": s.device.framesOut, "receivedFrames": s.framesReceived,
-            "receivedSeconds": Double(s.framesReceived) / Double(s.format.sampleRate), "datagrams": s.datagrams, "strangerDatagrams": s.strangerDatagrams,
-            "peak": Double(p.peakLevel), "rate": s.format.sampleRate, "channels": s.format.channels,
-        ]
-        o["firstAudioSeconds"] = s.firstAudioSeconds ?? NSNull()
+        var o = JSONObject()
+        o.add("ts", timestamp())
+        o.add("role", "player")
+        o.add("state", phase(s.phase))
+        o.add("host", s.host?.displayName)
+        o.add("hostFingerprint", s.host?.publicKey?.shortFingerprint)
+        o.add("mouthToEarMs", s.mouthToEarMilliseconds)
+        o.add("rttMs", s.roundTripMilliseconds)
+        o.add("bufferMs", p.bufferedMilliseconds)
+        o.add("targetMs", p.targetMilliseconds)
+        o.add("steadyLatencyMs", p.steadyLatencyMilliseconds)
+        o.add("hostLatencyMs", p.hostLatencyMilliseconds)
+        o.add("jitterMs", p.jitterMilliseconds)
+        o.add("lossPercent", p.lossPercent)
+        o.add("concealedMs", s.concealedMilliseconds)
+        o.add("waitingMs", s.waitingMilliseconds)
+        o.add("driftPpm", p.driftPPM)
+        o.add("resampling", p.resampling)
+        o.add("xruns", s.device.xruns)
+        o.add("received", p.received)
+        o.add("late", p.late)
+        o.add("duplicates", p.duplicates)
+        o.add("lostPackets", p.lostPackets)
+        o.add("concealedFrames", s.concealedFrames)
+        o.add("underruns", p.underruns)
+        o.add("malformed", p.malformed)
+        o.add("sanitizedSamples", s.sanitizedSamples)
+        o.add("stretchedFrames", p.stretchedFrames)
+        o.add("skippedFrames", p.skippedFrames)
+        o.add("playedFrames", s.device.framesOut)
+        o.add("receivedFrames", s.framesReceived)
+        o.add("receivedMs", Double(s.framesReceived) * 1000 / Double(s.format.sampleRate))
+        o.add("firstAudioMs", s.firstAudioSeconds.map { $0 * 1000 })
+        o.add("datagrams", s.datagrams)
+        o.add("strangerDatagrams", s.strangerDatagrams)
+        o.add("unauthenticDatagrams", s.unauthenticDatagrams)
+        o.add("peakDbfs", dbfs(p.peakLevel))
+        o.add("rate", s.format.sampleRate)
+        o.add("channels", s.format.channels)
+        extra(&o)
+        if final { o.add("final", true) }
         return o
     }
+}
 
-    /// One JSON object as a line.
-    package static func encode(_ object: [String: Any]) -> String {
-        guard let d = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { return "{}" }
-        return String(decoding: d, as: UTF8.self)
+/// A peak-hold level for the meter: holds the highest level for two seconds, then follows the signal down.
+package final class PeakHold: @unchecked Sendable { // touched only by the one status queue that owns it
+    private var held: Float = 0
+    private var heldAt = Date.distantPast
+
+    package init() {}
+
+    /// The level to mark for this reading.
+    package func update(_ level: Float) -> Float {
+        let now = Date()
+        let v = level.isFinite ? min(max(level, 0), 1) : 1
+        if v >= held || now.timeIntervalSince(heldAt) > 2 {
+            held = v
+            heldAt = now
+        }
+        return held
     }
 }

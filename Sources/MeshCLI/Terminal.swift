@@ -16,6 +16,8 @@ package final class Terminal: Sendable {
     package let quiet: Bool
     private let program: String
     private let lock = Mutex(())
+    /// While a question is on screen the status line is not drawn (it would erase the question).
+    private let statusPaused = Atomic<Bool>(false)
 
     package init(program: String, quiet: Bool) {
         self.program = program
@@ -29,10 +31,14 @@ package final class Terminal: Sendable {
         error(text)
     }
 
-    /// An error line on stderr, even when quiet.
+    /// An error line on stderr, even when quiet. Off a terminal (a log file, a journal) each line starts with an
+    /// ISO-8601 timestamp.
     package func error(_ text: String) {
-        write(isTTY ? "\r\u{1B}[2K\(program): \(text)\n" : "\(program): \(text)\n", to: 2)
+        write(isTTY ? "\r\u{1B}[2K\(program): \(text)\n" : "\(StatusReport.timestamp()) \(program): \(text)\n", to: 2)
     }
+
+    /// Text on stderr as it is (a QR code).
+    package func raw(_ text: String) { write(text, to: 2) }
 
     /// Prints `text` as an error and exits 1: the run did not do its job.
     package func fail(_ text: String) -> Never {
@@ -40,10 +46,22 @@ package final class Terminal: Sendable {
         exit(1)
     }
 
-    /// Redraws the status line (terminals only).
+    /// Redraws the status line (terminals only; not while a question is open).
     package func status(_ text: String) {
-        guard !quiet, isTTY else { return }
+        guard !quiet, isTTY, !statusPaused.load(ordering: .acquiring) else { return }
         write("\r\u{1B}[2K\(text)", to: 2)
+    }
+
+    /// Shows a question and keeps it on screen: the status line pauses until `endQuestion`.
+    package func question(_ text: String) {
+        statusPaused.store(true, ordering: .releasing)
+        write(isTTY ? "\r\u{1B}[2K\(program): \(text) " : "\(program): \(text)\n", to: 2)
+    }
+
+    /// The question is answered or gone: the status line may come back.
+    package func endQuestion() {
+        if isTTY { write("\n", to: 2) }
+        statusPaused.store(false, ordering: .releasing)
     }
 
     /// Ends the status line.

@@ -83,10 +83,17 @@ public struct JoinStateMachine: Sendable {
         }
     }
 
+    /// Whether `peer` is the host `name` names: its display name (case-insensitive) or a prefix of its key's
+    /// fingerprint (at least 4 characters).
+    public static func matches(_ peer: PeerID, name: String) -> Bool {
+        peer.displayName.caseInsensitiveCompare(name) == .orderedSame
+            || (peer.publicKey?.matches(fingerprintPrefix: name) ?? false)
+    }
+
     /// The browser found a host.
     public mutating func found(_ peer: PeerID, now: UInt64) -> [Action] {
         guard case .discover(let wanted) = target else { return [] }
-        if let wanted, peer.displayName != wanted { return [] }
+        if let wanted, !Self.matches(peer, name: wanted) { return [] }
         if !candidates.contains(peer) { candidates.append(peer) }
         guard case .searching = state else { return [] }
         return join(peer, now: now)
@@ -112,9 +119,14 @@ public struct JoinStateMachine: Sendable {
         }
     }
 
-    /// An invitation failed (declined, timed out, refused).
-    public mutating func invitationFailed(_ peer: PeerID?, reason: String, now: UInt64) -> [Action] {
+    /// An invitation failed (declined, timed out, refused). A permanent failure (the host does not trust this
+    /// player, or its operator said no, or the address does not exist) ends the join: retrying would not help.
+    public mutating func invitationFailed(_ peer: PeerID?, reason: String, permanent: Bool = false, now: UInt64) -> [Action] {
         guard case .joining(let host, _) = state, peer == nil || host == nil || host == peer else { return [] }
+        if permanent {
+            state = .stopped
+            return [.giveUp(reason)]
+        }
         if case .direct(let e) = target, attempts >= maximumAttempts {
             state = .stopped
             return [.giveUp("cannot join \(e): \(reason) (\(attempts) attempts)")]

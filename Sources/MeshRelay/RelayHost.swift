@@ -1,43 +1,56 @@
 import Foundation
 import MeshAudio
 import MeshPipeline
+import MeshPOSIX
 import PeerMesh
 import Synchronization
 
-/// The capture side of the relay: captures from an `AudioSource`, advertises a PeerMesh session, and sends each
-/// captured period to every connected player at once (fan-out) as unreliable datagrams.
+/// The capture side of the relay: captures from an `AudioSource`, advertises an encrypted PeerMesh session, admits
+/// players by its accept policy (paired only, by default), and sends each captured period to every connected player
+/// at once (fan-out) as sealed datagrams. It also holds the pairing window (`openPairingWindow`).
 ///
 /// The chain is MeshPipeline's `CapturePipeline` (source → packetize → send, on the `pm-send` thread); the host
 /// gives it the source and the network end: the connected players, and `Session.sendDatagram`.
 public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, Sendable {
-    /// How the host answers invitations.
+    /// How the host answers players who want to join.
     public enum AcceptPolicy: Sendable {
-        /// Accept every player, up to the peer limit.
+        /// Only players whose key is in the trust store (paired). The default.
+        case paired
+        /// Ask `approval` about players not in the trust store (the CLI prompts on the terminal).
+        case ask(any PlayerApproval)
+        /// Every player, paired or not: anyone on the network can listen. For public installations.
         case all
-        /// Ask `decide` for each invitation (the CLI prompts on the terminal). Runs on the advertiser's thread.
-        case ask(@Sendable (PeerID) -> Bool)
     }
 
     /// What the host needs to run.
     public struct Configuration: Sendable {
-        /// The name players see.
-        public var name: String
+        /// Who the host is: its key pair and the name players see.
+        public var identity: PeerIdentity
+        /// The keys of paired players (also where pairing and "always" answers are written).
+        public var trust: TrustStore?
         /// The service type advertised.
         public var serviceType: String = "mesh-audio"
         /// TCP port of the advertiser and UDP port of the session (0 picks one; both use the same number).
         public var port: UInt16 = 0
+        /// Local address to listen on ("" = every address, IPv4 and IPv6).
+        public var bindHost: String = ""
         /// Peers in the session including the host.
         public var maximumPeers: Int = 33
-        /// How invitations are answered.
-        public var accept: AcceptPolicy = .all
+        /// Most players from one address (one machine cannot take every slot).
+        public var maximumPlayersPerAddress: Int = 4
+        /// How players are admitted.
+        public var accept: AcceptPolicy = .paired
         /// Discovery backend; `nil` means Avahi.
         public var discovery: (any DiscoveryBackend)?
         /// A player silent this long is dropped.
         public var peerTimeout: Duration = .seconds(2)
+        /// Extra discovery info published beside the audio format.
+        public var discoveryInfo: [String: String] = [:]
 
-        public init(name: String, serviceType: String = "mesh-audio", port: UInt16 = 0, maximumPeers: Int = 33,
-                    accept: AcceptPolicy = .all, discovery: (any DiscoveryBackend)? = nil) {
-            self.name = name
+        public init(identity: PeerIdentity, trust: TrustStore?, serviceType: String = "mesh-audio", port: UInt16 = 0,
+                    maximumPeers: Int = 33, accept: AcceptPolicy = .paired, discovery: (any DiscoveryBackend)? = nil) {
+            self.identity = identity
+            self.trust = trust
             self.serviceType = serviceType
             self.port = port
             self.maximumPeers = maximumPeers
@@ -48,25 +61,60 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
 
     /// Counters and levels, for the status line and `--json`.
     public struct Statistics: Sendable {
-        public var players: [PeerID] = []
+        public var players: [PlayerInfo] = []
         public var packetsSent: UInt64 = 0
         public var framesCaptured: UInt64 = 0
         public var captureXruns: UInt64 = 0
         public var captureDelayFrames: Int = 0
         public var peakLevel: Float = 0
         public var rmsLevel: Float = 0
+        /// Whether the pairing window is open.
+        public var pairing = false
+        /// Whether the advertisement is out (false while avahi-daemon is missing).
+        public var advertised = false
+    }
+
+    /// A connected player, as the host sees it.
+    public struct PlayerInfo: Sendable, Equatable {
+        public var peer: PeerID
+        public var address: String?
+        public var fingerprint: String?
     }
 
     public let peer: PeerID
     public let configuration: Configuration
+    /// The audio session (players join it).
     public let session: Session
+    /// The pairing session (players that pair join it, exchange the PAKE, and leave).
+    let pairingSession: Session
     private let advertiser: NearbyServiceAdvertiser
     private let source: any AudioSource
     private let players: Players
     private let capture: CapturePipeline<[PeerID]>
     private let running = Atomic<Bool>(false)
     private let events: @Sendable (String) -> Void
-    private let askQueue = DispatchQueue(label: "peermesh.relay-host.ask")
+    private let state = Mutex(HostState())
+    private let timers = DispatchQueue(label: "peermesh.relay-host.timers")
+
+    private struct HostState {
+        /// Players admitted because the trust store has their key: forgotten keys are disconnected.
+        var admittedByTrust: [PeerID: PublicKey] = [:]
+        /// Where each player connected from.
+        var addresses: [PeerID: String] = [:]
+        /// Addresses with a question open to the operator (`.ask`): one at a time per address.
+        var asking: Set<String> = []
+        var pairing: PairingWindow?
+        var pairingPeers: [PeerID: Pairing.Responder] = [:]
+        var advertised = false
+    }
+
+    /// An open pairing window.
+    struct PairingWindow {
+        let code: String
+        let deadline: Nanos
+        var failures = 0
+        let maximumFailures: Int
+    }
 
     /// The connected players, shared with the send thread.
     private final class Players: Sendable {
@@ -82,41 +130,64 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         }
     }
 
-    /// Opens the session and the advertiser (nothing is published until `start`).
-    /// - Parameter log: receives one human-readable line per event (joins, leaves, invitations).
+    /// Opens the sessions and the advertiser (nothing is published until `start`).
+    /// - Parameter log: receives one human-readable line per event (joins, leaves, pairing). Remote names in it are
+    ///   raw: the CLI escapes them before they reach a terminal.
     public init(configuration: Configuration, source: any AudioSource, log: @escaping @Sendable (String) -> Void = { _ in }) throws {
-        let name = String(decoding: configuration.name.utf8.prefix(PeerID.maximumDisplayNameBytes), as: UTF8.self)
-        peer = try PeerID(displayName: name.isEmpty ? "mesh-record" : name)
+        peer = configuration.identity.peerID
         self.configuration = configuration
         self.source = source
         events = log
-        let session = try Session(peer: peer, configuration: .init(maximumPeers: configuration.maximumPeers,
-                                                                  peerTimeout: configuration.peerTimeout,
-                                                                  udpPort: configuration.port))
+        let sessionConfig = Session.Configuration(maximumPeers: configuration.maximumPeers, peerTimeout: configuration.peerTimeout,
+                                                  udpPort: configuration.port, bindHost: configuration.bindHost,
+                                                  maximumPeersPerHost: configuration.maximumPlayersPerAddress)
+        let session = try Session(securityIdentity: configuration.identity, configuration: sessionConfig)
         self.session = session
+        pairingSession = try Session(securityIdentity: configuration.identity,
+                                     configuration: .init(maximumPeers: 4, peerTimeout: configuration.peerTimeout,
+                                                          bindHost: configuration.bindHost, maximumMessageSize: 4096,
+                                                          maximumPeersPerHost: 2))
         let players = Players()
         self.players = players
         capture = try CapturePipeline(source: source, audience: { [players] in players.audience }, send: { bytes, peers in
             (try? session.sendDatagram(bytes, toPeers: peers)) != nil
         })
         advertiser = try NearbyServiceAdvertiser(
-            peer: peer,
-            discoveryInfo: ["rate": String(source.format.sampleRate), "ch": String(source.format.channels),
-                            "period": String(source.periodFrames)],
+            peer: peer, discoveryInfo: Self.info(source: source, extra: configuration.discoveryInfo, pairing: false),
             serviceType: configuration.serviceType, discovery: configuration.discovery,
-            port: configuration.port == 0 ? session.udpPort : configuration.port)
+            port: configuration.port == 0 ? session.udpPort : configuration.port, bindHost: configuration.bindHost)
         session.delegate = self
+        pairingSession.delegate = self
         advertiser.delegate = self
+    }
+
+    private static func info(source: any AudioSource, extra: [String: String], pairing: Bool) -> [String: String] {
+        var info = extra
+        info["rate"] = String(source.format.sampleRate)
+        info["ch"] = String(source.format.channels)
+        info["period"] = String(source.periodFrames)
+        if pairing { info["pair"] = "1" }
+        return info
     }
 
     /// The advertiser's (and session's) port.
     public var port: UInt16 { advertiser.port ?? session.udpPort }
 
-    /// Starts capture and the send thread, then advertising.
+    /// Starts capture and the send thread, then advertising, and watches the trust store for forgotten players.
     public func start() throws {
         try capture.start()
         running.store(true, ordering: .releasing)
         try advertiser.startAdvertisingPeer()
+        watchTrust()
+    }
+
+    /// Every 250 ms while running: players whose key was forgotten are disconnected.
+    private func watchTrust() {
+        timers.asyncAfter(deadline: .now() + .milliseconds(250)) { [weak self] in
+            guard let self, self.running.load(ordering: .acquiring) else { return }
+            self.checkTrust()
+            self.watchTrust()
+        }
     }
 
     /// Stops capture (nothing is sent after this), stops advertising and says goodbye to every player.
@@ -125,12 +196,16 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         capture.stop()
         advertiser.stopAdvertisingPeer()
         session.disconnect()
+        pairingSession.disconnect()
     }
 
     /// A snapshot of the counters.
     public var statistics: Statistics {
         var s = Statistics()
-        s.players = players.all
+        let (addresses, pairing, advertised) = state.withLock { ($0.addresses, $0.pairing != nil, $0.advertised) }
+        s.players = players.all.map { PlayerInfo(peer: $0, address: addresses[$0], fingerprint: $0.publicKey?.shortFingerprint) }
+        s.pairing = pairing
+        s.advertised = advertised
         let c = capture.statistics
         s.packetsSent = c.packetsSent
         s.framesCaptured = c.framesCaptured
@@ -142,33 +217,275 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         return s
     }
 
+    // MARK: Pairing
+
+    /// Opens the pairing window: players that know `code` (a fresh 8-digit one by default) may pair until
+    /// `timeout` passes or `maximumFailures` wrong codes have been tried. The TXT record says `pair=1` meanwhile.
+    /// Returns the code.
+    @discardableResult
+    public func openPairingWindow(code: String = Pairing.newCode(), timeout: Duration = .seconds(30),
+                                  maximumFailures: Int = 3) throws -> String {
+        guard configuration.trust != nil else { throw PeerMeshError.trust("pairing needs a trust store") }
+        state.withLock {
+            $0.pairing = PairingWindow(code: code, deadline: MonotonicClock.nowNanos() + timeout.nanoseconds,
+                                       maximumFailures: maximumFailures)
+        }
+        try advertiser.updateDiscoveryInfo(Self.info(source: source, extra: configuration.discoveryInfo, pairing: true))
+        timers.asyncAfter(deadline: .now() + .nanoseconds(Int(timeout.nanoseconds))) { [weak self] in
+            guard let self else { return }
+            let expired = self.state.withLock { s -> Bool in
+                guard let w = s.pairing, w.code == code, MonotonicClock.nowNanos() >= w.deadline else { return false }
+                s.pairing = nil
+                return true
+            }
+            if expired { self.closePairing(why: "timed out") }
+        }
+        return code
+    }
+
+    /// Whether the pairing window is open.
+    public var isPairing: Bool { state.withLock { $0.pairing != nil } }
+
+    private func closePairing(why: String) {
+        events("pairing window closed (\(why))")
+        try? advertiser.updateDiscoveryInfo(Self.info(source: source, extra: configuration.discoveryInfo, pairing: false))
+        pairingSession.disconnect()
+    }
+
+    /// A pairing message from `peer` on the pairing session.
+    private func pairingMessage(_ m: [UInt8], from peer: PeerID) {
+        enum Next { case reply([UInt8]), paired, failed(closedAfter: Int?), ignore }
+        let binding = pairingSession.channelBinding(for: peer)
+        let next = state.withLock { s -> Next in
+            guard let window = s.pairing else { return .failed(closedAfter: nil) }
+            if s.pairingPeers[peer] == nil {
+                guard let binding else { return .ignore }
+                var responder = Pairing.Responder(code: window.code, binding: binding)
+                guard let m2 = try? responder.answer(m) else { return .ignore }
+                s.pairingPeers[peer] = responder
+                return .reply(m2)
+            }
+            let responder = s.pairingPeers.removeValue(forKey: peer)!
+            do {
+                try responder.verify(m)
+                return .paired
+            } catch {
+                s.pairing!.failures += 1
+                if s.pairing!.failures >= window.maximumFailures {
+                    s.pairing = nil
+                    return .failed(closedAfter: window.maximumFailures)
+                }
+                return .failed(closedAfter: nil)
+            }
+        }
+        switch next {
+        case .ignore:
+            pairingSession.disconnect(peer)
+        case .reply(let m2):
+            try? pairingSession.send(Data(m2), toPeers: [peer], with: .reliable)
+        case .paired:
+            if let key = peer.publicKey { try? configuration.trust?.add(key, name: peer.displayName) }
+            try? pairingSession.send(Data(Pairing.resultMessage(.paired)), toPeers: [peer], with: .reliable)
+            events("paired \(peer.displayName) (\(peer.publicKey?.shortFingerprint ?? "?"))")
+        case .failed(let closedAfter):
+            try? pairingSession.send(Data(Pairing.resultMessage(.wrongCode)), toPeers: [peer], with: .reliable)
+            events("pairing attempt by \(peer.displayName) failed: wrong code")
+            if let n = closedAfter { closePairing(why: "\(n) wrong codes") }
+        }
+    }
+
+    /// A pairing peer left: if it saw our answer but never proved the code, that was a failed guess.
+    private func pairingPeerLeft(_ peer: PeerID) {
+        let outcome = state.withLock { s -> Int?? in
+            guard s.pairingPeers.removeValue(forKey: peer) != nil, let window = s.pairing else { return nil }
+            s.pairing!.failures += 1
+            if s.pairing!.failures >= window.maximumFailures {
+                s.pairing = nil
+                return .some(window.maximumFailures)
+            }
+            return .some(nil)
+        }
+        guard let closedAfter = outcome else { return }
+        events("pairing attempt by \(peer.displayName) failed: wrong code")
+        if let n = closedAfter { closePairing(why: "\(n) wrong codes") }
+    }
+
+    // MARK: Trust
+
+    /// Disconnects players admitted by the trust store whose key was forgotten since.
+    private func checkTrust() {
+        guard let trust = configuration.trust else { return }
+        let admitted = state.withLock { $0.admittedByTrust }
+        guard !admitted.isEmpty, let keys = try? Set(trust.list().map(\.publicKey)) else { return }
+        for (peer, key) in admitted where !keys.contains(key) {
+            state.withLock { _ = $0.admittedByTrust.removeValue(forKey: peer) }
+            events("forgot \(peer.displayName); disconnecting it")
+            session.disconnect(peer)
+        }
+    }
+
     // MARK: Delegates
 
     public func session(_ session: Session, peer: PeerID, didChange state: SessionState) {
+        if session === pairingSession {
+            if state == .notConnected { pairingPeerLeft(peer) }
+            return
+        }
         players.update(peer, connected: state == .connected)
         switch state {
-        case .connected: events("player \(peer.displayName) joined")
-        case .notConnected: events("player \(peer.displayName) left")
+        case .connected:
+            let address = self.state.withLock { $0.addresses[peer] }
+            events("player \(peer.displayName) joined from \(address ?? "?") (\(peer.publicKey?.shortFingerprint ?? "no key"))")
+            if let key = peer.publicKey { try? configuration.trust?.touch(key, name: peer.displayName) }
+        case .notConnected:
+            self.state.withLock {
+                $0.admittedByTrust[peer] = nil
+                $0.addresses[peer] = nil
+            }
+            events("player \(peer.displayName) left")
         case .connecting: break
+        }
+    }
+
+    public func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {
+        guard session === pairingSession else { return }
+        pairingMessage(Array(data), from: peer)
+    }
+
+    public func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceive invitation: Invitation) {
+        let peer = invitation.peer
+        if invitation.context == Self.pairingContext {
+            guard state.withLock({ $0.pairing != nil }) else {
+                return invitation.decline(.declined, message: "the pairing window is closed; open it with mesh-record --pair")
+            }
+            return invitation.accept(into: pairingSession)
+        }
+        guard let key = invitation.certificate?.publicKey else {
+            return invitation.decline(.notTrusted, message: "an unencrypted player cannot join")
+        }
+        let trusted = (try? configuration.trust?.contains(key)) ?? false
+        @Sendable func admit(byTrust: Bool) {
+            state.withLock {
+                $0.addresses[peer] = invitation.address
+                if byTrust { $0.admittedByTrust[peer] = key }
+            }
+            invitation.accept(into: session)
+        }
+        switch configuration.accept {
+        case .all:
+            admit(byTrust: trusted)
+        case .paired:
+            if trusted { admit(byTrust: true) } else {
+                events("refused \(peer.displayName) from \(invitation.address ?? "?") (\(key.shortFingerprint)): not paired")
+                invitation.decline(.notTrusted, message: "not paired")
+            }
+        case .ask(let approval):
+            if trusted { return admit(byTrust: true) }
+            let address = invitation.address ?? "?"
+            guard state.withLock({ $0.asking.insert(address).inserted }) else {
+                return invitation.decline(.declined, message: "a request from \(address) is already waiting for an answer")
+            }
+            let request = JoinRequest(peer: peer, address: address, fingerprint: key.shortFingerprint,
+                                      shortAuthenticationString: invitation.certificate?.shortAuthenticationString ?? "",
+                                      invitation: invitation)
+            approval.ask(request) { [self] decision in
+                state.withLock { _ = $0.asking.remove(address) }
+                switch decision {
+                case .once:
+                    events("accepted \(peer.displayName) once")
+                    admit(byTrust: false)
+                case .always:
+                    try? configuration.trust?.add(key, name: peer.displayName)
+                    events("accepted \(peer.displayName) and paired it")
+                    admit(byTrust: true)
+                case .no:
+                    events("declined \(peer.displayName)")
+                    invitation.decline(.declined, message: "declined by the host's operator")
+                }
+            }
+            invitation.onWithdrawn { [self] in
+                state.withLock { _ = $0.asking.remove(address) }
+                request.withdraw()
+            }
         }
     }
 
     public func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceiveInvitationFromPeer peer: PeerID,
                            withContext context: Data?, invitationHandler: @escaping @Sendable (Bool, Session?) -> Void) {
-        switch configuration.accept {
-        case .all:
-            invitationHandler(true, session)
-        case .ask(let decide):
-            // Asking may take a person a while: do it off the advertiser's thread, one question at a time.
-            askQueue.async { [self] in
-                let yes = decide(peer)
-                events(yes ? "accepted \(peer.displayName)" : "declined \(peer.displayName)")
-                invitationHandler(yes, yes ? session : nil)
-            }
-        }
+        // Not used: the richer `didReceive invitation` form answers.
+        invitationHandler(false, nil)
     }
 
     public func advertiser(_ advertiser: NearbyServiceAdvertiser, didNotStartAdvertisingPeer error: PeerMeshError) {
         events("advertising failed: \(error)")
     }
+
+    public func advertiser(_ advertiser: NearbyServiceAdvertiser, didUpdate publication: PublicationEvent) {
+        switch publication {
+        case .published(let name):
+            let first = state.withLock { s -> Bool in defer { s.advertised = true }; return !s.advertised }
+            if first { events("advertised as _\(configuration.serviceType)._tcp (instance \(name))") }
+        case .waitingForDaemon:
+            state.withLock { $0.advertised = false }
+            events("waiting for avahi-daemon; the host is advertised as soon as it runs (players can use --connect meanwhile)")
+        case .failed:
+            state.withLock { $0.advertised = false }
+        }
+    }
+
+    /// The invitation context a player sends to pair.
+    public static let pairingContext = Data("PMPAIR1".utf8)
+}
+
+/// A player asking to join a host whose policy is `.ask`: what the operator sees, and how to answer.
+public final class JoinRequest: Sendable {
+    /// The player (its display name is raw remote text: escape it before printing).
+    public let peer: PeerID
+    public let address: String
+    /// The player's short key fingerprint.
+    public let fingerprint: String
+    /// Six digits the player can show too.
+    public let shortAuthenticationString: String
+    private let invitation: Invitation
+    private let withdrawn = Mutex<[@Sendable () -> Void]>([])
+    private let isWithdrawn = Atomic<Bool>(false)
+
+    init(peer: PeerID, address: String, fingerprint: String, shortAuthenticationString: String, invitation: Invitation) {
+        self.peer = peer
+        self.address = address
+        self.fingerprint = fingerprint
+        self.shortAuthenticationString = shortAuthenticationString
+        self.invitation = invitation
+    }
+
+    /// Runs `body` if the request goes away unanswered (the player gave up, or it timed out).
+    public func onWithdrawn(_ body: @escaping @Sendable () -> Void) {
+        if isWithdrawn.load(ordering: .acquiring) { return body() }
+        withdrawn.withLock { $0.append(body) }
+    }
+
+    /// Whether the request still waits for an answer.
+    public var isOpen: Bool { invitation.isOpen }
+
+    func withdraw() {
+        isWithdrawn.store(true, ordering: .releasing)
+        for b in withdrawn.withLock({ l -> [@Sendable () -> Void] in defer { l = [] }; return l }) { b() }
+    }
+}
+
+/// The operator's answer to a `JoinRequest`.
+public enum JoinDecision: Sendable, Equatable {
+    /// Let the player in this time.
+    case once
+    /// Let it in and trust its key from now on (pairs it).
+    case always
+    /// Turn it down (the player does not retry).
+    case no
+}
+
+/// Asks someone whether a player may join (`RelayHost.AcceptPolicy.ask`).
+public protocol PlayerApproval: Sendable {
+    /// Asks about `request`; call `decide` exactly once, from any thread. If the request is withdrawn first,
+    /// take the question down (`request.onWithdrawn`); a late answer changes nothing.
+    func ask(_ request: JoinRequest, decide: @escaping @Sendable (JoinDecision) -> Void)
 }

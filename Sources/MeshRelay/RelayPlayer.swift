@@ -5,22 +5,36 @@ import PeerMesh
 import Synchronization
 import MeshPOSIX
 
-/// The playback side of the relay: finds a host (DNS-SD or a direct address), joins its session, and plays what
-/// it sends. When the host goes away it says so, searches again and rejoins by itself.
+/// The playback side of the relay: finds a host (DNS-SD or a direct address), joins its encrypted session, and plays
+/// what it sends. It joins only hosts whose key it trusts (paired), pinned by key, never by name. When the host goes
+/// away it says so, searches again and rejoins by itself; when the host refuses it for good (not paired, declined),
+/// it gives up and says why.
 ///
 /// The chain is MeshPipeline's `PlayoutPipeline` (ingress → jitter buffer → conceal → drift/resample → sink); the
 /// player gives it the sink, built for the host's format by `makeSink`, and hands it each datagram on the session's
 /// I/O thread without taking a lock. When the host switches format, the pipeline reports it and the control queue
 /// builds a new one and swaps it in.
 public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, Sendable {
+    /// Which hosts a player joins.
+    public enum HostPolicy: Sendable {
+        /// Only hosts whose key is in the trust store (paired). The default.
+        case paired(TrustStore)
+        /// Any host (still encrypted, but not authenticated to anyone you know): for tests and demos.
+        case any
+    }
+
     /// What the player needs to run.
     public struct Configuration: Sendable {
         /// Where the host is.
         public var target: JoinTarget
         /// The service type browsed.
         public var serviceType: String = "mesh-audio"
-        /// The player's display name.
-        public var name: String
+        /// Who the player is: its key pair and the name hosts see.
+        public var identity: PeerIdentity
+        /// Which hosts it joins.
+        public var hosts: HostPolicy
+        /// Local address to use ("" = every address, IPv4 and IPv6).
+        public var bindHost: String = ""
         /// Jitter-buffer policy (`--latency`).
         public var latency: JitterBuffer.Mode = .auto
         /// Discovery backend; `nil` means Avahi.
@@ -32,10 +46,11 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         /// The format assumed before the first packet says otherwise.
         public var initialFormat: AudioFormat = .default
 
-        public init(target: JoinTarget, name: String, serviceType: String = "mesh-audio",
+        public init(target: JoinTarget, identity: PeerIdentity, hosts: HostPolicy, serviceType: String = "mesh-audio",
                     latency: JitterBuffer.Mode = .auto, discovery: (any DiscoveryBackend)? = nil) {
             self.target = target
-            self.name = name
+            self.identity = identity
+            self.hosts = hosts
             self.serviceType = serviceType
             self.latency = latency
             self.discovery = discovery
@@ -59,6 +74,32 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         /// Frames of audio that arrived from hosts (before the jitter buffer).
         public var framesReceived: UInt64 = 0
         public var format: AudioFormat = .default
+        /// Hosts the browser saw, and whether each is paired (trusted).
+        public var seen: [SeenHost] = []
+        /// Concealed audio while joined to a host and after its first packet (what loss cost), frames.
+        public var concealedFrames: UInt64 = 0
+        /// The same in milliseconds.
+        public var concealedMilliseconds: Double = 0
+        /// Time played with no host (searching, joining, or after the host left), milliseconds: not concealment.
+        public var waitingMilliseconds: Double = 0
+        /// Samples from the host that had to be clamped or zeroed.
+        public var sanitizedSamples: UInt64 = 0
+        /// Datagrams that came with a link's token but did not authenticate.
+        public var unauthenticDatagrams: UInt64 = 0
+    }
+
+    /// Concealment and waiting time, attributed on the control queue every tick.
+    private struct Accounting {
+        var lastConcealed: UInt64 = 0
+        var lastPlayed: UInt64 = 0
+        var waitingConcealed: UInt64 = 0
+        var waitingFrames: UInt64 = 0
+    }
+
+    /// A host the browser saw.
+    public struct SeenHost: Sendable, Equatable {
+        public var peer: PeerID
+        public var trusted: Bool
     }
 
     /// Builds the sink for a format (an ALSA `Player`, or a `WAVFileSink`).
@@ -77,6 +118,10 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     /// When the first audio arrived (0: not yet).
     private let firstAudio = Atomic<UInt64>(0)
     private let control = DispatchQueue(label: "peermesh.relay-player.control")
+    private let seen = Mutex<[PeerID: SeenHost]>([:])
+    private let accounting = Mutex(Accounting())
+    /// Whether audio has arrived since the player last joined a host.
+    private let audioSinceJoin = Atomic<Bool>(false)
     private let ticking = Atomic<Bool>(false)
     private let log: @Sendable (String) -> Void
     private let onGiveUp: @Sendable (String) -> Void
@@ -92,9 +137,9 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         self.makeSink = makeSink
         self.log = log
         self.onGiveUp = onGiveUp
-        let name = String(decoding: configuration.name.utf8.prefix(PeerID.maximumDisplayNameBytes), as: UTF8.self)
-        peer = try PeerID(displayName: name.isEmpty ? "mesh-play" : name)
-        session = try Session(peer: peer, configuration: .init(peerTimeout: configuration.peerTimeout))
+        peer = configuration.identity.peerID
+        session = try Session(securityIdentity: configuration.identity,
+                              configuration: .init(peerTimeout: configuration.peerTimeout, bindHost: configuration.bindHost))
         if case .discover = configuration.target {
             browser = try NearbyServiceBrowser(peer: peer, serviceType: configuration.serviceType, discovery: configuration.discovery)
         } else {
@@ -138,7 +183,14 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
             s.device = pipeline.sink.stats
             s.format = pipeline.format
         }
+        s.seen = seen.withLock { Array($0.values) }.sorted { $0.peer.displayName < $1.peer.displayName }
+        let a = accounting.withLock { $0 }
+        s.concealedFrames = s.playout.concealedFrames &- min(a.waitingConcealed, s.playout.concealedFrames)
+        s.concealedMilliseconds = Double(s.concealedFrames) * 1000 / Double(s.format.sampleRate)
+        s.waitingMilliseconds = Double(a.waitingFrames) * 1000 / Double(s.format.sampleRate)
+        s.sanitizedSamples = s.playout.sanitizedSamples
         let st = session.statistics
+        s.unauthenticDatagrams = st.unauthenticDatagrams
         s.datagrams = st.datagramsReceived
         s.strangerDatagrams = st.strangerDatagrams
         s.malformedDatagrams = st.malformedDatagrams
@@ -179,7 +231,9 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 }
             case .connect(let endpoint):
                 do { try session.connect(to: endpoint, timeout: .seconds(5)) } catch {
-                    let more = join.withLock { $0.invitationFailed(nil, reason: "\(error)", now: monotonicNow()) }
+                    let permanent: Bool
+                    if case .unresolvable = error { permanent = true } else { permanent = false }
+                    let more = join.withLock { $0.invitationFailed(nil, reason: "\(error)", permanent: permanent, now: monotonicNow()) }
                     perform(more)
                 }
             case .giveUp(let why):
@@ -199,10 +253,31 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
 
     private func tick() {
         perform(join.withLock { $0.tick(now: monotonicNow()) })
+        account()
         // A host with another format: build a pipeline for it here, off the network thread.
         if let f = playout.withCurrent({ $0?.takePendingFormat() }) {
             log("host sends \(f); reopening playback")
             do { try buildPipeline(f) } catch { log("cannot play \(f): \(error)") }
+        }
+    }
+
+    /// Attributes the concealment and playback since the last tick: to the stream while joined with audio, else to
+    /// waiting (no host to conceal for).
+    private func account() {
+        let (concealed, played) = playout.withCurrent { ($0?.stats.concealedFrames ?? 0, $0?.sink.stats.framesOut ?? 0) }
+        let streaming: Bool
+        if case .joined = join.withLock({ $0.phase }), audioSinceJoin.load(ordering: .acquiring) { streaming = true } else { streaming = false }
+        accounting.withLock { a in
+            // A new pipeline (format change) starts its counters at 0.
+            let dc = concealed >= a.lastConcealed ? concealed - a.lastConcealed : concealed
+            let dp = played >= a.lastPlayed ? played - a.lastPlayed : played
+            if concealed < a.lastConcealed { a.waitingConcealed = 0 }
+            a.lastConcealed = concealed
+            a.lastPlayed = played
+            if !streaming {
+                a.waitingConcealed &+= dc
+                a.waitingFrames &+= dp
+            }
         }
     }
 
@@ -212,6 +287,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         host.withLock { host in
             if state == .connected { host = peer } else if host == peer { host = nil }
         }
+        if state != .connecting { audioSinceJoin.store(false, ordering: .releasing) }
         let actions = join.withLock { $0.sessionState(peer, state, now: monotonicNow()) }
         control.async { self.perform(actions) }
     }
@@ -222,20 +298,46 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         let outcome = playout.withCurrent { $0?.receive(raw, arrivalNanos: now) }
         guard case .queued(let frames) = outcome else { return }
         framesReceived.wrappingAdd(UInt64(frames), ordering: .relaxed)
+        audioSinceJoin.store(true, ordering: .relaxed)
         _ = firstAudio.compareExchange(expected: 0, desired: max(1, now), ordering: .acquiringAndReleasing)
     }
 
     public func session(_ session: Session, invitationTo peer: PeerID?, failedWith reason: DeclineReason, detail: String) {
-        let actions = join.withLock { $0.invitationFailed(peer, reason: detail, now: monotonicNow()) }
+        let name = peer?.displayName ?? "the host"
+        let message: String
+        switch reason {
+        case .notTrusted: message = "\(name): not paired; pair with mesh-play --pair CODE"
+        case .declined: message = "\(name) declined: \(detail)"
+        default: message = detail
+        }
+        let actions = join.withLock { $0.invitationFailed(peer, reason: message, permanent: reason.isPermanent, now: monotonicNow()) }
         control.async { self.perform(actions) }
     }
 
+    /// Whether this player may join the host with `key`.
+    private func trusts(_ key: PublicKey?) -> Bool {
+        switch configuration.hosts {
+        case .any: true
+        case .paired(let store): key.map { (try? store.contains($0)) ?? false } ?? false
+        }
+    }
+
+    public func session(_ session: Session, didReceiveCertificate certificate: PeerCertificate, fromPeer peer: PeerID,
+                        certificateHandler: @escaping @Sendable (Bool) -> Void) {
+        // Pinned by key: a host that is not paired is not joined, whatever its name.
+        certificateHandler(trusts(certificate.publicKey))
+    }
+
     public func browser(_ browser: NearbyServiceBrowser, foundPeer peer: PeerID, withDiscoveryInfo info: [String: String]?) {
+        let trusted = trusts(peer.publicKey)
+        seen.withLock { $0[peer] = SeenHost(peer: peer, trusted: trusted) }
+        guard trusted else { return }
         let actions = join.withLock { $0.found(peer, now: monotonicNow()) }
         control.async { self.perform(actions) }
     }
 
     public func browser(_ browser: NearbyServiceBrowser, lostPeer peer: PeerID) {
+        seen.withLock { _ = $0.removeValue(forKey: peer) }
         let actions = join.withLock { $0.lost(peer) }
         control.async { self.perform(actions) }
     }

@@ -11,30 +11,19 @@
 //       the host process's CPU seconds over the same window.
 import Foundation
 import MeshAudio
+import MeshCLI
 import MeshPipeline
+import MeshPOSIX
 import MeshRelay
 import PeerMesh
 import Synchronization
-import MeshPOSIX
 
-func fail(_ text: String) -> Never {
-    FileHandle.standardError.write(Data("mesh-bench: \(text)\n".utf8))
-    exit(1)
-}
+let options = BenchOptions.configurationFromCommandLine()
+let terminal = Terminal(program: BenchOptions.program, quiet: false)
 
-func usage() -> Never {
-    FileHandle.standardError.write(Data("""
-    usage: mesh-bench throughput [--seconds S] [--rounds R] [--payload BYTES]
-           mesh-bench fanout --connect HOST:PORT --players N [--seconds S] [--latency auto|low|MS] [--host-pid PID]
+func fail(_ text: String) -> Never { terminal.fail(text) }
 
-    """.utf8))
-    exit(2)
-}
-
-func emit(_ object: [String: Any]) {
-    guard let d = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { fail("cannot encode JSON") }
-    FileHandle.standardOutput.write(d + Data("\n".utf8))
-}
+func emit(_ object: JSONObject) { terminal.stdout(object.description) }
 
 func now() -> UInt64 { MonotonicClock.nowNanos() }
 
@@ -62,28 +51,6 @@ func spawn(_ name: String, _ body: @escaping @Sendable () -> Void) -> DispatchSe
     t.name = name
     t.start()
     return done
-}
-
-// MARK: - Options
-
-func parseArguments() -> (String, [String: String]) {
-    var args = Array(CommandLine.arguments.dropFirst())
-    guard let mode = args.first else { usage() }
-    args.removeFirst()
-    var options: [String: String] = [:]
-    var i = 0
-    while i < args.count {
-        guard args[i].hasPrefix("--"), i + 1 < args.count else { usage() }
-        options[String(args[i].dropFirst(2))] = args[i + 1]
-        i += 2
-    }
-    return (mode, options)
-}
-let (mode, options) = parseArguments()
-func number(_ key: String, _ fallback: Double) -> Double {
-    guard let s = options[key] else { return fallback }
-    guard let v = Double(s), v > 0 else { usage() }
-    return v
 }
 
 // MARK: - Throughput
@@ -181,40 +148,47 @@ final class MeshSender: SessionDelegate, Sendable {
 }
 
 func throughput() {
-    let seconds = number("seconds", 2), rounds = Int(number("rounds", 3)), payload = Int(number("payload", 1024))
-    guard payload <= Session.maximumDatagramSize else { fail("--payload must be at most \(Session.maximumDatagramSize)") }
-    // The PeerMesh pair, connected once and reused by every round. A long peer timeout: a saturated receiver must
-    // not time the sender out in the middle of a round.
-    let rxSession: Session, txSession: Session, advertiser: NearbyServiceAdvertiser
-    let receiver: MeshReceiver, sender = MeshSender()
-    do {
-        let config = Session.Configuration(peerTimeout: .seconds(30), bindHost: "127.0.0.1")
-        rxSession = try Session(peer: try PeerID(displayName: "bench-rx"), configuration: config)
-        txSession = try Session(peer: try PeerID(displayName: "bench-tx"), configuration: config)
-        receiver = MeshReceiver(session: rxSession)
-        rxSession.delegate = receiver
-        txSession.delegate = sender
-        advertiser = try NearbyServiceAdvertiser(peer: rxSession.myPeerID, discoveryInfo: nil, serviceType: "mesh-bench",
-                                                 discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
-        advertiser.delegate = receiver
-        try advertiser.startAdvertisingPeer()
-        guard let port = advertiser.port else { fail("advertiser has no port") }
-        try txSession.connect(to: PeerEndpoint(host: "127.0.0.1", port: port), timeout: .seconds(5))
-    } catch {
-        fail("cannot set up the PeerMesh pair: \(error)")
-    }
-    let deadline = now() + 5_000_000_000
-    while sender.peer.withLock({ $0 }) == nil || !receiver.connected.isSet {
-        if now() > deadline { fail("the PeerMesh pair did not connect within 5 s") }
-        usleep(2_000)
-    }
-    let target = sender.peer.withLock { $0 }!
+    let seconds = options.seconds, rounds = options.rounds, payload = options.payload
 
-    func meshRound() -> RoundResult {
+    /// A PeerMesh pair, connected once and reused by every round. A long peer timeout: a saturated receiver must
+    /// not time the sender out in the middle of a round.
+    struct MeshPair {
+        let rx: Session, tx: Session, advertiser: NearbyServiceAdvertiser, receiver: MeshReceiver, target: PeerID
+    }
+    func makePair(_ preference: EncryptionPreference) -> MeshPair {
+        let sender = MeshSender()
+        do {
+            let config = Session.Configuration(peerTimeout: .seconds(30), bindHost: "127.0.0.1")
+            let rx = try Session(peer: try PeerID(displayName: "bench-rx"), encryptionPreference: preference, configuration: config)
+            let tx = try Session(peer: try PeerID(displayName: "bench-tx"), encryptionPreference: preference, configuration: config)
+            let receiver = MeshReceiver(session: rx)
+            rx.delegate = receiver
+            tx.delegate = sender
+            let advertiser = try NearbyServiceAdvertiser(peer: rx.myPeerID, discoveryInfo: nil, serviceType: "mesh-bench",
+                                                         discovery: InProcessDiscovery(), bindHost: "127.0.0.1",
+                                                         encryptionPreference: preference)
+            advertiser.delegate = receiver
+            try advertiser.startAdvertisingPeer()
+            guard let port = advertiser.port else { fail("advertiser has no port") }
+            try tx.connect(to: PeerEndpoint(host: "127.0.0.1", port: port), timeout: .seconds(5))
+            let deadline = now() + 5_000_000_000
+            while sender.peer.withLock({ $0 }) == nil || !receiver.connected.isSet {
+                if now() > deadline { fail("the PeerMesh pair (\(preference)) did not connect within 5 s") }
+                usleep(2_000)
+            }
+            return MeshPair(rx: rx, tx: tx, advertiser: advertiser, receiver: receiver, target: sender.peer.withLock { $0 }!)
+        } catch {
+            fail("cannot set up the PeerMesh pair: \(error)")
+        }
+    }
+    let encrypted = makePair(.required), plaintext = makePair(.none)
+
+    func meshRound(_ pair: MeshPair) -> RoundResult {
+        let receiver = pair.receiver, target = pair.target
         let before = receiver.received.current
         let sent = Counter()
         let start = now()
-        let tx = txSession
+        let tx = pair.tx
         let done = spawn("mesh.tx") {
             let buf = UnsafeMutableRawBufferPointer.allocate(byteCount: payload, alignment: 8)
             defer { buf.deallocate() }
@@ -234,31 +208,54 @@ func throughput() {
         return RoundResult(sent: sent.current, received: receiver.received.current - before, seconds: elapsed)
     }
 
-    var raw: [RoundResult] = [], mesh: [RoundResult] = []
+    var raw: [RoundResult] = [], mesh: [RoundResult] = [], plain: [RoundResult] = []
     for r in 0..<rounds {
-        // Alternate which goes first, so neither always runs on a warmer machine.
-        if r % 2 == 0 { raw.append(rawRound(seconds: seconds, payload: payload)); mesh.append(meshRound()) } else {
-            mesh.append(meshRound()); raw.append(rawRound(seconds: seconds, payload: payload))
+        // Rotate which goes first, so none always runs on a warmer machine.
+        let order: [Int] = [[0, 1, 2], [1, 2, 0], [2, 0, 1]][r % 3]
+        for which in order {
+            switch which {
+            case 0: raw.append(rawRound(seconds: seconds, payload: payload))
+            case 1: mesh.append(meshRound(encrypted))
+            default: plain.append(meshRound(plaintext))
+            }
         }
     }
-    let stats = rxSession.statistics
-    advertiser.stopAdvertisingPeer()
-    txSession.disconnect()
+    let stats = encrypted.rx.statistics
+    for p in [encrypted, plaintext] {
+        p.advertiser.stopAdvertisingPeer()
+        p.tx.disconnect()
+    }
 
-    func summary(_ rs: [RoundResult]) -> [String: Any] {
-        let rates = rs.map { Double($0.received) / $0.seconds }.sorted()
+    func rate(_ rs: [RoundResult]) -> Double { rs.map { Double($0.received) / $0.seconds }.sorted()[rs.count / 2] }
+    func summary(_ rs: [RoundResult]) -> JSONObject {
         let sentRates = rs.map { Double($0.sent) / $0.seconds }.sorted()
         let sent = rs.reduce(0) { $0 + $1.sent }, recv = rs.reduce(0) { $0 + $1.received }
-        return ["receivedPerSecond": rates[rates.count / 2], "sentPerSecond": sentRates[sentRates.count / 2],
-                "roundsReceivedPerSecond": rs.map { Double($0.received) / $0.seconds },
-                "sent": sent, "received": recv, "deliveredFraction": sent > 0 ? Double(recv) / Double(sent) : 0]
+        var o = JSONObject()
+        o.add("receivedPerSecond", rate(rs))
+        o.add("sentPerSecond", sentRates[sentRates.count / 2])
+        o.add("sent", sent)
+        o.add("received", recv)
+        o.add("deliveredFraction", sent > 0 ? Double(recv) / Double(sent) : 0)
+        return o
     }
-    let r = summary(raw), m = summary(mesh)
-    let ratio = (m["receivedPerSecond"] as! Double) / max(1, r["receivedPerSecond"] as! Double)
-    emit(["mode": "throughput", "payloadBytes": payload, "secondsPerRound": seconds, "rounds": rounds,
-          "raw": r, "mesh": m, "ratio": ratio,
-          "meshReceiverStats": ["datagramsReceived": stats.datagramsReceived, "malformed": stats.malformedDatagrams,
-                                "duplicates": stats.duplicateDatagrams, "strangers": stats.strangerDatagrams]])
+    var o = JSONObject()
+    o.add("mode", "throughput")
+    o.add("payloadBytes", payload)
+    o.add("secondsPerRound", seconds)
+    o.add("rounds", rounds)
+    o.add("raw", summary(raw))
+    o.add("mesh", summary(mesh))
+    o.add("meshPlaintext", summary(plain))
+    o.add("ratio", rate(mesh) / max(1, rate(raw)))
+    o.add("plaintextRatio", rate(plain) / max(1, rate(raw)))
+    var rx = JSONObject()
+    rx.add("datagramsReceived", stats.datagramsReceived)
+    rx.add("malformed", stats.malformedDatagrams)
+    rx.add("duplicates", stats.duplicateDatagrams)
+    rx.add("strangers", stats.strangerDatagrams)
+    rx.add("unauthentic", stats.unauthenticDatagrams)
+    o.add("meshReceiverStats", rx)
+    emit(o)
 }
 
 // MARK: - Fan-out
@@ -322,22 +319,30 @@ func processCPUSeconds(_ pid: Int32) -> Double? {
 }
 
 func fanout() {
-    guard let c = options["connect"], let endpoint = PeerEndpoint(parsing: c) else { usage() }
-    let players = Int(number("players", 1)), seconds = number("seconds", 10)
+    let endpoint = options.connect!, players = options.players, seconds = options.seconds
     let latency: JitterBuffer.Mode
-    switch options["latency"] ?? "auto" {
+    switch options.latency {
     case "auto": latency = .auto
     case "low": latency = .low
-    case let s: guard let ms = Double(s) else { usage() }; latency = .fixed(milliseconds: ms)
+    case let s: guard let ms = Double(s) else { BenchOptions.usage("--latency takes auto, low or MS") }; latency = .fixed(milliseconds: ms)
     }
+    // Each player has its own identity, trusted by the host (its state directory's trust store), and trusts it back.
+    let hostState = StateDirectory(options.hostState!)
+    let hostKey: PublicKey
+    do { hostKey = try PeerIdentity.load(from: hostState.identityPath).publicKey } catch { fail("\(error)") }
+    let playerTrust = TrustStore(path: NSTemporaryDirectory() + "mesh-bench-\(getpid())/paired.json")
+    do { try playerTrust.add(hostKey, name: "bench host") } catch { fail("\(error)") }
     var list: [RelayPlayer] = []
     let start = now()
     for n in 0..<players {
         do {
-            var config = RelayPlayer.Configuration(target: .direct(endpoint), name: "bench-\(n)", latency: latency)
+            let identity = try PeerIdentity.generate(displayName: "bench-\(n)")
+            try TrustStore(path: hostState.trustPath).add(identity.publicKey, name: identity.displayName)
+            var config = RelayPlayer.Configuration(target: .direct(endpoint), identity: identity, hosts: .paired(playerTrust),
+                                                   latency: latency)
             config.discovery = InProcessDiscovery()
             let p = try RelayPlayer(configuration: config, makeSink: { PacedNullSink(format: $0, periodFrames: 128) },
-                                    log: { FileHandle.standardError.write(Data("mesh-bench[\(n)]: \($0)\n".utf8)) })
+                                    log: { terminal.log("[\(n)] \($0)") })
             try p.start()
             list.append(p)
         } catch {
@@ -351,7 +356,7 @@ func fanout() {
     let joinSeconds = Double(now() - start) / 1e9
     let before = list.map(\.statistics)
     var usage0 = rusage(); getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage0)
-    let hostPid = options["host-pid"].flatMap { Int32($0) }
+    let hostPid = options.hostPID
     let host0 = hostPid.flatMap(processCPUSeconds)
     let t0 = now()
     Thread.sleep(forTimeInterval: seconds)
@@ -364,7 +369,8 @@ func fanout() {
     func cpu(_ u: rusage) -> Double {
         Double(u.ru_utime.tv_sec) + Double(u.ru_utime.tv_usec) / 1e6 + Double(u.ru_stime.tv_sec) + Double(u.ru_stime.tv_usec) / 1e6
     }
-    var per: [[String: Any]] = []
+    var per: [JSONObject] = []
+    var worst = 0.0
     var totalReceived: UInt64 = 0, totalLost: UInt64 = 0, totalLate: UInt64 = 0
     for (b, a) in zip(before, after) {
         let received = a.playout.received &- b.playout.received
@@ -374,25 +380,58 @@ func fanout() {
         totalLost += lost
         totalLate += late
         let denominator = Double(received + lost)
-        per.append(["received": received, "lost": lost, "late": late,
-                     "lossPercent": denominator > 0 ? Double(lost) / denominator * 100 : 0,
-                     "concealedFrames": a.playout.concealedFrames &- b.playout.concealedFrames,
-                     "underruns": a.playout.underruns &- b.playout.underruns,
-                     "playedFrames": a.device.framesOut &- b.device.framesOut,
-                     "joined": a.firstAudioSeconds != nil, "rendererLossPercent": a.playout.lossPercent])
+        let loss = denominator > 0 ? Double(lost) / denominator * 100 : 0
+        worst = max(worst, loss)
+        var o = JSONObject()
+        o.add("received", received)
+        o.add("lost", lost)
+        o.add("late", late)
+        o.add("lossPercent", loss)
+        o.add("concealedFrames", a.playout.concealedFrames &- b.playout.concealedFrames)
+        o.add("underruns", a.playout.underruns &- b.playout.underruns)
+        o.add("playedFrames", a.device.framesOut &- b.device.framesOut)
+        o.add("joined", a.firstAudioSeconds != nil)
+        per.append(o)
     }
-    let worst = per.map { $0["lossPercent"] as! Double }.max() ?? 0
-    emit(["mode": "fanout", "players": players, "joined": joined, "joinSeconds": joinSeconds, "windowSeconds": window,
-          "received": totalReceived, "lost": totalLost, "late": totalLate,
-          "lossPercent": totalReceived + totalLost > 0 ? Double(totalLost) / Double(totalReceived + totalLost) * 100 : 0,
-          "worstPlayerLossPercent": worst,
-          "playersProcessCpuSeconds": cpu(usage1) - cpu(usage0),
-          "hostCpuSeconds": (host0 != nil && host1 != nil) ? host1! - host0! : NSNull(), "perPlayer": per])
+    var o = JSONObject()
+    o.add("mode", "fanout")
+    o.add("players", players)
+    o.add("joined", joined)
+    o.add("joinSeconds", joinSeconds)
+    o.add("windowSeconds", window)
+    o.add("received", totalReceived)
+    o.add("lost", totalLost)
+    o.add("late", totalLate)
+    o.add("lossPercent", totalReceived + totalLost > 0 ? Double(totalLost) / Double(totalReceived + totalLost) * 100 : 0)
+    o.add("worstPlayerLossPercent", worst)
+    o.add("playersProcessCpuSeconds", cpu(usage1) - cpu(usage0))
+    o.add("hostCpuSeconds", (host0 != nil && host1 != nil) ? host1! - host0! : nil)
+    o.add("perPlayer", per)
+    emit(o)
 }
 
-switch mode {
-case "throughput": throughput()
-case "fanout": fanout()
-default: usage()
+// MARK: - Pair (files only)
+
+func pairStates() {
+    let host = StateDirectory(options.hostState!), player = StateDirectory(options.playerState!)
+    do {
+        let (h, _) = try PeerIdentity.loadOrCreate(at: host.identityPath, displayName: "bench-host")
+        let (p, _) = try PeerIdentity.loadOrCreate(at: player.identityPath, displayName: "bench-player")
+        try TrustStore(path: host.trustPath).add(p.publicKey, name: p.displayName)
+        try TrustStore(path: player.trustPath).add(h.publicKey, name: h.displayName)
+        var o = JSONObject()
+        o.add("mode", "pair")
+        o.add("host", h.publicKey.shortFingerprint)
+        o.add("player", p.publicKey.shortFingerprint)
+        emit(o)
+    } catch {
+        fail("\(error)")
+    }
+}
+
+switch options.mode {
+case .throughput: throughput()
+case .fanout: fanout()
+case .pair: pairStates()
 }
 exit(0)

@@ -1,7 +1,8 @@
-// mesh-play --find: discovers a mesh-record host on the LAN, joins it and plays.
+// mesh-play: finds a paired mesh-record host on the LAN (or at an address), joins it and plays; or pairs with one.
 import Foundation
 import MeshAudio
 import MeshCLI
+import MeshPOSIX
 import MeshRelay
 import PeerMesh
 import Synchronization
@@ -9,32 +10,87 @@ import Synchronization
 let options = PlayOptions.configurationFromCommandLine()
 let terminal = Terminal(program: PlayOptions.program, quiet: options.quiet)
 
-func fail(_ text: String) -> Never { terminal.fail(text) }
+switch options.action {
+case .listPaired: DeviceState.listPaired(options.state, what: "host", terminal: terminal, json: options.json)
+case .forget(let name): DeviceState.forget(name, options.state, what: "host", terminal: terminal)
+case .list: listHosts()
+case .pair(let code, let fingerprint): pair(code: code, fingerprint: fingerprint)
+case .play: break
+}
 
-// --list: print the hosts found within two seconds, then exit.
-if options.list {
-    final class Lister: NearbyServiceBrowserDelegate, @unchecked Sendable { // only touched on the browser's queue
+/// `--list`: the hosts found within two seconds (or `--duration`), paired or not; exit 1 when none.
+func listHosts() -> Never {
+    final class Lister: NearbyServiceBrowserDelegate, Sendable {
+        let found = Mutex<[PeerID: (info: [String: String], endpoints: [String])]>([:])
         func browser(_ browser: NearbyServiceBrowser, foundPeer peer: PeerID, withDiscoveryInfo info: [String: String]?) {
-            let endpoints = browser.foundPeers.first { $0.peer == peer }?.endpoints.map(\.description).joined(separator: ",") ?? ""
-            let details = (info ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
-            print("\(peer.displayName)\t\(endpoints)\t\(details)")
+            let endpoints = browser.foundPeers.first { $0.peer == peer }?.endpoints.map(\.description) ?? []
+            found.withLock { $0[peer] = (info ?? [:], endpoints) }
         }
         func browser(_ browser: NearbyServiceBrowser, lostPeer peer: PeerID) {}
     }
+    let seconds = options.duration ?? 2
     do {
-        let me = try PeerID(displayName: options.name)
-        let browser = try NearbyServiceBrowser(peer: me, serviceType: options.service)
+        let trust = DeviceState.trustOnly(options.state)
+        let browser = try NearbyServiceBrowser(peer: try PeerID(displayName: options.name), serviceType: options.service,
+                                               discovery: try AvahiDiscovery(log: { terminal.log(TerminalText.escape($0)) }))
         let lister = Lister()
         browser.delegate = lister
         try browser.startBrowsingForPeers()
-        Thread.sleep(forTimeInterval: options.duration ?? 2)
+        Thread.sleep(forTimeInterval: seconds)
         browser.stopBrowsingForPeers()
+        let hosts = lister.found.withLock { $0 }.sorted { $0.key.displayName < $1.key.displayName }
+        if options.json {
+            terminal.stdout(JSONObject.array(hosts.map { peer, entry in
+                var o = JSONObject()
+                o.add("name", peer.displayName)
+                o.add("fingerprint", peer.publicKey?.shortFingerprint)
+                o.add("paired", peer.publicKey.map { (try? trust.contains($0)) ?? false } ?? false)
+                o.add("pairing", entry.info["pair"] == "1")
+                o.add("endpoints", entry.endpoints)
+                return o
+            }))
+        } else {
+            for (peer, entry) in hosts {
+                let paired = peer.publicKey.map { (try? trust.contains($0)) ?? false } ?? false
+                var tags: [String] = [paired ? "paired" : "not paired"]
+                if entry.info["pair"] == "1" { tags.append("pairing open") }
+                terminal.stdout("\(TerminalText.escape(peer.displayName))\t\(peer.publicKey?.shortFingerprint ?? "-")\t"
+                    + "\(tags.joined(separator: ", "))\t\(entry.endpoints.joined(separator: ","))")
+            }
+        }
+        if hosts.isEmpty {
+            terminal.error("no hosts found (service _\(options.service)._tcp, \(JSONObject.number(seconds)) s)")
+            exit(1)
+        }
         exit(0)
     } catch {
-        fail("\(error)")
+        terminal.fail("\(error)")
     }
 }
 
+/// `--pair CODE`: pair with the host whose window is open, then exit (0 paired, 1 with the reason).
+func pair(code: String, fingerprint: String?) -> Never {
+    let device = DeviceState.open(options.state, name: options.name, terminal: terminal)
+    let target: JoinTarget = options.connect.map { .direct($0) } ?? .discover(hostName: options.hostName)
+    var config = PairingClient.Configuration(identity: device.identity, trust: device.trust, code: code, target: target)
+    config.expectedFingerprint = fingerprint
+    config.serviceType = options.service
+    do {
+        if case .discover = target { config.discovery = try AvahiDiscovery(log: { terminal.log(TerminalText.escape($0)) }) }
+        let client = try PairingClient(configuration: config, log: { terminal.log(TerminalText.escape($0)) })
+        switch client.run() {
+        case .paired(let host):
+            terminal.error("paired with \(TerminalText.escape(host.displayName)) (\(host.publicKey?.shortFingerprint ?? "?"))")
+            exit(0)
+        case .failed(let why):
+            terminal.fail("pairing failed: \(TerminalText.escape(why))")
+        }
+    } catch {
+        terminal.fail("\(error)")
+    }
+}
+
+let device = DeviceState.open(options.state, name: options.name, terminal: terminal)
 let target: JoinTarget = options.connect.map { .direct($0) } ?? .discover(hostName: options.hostName)
 let output = options.output
 let makeSink: RelayPlayer.SinkFactory = { format in
@@ -47,28 +103,32 @@ let makeSink: RelayPlayer.SinkFactory = { format in
 }
 
 let done = DispatchSemaphore(value: 0)
-let exitCode = Mutex<Int32>(0)
+let gaveUp = Mutex<String?>(nil)
 let player: RelayPlayer
 do {
-    var config = RelayPlayer.Configuration(target: target, name: options.name, serviceType: options.service, latency: options.latency)
+    var config = RelayPlayer.Configuration(target: target, identity: device.identity, hosts: .paired(device.trust),
+                                           serviceType: options.service, latency: options.latency)
+    if case .discover = target { config.discovery = try AvahiDiscovery(log: { terminal.log(TerminalText.escape($0)) }) }
     config.maximumConnectAttempts = 5
-    player = try RelayPlayer(configuration: config, makeSink: makeSink, log: { terminal.log($0) }, onGiveUp: { _ in
-        exitCode.withLock { $0 = 1 }
-        done.signal()
-    })
+    player = try RelayPlayer(configuration: config, makeSink: makeSink, log: { terminal.log(TerminalText.escape($0)) },
+                             onGiveUp: { why in
+                                 gaveUp.withLock { $0 = why }
+                                 done.signal()
+                             })
     try player.start()
 } catch {
-    fail("\(error)")
+    terminal.fail("\(error)")
 }
 
 let trap = SignalTrap(queue: .global()) { _ in done.signal() }
 let reporter = DispatchQueue(label: "mesh-play.status")
+let hold = PeakHold()
 let ticker = DispatchSource.makeTimerSource(queue: reporter)
 ticker.schedule(deadline: .now() + 1, repeating: 1)
 ticker.setEventHandler {
     let s = player.statistics
-    terminal.status(StatusReport.line(player: s))
-    if options.json { terminal.stdout(StatusReport.encode(StatusReport.json(player: s))) }
+    terminal.status(StatusReport.line(player: s, hold: hold.update(s.playout.peakLevel)))
+    if options.json { terminal.stdout(StatusReport.json(player: s).description) }
 }
 ticker.resume()
 if let d = options.duration {
@@ -80,14 +140,30 @@ ticker.cancel()
 terminal.finish()
 let final = player.statistics
 player.stop()
-if options.json {
-    var summary = StatusReport.json(player: final)
-    summary["final"] = true
-    terminal.stdout(StatusReport.encode(summary))
+if options.json { terminal.stdout(StatusReport.json(player: final, final: true).description) }
+let rate = Double(final.format.sampleRate)
+terminal.log("received \(JSONObject.number(Double(final.framesReceived) / rate)) s of audio "
+    + "(played \(JSONObject.number(Double(final.device.framesOut) / rate)) s); loss \(JSONObject.number(final.playout.lossPercent)) %, "
+    + "concealed \(JSONObject.number(final.concealedMilliseconds)) ms, waiting \(JSONObject.number(final.waitingMilliseconds)) ms")
+
+// A run that played nothing from a host did not do its job: say why and exit 1.
+if final.framesReceived == 0 {
+    var why = gaveUp.withLock { $0 }
+    if why == nil {
+        switch target {
+        case .direct(let e): why = "no audio from \(e) (not reachable, or it did not let this player in)"
+        case .discover(let name):
+            let wanted = name.map { "host \"\(TerminalText.escape($0))\"" } ?? "paired host"
+            let seen = final.seen.map { "\(TerminalText.escape($0.peer.displayName)) (\($0.trusted ? "paired" : "not paired"))" }
+            why = "no \(wanted) found (service _\(options.service)._tcp)" + (seen.isEmpty ? "; no hosts seen at all" : "; saw: \(seen.joined(separator: ", "))")
+        }
+    }
+    terminal.error(TerminalText.escape(why!))
+    exit(1)
 }
-terminal.log(String(format: "received %.1f s of audio (played %.1f s); loss %.2f%%, concealed %.0f ms",
-                    Double(final.framesReceived) / Double(final.format.sampleRate),
-                    Double(final.device.framesOut) / Double(final.format.sampleRate), final.playout.lossPercent,
-                    final.playout.concealedMilliseconds))
-_ = trap
-exit(exitCode.withLock { $0 })
+if let why = gaveUp.withLock({ $0 }) {
+    terminal.error(TerminalText.escape(why))
+    exit(1)
+}
+withExtendedLifetime(trap) {}
+exit(0)

@@ -1,74 +1,104 @@
-// mesh-record --host: captures the microphone (or a tone or WAV file) and serves it to every mesh-play on the LAN.
+// mesh-record --host: captures the microphone (or a tone or a sound file) and serves it, encrypted, to the players
+// paired with this host.
 import Foundation
 import MeshAudio
 import MeshCLI
+import MeshPOSIX
 import MeshRelay
 import PeerMesh
 
 let options = RecordOptions.configurationFromCommandLine()
 let terminal = Terminal(program: RecordOptions.program, quiet: options.quiet)
 
-func fail(_ text: String) -> Never { terminal.fail(text) }
+switch options.action {
+case .listPaired: DeviceState.listPaired(options.state, what: "player", terminal: terminal, json: options.json)
+case .forget(let name): DeviceState.forget(name, options.state, what: "player", terminal: terminal)
+case .host: break
+}
+
+let device = DeviceState.open(options.state, name: options.name, terminal: terminal)
 
 let format = AudioFormat(sampleRate: options.rate, channels: options.channels)
 let source: any AudioSource
 do {
-    switch options.input {
-    case .device(let name):
-        source = try Recorder(device: name, format: format, periodFrames: options.period)
-    case .tone(let hz):
-        source = try ToneSource(frequency: hz, format: format, periodFrames: options.period)
-    case .file(let path):
-        source = try WAVFileSource(path: path, periodFrames: options.period, loop: true)
-    }
+    source = try options.input.makeSource(format: format, periodFrames: options.period)
 } catch {
-    fail("\(error)")
+    terminal.fail("\(error)")
+}
+if let recorder = source as? Recorder, recorder.usesPlugConversion {
+    terminal.log("capture device \(recorder.deviceName) does not take \(format) natively; converting through ALSA's plug")
 }
 
+// Who may listen. Remote names in event lines are escaped before they reach the terminal.
+let input = StandardInput()
 let accept: RelayHost.AcceptPolicy
-if options.acceptAll {
+switch options.accept {
+case .paired: accept = .paired
+case .all:
     accept = .all
-} else {
-    accept = .ask { peer in
-        // As MC's invitation handler: ask the person at the terminal. No terminal (or EOF) means no.
-        FileHandle.standardError.write(Data("mesh-record: accept player \"\(peer.displayName)\"? [y/N] ".utf8))
-        guard let answer = readLine() else { return false }
-        return answer.lowercased().hasPrefix("y")
-    }
+    terminal.error("warning: --accept all: anyone on the network can listen to this microphone")
+case .ask: accept = .ask(TerminalApproval(terminal: terminal, input: input))
 }
 
-var config = RelayHost.Configuration(name: options.name, serviceType: options.service, port: options.port,
-                                     maximumPeers: options.maxPeers + 1, accept: accept)
+// Discovery: wait for avahi-daemon if it is not up yet; with no system bus at all, serve by address only.
+let discovery: any DiscoveryBackend
+do {
+    discovery = try AvahiDiscovery(waitForDaemon: true, log: { terminal.log(TerminalText.escape($0)) })
+} catch {
+    terminal.error("\(error)")
+    terminal.error("serving without DNS-SD: players join with mesh-play --connect THIS-HOST:PORT")
+    discovery = InProcessDiscovery()
+}
+
+var config = RelayHost.Configuration(identity: device.identity, trust: device.trust, serviceType: options.service,
+                                     port: options.port, maximumPeers: options.maxPeers + 1, accept: accept, discovery: discovery)
+config.bindHost = options.bind
+config.maximumPlayersPerAddress = options.maxPerAddress
 let host: RelayHost
 do {
-    host = try RelayHost(configuration: config, source: source, log: { terminal.log($0) })
-} catch PeerMeshError.discovery(let why) {
-    // No DNS-SD here: still serve, so players can join with --connect.
-    terminal.error(why)
-    terminal.error("serving without DNS-SD; players can join with mesh-play --connect <this host's address>:<port>")
-    config.discovery = InProcessDiscovery()
-    do { host = try RelayHost(configuration: config, source: source, log: { terminal.log($0) }) } catch { fail("\(error)") }
+    host = try RelayHost(configuration: config, source: source, log: { terminal.log(TerminalText.escape($0)) })
+    try host.start()
 } catch {
-    fail("\(error)")
+    terminal.fail("\(error)")
 }
-do { try host.start() } catch { fail("\(error)") }
-terminal.log("serving \"\(options.name)\" (\(source.format), period \(source.periodFrames)) on port \(host.port) as _\(options.service)._tcp")
+terminal.log("serving \"\(TerminalText.escape(options.name))\" (\(source.format), period \(source.periodFrames)) on port \(host.port), "
+    + "key \(device.identity.publicKey.shortFingerprint), accepting \(options.accept.rawValue) players")
+
+if options.pair {
+    do {
+        let code = try host.openPairingWindow(timeout: .seconds(Int64(options.pairTimeout)))
+        // The code is printed even with --quiet: it is what the person asked for.
+        terminal.error("pairing code: \(code)")
+        let uri = "peermesh://pair?code=\(Pairing.normalize(code))&fp=\(device.identity.publicKey.shortFingerprint)"
+        if terminal.isTTY, let qr = QRCode.lines(for: uri) {
+            terminal.raw(qr.joined(separator: "\n") + "\n" + uri + "\n")
+        }
+        terminal.error("on the player: mesh-play --pair \(code)   (the window closes in \(Int(options.pairTimeout)) s)")
+    } catch {
+        terminal.fail("\(error)")
+    }
+}
 
 let done = DispatchSemaphore(value: 0)
 let trap = SignalTrap(queue: .global()) { _ in done.signal() }
 let reporter = DispatchQueue(label: "mesh-record.status")
+let hold = PeakHold()
 let ticker = DispatchSource.makeTimerSource(queue: reporter)
 ticker.schedule(deadline: .now() + 1, repeating: 1)
 ticker.setEventHandler {
     let s = host.statistics
-    terminal.status(StatusReport.line(host: s, format: source.format))
-    if options.json { terminal.stdout(StatusReport.encode(StatusReport.json(host: s, name: options.name, port: host.port, format: source.format))) }
+    terminal.status(StatusReport.line(host: s, format: source.format, hold: hold.update(s.peakLevel)))
+    if options.json { terminal.stdout(StatusReport.json(host: s, name: options.name, port: host.port, format: source.format).description) }
 }
 ticker.resume()
 done.wait()
 ticker.cancel()
 terminal.finish()
-terminal.log("stopping: saying goodbye to \(host.statistics.players.count) player(s)")
+let final = host.statistics
+terminal.log("stopping: saying goodbye to \(final.players.count) player(s)")
 host.stop()
-_ = trap
+if options.json {
+    terminal.stdout(StatusReport.json(host: final, name: options.name, port: host.port, format: source.format, final: true).description)
+}
+withExtendedLifetime((trap, input)) {}
 exit(0)

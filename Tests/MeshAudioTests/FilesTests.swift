@@ -70,13 +70,6 @@ struct FilesTests {
 
     // MARK: Input specs
 
-    @Test func inputSpecParses() throws {
-        #expect(try InputSpec.parse("tone:440") == .tone(frequency: 440))
-        #expect(try InputSpec.parse("take1.WAV") == .file(path: "take1.WAV"))
-        #expect(try InputSpec.parse("file:/tmp/x") == .file(path: "/tmp/x"))
-        #expect(try InputSpec.parse("plug:hw:0") == .device("plug:hw:0"))
-        #expect(throws: ToneError.self) { try InputSpec.parse("tone:0") }
-    }
 
     // MARK: WAV
 

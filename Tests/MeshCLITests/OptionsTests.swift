@@ -8,39 +8,77 @@ struct OptionsTests {
     @Test("mesh-record defaults and flags")
     func record() throws {
         guard case .run(let d) = try RecordOptions.parse(["--host"]) else { Issue.record("no config"); return }
-        #expect(d.service == "mesh-audio" && d.rate == 44_100 && d.channels == 1 && d.period == 128 && d.acceptAll)
+        #expect(d.action == .host && d.service == "mesh-audio" && d.rate == 44_100 && d.channels == 1 && d.period == 128)
+        #expect(d.accept == .paired, "paired only, by default")
+        #expect(!d.pair && d.pairTimeout == 30 && d.state == StateDirectory.default && d.maxPerAddress == 4)
         guard case .run(let o) = try RecordOptions.parse(["--host", "--name", "den", "--input", "tone:440", "--port", "7000",
-                                                         "--max-peers", "8", "--accept", "ask", "--json", "--quiet"])
+                                                         "--max-peers", "8", "--accept", "ask", "--json", "--quiet", "--pair",
+                                                         "--pair-timeout", "12", "--state-dir", "/tmp/s", "--bind", "::1"])
         else { Issue.record("no config"); return }
-        #expect(o.name == "den" && o.input == .tone(440) && o.port == 7000 && o.maxPeers == 8 && !o.acceptAll && o.json && o.quiet)
+        #expect(o.name == "den" && o.input == .tone(440) && o.port == 7000 && o.maxPeers == 8 && o.accept == .ask && o.json && o.quiet)
+        #expect(o.pair && o.pairTimeout == 12 && o.state.path == "/tmp/s" && o.bind == "::1")
+        guard case .run(let l) = try RecordOptions.parse(["--paired"]), case .run(let f) = try RecordOptions.parse(["--forget", "kitchen"])
+        else { Issue.record("no config"); return }
+        #expect(l.action == .listPaired && f.action == .forget("kitchen"))
         guard case .help = try RecordOptions.parse(["--help"]) else { Issue.record("help"); return }
         guard case .version = try RecordOptions.parse(["--version"]) else { Issue.record("version"); return }
+    }
+
+    @Test("--input takes device:, tone:, file: or a sound file; anything else is a usage error")
+    func inputs() throws {
+        #expect(try AudioInput.parse("device:plug:hw:0") == .device("plug:hw:0"))
+        #expect(try AudioInput.parse("tone:440") == .tone(440))
+        #expect(try AudioInput.parse("file:/tmp/x") == .file("/tmp/x"))
+        for f in ["take1.WAV", "a.flac", "b.Ogg"] { #expect(try AudioInput.parse(f) == .file(f)) }
+        for bad in ["mic", "take.mp3", "tone:", "tone:0", "tone:-3", "device:", "file:"] {
+            #expect(throws: UsageError.self, "\(bad)") { try AudioInput.parse(bad) }
+        }
     }
 
     @Test("mesh-record refuses bad flags with a message", arguments: [
         ["--host", "--bogus"], [], ["--host", "--rate", "abc"], ["--host", "--port", "0"], ["--host", "--accept", "maybe"],
         ["--host", "--input", "tone:-5"], ["--host", "--input", "tone:30000"], ["--host", "--service", "Bad_Type"],
-        ["--host", "--name"], ["--host", "--channels", "9"],
+        ["--host", "--name"], ["--host", "--channels", "9"], ["--host", "--input", "mic"], ["--host", "--paired"],
+        ["--paired", "--forget", "x"], ["--host", "--bind", "kitchen"], ["--host", "--device", "x", "--input", "tone:440"],
     ])
     func recordBad(args: [String]) {
         #expect(throws: UsageError.self) { try RecordOptions.parse(args) }
     }
 
+    @Test("The Nyquist message names half the rate")
+    func nyquist() {
+        do { _ = try RecordOptions.parse(["--host", "--input", "tone:30000"]) } catch {
+            #expect(error.description.contains("22050 Hz"), "\(error)")
+        }
+    }
+
     @Test("mesh-play defaults and flags")
     func play() throws {
         guard case .run(let d) = try PlayOptions.parse(["--find"]) else { Issue.record("no config"); return }
-        #expect(d.latency == .auto && d.output == .device("default") && d.hostName == nil && d.duration == nil)
+        #expect(d.action == .play && d.latency == .auto && d.output == .device("default") && d.hostName == nil && d.duration == nil)
+        #expect(d.name == RecordOptions.defaultName, "the player is named after the host it runs on")
         guard case .run(let o) = try PlayOptions.parse(["--find", "--host", "kitchen", "--output", "x.wav", "--latency", "low",
                                                        "--duration", "2.5", "--json"])
         else { Issue.record("no config"); return }
         #expect(o.hostName == "kitchen" && o.output == .file("x.wav") && o.latency == .low && o.duration == 2.5 && o.json)
         guard case .run(let c) = try PlayOptions.parse(["--connect", "127.0.0.1:7000", "--latency", "20"]) else { Issue.record("no config"); return }
         #expect(c.connect == PeerEndpoint(host: "127.0.0.1", port: 7000) && c.latency == .fixed(milliseconds: 20))
+        guard case .run(let n) = try PlayOptions.parse(["--connect", "kitchen.local:7000"]),
+              case .run(let v6) = try PlayOptions.parse(["--connect", "[::1]:7000"]) else { Issue.record("no config"); return }
+        #expect(n.connect == PeerEndpoint(host: "kitchen.local", port: 7000) && v6.connect == PeerEndpoint(host: "::1", port: 7000))
+        guard case .run(let p) = try PlayOptions.parse(["--pair", "4821-0937", "--host", "kitchen"]) else { Issue.record("no config"); return }
+        #expect(p.action == .pair(code: "4821-0937", fingerprint: nil) && p.hostName == "kitchen")
+        guard case .run(let u) = try PlayOptions.parse(["--pair", "peermesh://pair?code=48210937&fp=abcd-efgh"]) else { Issue.record("no config"); return }
+        #expect(u.action == .pair(code: "48210937", fingerprint: "abcd-efgh"))
+        guard case .run(let pc) = try PlayOptions.parse(["--pair", "4821 0937", "--connect", "127.0.0.1:1"]) else { Issue.record("no config"); return }
+        #expect(pc.action == .pair(code: "4821 0937", fingerprint: nil) && pc.connect != nil)
     }
 
     @Test("mesh-play refuses bad flags with a message", arguments: [
         ["--find", "--bogus"], [], ["--connect", "nohost"], ["--find", "--latency", "fast"], ["--find", "--duration", "-1"],
         ["--find", "--device", "hw:0", "--output", "a.wav"], ["--list", "--connect", "127.0.0.1:1"],
+        ["--find", "--connect", "127.0.0.1:1"], ["--pair", "123"], ["--pair", "1234-5678", "--find"], ["--paired", "--list"],
+        ["--pair", "peermesh://pair?fp=x"],
     ])
     func playBad(args: [String]) {
         #expect(throws: UsageError.self) { try PlayOptions.parse(args) }

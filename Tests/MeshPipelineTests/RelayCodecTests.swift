@@ -51,8 +51,20 @@ struct RelayCodecTests {
         #expect(err(b) == .unsupportedFormat)
         b = good; b[16] = 0; b[17] = 0
         #expect(err(b) == .badFrameCount(0))
-        b = good; b[36...39] = [0, 0, 0xC0, 0x7F]  // NaN
-        #expect(err(b) == .nonFiniteSample)
+    }
+
+    @Test func samplesFromTheNetworkAreClampedAndNonFiniteOnesZeroed() throws {
+        let h = AudioPacketHeader(sequence: 1, firstFrameIndex: 0, frameCount: 5, format: .default)
+        var b = try AudioPacket.encode(h, samples: [0.5, 0.25, -0.25, 0, 0])
+        b[36...39] = [0, 0, 0xC0, 0x7F]                                   // NaN
+        b[40...43] = [0, 0, 0x80, 0x7F]                                   // +∞
+        b[44...47] = [0xFF, 0xFF, 0x7F, 0xFF]                             // −FLT_MAX
+        b[48...51] = [0xFF, 0xFF, 0x7F, 0x7F]                             // +FLT_MAX
+        var out = [Float](repeating: 9, count: 5)
+        let changed = try b.withUnsafeBytes { raw in
+            try out.withUnsafeMutableBufferPointer { try AudioPacket.decodeSamples(raw, header: h, into: $0) }
+        }
+        #expect(out == [0, 0, -1, 1, 0] && changed == 4)
     }
 
     @Test func fuzzNeverTrapsAndEverythingIsCounted() throws {
@@ -133,7 +145,7 @@ struct RelayCodecTests {
             let b = p.packets(relaySine(start: k * 64, count: 64), chunk: ChunkInfo(firstFrameIndex: UInt64(k * 64), frames: 64, timestampNanos: 0))[0]
             let h = try AudioPacket.decode(b).header
             let r = b.withUnsafeBytes { ring.push(header: h, payload: $0, arrivalNanos: UInt64(k)) }
-            #expect(r == (k < 4 ? .pushed : .full))
+            #expect(r == (k < 4 ? .pushed(sanitized: 0) : .full))
             pushed.append(b)
         }
         for k in 0..<4 {

@@ -2,6 +2,7 @@ import Foundation
 import MeshAudio
 import MeshCLI
 import Synchronization
+import MeshTestSupport
 import PeerMesh
 import Testing
 @testable import MeshRelay
@@ -61,8 +62,9 @@ struct RelayEndToEndTests {
         try loop.start()
         let captured = SampleCollector(loop)
         let service = Rig.uniqueService()
-        let host = try CLIProcess("mesh-record", ["--host", "--name", "alsa-host", "--service", service, "--device", "pm_knowncap"])
-        let player = try CLIProcess("mesh-play", ["--find", "--service", service, "--device", "pm_loop_play", "--duration", "8",
+        let paired = try PairedStates()
+        let host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "alsa-host", "--service", service, "--device", "pm_knowncap"])
+        let player = try CLIProcess("mesh-play", paired.playerArgs() + ["--find", "--service", service, "--device", "pm_loop_play", "--duration", "8",
                                                  "--json", "--latency", "20"])
         let code = player.waitForExit(seconds: 20)
         host.kill()
@@ -86,9 +88,10 @@ struct RelayEndToEndTests {
         #expect(sink.waitUntilFinished(timeoutNanos: 5_000_000_000))
         sink.stop()
         let service = Rig.uniqueService()
+        let paired = try PairedStates()
         let out = Rig.tempPath("wav-\(service).wav")
-        let host = try CLIProcess("mesh-record", ["--host", "--name", "wav-host", "--service", service, "--input", input])
-        let player = try CLIProcess("mesh-play", ["--find", "--service", service, "--output", out, "--duration", "6", "--json",
+        let host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "wav-host", "--service", service, "--input", input])
+        let player = try CLIProcess("mesh-play", paired.playerArgs() + ["--find", "--service", service, "--output", out, "--duration", "6", "--json",
                                                     // A fixed target: this test is about carrying every sample, not
                                                     // about the adaptive buffer (tested on its own, in virtual time).
                                                     "--latency", "20"])
@@ -103,9 +106,10 @@ struct RelayEndToEndTests {
     @Test("kill -9 of the host: the player is notConnected within the timeout and rejoins a new host")
     func hostKilledAndReplaced() throws {
         let service = Rig.uniqueService()
+        let paired = try PairedStates()
         let out = Rig.tempPath("kill-\(service).wav")
-        var host = try CLIProcess("mesh-record", ["--host", "--name", "first", "--service", service, "--input", "tone:440"])
-        let player = try CLIProcess("mesh-play", ["--find", "--service", service, "--output", out, "--duration", "15"])
+        var host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "first", "--service", service, "--input", "tone:440"])
+        let player = try CLIProcess("mesh-play", paired.playerArgs() + ["--find", "--service", service, "--output", out, "--duration", "15"])
         #expect(eventually(10) { player.stderr.contains { $0.contains("joined first") } }, "\(player.stderr)")
         let killedAt = Date()
         host.kill(SIGKILL)
@@ -116,7 +120,7 @@ struct RelayEndToEndTests {
             #expect(ms <= 2_500)
         }
         let restartAt = Date()
-        host = try CLIProcess("mesh-record", ["--host", "--name", "second", "--service", service, "--input", "tone:440"])
+        host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "second", "--service", service, "--input", "tone:440"])
         #expect(eventually(8) { player.stderr.contains { $0.contains("joined second") } }, "\(player.stderr)")
         if let joined = player.timeOfLine(containing: "joined second") {
             print("new host started → player rejoined after \(Int(joined.timeIntervalSince(restartAt) * 1000)) ms")
@@ -128,11 +132,12 @@ struct RelayEndToEndTests {
     @Test("A garbage datagram flood at the host's port does not stop the stream")
     func garbageFlood() throws {
         let service = Rig.uniqueService()
+        let paired = try PairedStates()
         let port = UInt16.random(in: 40_000...49_000)
         let out = Rig.tempPath("flood-\(service).wav")
-        let host = try CLIProcess("mesh-record", ["--host", "--name", "flood-host", "--service", service, "--input", "tone:440",
+        let host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "flood-host", "--service", service, "--input", "tone:440",
                                                  "--port", String(port)])
-        let player = try CLIProcess("mesh-play", ["--connect", "127.0.0.1:\(port)", "--output", out, "--duration", "4", "--json"])
+        let player = try CLIProcess("mesh-play", paired.playerArgs() + ["--connect", "127.0.0.1:\(port)", "--output", out, "--duration", "4", "--json"])
         #expect(eventually(10) { player.stderr.contains { $0.contains("joined flood-host") } }, "\(player.stderr)")
         // Two seconds of junk at the host's UDP port, bounded in count.
         let fd = socket(AF_INET, Int32(SOCK_DGRAM.rawValue), 0)
@@ -146,7 +151,7 @@ struct RelayEndToEndTests {
         var sent = 0
         while Date() < until, sent < 200_000 {
             for i in 0..<junk.count { junk[i] = UInt8.random(in: 0...255) }
-            junk[0] = 0x50; junk[1] = 0x4d; junk[2] = 1; junk[3] = 1 // looks like PeerMesh data, with a bogus token
+            junk[0] = 0x50; junk[1] = 0x4d; junk[2] = 2; junk[3] = 1 // looks like PeerMesh data, with a bogus token
             _ = withUnsafePointer(to: &to) { p in
                 p.withMemoryRebound(to: sockaddr.self, capacity: 1) { sendto(fd, junk, junk.count, 0, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
             }
@@ -166,27 +171,33 @@ struct RelayEndToEndTests {
 
 @Suite("Relay command lines: bad input")
 struct RelayBadInputTests {
-    @Test("--accept ask takes each answer from standard input: no declines, yes admits")
+    @Test("--accept ask takes each answer from standard input: no declines for good, yes admits once")
     func acceptAsk() throws {
+        let paired = try PairedStates(players: 0)
+        try paired.addPlayer(1, name: "first")
+        try paired.addPlayer(2, name: "second")
+        // Neither player is in the host's trust store: the host asks about each.
+        try FileManager.default.removeItem(atPath: paired.hostDirectory + "/paired.json")
         let port = UInt16.random(in: 40_000...49_000)
         let answers = Pipe()
-        let host = try CLIProcess("mesh-record", ["--host", "--name", "ask-host", "--input", "tone:440", "--port", String(port),
-                                                 "--accept", "ask", "--service", Rig.uniqueService()],
+        let host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "ask-host", "--input", "tone:440",
+                                  "--port", String(port), "--accept", "ask", "--service", Rig.uniqueService()],
                                   stdin: answers.fileHandleForReading)
         defer { host.kill() }
         Thread.sleep(forTimeInterval: 0.5)
-        let first = try CLIProcess("mesh-play", ["--connect", "127.0.0.1:\(port)", "--output", Rig.tempPath("ask1.wav"), "--name", "first"])
-        Thread.sleep(forTimeInterval: 0.5)
+        let first = try CLIProcess("mesh-play", paired.playerArgs(1) + ["--connect", "127.0.0.1:\(port)", "--output", Rig.tempPath("ask1.wav")])
+        #expect(eventually(5) { host.stderr.contains { $0.contains("player \"first\"") && $0.contains("Allow?") } }, "\(host.stderr)")
         answers.fileHandleForWriting.write(Data("n\n".utf8))
-        #expect(eventually(5) { first.stderr.contains { $0.contains("declined by the invited peer") } }, "\(first.stderr)")
-        first.kill()
-        let second = try CLIProcess("mesh-play", ["--connect", "127.0.0.1:\(port)", "--output", Rig.tempPath("ask2.wav"), "--name", "second"])
+        #expect(first.waitForExit(seconds: 10) == 1, "a declined player does not retry")
+        #expect(first.stderr.contains { $0.contains("declined") }, "\(first.stderr)")
+        let second = try CLIProcess("mesh-play", paired.playerArgs(2) + ["--connect", "127.0.0.1:\(port)", "--output", Rig.tempPath("ask2.wav")])
         defer { second.kill() }
-        // Enough yeses for any retry of the first player that was already queued.
-        answers.fileHandleForWriting.write(Data("y\ny\ny\ny\n".utf8))
+        #expect(eventually(5) { host.stderr.contains { $0.contains("player \"second\"") } }, "\(host.stderr)")
+        answers.fileHandleForWriting.write(Data("y\n".utf8))
         #expect(eventually(8) { second.stderr.contains { $0.contains("joined ask-host") } }, "\(second.stderr)")
         #expect(host.stderr.contains { $0.contains("declined first") })
-        #expect(host.stderr.contains { $0.contains("accepted second") })
+        #expect(host.stderr.contains { $0.contains("accepted second once") })
+        #expect(try paired.hostTrust.list().isEmpty, "\"y\" does not pair")
     }
 
     @Test("Unknown flags print usage and exit 2", arguments: [("mesh-record", ["--host", "--frobnicate"]),
@@ -212,10 +223,11 @@ struct RelayBadInputTests {
 
     @Test("A missing device gives one clear error and exit 1", .enabled(if: Rig.jack, "needs the ALSA rig config"))
     func missingDevice() throws {
-        let r = try CLIProcess("mesh-record", ["--host", "--device", "pm_no_such_device", "--service", Rig.uniqueService()])
+        let paired = try PairedStates()
+        let r = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--device", "pm_no_such_device", "--service", Rig.uniqueService()])
         #expect(r.waitForExit(seconds: 10) == 1)
         #expect(r.stderr.contains { $0.contains("pm_no_such_device") && $0.contains("arecord -L") }, "\(r.stderr)")
-        let p = try CLIProcess("mesh-play", ["--connect", "127.0.0.1:9", "--device", "pm_no_such_device"])
+        let p = try CLIProcess("mesh-play", paired.playerArgs() + ["--connect", "127.0.0.1:9", "--device", "pm_no_such_device"])
         #expect(p.waitForExit(seconds: 10) == 1)
         #expect(p.stderr.contains { $0.contains("pm_no_such_device") && $0.contains("aplay -L") }, "\(p.stderr)")
     }
@@ -223,8 +235,9 @@ struct RelayBadInputTests {
     @Test("--connect to a closed port: a clear error after bounded retries")
     func connectClosedPort() throws {
         let out = Rig.tempPath("closed.wav")
+        let paired = try PairedStates()
         let start = Date()
-        let p = try CLIProcess("mesh-play", ["--connect", "127.0.0.1:9", "--output", out])
+        let p = try CLIProcess("mesh-play", paired.playerArgs() + ["--connect", "127.0.0.1:9", "--output", out])
         let code = p.waitForExit(seconds: 20)
         let elapsed = Date().timeIntervalSince(start)
         #expect(code == 1)
@@ -235,17 +248,7 @@ struct RelayBadInputTests {
 }
 
 /// A deterministic PRNG for test signals.
-struct SplitMix {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
+typealias SplitMix = SeededRandom
 
 /// Reads everything a source captures, on its own thread, until `stop()`.
 final class SampleCollector: @unchecked Sendable { // samples are guarded by the lock

@@ -2,6 +2,7 @@ import Foundation
 import MeshAudio
 import MeshImpair
 import MeshPipeline
+import MeshTestSupport
 import PeerMesh
 import Testing
 @testable import MeshRelay
@@ -10,16 +11,24 @@ import Testing
 /// WAV sinks, in-process discovery (direct connects).
 @Suite("Relay in one process (fan-out, impairment)", .serialized)
 struct RelayInProcessTests {
+    let paired: PairedStates
+
+    init() throws { paired = try PairedStates(players: 8, hostName: "inproc-host") }
+
     func makeHost(name: String, port: UInt16 = 0) throws -> RelayHost {
         let tone = try ToneSource(frequency: 440, amplitude: 0.5, format: .default, periodFrames: 128)
-        let host = try RelayHost(configuration: .init(name: name, serviceType: "pmr-inproc", port: port, maximumPeers: 33,
-                                                      discovery: InProcessDiscovery()), source: tone)
+        var config = RelayHost.Configuration(identity: try paired.host.renamed(name), trust: paired.hostTrust,
+                                             serviceType: "pmr-inproc", port: port, maximumPeers: 33,
+                                             discovery: InProcessDiscovery())
+        config.maximumPlayersPerAddress = 8   // every player of this test is on 127.0.0.1
+        let host = try RelayHost(configuration: config, source: tone)
         try host.start()
         return host
     }
 
     func makePlayer(_ i: Int, endpoint: PeerEndpoint, out: String, latency: JitterBuffer.Mode = .auto) throws -> RelayPlayer {
-        let config = RelayPlayer.Configuration(target: .direct(endpoint), name: "player-\(i)", latency: latency,
+        let config = RelayPlayer.Configuration(target: .direct(endpoint), identity: try paired.playerIdentity(i),
+                                               hosts: .paired(paired.playerTrust(i)), latency: latency,
                                                discovery: InProcessDiscovery())
         let player = try RelayPlayer(configuration: config) { format in
             try WAVFileSink(path: out, format: format, periodFrames: 128)

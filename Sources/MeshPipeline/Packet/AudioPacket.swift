@@ -25,7 +25,7 @@ import MeshAudio
 /// The total length must be exactly `36 + 4 × frameCount × channels` and at most 1184 bytes, so one packet
 /// carries at most 287 samples (287 mono frames, 143 stereo frames). The host report rides in every packet
 /// (4 bytes) instead of a separate message, so the player always knows the host's share of the latency.
-/// Decoding never traps: anything malformed, truncated, foreign or non-finite yields an `AudioPacketError`.
+/// Decoding never traps: anything malformed, truncated or foreign yields an `AudioPacketError`; samples are clamped.
 public enum AudioPacket {
     /// Largest datagram the relay sends (PeerMesh `maximumAudioPayload`).
     /// PeerMesh's `Session.maximumDatagramSize` (an encrypted datagram's payload; checked by a test).
@@ -110,21 +110,32 @@ public enum AudioPacket {
     }
 
     /// Copies the samples of a packet whose header `decodeHeader` returned into `destination` (which holds at
-    /// least `frameCount × channels` samples). Throws `.nonFiniteSample` (NaN or ±∞) — a corrupted packet.
+    /// least `frameCount × channels` samples). Samples from the network are not trusted: each is clamped to [−1, 1],
+    /// and NaN or ±∞ becomes 0 (a hostile or broken host cannot make anything downstream trap or blow up). Returns
+    /// how many samples had to be changed.
+    @discardableResult
     public static func decodeSamples(
         _ bytes: UnsafeRawBufferPointer, header: AudioPacketHeader, into destination: UnsafeMutableBufferPointer<Float>
-    ) throws(AudioPacketError) {
+    ) throws(AudioPacketError) -> Int {
         let count = header.frameCount * header.format.channels
         guard destination.count >= count, bytes.count >= headerSize + 4 * count else {
             throw .lengthMismatch(expected: count, actual: destination.count)
         }
         var offset = headerSize
+        var sanitized = 0
         for i in 0..<count {
-            let v = Float(bitPattern: UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: offset, as: UInt32.self)))
-            guard v.isFinite else { throw .nonFiniteSample }
+            var v = Float(bitPattern: UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: offset, as: UInt32.self)))
+            if !v.isFinite {
+                v = 0
+                sanitized += 1
+            } else if v > 1 || v < -1 {
+                v = v > 1 ? 1 : -1
+                sanitized += 1
+            }
             destination[i] = v
             offset += 4
         }
+        return sanitized
     }
 
     /// Convenience (allocating) encoder for tests and tools.
@@ -196,7 +207,6 @@ public enum AudioPacketError: Error, Equatable, Sendable, CustomStringConvertibl
     case badFrameCount(Int)
     case lengthMismatch(expected: Int, actual: Int)
     case tooLarge(Int)
-    case nonFiniteSample
 
     public var description: String {
         switch self {
@@ -208,7 +218,6 @@ public enum AudioPacketError: Error, Equatable, Sendable, CustomStringConvertibl
         case .badFrameCount(let n): "audio packet frame count \(n) is invalid"
         case .lengthMismatch(let e, let a): "audio packet length \(a) does not match the expected \(e)"
         case .tooLarge(let n): "audio packet of \(n) bytes exceeds \(AudioPacket.maximumSize)"
-        case .nonFiniteSample: "audio packet carries a NaN or infinite sample"
         }
     }
 }

@@ -29,6 +29,8 @@ public final class PacketIngress: Sendable {
         public var formatMismatches: UInt64 = 0
         /// Packets dropped because the ring was full.
         public var ringOverflows: UInt64 = 0
+        /// Samples that arrived outside [−1, 1] (clamped) or not finite (zeroed).
+        public var sanitizedSamples: UInt64 = 0
         public init() {}
     }
 
@@ -38,6 +40,7 @@ public final class PacketIngress: Sendable {
     private let malformedCount = Atomic<UInt64>(0)
     private let mismatchCount = Atomic<UInt64>(0)
     private let overflowCount = Atomic<UInt64>(0)
+    private let sanitizedCount = Atomic<UInt64>(0)
     /// The latest other format seen and not yet taken (`PackedFormat`, 0 = none).
     private let pending = Atomic<UInt64>(0)
 
@@ -63,7 +66,8 @@ public final class PacketIngress: Sendable {
             return .formatChanged(header.format)
         }
         switch ring.push(header: header, payload: datagram, arrivalNanos: arrivalNanos) {
-        case .pushed:
+        case .pushed(let sanitized):
+            if sanitized > 0 { sanitizedCount.add(UInt64(sanitized), ordering: .relaxed) }
             return .queued(frames: header.frameCount)
         case .full:
             overflowCount.add(1, ordering: .relaxed)
@@ -85,6 +89,7 @@ public final class PacketIngress: Sendable {
         c.malformed = malformedCount.load(ordering: .relaxed)
         c.formatMismatches = mismatchCount.load(ordering: .relaxed)
         c.ringOverflows = overflowCount.load(ordering: .relaxed)
+        c.sanitizedSamples = sanitizedCount.load(ordering: .relaxed)
         return c
     }
 }

@@ -26,7 +26,8 @@ public final class PacketRing: @unchecked Sendable {
 
     /// Outcome of a producer `push`.
     public enum PushResult: Equatable, Sendable {
-        case pushed
+        /// Stored; `sanitized` samples had to be clamped or zeroed.
+        case pushed(sanitized: Int)
         case full
         case malformed(AudioPacketError)
     }
@@ -63,21 +64,22 @@ public final class PacketRing: @unchecked Sendable {
     public var count: Int { head.load(ordering: .acquiring) - tail.load(ordering: .acquiring) }
 
     /// Producer: decodes the samples of `bytes`, whose header `AudioPacket.decodeHeader` returned as `header`,
-    /// into the next free slot. A packet with a non-finite sample (or too big for a slot) is rejected as
+    /// into the next free slot, sanitized (`AudioPacket.decodeSamples`). A packet too big for a slot is rejected as
     /// `.malformed`, and nothing is stored.
     public func push(header: AudioPacketHeader, payload bytes: UnsafeRawBufferPointer, arrivalNanos: UInt64) -> PushResult {
         guard header.frameCount * header.format.channels <= samplesPerSlot else { return .malformed(.tooLarge(bytes.count)) }
         let h = head.load(ordering: .relaxed)
         guard h - tail.load(ordering: .acquiring) < capacity else { return .full }
         let slot = h % capacity
+        let sanitized: Int
         do {
-            try AudioPacket.decodeSamples(
+            sanitized = try AudioPacket.decodeSamples(
                 bytes, header: header,
                 into: UnsafeMutableBufferPointer(start: samples + slot * samplesPerSlot, count: samplesPerSlot))
         } catch { return .malformed(error) }
         headers[slot] = ReceivedPacket(header: header, arrivalNanos: arrivalNanos)
         head.store(h + 1, ordering: .releasing)
-        return .pushed
+        return .pushed(sanitized: sanitized)
     }
 
     /// Consumer: hands the oldest packet and its interleaved samples to `body`, then frees the slot.

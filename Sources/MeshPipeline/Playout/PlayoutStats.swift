@@ -50,6 +50,8 @@ public struct PlayoutStats: Sendable, Equatable {
     public var malformed: UInt64 = 0
     /// Datagrams dropped because the packet ring was full.
     public var ringOverflows: UInt64 = 0
+    /// Samples that arrived outside [−1, 1] (clamped) or not finite (zeroed).
+    public var sanitizedSamples: UInt64 = 0
     /// Packets of a format other than the pipeline's (each one reported upward, for a new pipeline).
     public var formatMismatches: UInt64 = 0
     /// Stream restarts.
@@ -95,6 +97,7 @@ final class PublishedStats: Sendable {
     /// The stats, with the ingress stage's counts of the datagrams it dropped.
     func snapshot(ingress: PacketIngress.Counters) -> PlayoutStats {
         var s = PlayoutStats()
+        s.sanitizedSamples = ingress.sanitizedSamples
         s.bufferedMilliseconds = loadDouble(buffered)
         s.steadyLatencyMilliseconds = loadDouble(steady)
         s.estimatedDriftPPM = loadDouble(estimatedDrift)

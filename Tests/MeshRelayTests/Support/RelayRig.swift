@@ -1,5 +1,6 @@
 import Foundation
 import MeshAudio
+import MeshTestSupport
 import PeerMesh
 import Synchronization
 @testable import MeshRelay
@@ -23,135 +24,53 @@ enum Rig {
     }
 }
 
-/// An executable built by this package, next to the test bundle.
-func product(_ name: String) -> URL {
-    var dir = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
-    if dir.lastPathComponent.hasSuffix(".xctest") { dir = dir.deletingLastPathComponent() }
-    return dir.appendingPathComponent(name)
+/// The CLI processes these tests run are the shared `ChildProcess`, started by product name.
+typealias CLIProcess = ChildProcess
+
+extension ChildProcess {
+    /// Starts one of this package's executables with `arguments` (stdin from `stdin`, else /dev/null).
+    convenience init(_ name: String, _ arguments: [String], stdin: FileHandle? = nil) throws {
+        try self.init(product: name, arguments, stdin: stdin)
+    }
+
+    /// Sends `sig` (SIGKILL by default) by PID.
+    func kill(_ sig: Int32 = SIGKILL) { signal(sig) }
 }
 
-/// A child CLI whose stdout and stderr lines are collected. Stopped with SIGKILL on release: the test runner's
-/// children inherit a signal mask that holds SIGTERM pending.
-final class CLIProcess: @unchecked Sendable { // lines are guarded by the lock; the process by the owning test
-    let process = Process()
-    private let lock = NSLock()
-    private var outLines: [String] = []
-    private var errLines: [(Date, String)] = []
-    private var partial: [Int: Data] = [:]
+/// A host and players whose state directories already trust each other — as `mesh-play --pair` leaves them — so
+/// the relay tests run as users do: encrypted, paired-only.
+struct PairedStates {
+    let root: String
+    let hostDirectory: String
+    let host: PeerIdentity
 
-    init(_ name: String, _ arguments: [String], stdin: FileHandle? = nil) throws {
-        process.executableURL = product(name)
-        process.arguments = arguments
-        let out = Pipe(), err = Pipe()
-        process.standardOutput = out
-        process.standardError = err
-        if let stdin { process.standardInput = stdin } else { process.standardInput = FileHandle.nullDevice }
-        out.fileHandleForReading.readabilityHandler = { [weak self] h in self?.take(h.availableData, stream: 1) }
-        err.fileHandleForReading.readabilityHandler = { [weak self] h in self?.take(h.availableData, stream: 2) }
-        try process.run()
+    /// Makes the host's identity and `players` players' identities, each trusting the other.
+    init(players: Int = 1, hostName: String = "test-host") throws {
+        root = Rig.tempPath("state-\(UUID().uuidString)")
+        hostDirectory = root + "/host"
+        host = try PeerIdentity.generate(displayName: hostName)
+        try host.save(to: hostDirectory + "/identity.json")
+        for i in 0..<players { try addPlayer(i) }
     }
 
-    private func take(_ d: Data, stream: Int) {
-        guard !d.isEmpty else { return }
-        lock.lock()
-        defer { lock.unlock() }
-        var buf = partial[stream, default: Data()] + d
-        while let nl = buf.firstIndex(of: 0x0a) {
-            let line = String(decoding: buf[buf.startIndex..<nl], as: UTF8.self)
-            if stream == 1 { outLines.append(line) } else { errLines.append((Date(), line)) }
-            buf = Data(buf[(nl + 1)...])
-        }
-        partial[stream] = buf
-    }
+    /// The state directory of player `i`.
+    func playerDirectory(_ i: Int) -> String { root + "/player\(i)" }
 
-    var stdout: [String] { lock.lock(); defer { lock.unlock() }; return outLines }
-    var stderr: [String] { lock.lock(); defer { lock.unlock() }; return errLines.map(\.1) }
-
-    /// When a stderr line containing `text` first appeared.
-    func timeOfLine(containing text: String) -> Date? {
-        lock.lock(); defer { lock.unlock() }
-        return errLines.first { $0.1.contains(text) }?.0
-    }
-
-    /// JSON objects printed on stdout.
-    var jsonObjects: [[String: Any]] {
-        stdout.compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
-    }
-
+    /// Makes player `i` (named `player-i`) and pairs it with the host.
     @discardableResult
-    func waitForExit(seconds: Double) -> Int32? {
-        let deadline = Date().addingTimeInterval(seconds)
-        while process.isRunning, Date() < deadline { usleep(10_000) }
-        if process.isRunning { return nil }
-        usleep(50_000) // let the pipes drain
-        return process.terminationStatus
+    func addPlayer(_ i: Int, name: String? = nil) throws -> PeerIdentity {
+        let p = try PeerIdentity.generate(displayName: name ?? "player-\(i)")
+        try p.save(to: playerDirectory(i) + "/identity.json")
+        try TrustStore(path: hostDirectory + "/paired.json").add(p.publicKey, name: p.displayName)
+        try TrustStore(path: playerDirectory(i) + "/paired.json").add(host.publicKey, name: host.displayName)
+        return p
     }
 
-    func kill(_ sig: Int32 = SIGKILL) { if process.isRunning { Glibc.kill(process.processIdentifier, sig) } }
+    var hostTrust: TrustStore { TrustStore(path: hostDirectory + "/paired.json") }
+    func playerTrust(_ i: Int) -> TrustStore { TrustStore(path: playerDirectory(i) + "/paired.json") }
+    func playerIdentity(_ i: Int) throws -> PeerIdentity { try PeerIdentity.load(from: playerDirectory(i) + "/identity.json") }
 
-    deinit {
-        if process.isRunning {
-            Glibc.kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-        }
-    }
-}
-
-/// Waits until `condition` holds or `seconds` pass.
-@discardableResult
-func eventually(_ seconds: Double = 5, _ condition: () -> Bool) -> Bool {
-    let deadline = Date().addingTimeInterval(seconds)
-    while Date() < deadline {
-        if condition() { return true }
-        usleep(5_000)
-    }
-    return condition()
-}
-
-/// All samples of a WAV file.
-func readWAV(_ path: String) throws -> (samples: [Float], format: AudioFormat) {
-    let source = try WAVFileSource(path: path, periodFrames: 1024, loop: false, realtime: false)
-    try source.start()
-    defer { source.stop() }
-    var out: [Float] = []
-    out.reserveCapacity(source.frameCount * source.format.channels)
-    var buf = [Float](repeating: 0, count: 1024 * source.format.channels)
-    while true {
-        let info = buf.withUnsafeMutableBufferPointer { source.read(into: $0, timeoutNanos: 200_000_000) }
-        guard let info else {
-            if source.isFinished { break }
-            continue
-        }
-        out.append(contentsOf: buf[0..<(info.frames * source.format.channels)])
-    }
-    return (out, source.format)
-}
-
-/// Raw Float32 little-endian samples.
-func readRaw(_ path: String) throws -> [Float] {
-    let d = try Data(contentsOf: URL(fileURLWithPath: path))
-    return d.withUnsafeBytes { raw in (0..<(raw.count / 4)).map { Float(bitPattern: UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: $0 * 4, as: UInt32.self))) } }
-}
-
-/// Where a 256-sample window of the received audio starting at `start` sits inside `reference`: the offset of
-/// its last exact match (the last, so that a reference made of a looped signal can be walked back through), or
-/// `nil`.
-func exactOffset(of received: [Float], at start: Int, in reference: [Float], window: Int = 256) -> Int? {
-    guard start >= 0, start + window <= received.count else { return nil }
-    let probe = Array(received[start..<(start + window)])
-    guard probe.contains(where: { $0 != 0 }) else { return nil }
-    var i = reference.count - window
-    while i >= 0 {
-        if reference[i] == probe[0], Array(reference[i..<(i + window)]) == probe { return i - start }
-        i -= 1
-    }
-    return nil
-}
-
-/// The largest step between neighbouring samples.
-func largestJump(_ s: ArraySlice<Float>) -> Float {
-    var m: Float = 0
-    var prev = s.first ?? 0
-    for v in s { m = max(m, abs(v - prev)); prev = v }
-    return m
+    /// `--state-dir` arguments.
+    var hostArgs: [String] { ["--state-dir", hostDirectory] }
+    func playerArgs(_ i: Int = 0) -> [String] { ["--state-dir", playerDirectory(i)] }
 }

@@ -1,0 +1,4 @@
+#ifndef PEERMESH_CQRENCODE_SHIM_H
+#define PEERMESH_CQRENCODE_SHIM_H
+#include <qrencode.h>
+#endif

@@ -1,0 +1,174 @@
+import Foundation
+import MeshPOSIX
+import PeerMesh
+import Synchronization
+
+/// The player's side of pairing: finds the host whose pairing window is open (TXT `pair=1`, or a direct address),
+/// joins its pairing session, proves the code with the PAKE (`Pairing`), and on success trusts the host's key — the
+/// host trusts the player's at the same moment. Then it leaves.
+public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate, Sendable {
+    /// How pairing ended.
+    public enum Outcome: Sendable, Equatable {
+        /// Both sides now trust each other.
+        case paired(PeerID)
+        /// It did not work; the text says why (wrong code, window closed, no host, timed out…).
+        case failed(String)
+    }
+
+    /// What pairing needs.
+    public struct Configuration: Sendable {
+        public var identity: PeerIdentity
+        public var trust: TrustStore
+        /// The code shown by the host (`1234-5678`; spaces and dashes do not matter).
+        public var code: String
+        /// Which host: by discovery (optionally by name or fingerprint), or at an address.
+        public var target: JoinTarget
+        /// When the code came from the host's QR code: the host's fingerprint (prefix), which the handshake must prove.
+        public var expectedFingerprint: String?
+        public var serviceType: String = "mesh-audio"
+        public var discovery: (any DiscoveryBackend)?
+        public var bindHost: String = ""
+        /// How long it may take in all.
+        public var timeout: Duration = .seconds(15)
+
+        public init(identity: PeerIdentity, trust: TrustStore, code: String, target: JoinTarget) {
+            self.identity = identity
+            self.trust = trust
+            self.code = code
+            self.target = target
+        }
+    }
+
+    private struct State {
+        var inviting = false
+        var initiator: Pairing.Initiator?
+        var outcome: Outcome?
+        var seen: [PeerID: Bool] = [:]
+    }
+
+    public let configuration: Configuration
+    private let session: Session
+    private let browser: NearbyServiceBrowser?
+    private let state = Mutex(State())
+    private let finished = WakeSignal()
+    private let log: @Sendable (String) -> Void
+
+    public init(configuration: Configuration, log: @escaping @Sendable (String) -> Void = { _ in }) throws {
+        self.configuration = configuration
+        self.log = log
+        session = try Session(securityIdentity: configuration.identity,
+                              configuration: .init(bindHost: configuration.bindHost, maximumMessageSize: 4096))
+        if case .discover = configuration.target {
+            browser = try NearbyServiceBrowser(peer: configuration.identity.peerID, serviceType: configuration.serviceType,
+                                               discovery: configuration.discovery)
+        } else {
+            browser = nil
+        }
+        session.delegate = self
+        browser?.delegate = self
+    }
+
+    /// Pairs, waiting until it is done or `configuration.timeout` passes.
+    public func run() -> Outcome {
+        do {
+            try browser?.startBrowsingForPeers()
+            if case .direct(let endpoint) = configuration.target {
+                state.withLock { $0.inviting = true }
+                try session.connect(to: endpoint, context: RelayHost.pairingContext, timeout: configuration.timeout)
+            }
+        } catch {
+            return .failed("\(error)")
+        }
+        _ = finished.wait(untilNanos: MonotonicClock.nowNanos() + configuration.timeout.nanoseconds)
+        browser?.stopBrowsingForPeers()
+        session.disconnect()
+        return state.withLock { s in
+            if let o = s.outcome { return o }
+            if case .discover(let name) = configuration.target, !s.inviting {
+                let others = s.seen.keys.map(\.displayName).sorted()
+                let what = name.map { "host \"\($0)\" with an open pairing window" } ?? "host with an open pairing window"
+                return .failed("no \(what) found" + (others.isEmpty ? "" : " (saw without one: \(others.joined(separator: ", ")))"))
+            }
+            return .failed("pairing timed out")
+        }
+    }
+
+    private func finish(_ outcome: Outcome) {
+        let first = state.withLock { s -> Bool in
+            guard s.outcome == nil else { return false }
+            s.outcome = outcome
+            return true
+        }
+        if first { finished.signal() }
+    }
+
+    // MARK: Delegates
+
+    public func browser(_ browser: NearbyServiceBrowser, foundPeer peer: PeerID, withDiscoveryInfo info: [String: String]?) {
+        let open = info?["pair"] == "1"
+        if case .discover(let name?) = configuration.target, !JoinStateMachine.matches(peer, name: name) { return }
+        if let fp = configuration.expectedFingerprint, !(peer.publicKey?.matches(fingerprintPrefix: fp) ?? false) { return }
+        let go = state.withLock { s -> Bool in
+            s.seen[peer] = open
+            guard open, !s.inviting else { return false }
+            s.inviting = true
+            return true
+        }
+        guard go else { return }
+        log("pairing with \(peer.displayName)…")
+        do { try browser.invitePeer(peer, to: session, withContext: RelayHost.pairingContext, timeout: configuration.timeout) } catch {
+            finish(.failed("\(error)"))
+        }
+    }
+
+    public func browser(_ browser: NearbyServiceBrowser, lostPeer peer: PeerID) {}
+
+    public func session(_ session: Session, didReceiveCertificate certificate: PeerCertificate, fromPeer peer: PeerID,
+                        certificateHandler: @escaping @Sendable (Bool) -> Void) {
+        // The code proves the host; a fingerprint from its QR code must match as well.
+        if let fp = configuration.expectedFingerprint { certificateHandler(certificate.publicKey.matches(fingerprintPrefix: fp)) }
+        else { certificateHandler(true) }
+    }
+
+    public func session(_ session: Session, peer: PeerID, didChange state: SessionState) {
+        switch state {
+        case .connected:
+            guard let binding = session.channelBinding(for: peer) else { return finish(.failed("the link to \(peer.displayName) is not encrypted")) }
+            let initiator = Pairing.Initiator(code: configuration.code, binding: binding)
+            self.state.withLock { $0.initiator = initiator }
+            try? session.send(Data(initiator.firstMessage), toPeers: [peer], with: .reliable)
+        case .notConnected:
+            finish(.failed("\(peer.displayName) closed the pairing session"))
+        case .connecting:
+            break
+        }
+    }
+
+    public func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {
+        let m = Array(data)
+        if let result = Pairing.result(m) {
+            switch result {
+            case .paired:
+                guard let key = peer.publicKey else { return finish(.failed("the host has no key")) }
+                do { try configuration.trust.add(key, name: peer.displayName) } catch { return finish(.failed("\(error)")) }
+                finish(.paired(peer))
+            case .wrongCode, .windowClosed:
+                finish(.failed(result.description))
+            }
+            return
+        }
+        let answer = state.withLock { s -> Result<[UInt8], Pairing.Failure> in
+            guard var i = s.initiator else { return .failure(.malformed) }
+            defer { s.initiator = i }
+            do throws(Pairing.Failure) { return .success(try i.answer(m)) } catch { return .failure(error) }
+        }
+        switch answer {
+        case .success(let m3): try? session.send(Data(m3), toPeers: [peer], with: .reliable)
+        case .failure(let e): finish(.failed(e.description))
+        }
+    }
+
+    public func session(_ session: Session, invitationTo peer: PeerID?, failedWith reason: DeclineReason, detail: String) {
+        finish(.failed("\(peer?.displayName ?? "the host"): \(detail)"))
+    }
+}
