@@ -8,14 +8,16 @@ package struct DeviceState: Sendable {
     package let identity: PeerIdentity
     package let trust: TrustStore
 
-    /// Loads (or, on first run, creates and says so in one line) the identity, under `name`. A damaged or unreadable
-    /// file is an error: it ends the run with a line saying what to do, never a silent new identity.
-    package static func open(_ directory: StateDirectory, name: String, terminal: Terminal) -> DeviceState {
+    /// Loads (or, on first run, creates and says so in one line) the identity. `name` (from `--name`) renames it;
+    /// without it the saved name stays, and a new identity takes the host name. A damaged or unreadable file is an
+    /// error: it ends the run with a line saying what to do, never a silent new identity.
+    package static func open(_ directory: StateDirectory, name: String?, terminal: Terminal) -> DeviceState {
         do {
-            var (identity, created) = try PeerIdentity.loadOrCreate(at: directory.identityPath, displayName: name)
+            var (identity, created) = try PeerIdentity.loadOrCreate(at: directory.identityPath,
+                                                                    displayName: name ?? RecordOptions.defaultName)
             if created {
                 terminal.error("created this device's identity (key \(identity.publicKey.shortFingerprint)) in \(directory.path)")
-            } else if identity.displayName != name {
+            } else if let name, identity.displayName != name {
                 // Trust follows the key: a new name is only a label.
                 identity = try identity.renamed(name)
                 try identity.save(to: directory.identityPath)

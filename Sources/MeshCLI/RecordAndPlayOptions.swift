@@ -85,7 +85,8 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
     }
 
     package var action: Action = .host
-    package var name: String = RecordOptions.defaultName
+    /// `--name`, if given; otherwise the saved identity's name (on first run, the host name).
+    package var name: String?
     package var state = StateDirectory.default
     package var service = "mesh-audio"
     package var input: AudioInput = .device("default")
@@ -120,7 +121,7 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
       --paired            list the paired players, then exit
       --forget NAME|FP    forget a paired player (a connected one is disconnected at once), then exit
       --state-dir DIR     identity and paired devices (default $XDG_CONFIG_HOME/peermesh or ~/.config/peermesh)
-      --name NAME         name players see (default: host name)
+      --name NAME         name players see (saved; default: host name)
       --service TYPE      DNS-SD service type (default mesh-audio)
       --device DEV        ALSA capture device (default "default"; list with arecord -L)
       --input SRC         device:NAME, tone:HZ, file:PATH or a .wav/.flac/.ogg file (looped) instead of --device
@@ -148,8 +149,9 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
             case "--help", "-h": return .help
             case "--version": return .version
             case "--name":
-                o.name = try cursor.value(for: a)
-                do { try PeerID.validate(displayName: o.name) } catch { throw UsageError("--name: \(error)") }
+                let name = try cursor.value(for: a)
+                do { try PeerID.validate(displayName: name) } catch { throw UsageError("--name: \(error)") }
+                o.name = name
             case "--state-dir": o.state = StateDirectory(try cursor.value(for: a))
             case "--service":
                 o.service = try cursor.value(for: a)
@@ -229,7 +231,8 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
     package var duration: Double?
     package var quiet = false
     package var json = false
-    package var name = RecordOptions.defaultName
+    /// `--name`, if given; otherwise the saved identity's name (on first run, the host name).
+    package var name: String?
     package var state = StateDirectory.default
 
     package static let usage = """
@@ -244,7 +247,7 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
       --paired            list the paired hosts, then exit
       --forget NAME|FP    forget a paired host, then exit
       --state-dir DIR     identity and paired devices (default $XDG_CONFIG_HOME/peermesh or ~/.config/peermesh)
-      --name NAME         this player's name (default: host name)
+      --name NAME         this player's name (saved; default: host name)
       --service TYPE      DNS-SD service type (default mesh-audio)
       --device DEV        ALSA playback device (default "default"; list with aplay -L)
       --output FILE.wav   write a WAV file instead of playing
@@ -307,8 +310,9 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
                 guard let d = Double(v), d.isFinite, d > 0 else { throw UsageError("--duration takes positive seconds, got \"\(v)\"") }
                 o.duration = d
             case "--name":
-                o.name = try cursor.value(for: a)
-                do { try PeerID.validate(displayName: o.name) } catch { throw UsageError("--name: \(error)") }
+                let name = try cursor.value(for: a)
+                do { try PeerID.validate(displayName: name) } catch { throw UsageError("--name: \(error)") }
+                o.name = name
             case "--quiet": o.quiet = true
             case "--json": o.json = true
             default: throw UsageError("unknown option \"\(a)\"")

@@ -31,7 +31,7 @@ func listHosts() -> Never {
     let seconds = options.duration ?? 2
     do {
         let trust = DeviceState.trustOnly(options.state)
-        let browser = try NearbyServiceBrowser(peer: try PeerID(displayName: options.name), serviceType: options.service,
+        let browser = try NearbyServiceBrowser(peer: try PeerID(displayName: options.name ?? RecordOptions.defaultName), serviceType: options.service,
                                                discovery: try AvahiDiscovery(log: { terminal.log(TerminalText.escape($0)) }))
         let lister = Lister()
         browser.delegate = lister

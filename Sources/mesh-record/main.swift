@@ -61,7 +61,7 @@ do {
 } catch {
     terminal.fail("\(error)")
 }
-terminal.log("serving \"\(TerminalText.escape(options.name))\" (\(source.format), period \(source.periodFrames)) on port \(host.port), "
+terminal.log("serving \"\(TerminalText.escape(device.identity.displayName))\" (\(source.format), period \(source.periodFrames)) on port \(host.port), "
     + "key \(device.identity.publicKey.shortFingerprint), accepting \(options.accept.rawValue) players")
 
 if options.pair {
@@ -88,7 +88,7 @@ ticker.schedule(deadline: .now() + 1, repeating: 1)
 ticker.setEventHandler {
     let s = host.statistics
     terminal.status(StatusReport.line(host: s, format: source.format, hold: hold.update(s.peakLevel)))
-    if options.json { terminal.stdout(StatusReport.json(host: s, name: options.name, port: host.port, format: source.format).description) }
+    if options.json { terminal.stdout(StatusReport.json(host: s, name: device.identity.displayName, port: host.port, format: source.format).description) }
 }
 ticker.resume()
 done.wait()
@@ -98,7 +98,7 @@ let final = host.statistics
 terminal.log("stopping: saying goodbye to \(final.players.count) player(s)")
 host.stop()
 if options.json {
-    terminal.stdout(StatusReport.json(host: final, name: options.name, port: host.port, format: source.format, final: true).description)
+    terminal.stdout(StatusReport.json(host: final, name: device.identity.displayName, port: host.port, format: source.format, final: true).description)
 }
 withExtendedLifetime((trap, input)) {}
 exit(0)

@@ -56,7 +56,7 @@ struct OptionsTests {
     func play() throws {
         guard case .run(let d) = try PlayOptions.parse(["--find"]) else { Issue.record("no config"); return }
         #expect(d.action == .play && d.latency == .auto && d.output == .device("default") && d.hostName == nil && d.duration == nil)
-        #expect(d.name == RecordOptions.defaultName, "the player is named after the host it runs on")
+        #expect(d.name == nil, "without --name the saved identity keeps its name (a new one takes the host name)")
         guard case .run(let o) = try PlayOptions.parse(["--find", "--host", "kitchen", "--output", "x.wav", "--latency", "low",
                                                        "--duration", "2.5", "--json"])
         else { Issue.record("no config"); return }

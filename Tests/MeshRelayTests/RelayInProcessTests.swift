@@ -53,7 +53,7 @@ struct RelayInProcessTests {
         for (p, _) in players {
             let s = p.statistics
             totals.append(s.playout.received)
-            print("fan-out player: received \(s.playout.received) lost \(s.playout.lostPackets) late \(s.playout.late) underruns \(s.playout.underruns) concealed \(s.playout.concealedFrames) skipped \(s.playout.skippedFrames) stretched \(s.playout.stretchedFrames) resampling \(s.playout.resampling) drift \(s.playout.driftPPM) target \(s.playout.targetMilliseconds) jitter \(s.playout.peakJitterMilliseconds)")
+            print("fan-out player: duplicates \(s.playout.duplicates) overflows \(s.playout.ringOverflows) resyncs \(s.playout.resyncs) mismatches \(s.playout.formatMismatches) lostFrames \(s.playout.lostFrames) unauthentic \(s.unauthenticDatagrams) stranger \(s.strangerDatagrams) host not sent \(host.session.statistics.datagramsNotSent) received \(s.playout.received) lost \(s.playout.lostPackets) late \(s.playout.late) underruns \(s.playout.underruns) concealed \(s.playout.concealedFrames) skipped \(s.playout.skippedFrames) stretched \(s.playout.stretchedFrames) resampling \(s.playout.resampling) drift \(s.playout.driftPPM) target \(s.playout.targetMilliseconds) jitter \(s.playout.peakJitterMilliseconds)")
             #expect(s.playout.lostPackets == 0)
             #expect(!s.playout.resampling, "one clock: the drift loop stays off")
             #expect(s.playout.received > 500, "received \(s.playout.received)")

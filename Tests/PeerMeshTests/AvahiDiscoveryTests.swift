@@ -270,6 +270,9 @@ struct AvahiDiscoveryTests {
         let text = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         process.waitUntilExit()
         #expect(process.terminationStatus == 1)
-        #expect(text == "peermesh-probe: \(AvahiDiscovery.daemonMissingMessage)\n")
+        // Off a terminal each line starts with its ISO-8601 time; the rest is exactly the one message.
+        let line = text.split(separator: " ", maxSplits: 1).last.map(String.init) ?? ""
+        #expect(text.hasPrefix("20") && text.filter { $0 == "\n" }.count == 1, "\(text)")
+        #expect(line == "peermesh-probe: \(AvahiDiscovery.daemonMissingMessage)\n")
     }
 }

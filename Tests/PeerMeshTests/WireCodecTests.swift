@@ -183,7 +183,7 @@ private let sampleFrames: [ControlFrame] = [
         #expect(decode([2, 0, 0, 0, 1, 0, 2] + be64(3) + [0, 2, 9]) == .failure(.truncated))
         #expect(decode([2, 0, 0, 0, 1, 0, 2] + be64(3) + [0, 1, 9, 9]) == .failure(.trailingBytes))
         #expect(decode([4, 0, 0, 0]) == .failure(.badField("reason")))
-        #expect(decode([4, 7, 0, 0]) == .failure(.badField("reason")))
+        #expect(decode([4, 8, 0, 0]) == .failure(.badField("reason")))
         #expect(decode([4, 1, 0, 2, 0xc3, 0x28]) == .failure(.badField("text")))
         #expect(decode([4, 1, 0, 3, 0x61]) == .failure(.truncated))
         #expect(decode([4, 1, 0, 1, 0x61, 0x62]) == .failure(.trailingBytes))

@@ -8,7 +8,7 @@ public enum PeerMeshError: Error, Equatable, Sendable, CustomStringConvertible {
     case invalidDiscoveryInfo(String)
     /// An argument the call cannot take (empty data, empty peer list, oversize datagram, bad timeout…).
     case invalidParameter(String)
-    /// A listed peer is not connected; nothing was sent.
+    /// A listed peer is not connected (a reliable send sent nothing; a datagram went to the connected ones).
     case notConnected(String)
     /// A socket call failed (bind, listen, connect…); the text carries `strerror`.
     case transport(String)

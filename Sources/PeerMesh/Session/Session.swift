@@ -62,6 +62,8 @@ public extension SessionDelegate {
 public struct SessionStatistics: Sendable, Equatable {
     /// Datagrams sent.
     public var datagramsSent: UInt64 = 0
+    /// Datagrams the kernel refused (socket buffer full, or no route): lost before the network.
+    public var datagramsNotSent: UInt64 = 0
     /// Datagrams delivered to the delegate.
     public var datagramsReceived: UInt64 = 0
     /// Datagrams that are not PeerMesh's or not well formed.
@@ -209,7 +211,8 @@ public final class Session: Sendable {
     /// Sends `data` to every peer in `peers`.
     ///
     /// - Throws: `invalidParameter` for empty data, an empty peer list or an oversize message;
-    ///   `notConnected` if any listed peer is not connected — then nothing is sent to anyone.
+    ///   `notConnected` if any listed peer is not connected — then a reliable send sends nothing to anyone, while an
+    ///   unreliable one has still gone to the connected peers.
     public func send(_ data: Data, toPeers peers: [PeerID], with mode: SendMode) throws(PeerMeshError) {
         guard !peers.isEmpty else { throw .invalidParameter("send: the peer list is empty") }
         guard !data.isEmpty else { throw .invalidParameter("send: the data is empty") }

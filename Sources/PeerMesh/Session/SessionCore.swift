@@ -5,6 +5,7 @@ import Synchronization
 /// The counters behind `SessionStatistics`: atomics, so the datagram path and senders count without a lock.
 final class SessionCounters: Sendable {
     let datagramsSent = Atomic<UInt64>(0)
+    let datagramsNotSent = Atomic<UInt64>(0)
     let datagramsReceived = Atomic<UInt64>(0)
     let malformedDatagrams = Atomic<UInt64>(0)
     let strangerDatagrams = Atomic<UInt64>(0)
@@ -28,6 +29,7 @@ final class SessionCounters: Sendable {
     var snapshot: SessionStatistics {
         var s = SessionStatistics()
         s.datagramsSent = datagramsSent.load(ordering: .relaxed)
+        s.datagramsNotSent = datagramsNotSent.load(ordering: .relaxed)
         s.datagramsReceived = datagramsReceived.load(ordering: .relaxed)
         s.malformedDatagrams = malformedDatagrams.load(ordering: .relaxed)
         s.strangerDatagrams = strangerDatagrams.load(ordering: .relaxed)
@@ -378,24 +380,27 @@ final class SessionCore: Sendable {
         queuedBytes.withLock { if n == 0 { $0[link] = nil } else { $0[link] = n } }
     }
 
+    /// Sends one datagram to each of `peers` that is connected. A peer that is not (it just left, or is not up
+    /// yet) is skipped, and named in the error thrown after the others were sent to: one peer's departure never
+    /// costs the rest their audio.
     func sendDatagram(_ payload: UnsafeRawBufferPointer, to peers: [PeerID]) throws(PeerMeshError) {
         let table = sendTable.withLock { $0 }
-        for p in peers where table[p] == nil {
-            throw .notConnected("send: peer \(p) is not connected; nothing was sent")
-        }
+        var missing: PeerID?
         // No heap allocation: each datagram is assembled (and sealed, on an encrypted link) in stack space.
         let size = DatagramHeader.size + payload.count + Sodium.tagSize
-        var sent: UInt64 = 0
+        var sent: UInt64 = 0, failed: UInt64 = 0
         withUnsafeTemporaryAllocation(byteCount: size, alignment: 16) { buf in
             for p in peers {
-                let r = table[p]!
+                guard let r = table[p] else { missing = p; continue }
                 let sequence = r.counters.takeSequence()
                 guard sequence < maximumDatagramSequence else { continue }
                 let n = Self.seal(payload, kind: .data, token: r.remoteToken, sequence: sequence, key: r.key, into: buf)
-                if udp.send(UnsafeRawBufferPointer(rebasing: buf[..<n]), to: r.remote) >= 0 { sent += 1 }
+                if udp.send(UnsafeRawBufferPointer(rebasing: buf[..<n]), to: r.remote) >= 0 { sent += 1 } else { failed += 1 }
             }
         }
         SessionCounters.bump(counters.datagramsSent, by: sent)
+        if failed > 0 { SessionCounters.bump(counters.datagramsNotSent, by: failed) }
+        if let missing { throw .notConnected("send: peer \(missing) is not connected; the datagram went to the others") }
     }
 
     /// Writes a datagram — header, then the payload sealed under `key` (nonce: the sequence number; associated
@@ -449,7 +454,6 @@ final class SessionCore: Sendable {
     /// Carries out the state machine's actions, in order. Loop thread only; no lock is held.
     private func perform(_ actions: [SessionStateMachine.Action]) {
         guard !actions.isEmpty else { return }
-        var routesChanged = false
         let receiver = (owner.withLock { $0.value }, delegate.withLock { $0.value })
         for a in actions {
             switch a {
@@ -481,7 +485,8 @@ final class SessionCore: Sendable {
                 let lc = LinkCounters()
                 io.value.counters[l] = lc
                 io.value.datagramKeys[l] = c.datagramKeys
-                routesChanged = true
+                // Senders see the route before any delegate hears "connected" (which may send at once).
+                publishSendTable()
                 // The inviter learns last that the link is up: it pings at once, so the far side latches its
                 // address and both measure the RTT early. (An invitee's ping could outrun its ACCEPT.)
                 if c.isOutgoing { sendPing(to: remote, token: token, counters: lc, key: c.datagramKeys?.send, now: now) }
@@ -489,10 +494,9 @@ final class SessionCore: Sendable {
                 io.value.router.routeDown(link: l)
                 io.value.counters[l] = nil
                 io.value.datagramKeys[l] = nil
-                routesChanged = true
+                publishSendTable()
             }
         }
-        if routesChanged { publishSendTable() }
         armTimer()
     }
 
