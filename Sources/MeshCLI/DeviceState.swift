@@ -22,7 +22,9 @@ package struct DeviceState: Sendable {
                 identity = try identity.renamed(name)
                 try identity.save(to: directory.identityPath)
             }
-            return DeviceState(directory: directory, identity: identity, trust: TrustStore(path: directory.trustPath))
+            let trust = TrustStore(path: directory.trustPath)
+            _ = try trust.list()  // a damaged trust store stops the run now, not at the first join
+            return DeviceState(directory: directory, identity: identity, trust: trust)
         } catch {
             terminal.fail("\(error)")
         }

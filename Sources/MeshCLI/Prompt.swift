@@ -63,8 +63,8 @@ package final class TerminalApproval: PlayerApproval {
             }
             input.withdraw(id)
             if wasCurrent {
-                terminal.error("the request from \(TerminalText.escape(request.peer.displayName)) was withdrawn")
                 terminal.endQuestion()
+                terminal.error("the request from \(TerminalText.escape(request.peer.displayName)) was withdrawn")
                 if let next { show(next) }
             }
         }

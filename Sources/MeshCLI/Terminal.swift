@@ -15,9 +15,9 @@ package final class Terminal: Sendable {
     /// `--quiet`: no event lines, no status line (errors are still printed).
     package let quiet: Bool
     private let program: String
-    private let lock = Mutex(())
-    /// While a question is on screen the status line is not drawn (it would erase the question).
-    private let statusPaused = Atomic<Bool>(false)
+    /// Serializes writes, and holds the question on screen (a terminal's only): a line logged meanwhile is written
+    /// above it and the question is drawn again below, so it never scrolls away or gets erased.
+    private let lock = Mutex<String?>(nil)
 
     package init(program: String, quiet: Bool) {
         self.program = program
@@ -48,20 +48,31 @@ package final class Terminal: Sendable {
 
     /// Redraws the status line (terminals only; not while a question is open).
     package func status(_ text: String) {
-        guard !quiet, isTTY, !statusPaused.load(ordering: .acquiring) else { return }
-        write("\r\u{1B}[2K\(text)", to: 2)
+        guard !quiet, isTTY else { return }
+        lock.withLock { open in
+            // Not while a question is open: it would erase the question.
+            if open == nil { LineWriter.write("\r\u{1B}[2K\(text)", to: 2) }
+        }
     }
 
     /// Shows a question and keeps it on screen: the status line pauses until `endQuestion`.
     package func question(_ text: String) {
-        statusPaused.store(true, ordering: .releasing)
-        write(isTTY ? "\r\u{1B}[2K\(program): \(text) " : "\(program): \(text)\n", to: 2)
+        guard isTTY else { return write("\(program): \(text)\n", to: 2) }
+        let line = "\(program): \(text) "
+        lock.withLock { open in
+            open = line
+            LineWriter.write("\r\u{1B}[2K" + line, to: 2)
+        }
     }
 
     /// The question is answered or gone: the status line may come back.
     package func endQuestion() {
-        if isTTY { write("\n", to: 2) }
-        statusPaused.store(false, ordering: .releasing)
+        if isTTY {
+            lock.withLock { open in
+                open = nil
+                LineWriter.write("\n", to: 2)
+            }
+        }
     }
 
     /// Ends the status line.
@@ -74,7 +85,10 @@ package final class Terminal: Sendable {
     package func stdout(_ line: String) { write(line + "\n", to: 1) }
 
     private func write(_ s: String, to fd: Int32) {
-        lock.withLock { _ in LineWriter.write(s, to: fd) }
+        lock.withLock { open in
+            LineWriter.write(s, to: fd)
+            if fd == 2, let open, s.hasSuffix("\n") { LineWriter.write(open, to: 2) }
+        }
     }
 }
 

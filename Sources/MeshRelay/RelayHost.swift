@@ -93,6 +93,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     private let capture: CapturePipeline<[PeerID]>
     private let running = Atomic<Bool>(false)
     private let events: @Sendable (String) -> Void
+    private let notices: @Sendable (String) -> Void
     private let state = Mutex(HostState())
     private let timers = DispatchQueue(label: "peermesh.relay-host.timers")
 
@@ -131,13 +132,18 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     }
 
     /// Opens the sessions and the advertiser (nothing is published until `start`).
-    /// - Parameter log: receives one human-readable line per event (joins, leaves, pairing). Remote names in it are
-    ///   raw: the CLI escapes them before they reach a terminal.
-    public init(configuration: Configuration, source: any AudioSource, log: @escaping @Sendable (String) -> Void = { _ in }) throws {
+    /// - Parameters:
+    ///   - log: receives one human-readable line per event (joins, leaves). Remote names in it are raw: the CLI
+    ///     escapes them before they reach a terminal.
+    ///   - notice: receives the lines the operator asked for — pairing outcomes, the window closing — (default:
+    ///     `log`); the CLI prints them even with `--quiet`.
+    public init(configuration: Configuration, source: any AudioSource, log: @escaping @Sendable (String) -> Void = { _ in },
+                notice: (@Sendable (String) -> Void)? = nil) throws {
         peer = configuration.identity.peerID
         self.configuration = configuration
         self.source = source
         events = log
+        notices = notice ?? log
         let sessionConfig = Session.Configuration(maximumPeers: configuration.maximumPeers, peerTimeout: configuration.peerTimeout,
                                                   udpPort: configuration.port, bindHost: configuration.bindHost,
                                                   maximumPeersPerHost: configuration.maximumPlayersPerAddress)
@@ -247,7 +253,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     public var isPairing: Bool { state.withLock { $0.pairing != nil } }
 
     private func closePairing(why: String) {
-        events("pairing window closed (\(why))")
+        notices("pairing window closed (\(why))")
         try? advertiser.updateDiscoveryInfo(Self.info(source: source, extra: configuration.discoveryInfo, pairing: false))
         pairingSession.disconnect()
     }
@@ -286,10 +292,10 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         case .paired:
             if let key = peer.publicKey { try? configuration.trust?.add(key, name: peer.displayName) }
             try? pairingSession.send(Data(Pairing.resultMessage(.paired)), toPeers: [peer], with: .reliable)
-            events("paired \(peer.displayName) (\(peer.publicKey?.shortFingerprint ?? "?"))")
+            notices("paired \(peer.displayName) (\(peer.publicKey?.shortFingerprint ?? "?"))")
         case .failed(let closedAfter):
             try? pairingSession.send(Data(Pairing.resultMessage(.wrongCode)), toPeers: [peer], with: .reliable)
-            events("pairing attempt by \(peer.displayName) failed: wrong code")
+            notices("pairing attempt by \(peer.displayName) failed: wrong code")
             if let n = closedAfter { closePairing(why: "\(n) wrong codes") }
         }
     }
@@ -306,7 +312,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             return .some(nil)
         }
         guard let closedAfter = outcome else { return }
-        events("pairing attempt by \(peer.displayName) failed: wrong code")
+        notices("pairing attempt by \(peer.displayName) failed: wrong code")
         if let n = closedAfter { closePairing(why: "\(n) wrong codes") }
     }
 

@@ -288,6 +288,10 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
             if state == .connected { host = peer } else if host == peer { host = nil }
         }
         if state != .connecting { audioSinceJoin.store(false, ordering: .releasing) }
+        // Trust follows the key: the paired entry takes the host's current name, and notes when it was last seen.
+        if state == .connected, case .paired(let store) = configuration.hosts, let key = peer.publicKey {
+            try? store.touch(key, name: peer.displayName)
+        }
         let actions = join.withLock { $0.sessionState(peer, state, now: monotonicNow()) }
         control.async { self.perform(actions) }
     }

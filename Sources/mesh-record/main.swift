@@ -56,7 +56,8 @@ config.bindHost = options.bind
 config.maximumPlayersPerAddress = options.maxPerAddress
 let host: RelayHost
 do {
-    host = try RelayHost(configuration: config, source: source, log: { terminal.log(TerminalText.escape($0)) })
+    host = try RelayHost(configuration: config, source: source, log: { terminal.log(TerminalText.escape($0)) },
+                         notice: { terminal.error(TerminalText.escape($0)) })
     try host.start()
 } catch {
     terminal.fail("\(error)")

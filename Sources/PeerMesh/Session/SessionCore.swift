@@ -92,6 +92,8 @@ final class SessionCore: Sendable {
         var router = DatagramRouter()
         var counters: [LinkID: LinkCounters] = [:]
         var failureDetail: [LinkID: String] = [:]
+        /// A better reason than the state machine's for a link's failure (our own certificate check said no).
+        var failureReason: [LinkID: DeclineReason] = [:]
         var udpRegistration: EventLoop.Registration?
         var timer: EventLoop.Timer?
         var timerDeadline: Nanos = .max
@@ -310,6 +312,7 @@ final class SessionCore: Sendable {
                 c.approve()
             } else {
                 io.value.failureDetail[link] = "certificate rejected: \(peer.displayName)'s key \(key.shortFingerprint) is not trusted"
+                io.value.failureReason[link] = .notTrusted
                 let actions = shared.withLock { $0.machine.linkClosed(link) }
                 perform(actions)
             }
@@ -431,6 +434,8 @@ final class SessionCore: Sendable {
 
     private func received(_ frame: ControlFrame, on link: LinkID) {
         let now = MonotonicClock.nowNanos()
+        // The decliner's own words say more than the reason code ("the pairing window is closed; …").
+        if case .decline(_, let text) = frame, !text.isEmpty { io.value.failureDetail[link] = text }
         let actions = shared.withLock { $0.machine.received(frame, on: link, now: now) }
         perform(actions)
     }
@@ -455,6 +460,13 @@ final class SessionCore: Sendable {
     private func perform(_ actions: [SessionStateMachine.Action]) {
         guard !actions.isEmpty else { return }
         let receiver = (owner.withLock { $0.value }, delegate.withLock { $0.value })
+        var closed: [LinkID] = []
+        defer {
+            for l in closed {  // details no failure report took
+                io.value.failureDetail[l] = nil
+                io.value.failureReason[l] = nil
+            }
+        }
         for a in actions {
             switch a {
             case .report(let p, let st):
@@ -463,6 +475,7 @@ final class SessionCore: Sendable {
                 if let s = receiver.0, let d = receiver.1 { d.session(s, didReceive: Data(bytes), fromPeer: p) }
             case .invitationFailed(let l, let p, let r):
                 let detail = io.value.failureDetail.removeValue(forKey: l) ?? r.description
+                let r = io.value.failureReason.removeValue(forKey: l) ?? r
                 if let s = receiver.0, let d = receiver.1 { d.session(s, invitationTo: p, failedWith: r, detail: detail) }
             case .fault(let l, let f):
                 SessionCounters.bump(counters.peerFaults)
@@ -470,6 +483,7 @@ final class SessionCore: Sendable {
             case .send(let l, let f):
                 io.value.connections[l]?.send(f)
             case .close(let l):
+                closed.append(l)
                 io.value.connections.removeValue(forKey: l)?.close()
                 io.value.localTokens[l] = nil
                 io.value.expectedKeys[l] = nil

@@ -17,7 +17,8 @@ public enum DeclineReason: UInt8, Sendable, Equatable, CustomStringConvertible {
     case alreadyConnected = 5
     /// The invitation could not be delivered (the advertiser stopped, the frame was malformed…).
     case unavailable = 6
-    /// The invited peer does not trust this peer's key (not paired); asking again will not help.
+    /// The invited peer does not trust this peer's key (not paired); asking again will not help. A session also
+    /// reports its own invitation failed with this reason when its certificate check refused the invitee's key.
     case notTrusted = 7
 
     /// Whether asking again later could succeed: declined, unknown keys and duplicates are answers, not accidents.
@@ -36,7 +37,7 @@ public enum DeclineReason: UInt8, Sendable, Equatable, CustomStringConvertible {
         case .simultaneousInvite: "simultaneous invitations; the other one wins"
         case .alreadyConnected: "already connected"
         case .unavailable: "the invited peer is not available"
-        case .notTrusted: "this peer's key is not trusted there (not paired)"
+        case .notTrusted: "the keys are not trusted (not paired)"
         }
     }
 }
