@@ -3,6 +3,8 @@ import MeshAudio
 import MeshImpair
 import MeshPipeline
 import MeshTestSupport
+import MeshPOSIX
+import Synchronization
 import PeerMesh
 import Testing
 @testable import MeshRelay
@@ -70,6 +72,123 @@ struct RelayInProcessTests {
             #expect(largestJump(body) < 0.5 * 2 * Float.pi * 440 / 44_100 * 1.25)
         }
         print("fan-out: packets received per player \(totals)")
+    }
+
+    @Test("While a paired player listens, an unpaired PeerMesh client and a half-finished handshake get no audio datagram")
+    func strangersGetNoAudio() throws {
+        final class Watcher: SessionDelegate, Sendable {
+            let failures = Mutex<[(DeclineReason, String)]>([])
+            let datagrams = Atomic<Int>(0)
+            func session(_ session: Session, peer: PeerID, didChange state: SessionState) {}
+            func session(_ session: Session, didReceiveDatagramBytes raw: UnsafeRawBufferPointer, fromPeer peer: PeerID) {
+                datagrams.add(1, ordering: .relaxed)
+            }
+            func session(_ session: Session, invitationTo peer: PeerID?, failedWith reason: DeclineReason, detail: String) {
+                failures.withLock { $0.append((reason, detail)) }
+            }
+        }
+        let host = try makeHost(name: "private-host")
+        defer { host.stop() }
+        let endpoint = PeerEndpoint(host: "127.0.0.1", port: host.port)
+        let player = try makePlayer(0, endpoint: endpoint, out: Rig.tempPath("private.wav"))
+        defer { player.stop() }
+        #expect(eventually(10) { player.statistics.playout.received > 50 })
+        // 1. A complete handshake with a key the host never paired: declined, "not paired".
+        let stranger = try Session(securityIdentity: try PeerIdentity.generate(displayName: "stranger"))
+        let watcher = Watcher()
+        stranger.delegate = watcher
+        try stranger.connect(to: endpoint, timeout: .seconds(3))
+        #expect(eventually(5) { !watcher.failures.withLock { $0.isEmpty } })
+        #expect(watcher.failures.withLock { $0.first?.0 } == .notTrusted)
+        // 2. A raw client that sends the preamble and half a handshake message, then waits.
+        let tcp = try FileDescriptor.tcpConnect(to: SocketAddress(numericHost: "127.0.0.1", port: host.port)!)
+        // The v2 preamble ("PMSH", version 2, mode 1: encrypted), then 10 of a 32-byte message's bytes.
+        let partial: [UInt8] = Array("PMSH".utf8) + [2, 1, 0, 0] + [0, 32] + [UInt8](repeating: 7, count: 10)
+        _ = partial.withUnsafeBytes { send(tcp.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        let before = player.statistics.playout.received
+        Thread.sleep(forTimeInterval: 1)
+        let s = stranger.statistics
+        #expect(watcher.datagrams.load(ordering: .relaxed) == 0 && s.datagramsReceived == 0, "no audio reached the stranger")
+        #expect(s.strangerDatagrams + s.unauthenticDatagrams + s.malformedDatagrams == 0, "nothing at all was sent to its port")
+        #expect(host.statistics.players.map(\.peer) == [try paired.playerIdentity(0).peerID], "only the paired player listens")
+        #expect(player.statistics.playout.received > before + 200, "the paired player's stream went on")
+    }
+
+    /// Pearson's χ² of the byte histogram of `bytes` against a uniform one (255 degrees of freedom: about 255 ± 23
+    /// for random bytes).
+    static func chiSquare(_ bytes: [UInt8]) -> Double {
+        var counts = [Int](repeating: 0, count: 256)
+        for b in bytes { counts[Int(b)] += 1 }
+        let expected = Double(bytes.count) / 256
+        return counts.reduce(0) { $0 + (Double($1) - expected) * (Double($1) - expected) / expected }
+    }
+
+    @Test("On the wire, a relayed 440 Hz tone is indistinguishable from random bytes (captured as an attacker on the host would)",
+          .enabled(if: getuid() == 0, "an AF_PACKET capture needs root"))
+    func wireCarriesNoAudible() throws {
+        let host = try makeHost(name: "capture-host")
+        defer { host.stop() }
+        let out = Rig.tempPath("capture.wav")
+        let player = try makePlayer(0, endpoint: PeerEndpoint(host: "127.0.0.1", port: host.port), out: out)
+        defer { player.stop() }
+        let capture = try LoopbackCapture(ports: [player.session.udpPort])
+        defer { capture.stop() }
+        #expect(eventually(10) { player.statistics.playout.received > 400 }, "\(player.statistics.playout.received)")
+        capture.stop()
+        let audio = capture.datagrams.filter { $0.payload.count > 20 && $0.payload[3] == 1 }   // kind 1: data
+        #expect(audio.count >= 200, "captured \(audio.count) audio datagrams")
+        // What follows the 20-byte header is sealed: the χ² of its bytes is a random source's.
+        let sealed = audio.flatMap { $0.payload[20...] }
+        let chi = Self.chiSquare(sealed)
+        // The same tone in clear, as the packets carry it: the statistic tells it at once.
+        let frames = AudioPacket.maximumFrames(for: .default)
+        var clear: [UInt8] = []
+        for k in 0..<audio.count {
+            let samples = (0..<frames).map { i in 0.5 * sin(2 * Float.pi * 440 * Float(k * frames + i) / 44_100) }
+            let h = AudioPacketHeader(sequence: UInt32(k), firstFrameIndex: UInt64(k * frames), frameCount: frames, format: .default)
+            clear += try AudioPacket.encode(h, samples: samples)
+        }
+        let clearChi = Self.chiSquare(clear)
+        print("wire capture: \(audio.count) audio datagrams, \(sealed.count) sealed bytes, χ² \(Int(chi)) (255 dof); the same tone in clear: χ² \(Int(clearChi))")
+        #expect(chi < 400, "sealed bytes look random: χ² \(chi)")
+        #expect(clearChi > 10_000, "the statistic sees a tone in clear")
+        // A periodic tone in clear repeats its 16-byte blocks; sealed, no block repeats (and no packet magic shows).
+        var blocks = Set<[UInt8]>()
+        var repeats = 0
+        for d in audio {
+            let body = Array(d.payload[20...])
+            #expect(!(body.count >= 2 && body[0] == 0x4D && body[1] == 0x41), "no audio packet header in clear")
+            for at in stride(from: 0, to: body.count - 16, by: 16) where !blocks.insert(Array(body[at..<(at + 16)])).inserted { repeats += 1 }
+        }
+        #expect(repeats == 0, "\(repeats) repeated 16-byte blocks")
+        // No 128-frame window, at any byte alignment, decodes as the tone (bounded by its amplitude, stepping no more
+        // than a 440 Hz sine can); in clear, every packet does.
+        let sealedTones = audio.reduce(0) { $0 + Self.toneWindows(Array($1.payload[20...])) }
+        let clearTones = Self.toneWindows(clear)
+        print("wire capture: 128-frame windows that decode as the tone: sealed \(sealedTones), in clear \(clearTones)")
+        #expect(sealedTones == 0)
+        #expect(clearTones >= audio.count, "the detector finds the tone in clear")
+    }
+
+    /// How many non-overlapping 128-sample windows of little-endian Float32s in `bytes`, at any of the 4 byte
+    /// alignments, look like a 0.5-amplitude 440 Hz tone at 44.1 kHz.
+    static func toneWindows(_ bytes: [UInt8]) -> Int {
+        let maximumStep: Float = 0.5 * 2 * .pi * 440 / 44_100 * 1.01
+        var found = 0
+        for alignment in 0..<4 {
+            let count = (bytes.count - alignment) / 4
+            var run = 0
+            var previous: Float?
+            for i in 0..<count {
+                let at = alignment + 4 * i
+                let bits = UInt32(bytes[at]) | UInt32(bytes[at + 1]) << 8 | UInt32(bytes[at + 2]) << 16 | UInt32(bytes[at + 3]) << 24
+                let x = Float(bitPattern: bits)
+                let fits = x.isFinite && abs(x) <= 0.5001 && previous.map { abs(x - $0) <= maximumStep } ?? true
+                if fits { run += 1; previous = x } else { run = 0; previous = nil }
+                if run == 128 { found += 1; run = 0; previous = nil }
+            }
+        }
+        return found
     }
 
     @Test("Through the impairment proxy (5 % loss, reordering, jitter): playback goes on, loss is counted exactly, concealment is smooth")
