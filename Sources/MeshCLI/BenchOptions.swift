@@ -12,6 +12,9 @@ package struct BenchOptions: CommandLineTool, Sendable, Equatable {
         case fanout
         /// Makes a host's and a player's state directories trust each other (no PAKE: a bench shortcut).
         case pair
+        /// A RelayHost serving a tone to anyone (encrypted, or plaintext with `--plaintext`), for the encryption-cost
+        /// comparison; runs until SIGINT or SIGTERM.
+        case serve
     }
 
     package var mode: Mode
@@ -24,22 +27,31 @@ package struct BenchOptions: CommandLineTool, Sendable, Equatable {
     package var hostPID: Int32?
     package var hostState: String?
     package var playerState: String?
+    package var port: UInt16 = 0
+    /// `serve` and `fanout`: sessions without encryption (a measurement baseline only).
+    package var plaintext = false
 
     package static let usage = """
         usage: mesh-bench throughput [--seconds S] [--rounds R] [--payload BYTES]
-               mesh-bench fanout --connect HOST:PORT --host-state DIR --players N [--seconds S] [--latency auto|low|MS] [--host-pid PID]
+               mesh-bench fanout --connect HOST:PORT [--host-state DIR] --players N [--seconds S] [--latency auto|low|MS]
+                                 [--host-pid PID] [--plaintext]
                mesh-bench pair --host-state DIR --player-state DIR
+               mesh-bench serve --port PORT [--plaintext]
           throughput: PeerMesh unreliable send → receive between two sessions on 127.0.0.1 (encrypted, and plaintext
                       for reference) against a raw UDP pair with the same thread layout, alternating, R rounds of S s.
           fanout:     N RelayPlayer objects in this process, each with its own identity (trusted by the host whose state
-                      directory is DIR), a null sink paced by CLOCK_MONOTONIC; per-player loss, and the host's CPU.
+                      directory is DIR; without it, any host), a null sink paced by CLOCK_MONOTONIC; per-player loss,
+                      and the host's CPU.
           pair:       creates both identities if needed and makes each trust the other (files only).
+          serve:      a host in this process serving a 440 Hz tone to every player (up to 32 from one address), with
+                      a fresh identity; prints {"mode":"serve","port":P} once it listens, runs until SIGINT/SIGTERM.
+          --plaintext (fanout, serve): no encryption, to measure what encryption costs. Never for real use.
           Prints one JSON object on stdout. Bad flags exit 2.
         """
 
     package static func parse(_ arguments: [String]) throws(UsageError) -> ParsedCommand<BenchOptions> {
         var cursor = ArgumentCursor(arguments)
-        guard let first = cursor.next() else { throw UsageError("say which measurement: throughput, fanout or pair") }
+        guard let first = cursor.next() else { throw UsageError("say which measurement: throughput, fanout, pair or serve") }
         if first == "--help" || first == "-h" { return .help }
         if first == "--version" { return .version }
         guard let mode = Mode(rawValue: first) else { throw UsageError("unknown measurement \"\(first)\"") }
@@ -58,14 +70,18 @@ package struct BenchOptions: CommandLineTool, Sendable, Equatable {
             case "--host-pid": o.hostPID = Int32(try cursor.int(for: flag, in: 1...Int(Int32.max)))
             case "--host-state": o.hostState = try cursor.value(for: flag)
             case "--player-state": o.playerState = try cursor.value(for: flag)
+            case "--port": o.port = UInt16(try cursor.int(for: flag, in: 1...65_535))
+            case "--plaintext": o.plaintext = true
             default: throw UsageError("unknown option \"\(flag)\"")
             }
         }
         switch mode {
         case .fanout:
-            guard o.connect != nil, o.hostState != nil else { throw UsageError("fanout needs --connect and --host-state") }
+            guard o.connect != nil else { throw UsageError("fanout needs --connect") }
         case .pair:
             guard o.hostState != nil, o.playerState != nil else { throw UsageError("pair needs --host-state and --player-state") }
+        case .serve:
+            guard o.port != 0 else { throw UsageError("serve needs --port") }
         case .throughput: break
         }
         return .run(o)

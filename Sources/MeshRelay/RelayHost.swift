@@ -46,6 +46,9 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         public var peerTimeout: Duration = .seconds(2)
         /// Extra discovery info published beside the audio format.
         public var discoveryInfo: [String: String] = [:]
+        /// The audio session's encryption. `.required` (the default) is the product; `.none` exists so that
+        /// `scripts/bench` can measure what encryption costs. With `.none` no key is proven, so only `.all` admits.
+        public var encryption: EncryptionPreference = .required
 
         public init(identity: PeerIdentity, trust: TrustStore?, serviceType: String = "mesh-audio", port: UInt16 = 0,
                     maximumPeers: Int = 33, accept: AcceptPolicy = .paired, discovery: (any DiscoveryBackend)? = nil) {
@@ -147,7 +150,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         let sessionConfig = Session.Configuration(maximumPeers: configuration.maximumPeers, peerTimeout: configuration.peerTimeout,
                                                   udpPort: configuration.port, bindHost: configuration.bindHost,
                                                   maximumPeersPerHost: configuration.maximumPlayersPerAddress)
-        let session = try Session(securityIdentity: configuration.identity, configuration: sessionConfig)
+        let session = try Session(securityIdentity: configuration.identity, encryptionPreference: configuration.encryption,
+                                  configuration: sessionConfig)
         self.session = session
         pairingSession = try Session(securityIdentity: configuration.identity,
                                      configuration: .init(maximumPeers: 4, peerTimeout: configuration.peerTimeout,
@@ -161,7 +165,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         advertiser = try NearbyServiceAdvertiser(
             peer: peer, discoveryInfo: Self.info(source: source, extra: configuration.discoveryInfo, pairing: false),
             serviceType: configuration.serviceType, discovery: configuration.discovery,
-            port: configuration.port == 0 ? session.udpPort : configuration.port, bindHost: configuration.bindHost)
+            port: configuration.port == 0 ? session.udpPort : configuration.port, bindHost: configuration.bindHost,
+            encryptionPreference: configuration.encryption)
         session.delegate = self
         pairingSession.delegate = self
         advertiser.delegate = self
@@ -367,6 +372,11 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             return invitation.accept(into: pairingSession)
         }
         guard let key = invitation.certificate?.publicKey else {
+            // No proven key: only a plaintext host that admits all (the bench's baseline) lets it in.
+            if case .all = configuration.accept, configuration.encryption == .none {
+                state.withLock { $0.addresses[peer] = invitation.address }
+                return invitation.accept(into: session)
+            }
             return invitation.decline(.notTrusted, message: "an unencrypted player cannot join")
         }
         let trusted = (try? configuration.trust?.contains(key)) ?? false

@@ -45,6 +45,9 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         public var maximumConnectAttempts: Int = 5
         /// The format assumed before the first packet says otherwise.
         public var initialFormat: AudioFormat = .default
+        /// The session's encryption: `.required` (the default); `.none` only for `scripts/bench`'s comparison (with no
+        /// proven key, only `.any` hosts are joined).
+        public var encryption: EncryptionPreference = .required
 
         public init(target: JoinTarget, identity: PeerIdentity, hosts: HostPolicy, serviceType: String = "mesh-audio",
                     latency: JitterBuffer.Mode = .auto, discovery: (any DiscoveryBackend)? = nil) {
@@ -138,7 +141,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         self.log = log
         self.onGiveUp = onGiveUp
         peer = configuration.identity.peerID
-        session = try Session(securityIdentity: configuration.identity,
+        session = try Session(securityIdentity: configuration.identity, encryptionPreference: configuration.encryption,
                               configuration: .init(peerTimeout: configuration.peerTimeout, bindHost: configuration.bindHost))
         if case .discover = configuration.target {
             browser = try NearbyServiceBrowser(peer: peer, serviceType: configuration.serviceType, discovery: configuration.discovery)

@@ -4,7 +4,10 @@
 //       PeerMesh unreliable send → receive between two sessions on 127.0.0.1, against a raw UDP pair with the same
 //       thread layout (one sender thread, one receiver thread, same socket buffer sizes as PeerMesh's 1 MiB),
 //       alternating raw / mesh for R rounds of S seconds each, in the same run.
-//   mesh-bench fanout --connect HOST:PORT --players N [--seconds S] [--latency auto|low|MS] [--host-pid PID]
+//   mesh-bench serve --port PORT [--plaintext]
+//       A RelayHost serving a tone to every player; with --plaintext, unencrypted (the baseline of what encryption
+//       costs the host). Runs until SIGINT/SIGTERM.
+//   mesh-bench fanout --connect HOST:PORT --players N [--seconds S] [--latency auto|low|MS] [--host-pid PID] [--plaintext]
 //       N RelayPlayer objects in this one process, each with its own Session (own UDP socket and I/O thread) and a
 //       null sink paced by CLOCK_MONOTONIC (one thread per player, pulls 128 frames per period like the ALSA
 //       Player). Joins the host directly (no DNS-SD), plays S seconds, prints per-player loss, and with --host-pid
@@ -327,19 +330,26 @@ func fanout() {
     case let s: guard let ms = Double(s) else { BenchOptions.usage("--latency takes auto, low or MS") }; latency = .fixed(milliseconds: ms)
     }
     // Each player has its own identity, trusted by the host (its state directory's trust store), and trusts it back.
-    let hostState = StateDirectory(options.hostState!)
-    let hostKey: PublicKey
-    do { hostKey = try PeerIdentity.load(from: hostState.identityPath).publicKey } catch { fail("\(error)") }
-    let playerTrust = TrustStore(path: NSTemporaryDirectory() + "mesh-bench-\(getpid())/paired.json")
-    do { try playerTrust.add(hostKey, name: "bench host") } catch { fail("\(error)") }
+    // Without --host-state the host is one that admits all (mesh-bench serve), and the players join any host.
+    let hostState = options.hostState.map(StateDirectory.init)
+    var hosts = RelayPlayer.HostPolicy.any
+    if let hostState {
+        let playerTrust = TrustStore(path: NSTemporaryDirectory() + "mesh-bench-\(getpid())/paired.json")
+        do {
+            try playerTrust.add(try PeerIdentity.load(from: hostState.identityPath).publicKey, name: "bench host")
+        } catch {
+            fail("\(error)")
+        }
+        hosts = .paired(playerTrust)
+    }
     var list: [RelayPlayer] = []
     let start = now()
     for n in 0..<players {
         do {
             let identity = try PeerIdentity.generate(displayName: "bench-\(n)")
-            try TrustStore(path: hostState.trustPath).add(identity.publicKey, name: identity.displayName)
-            var config = RelayPlayer.Configuration(target: .direct(endpoint), identity: identity, hosts: .paired(playerTrust),
-                                                   latency: latency)
+            if let hostState { try TrustStore(path: hostState.trustPath).add(identity.publicKey, name: identity.displayName) }
+            var config = RelayPlayer.Configuration(target: .direct(endpoint), identity: identity, hosts: hosts, latency: latency)
+            config.encryption = options.plaintext ? .none : .required
             config.discovery = InProcessDiscovery()
             let p = try RelayPlayer(configuration: config, makeSink: { PacedNullSink(format: $0, periodFrames: 128) },
                                     log: { terminal.log("[\(n)] \($0)") })
@@ -395,6 +405,7 @@ func fanout() {
     }
     var o = JSONObject()
     o.add("mode", "fanout")
+    o.add("encrypted", !options.plaintext)
     o.add("players", players)
     o.add("joined", joined)
     o.add("joinSeconds", joinSeconds)
@@ -429,9 +440,38 @@ func pairStates() {
     }
 }
 
+// MARK: - Serve (the host side of the encryption-cost comparison)
+
+func serve() -> Never {
+    do {
+        let tone = try ToneSource(frequency: 440, amplitude: 0.5, format: .default, periodFrames: 128)
+        var config = RelayHost.Configuration(identity: try PeerIdentity.generate(displayName: "bench-serve"), trust: nil,
+                                             serviceType: "pm-bench-serve", port: options.port, maximumPeers: 33,
+                                             accept: .all, discovery: InProcessDiscovery())
+        config.maximumPlayersPerAddress = 32
+        config.encryption = options.plaintext ? .none : .required
+        let host = try RelayHost(configuration: config, source: tone)
+        try host.start()
+        var o = JSONObject()
+        o.add("mode", "serve")
+        o.add("port", Int(host.port))
+        o.add("encrypted", !options.plaintext)
+        emit(o)
+        let done = DispatchSemaphore(value: 0)
+        let trap = SignalTrap(queue: .global()) { _ in done.signal() }
+        done.wait()
+        host.stop()
+        withExtendedLifetime(trap) {}
+        exit(0)
+    } catch {
+        fail("\(error)")
+    }
+}
+
 switch options.mode {
 case .throughput: throughput()
 case .fanout: fanout()
 case .pair: pairStates()
+case .serve: serve()
 }
 exit(0)
