@@ -48,6 +48,12 @@ public struct JoinStateMachine: Sendable {
     private var state: State = .searching
     private var candidates: [PeerID] = []
     private var attempts = 0
+    /// Discovered hosts that did not answer at their advertised address (a killed host's record lingers), with how
+    /// many times in a row. A stale host is tried again the moment it re-advertises (a restart's new port), and
+    /// otherwise only after a long backoff: a stale record costs one failed attempt, not one every 250 ms.
+    private var stale: [PeerID: Int] = [:]
+    /// The host being joined re-advertised meanwhile: if this attempt finds nobody, the next one goes at once.
+    private var readvertisedWhileJoining = false
 
     public init(target: JoinTarget, maximumAttempts: Int = 5, inviteTimeoutNanos: UInt64 = 5_000_000_000) {
         self.target = target
@@ -90,18 +96,27 @@ public struct JoinStateMachine: Sendable {
             || (peer.publicKey?.matches(fingerprintPrefix: name) ?? false)
     }
 
-    /// The browser found a host.
+    /// The browser found a host, or a host re-advertised (new address or name).
     public mutating func found(_ peer: PeerID, now: UInt64) -> [Action] {
         guard case .discover(let wanted) = target else { return [] }
         if let wanted, !Self.matches(peer, name: wanted) { return [] }
-        if !candidates.contains(peer) { candidates.append(peer) }
-        guard case .searching = state else { return [] }
-        return join(peer, now: now)
+        if let i = candidates.firstIndex(of: peer) { candidates[i] = peer } else { candidates.append(peer) }
+        // A host that did not answer has re-advertised: it has most likely restarted. Try it now.
+        let wasStale = stale.removeValue(forKey: peer) != nil
+        switch state {
+        case .searching: return join(peer, now: now)
+        case .waitingToRetry where wasStale: return join(peer, now: now)
+        case .joining(let host, _) where host == peer:
+            readvertisedWhileJoining = true
+            return []
+        default: return []
+        }
     }
 
     /// The browser lost a host.
     public mutating func lost(_ peer: PeerID) -> [Action] {
         candidates.removeAll { $0 == peer }
+        stale[peer] = nil
         return []
     }
 
@@ -111,6 +126,7 @@ public struct JoinStateMachine: Sendable {
         case (.joining(let host, _), .connected) where host == nil || host == peer:
             state = .joined(host: peer)
             attempts = 0
+            stale[peer] = nil
             return [.announce("joined \(peer.displayName)")]
         case (.joined(let host), .notConnected) where host == peer:
             return retry(after: "host \(peer.displayName) went away; searching again", now: now, demote: peer)
@@ -121,7 +137,10 @@ public struct JoinStateMachine: Sendable {
 
     /// An invitation failed (declined, timed out, refused). A permanent failure (the host does not trust this
     /// player, or its operator said no, or the address does not exist) ends the join: retrying would not help.
-    public mutating func invitationFailed(_ peer: PeerID?, reason: String, permanent: Bool = false, now: UInt64) -> [Action] {
+    /// `unreachable` says nothing answered at the host's address (refused, or no answer): for a discovered host,
+    /// its record is stale until it re-advertises.
+    public mutating func invitationFailed(_ peer: PeerID?, reason: String, permanent: Bool = false, unreachable: Bool = false,
+                                          now: UInt64) -> [Action] {
         guard case .joining(let host, _) = state, peer == nil || host == nil || host == peer else { return [] }
         if permanent {
             state = .stopped
@@ -130,6 +149,26 @@ public struct JoinStateMachine: Sendable {
         if case .direct(let e) = target, attempts >= maximumAttempts {
             state = .stopped
             return [.giveUp("cannot join \(e): \(reason) (\(attempts) attempts)")]
+        }
+        if case .discover = target, unreachable, let host {
+            if readvertisedWhileJoining {
+                // It announced a new address while this attempt went to the old one: try the new one now.
+                readvertisedWhileJoining = false
+                state = .waitingToRetry(until: now)
+                return [.announce("could not join \(host.displayName): \(reason); it has advertised again")]
+            }
+            let times = (stale[host] ?? 0) + 1
+            stale[host] = times
+            let message = "could not join \(host.displayName): \(reason)"
+                + (times == 1 ? "; waiting for it to advertise again" : "")
+            // Other hosts first; this one when it re-advertises, or after 2 s, 4 s, then every 5 s.
+            if let i = candidates.firstIndex(of: host) { candidates.append(candidates.remove(at: i)) }
+            if candidates.contains(where: { stale[$0] == nil }) {
+                state = .waitingToRetry(until: now + 250_000_000)
+            } else {
+                state = .waitingToRetry(until: now + min(5_000_000_000, 2_000_000_000 << UInt64(min(times - 1, 2))))
+            }
+            return times == 1 ? [.announce(message)] : []
         }
         return retry(after: "could not join \(host?.displayName ?? describeTarget): \(reason)", now: now, demote: host)
     }
@@ -145,7 +184,8 @@ public struct JoinStateMachine: Sendable {
                 return [.connect(e)]
             case .discover:
                 state = .searching
-                if let next = candidates.first { return join(next, now: now) }
+                // Hosts that answered last time (or were never tried) before stale ones.
+                if let next = candidates.first(where: { stale[$0] == nil }) ?? candidates.first { return join(next, now: now) }
                 return []
             }
         case .joining(let host, let deadline) where now >= deadline + 1_000_000_000:
@@ -160,6 +200,7 @@ public struct JoinStateMachine: Sendable {
     public mutating func stop() { state = .stopped }
 
     private mutating func join(_ peer: PeerID, now: UInt64) -> [Action] {
+        readvertisedWhileJoining = false
         state = .joining(host: peer, deadline: now + inviteTimeout)
         return [.announce("found host \(peer.displayName); joining"), .invite(peer)]
     }

@@ -317,7 +317,11 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         case .declined: message = "\(name) declined: \(detail)"
         default: message = detail
         }
-        let actions = join.withLock { $0.invitationFailed(peer, reason: message, permanent: reason.isPermanent, now: monotonicNow()) }
+        // Nothing answered at the advertised address (refused, or no answer): the record may be a killed host's.
+        let unreachable = reason == .unavailable || reason == .timedOut
+        let actions = join.withLock {
+            $0.invitationFailed(peer, reason: message, permanent: reason.isPermanent, unreachable: unreachable, now: monotonicNow())
+        }
         control.async { self.perform(actions) }
     }
 

@@ -54,6 +54,58 @@ struct JoinStateMachineTests {
         #expect(m.tick(now: 300 * ms) == [.announce("found host garage; joining"), .invite(other)])
     }
 
+    @Test("A stale record (killed host) costs one failed attempt: the host is tried again the moment it re-advertises")
+    func staleRecordWaitsForTheReadvertisement() {
+        var m = JoinStateMachine(target: .discover(hostName: nil))
+        _ = m.start(now: 0)
+        #expect(m.found(host, now: 0) == [.announce("found host kitchen; joining"), .invite(host)])
+        #expect(m.invitationFailed(host, reason: "refused", unreachable: true, now: 1 * ms)
+            == [.announce("could not join kitchen: refused; waiting for it to advertise again")])
+        // No retry at 250 ms, 500 ms or 1 s against the same dead address.
+        for t in [250, 500, 1_000, 1_900] { #expect(m.tick(now: UInt64(t) * ms) == [], "no retry at \(t) ms") }
+        // It re-advertises (a restart's new port): joined at once, under its new name.
+        let renamed = try! PeerID(displayName: "kitchen-2", identity: host.identity)
+        #expect(m.found(renamed, now: 1_950 * ms) == [.announce("found host kitchen-2; joining"), .invite(renamed)])
+        #expect(m.sessionState(renamed, .connected, now: 1_960 * ms) == [.announce("joined kitchen-2")])
+    }
+
+    @Test("A stale host that never re-advertises is still retried, slowly (2 s, 4 s, then every 5 s), and quietly")
+    func staleRecordSlowRetries() {
+        var m = JoinStateMachine(target: .discover(hostName: nil))
+        _ = m.start(now: 0)
+        _ = m.found(host, now: 0)
+        _ = m.invitationFailed(host, reason: "refused", unreachable: true, now: 0)
+        #expect(m.tick(now: 1_999 * ms) == [])
+        #expect(m.tick(now: 2_000 * ms) == [.announce("found host kitchen; joining"), .invite(host)])
+        #expect(m.invitationFailed(host, reason: "refused", unreachable: true, now: 2_001 * ms) == [], "said once")
+        #expect(m.tick(now: 6_000 * ms) == [])
+        #expect(m.tick(now: 6_001 * ms) == [.announce("found host kitchen; joining"), .invite(host)])
+        _ = m.invitationFailed(host, reason: "refused", unreachable: true, now: 6_001 * ms)
+        #expect(m.tick(now: 11_000 * ms) == [])
+        #expect(m.tick(now: 11_001 * ms) == [.announce("found host kitchen; joining"), .invite(host)])
+    }
+
+    @Test("A host that re-advertises while an attempt goes to its old address is retried at once when that attempt fails")
+    func readvertisedDuringTheAttempt() {
+        var m = JoinStateMachine(target: .discover(hostName: nil))
+        _ = m.start(now: 0)
+        _ = m.found(host, now: 0)
+        #expect(m.found(host, now: 1 * ms) == [], "one attempt at a time")
+        #expect(m.invitationFailed(host, reason: "refused", unreachable: true, now: 2 * ms)
+            == [.announce("could not join kitchen: refused; it has advertised again")])
+        #expect(m.tick(now: 3 * ms) == [.announce("found host kitchen; joining"), .invite(host)])
+    }
+
+    @Test("With a stale host and a live one, the live one is tried first")
+    func liveHostBeforeStale() {
+        var m = JoinStateMachine(target: .discover(hostName: nil))
+        _ = m.start(now: 0)
+        _ = m.found(host, now: 0)
+        _ = m.found(other, now: 0)
+        _ = m.invitationFailed(host, reason: "refused", unreachable: true, now: 0)
+        #expect(m.tick(now: 250 * ms) == [.announce("found host garage; joining"), .invite(other)])
+    }
+
     @Test("Direct: bounded retries with backoff, then give up")
     func directGivesUp() {
         let e = PeerEndpoint(host: "127.0.0.1", port: 9)

@@ -79,7 +79,7 @@ struct PairingFlowTests {
         host = try CLIProcess("mesh-record", ["--host", "--name", "renamed-host", "--service", service, "--input", "tone:440",
                                               "--state-dir", hostDir])
         let again = try CLIProcess("mesh-play", ["--find", "--service", service, "--state-dir", playerDir,
-                                                 "--output", Rig.tempPath("renamed.wav"), "--duration", "2"])
+                                                 "--output", Rig.tempPath("renamed.wav"), "--duration", "4"])
         #expect(again.waitForExit(seconds: 20) == 0, "\(again.stderr)")
         #expect(again.stderr.contains { $0.contains("joined renamed-host") }, "\(again.stderr)")
         let listed = try CLIProcess("mesh-play", ["--paired", "--state-dir", playerDir])

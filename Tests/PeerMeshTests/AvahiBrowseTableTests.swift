@@ -105,4 +105,47 @@ import Testing
         #expect(t.reconfirmExpired() == [])
         #expect(t.knownIdentities == [alice.identity])
     }
+
+    @Test("A restarted advertiser's new SRV port is used the moment it is seen, before the resolver catches up")
+    func newSRVPortWinsAtOnce() {
+        var t = AvahiBrowseTable(serviceType: "t", localIdentity: me.identity)
+        let k = key(alice.identityString)
+        let old = AvahiBrowseTable.SRVRecord(port: 5000, target: "box.local")
+        let new = AvahiBrowseTable.SRVRecord(port: 6000, target: "box.local")
+        #expect(t.srvAdded(k, old) == [], "nothing to report before the item resolves")
+        let at5000 = PeerEndpoint(host: "127.0.0.1", port: 5000), at6000 = PeerEndpoint(host: "127.0.0.1", port: 6000)
+        #expect(t.resolved(k, txt: txt(alice), endpoint: at5000, hostName: "box.local")
+            == [.deliver(.found(DiscoveredPeer(peer: alice, discoveryInfo: [:], endpoints: [at5000])))])
+        // The restart announces port 6000: found again with it at once.
+        #expect(t.srvAdded(k, new) == [.deliver(.found(DiscoveredPeer(peer: alice, discoveryInfo: [:], endpoints: [at6000])))])
+        // A second later the resolver still reports the old port (avahi's cache-flush grace): nothing moves back.
+        #expect(t.resolved(k, txt: txt(alice), endpoint: at5000, hostName: "box.local") == [])
+        // The old record is flushed: still 6000.
+        #expect(t.srvRemoved(k, old) == [])
+        #expect(t.resolved(k, txt: txt(alice), endpoint: at6000, hostName: "box.local") == [])
+        // An SRV naming another host is not applied to this host's address.
+        #expect(t.srvAdded(k, AvahiBrowseTable.SRVRecord(port: 7000, target: "elsewhere.local")) == [])
+        // Removing the item drops its SRV records too.
+        #expect(t.removed(k) == [.deliver(.lost(alice))])
+        #expect(t.size.srvRecords == 0 && t.size.items == 0)
+    }
+
+    @Test("SRV records per item are bounded")
+    func srvRecordsAreBounded() {
+        var t = AvahiBrowseTable(serviceType: "t", localIdentity: me.identity)
+        let k = key(alice.identityString)
+        _ = t.resolved(k, txt: txt(alice), endpoint: PeerEndpoint(host: "127.0.0.1", port: 1), hostName: "h.local")
+        for p in 1...1_000 { _ = t.srvAdded(k, AvahiBrowseTable.SRVRecord(port: UInt16(p), target: "h.local")) }
+        #expect(t.size.srvRecords == AvahiBrowseTable.maximumSRVRecordsPerItem)
+    }
+
+    @Test("SRV record data parses as RFC 2782 says; truncated or odd data is refused")
+    func srvParsing() {
+        let good: [UInt8] = [0, 0, 0, 0, 0x1f, 0x90, 3] + Array("box".utf8) + [5] + Array("local".utf8) + [0]
+        good.withUnsafeBytes { #expect(AvahiCore.parseSRV($0) == AvahiBrowseTable.SRVRecord(port: 8080, target: "box.local")) }
+        for bad in [Array(good.prefix(6)), [0, 0, 0, 0, 0, 0, 3, 0x61], [0, 0, 0, 0, 0, 0] + Array(good.suffix(from: 6)),
+                    [0, 0, 0, 0, 0x1f, 0x90, 0]] as [[UInt8]] {
+            bad.withUnsafeBytes { #expect(AvahiCore.parseSRV($0) == nil, "\(bad)") }
+        }
+    }
 }

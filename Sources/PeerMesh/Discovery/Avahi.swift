@@ -49,6 +49,8 @@ final class AvahiCore: @unchecked Sendable {
         var table: AvahiBrowseTable
         var browser: OpaquePointer?
         var resolvers: [AvahiBrowseTable.ItemKey: OpaquePointer] = [:]
+        /// Record browsers on each item's SRV record, which see a re-announced port at once.
+        var srvWatches: [AvahiBrowseTable.ItemKey: SRVWatch] = [:]
         weak var core: AvahiCore?
 
         init(id: Int, serviceType: String, localIdentity: UInt64, sink: EventSink<BrowseEvent>, core: AvahiCore) {
@@ -57,6 +59,18 @@ final class AvahiCore: @unchecked Sendable {
             self.sink = sink
             self.table = AvahiBrowseTable(serviceType: serviceType, localIdentity: localIdentity)
             self.core = core
+        }
+    }
+
+    /// A record browser on one item's SRV record: the box its callback reaches.
+    final class SRVWatch {
+        let key: AvahiBrowseTable.ItemKey
+        weak var browse: Browse?
+        var browser: OpaquePointer?
+
+        init(key: AvahiBrowseTable.ItemKey, browse: Browse) {
+            self.key = key
+            self.browse = browse
         }
     }
 
@@ -258,6 +272,8 @@ final class AvahiCore: @unchecked Sendable {
     private func freeBrowseObjects(_ b: Browse) {
         for r in b.resolvers.values { avahi_service_resolver_free(r) }
         b.resolvers.removeAll()
+        for w in b.srvWatches.values { if let rb = w.browser { avahi_record_browser_free(rb) } }
+        b.srvWatches.removeAll()
         if let browser = b.browser { avahi_service_browser_free(browser) }
         b.browser = nil
     }
@@ -283,11 +299,13 @@ final class AvahiCore: @unchecked Sendable {
             if let r = avahi_service_resolver_new(c, interface, proto, name, type, domain, proto, AvahiLookupFlags(0),
                                                   resolveTrampoline, Unmanaged.passUnretained(b).toOpaque()) {
                 b.resolvers[key] = r
+                watchSRV(b, key: key, type: type, client: c)
             } else {
                 log(avahiError(avahi_client_errno(c), "avahi could not resolve \"\(name)\" \(type)").description)
             }
         case AVAHI_BROWSER_REMOVE:
             if let r = b.resolvers.removeValue(forKey: key) { avahi_service_resolver_free(r) }
+            if let w = b.srvWatches.removeValue(forKey: key), let rb = w.browser { avahi_record_browser_free(rb) }
             perform(b.table.removed(key), for: b)
         case AVAHI_BROWSER_FAILURE:
             let code = avahi_client_errno(c)
@@ -300,8 +318,49 @@ final class AvahiCore: @unchecked Sendable {
         }
     }
 
+    /// Opens a record browser on the item's SRV record (within the same bound as resolvers): when an advertiser is
+    /// restarted under the same instance name, its new port is seen as soon as it announces.
+    private func watchSRV(_ b: Browse, key: AvahiBrowseTable.ItemKey, type: String, client c: OpaquePointer) {
+        guard b.srvWatches[key] == nil, b.srvWatches.count < maximumOpenResolvers else { return }
+        var full = [CChar](repeating: 0, count: Int(AVAHI_DOMAIN_NAME_MAX))
+        guard avahi_service_name_join(&full, full.count, key.name, type, key.domain) == 0 else { return }
+        let w = SRVWatch(key: key, browse: b)
+        guard let rb = avahi_record_browser_new(c, key.interface, key.proto, full, UInt16(AVAHI_DNS_CLASS_IN),
+                                                UInt16(AVAHI_DNS_TYPE_SRV), AvahiLookupFlags(0), srvTrampoline,
+                                                Unmanaged.passUnretained(w).toOpaque()) else { return }
+        w.browser = rb
+        b.srvWatches[key] = w
+    }
+
+    fileprivate func srvEvent(_ w: SRVWatch, _ rb: OpaquePointer?, event: AvahiBrowserEvent, rdata: UnsafeRawBufferPointer) {
+        guard !isShutDown, let b = w.browse, browses[b.id] === b, b.srvWatches[w.key] === w, w.browser == rb else { return }
+        guard let srv = Self.parseSRV(rdata) else { return }
+        switch event {
+        case AVAHI_BROWSER_NEW: perform(b.table.srvAdded(w.key, srv), for: b)
+        case AVAHI_BROWSER_REMOVE: perform(b.table.srvRemoved(w.key, srv), for: b)
+        default: break
+        }
+    }
+
+    /// An SRV record's data (RFC 2782: priority, weight, port, then the target as uncompressed DNS labels).
+    static func parseSRV(_ d: UnsafeRawBufferPointer) -> AvahiBrowseTable.SRVRecord? {
+        guard d.count >= 7 else { return nil }
+        let port = UInt16(d[4]) << 8 | UInt16(d[5])
+        var labels: [String] = []
+        var i = 6
+        while i < d.count {
+            let n = Int(d[i])
+            if n == 0 { break }
+            guard n < 64, i + 1 + n <= d.count else { return nil }
+            labels.append(String(decoding: UnsafeRawBufferPointer(rebasing: d[(i + 1)..<(i + 1 + n)]), as: UTF8.self))
+            i += 1 + n
+        }
+        guard port != 0, !labels.isEmpty else { return nil }
+        return AvahiBrowseTable.SRVRecord(port: port, target: labels.joined(separator: "."))
+    }
+
     fileprivate func resolveEvent(_ b: Browse, _ r: OpaquePointer?, interface: AvahiIfIndex, proto: AvahiProtocol,
-                                  event: AvahiResolverEvent, name: String, domain: String,
+                                  event: AvahiResolverEvent, name: String, domain: String, hostName: String?,
                                   address: UnsafePointer<AvahiAddress>?, port: UInt16,
                                   txt: UnsafeMutablePointer<AvahiStringList>?) {
         guard !isShutDown, browses[b.id] === b else { return }
@@ -330,7 +389,7 @@ final class AvahiCore: @unchecked Sendable {
                 node = avahi_string_list_get_next(n)
             }
             guard port != 0 else { return }
-            perform(b.table.resolved(key, txt: strings, endpoint: PeerEndpoint(host: host, port: port)), for: b)
+            perform(b.table.resolved(key, txt: strings, endpoint: PeerEndpoint(host: host, port: port), hostName: hostName), for: b)
             if b.resolvers.count > maximumOpenResolvers, b.resolvers[key] == r {
                 b.resolvers[key] = nil
                 avahi_service_resolver_free(r)
@@ -381,6 +440,7 @@ final class AvahiCore: @unchecked Sendable {
     private func reconnect(_ old: OpaquePointer) {
         for b in browses.values {
             b.resolvers.removeAll()
+            b.srvWatches.removeAll()
             b.browser = nil
             b.table.daemonLost()
         }
@@ -461,5 +521,13 @@ private func resolveTrampoline(_ r: OpaquePointer?, _ interface: AvahiIfIndex, _
     let b = Unmanaged<AvahiCore.Browse>.fromOpaque(userdata).takeUnretainedValue()
     b.core?.resolveEvent(b, r, interface: interface, proto: proto, event: event,
                          name: name.map { String(cString: $0) } ?? "", domain: domain.map { String(cString: $0) } ?? "local",
-                         address: address, port: port, txt: txt)
+                         hostName: host.map { String(cString: $0) }, address: address, port: port, txt: txt)
+}
+
+private func srvTrampoline(_ rb: OpaquePointer?, _ interface: AvahiIfIndex, _ proto: AvahiProtocol, _ event: AvahiBrowserEvent,
+                           _ name: UnsafePointer<CChar>?, _ clazz: UInt16, _ type: UInt16, _ rdata: UnsafeRawPointer?,
+                           _ size: Int, _ flags: AvahiLookupResultFlags, _ userdata: UnsafeMutableRawPointer?) {
+    guard let userdata else { return }
+    let w = Unmanaged<AvahiCore.SRVWatch>.fromOpaque(userdata).takeUnretainedValue()
+    w.browse?.core?.srvEvent(w, rb, event: event, rdata: UnsafeRawBufferPointer(start: rdata, count: rdata == nil ? 0 : size))
 }

@@ -137,9 +137,29 @@ struct AvahiBrowseTable {
         var endpoints: [PeerEndpoint] = []
     }
 
+    /// One resolved item: whose it is, where the resolver said it answers, and the SRV target host it named.
+    private struct Item {
+        var identity: UInt64
+        var resolved: PeerEndpoint
+        var hostName: String?
+    }
+
+    /// An SRV record of an item, as avahi's record browser reports it (port and target host).
+    struct SRVRecord: Equatable {
+        var port: UInt16
+        var target: String
+    }
+
+    /// Most SRV records remembered per item (a restarted advertiser has two for a second: the old and the new).
+    static let maximumSRVRecordsPerItem = 4
+
     let serviceType: String
     let localIdentity: UInt64
-    private var items: [ItemKey: (identity: UInt64, endpoint: PeerEndpoint)] = [:]
+    private var items: [ItemKey: Item] = [:]
+    /// SRV records of each item, oldest first, as the record browser saw them come and go. The newest one whose
+    /// target is the resolved host gives the item's port: a restarted advertiser's new port is known the moment it
+    /// announces, while avahi's resolver keeps reporting the old one until the cache flushes it a second later.
+    private var srvRecords: [ItemKey: [SRVRecord]] = [:]
     private var peers: [UInt64: Peer] = [:]
     private var reported: Set<String> = []
 
@@ -151,8 +171,12 @@ struct AvahiBrowseTable {
     /// Identities currently known (confirmed or awaiting reconfirmation).
     var knownIdentities: Set<UInt64> { Set(peers.keys) }
 
-    /// An item resolved (first time, or its data changed).
-    mutating func resolved(_ key: ItemKey, txt: [String], endpoint: PeerEndpoint) -> [Action] {
+    /// How many items and SRV records the table holds (bounded by what avahi reports and by
+    /// `maximumSRVRecordsPerItem`).
+    var size: (items: Int, srvRecords: Int) { (items.count, srvRecords.values.reduce(0) { $0 + $1.count }) }
+
+    /// An item resolved (first time, or its data changed). `hostName` is the SRV target the resolver followed.
+    mutating func resolved(_ key: ItemKey, txt: [String], endpoint: PeerEndpoint, hostName: String? = nil) -> [Action] {
         let decoded = TXTRecord.decode(instanceName: AvahiDiscovery.identityPart(ofInstanceName: key.name), txt: txt)
         guard case .success(let (peer, info)) = decoded else {
             guard case .failure(let why) = decoded else { return [] }
@@ -168,7 +192,7 @@ struct AvahiBrowseTable {
 
         var out: [Action] = []
         if let old = items[key], old.identity != peer.identity { out += removed(key) }
-        items[key] = (peer.identity, endpoint)
+        items[key] = Item(identity: peer.identity, resolved: endpoint, hostName: hostName)
 
         var record = peers[peer.identity] ?? Peer(peer: peer, info: info, confirmed: false)
         let wasConfirmed = record.confirmed
@@ -186,8 +210,50 @@ struct AvahiBrowseTable {
         return out
     }
 
+    /// The record browser saw an SRV record of `key` appear (a new announcement: a restarted advertiser's new port).
+    mutating func srvAdded(_ key: ItemKey, _ srv: SRVRecord) -> [Action] {
+        var list = srvRecords[key] ?? []
+        list.removeAll { $0 == srv }
+        list.append(srv)
+        if list.count > Self.maximumSRVRecordsPerItem { list.removeFirst(list.count - Self.maximumSRVRecordsPerItem) }
+        srvRecords[key] = list
+        return endpointsChanged(for: key)
+    }
+
+    /// The record browser saw an SRV record of `key` go (flushed from the cache, or withdrawn).
+    mutating func srvRemoved(_ key: ItemKey, _ srv: SRVRecord) -> [Action] {
+        guard var list = srvRecords[key] else { return [] }
+        list.removeAll { $0 == srv }
+        srvRecords[key] = list.isEmpty ? nil : list
+        return endpointsChanged(for: key)
+    }
+
+    /// The item's endpoint: the resolver's address, at the port of the newest SRV record that names the same host.
+    private func endpoint(of key: ItemKey) -> PeerEndpoint? {
+        guard let item = items[key] else { return nil }
+        guard let host = item.hostName?.lowercased(),
+              let srv = srvRecords[key]?.last(where: { Self.sameHost($0.target, host) }) else { return item.resolved }
+        return PeerEndpoint(host: item.resolved.host, port: srv.port)
+    }
+
+    private static func sameHost(_ a: String, _ b: String) -> Bool {
+        func trimmed(_ s: String) -> String { s.hasSuffix(".") ? String(s.dropLast()).lowercased() : s.lowercased() }
+        return trimmed(a) == trimmed(b)
+    }
+
+    /// After an SRV change: a confirmed peer whose endpoints moved is found again, with the new ones.
+    private mutating func endpointsChanged(for key: ItemKey) -> [Action] {
+        guard let item = items[key], var record = peers[item.identity], record.confirmed else { return [] }
+        let endpoints = endpoints(of: record.items)
+        guard endpoints != record.endpoints else { return [] }
+        record.endpoints = endpoints
+        peers[item.identity] = record
+        return [.deliver(.found(DiscoveredPeer(peer: record.peer, discoveryInfo: record.info, endpoints: endpoints)))]
+    }
+
     /// An item went away (browser REMOVE, or its TXT became unusable).
     mutating func removed(_ key: ItemKey) -> [Action] {
+        srvRecords[key] = nil
         guard let item = items.removeValue(forKey: key), var record = peers[item.identity] else { return [] }
         record.items.removeAll { $0 == key }
         if record.items.isEmpty {
@@ -205,6 +271,7 @@ struct AvahiBrowseTable {
     /// The daemon went away: every item is gone; peers wait for reconfirmation.
     mutating func daemonLost() {
         items.removeAll()
+        srvRecords.removeAll()
         for id in peers.keys {
             peers[id]!.items.removeAll()
             peers[id]!.confirmed = false
@@ -225,7 +292,7 @@ struct AvahiBrowseTable {
     private func endpoints(of keys: [ItemKey]) -> [PeerEndpoint] {
         var out: [PeerEndpoint] = []
         for key in keys {
-            if let e = items[key]?.endpoint, !out.contains(e) { out.append(e) }
+            if let e = endpoint(of: key), !out.contains(e) { out.append(e) }
         }
         func rank(_ e: PeerEndpoint) -> Int { !e.host.contains(":") ? 0 : (e.host.lowercased().hasPrefix("fe80") ? 2 : 1) }
         return out.enumerated().sorted { (rank($0.element), $0.offset) < (rank($1.element), $1.offset) }.map(\.element)

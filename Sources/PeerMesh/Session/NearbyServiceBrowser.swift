@@ -3,7 +3,8 @@ import Synchronization
 
 /// Receives a browser's events, as MC's `MCNearbyServiceBrowserDelegate`. Called on the browser's queue, in order.
 public protocol NearbyServiceBrowserDelegate: AnyObject, Sendable {
-    /// A peer advertising the service appeared.
+    /// A peer advertising the service appeared, or re-advertised with other addresses or another name (a restarted
+    /// peer announcing its new port): then this is called again for the same peer, with what it says now.
     func browser(_ browser: NearbyServiceBrowser, foundPeer peer: PeerID, withDiscoveryInfo info: [String: String]?)
     /// A peer went away.
     func browser(_ browser: NearbyServiceBrowser, lostPeer peer: PeerID)
@@ -53,10 +54,12 @@ public final class NearbyServiceBrowser: Sendable {
             guard let self else { return }
             switch event {
             case .found(let p):
+                // New, or moved (endpoints) or renamed: tell the delegate. A change of discovery info alone is kept
+                // quietly (MC reports a peer once per appearance).
                 let isNew = self.found.withLock { f in
-                    let new = f[p.peer] == nil
+                    let old = f[p.peer]
                     f[p.peer] = p
-                    return new
+                    return old == nil || old!.endpoints != p.endpoints || old!.peer.displayName != p.peer.displayName
                 }
                 if isNew { self.delegate?.browser(self, foundPeer: p.peer, withDiscoveryInfo: p.discoveryInfo.isEmpty ? nil : p.discoveryInfo) }
             case .lost(let peer):
