@@ -22,6 +22,7 @@ let package = Package(
         .executable(name: "mesh-impair", targets: ["mesh-impair"]),
         .executable(name: "peermesh-probe", targets: ["peermesh-probe"]),
         .executable(name: "mesh-bench", targets: ["mesh-bench"]),
+        .executable(name: "peermesh-fuzz", targets: ["peermesh-fuzz"]),
     ],
     targets: [
         // C is a leaf: one system-library target per C library.
@@ -54,6 +55,9 @@ let package = Package(
         .executableTarget(name: "mesh-impair", dependencies: ["MeshCLI"]),
         .executableTarget(name: "peermesh-probe", dependencies: ["MeshCLI"]),
         .executableTarget(name: "mesh-bench", dependencies: ["MeshCLI"]),
+        // Every decoder of outside bytes, as a libFuzzer target (scripts/fuzz builds it with -sanitize=fuzzer and
+        // -DFUZZING) or, in a plain build, a replayer of the corpus in fuzz/corpus.
+        .executableTarget(name: "peermesh-fuzz", dependencies: ["PeerMesh", "MeshPipeline", "MeshAudio"]),
 
         // Tests, and what they share (package-internal).
         .target(name: "MeshTestSupport", dependencies: ["MeshPOSIX", "MeshAudio"], path: "Tests/MeshTestSupport"),
@@ -63,7 +67,7 @@ let package = Package(
         .testTarget(name: "MeshRelayTests", dependencies: ["MeshRelay", "PeerMesh", "MeshAudio", "MeshPipeline", "MeshImpair",
                                                           "MeshCLI", "MeshTestSupport"]),
         .testTarget(name: "MeshImpairTests", dependencies: ["MeshImpair", "MeshTestSupport"]),
-        .testTarget(name: "MeshCLITests", dependencies: ["MeshCLI"]),
+        .testTarget(name: "MeshCLITests", dependencies: ["MeshCLI", "MeshAudio"]),
     ],
     swiftLanguageModes: [.v6]
 )

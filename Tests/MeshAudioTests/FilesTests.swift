@@ -74,7 +74,7 @@ struct FilesTests {
     // MARK: WAV
 
     /// Writes `signal` through a non-real-time WAVFileSink, reads it back through a non-real-time WAVFileSource.
-    private func roundTrip(_ signal: [Float], format: AudioFormat, encoding: WAVEncoding) throws -> (WAVFileSource, Capture) {
+    private func roundTrip(_ signal: [Float], format: AudioFormat, encoding: SoundFileEncoding) throws -> (WAVFileSource, Capture) {
         let path = temporaryPath("roundtrip.wav")
         let frames = signal.count / format.channels
         let sink = try WAVFileSink(path: path, format: format, periodFrames: 100, encoding: encoding,

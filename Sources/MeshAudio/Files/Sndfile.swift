@@ -17,15 +17,61 @@ public struct SndfileError: Error, Equatable, Sendable, CustomStringConvertible 
 }
 
 /// The sample encoding of a WAV file written by `WAVFileSink`.
-public enum WAVEncoding: Sendable, Equatable {
-    /// 32-bit IEEE float: lossless for the pipeline's samples.
-    case float32
-    /// 16-bit signed integer, clipped to [-1, 1).
+public enum SoundFileEncoding: Sendable, Equatable, CaseIterable, CustomStringConvertible {
+    /// WAV, 16-bit signed integer (clipped to [-1, 1)): what every tool reads.
     case pcm16
+    /// WAV, 24-bit signed integer.
+    case pcm24
+    /// WAV, 32-bit IEEE float, as WAVE_FORMAT_EXTENSIBLE: lossless for the pipeline's samples.
+    case float32
+    /// FLAC, 24-bit: lossless and about half the size.
+    case flac
+    /// Ogg Vorbis: lossy, small.
+    case oggVorbis
+
+    /// The encoding a file name asks for: `.wav` (with `sampleFormat` s16, s24 or f32), `.flac` or `.ogg`; nil for
+    /// any other extension or sample format.
+    public static func forPath(_ path: String, sampleFormat: String = "s16") -> SoundFileEncoding? {
+        let lower = path.lowercased()
+        if lower.hasSuffix(".wav") {
+            switch sampleFormat {
+            case "s16": return .pcm16
+            case "s24": return .pcm24
+            case "f32": return .float32
+            default: return nil
+            }
+        }
+        if lower.hasSuffix(".flac") { return .flac }
+        if lower.hasSuffix(".ogg") || lower.hasSuffix(".oga") { return .oggVorbis }
+        return nil
+    }
+
+    public var description: String {
+        switch self {
+        case .pcm16: "WAV 16-bit"
+        case .pcm24: "WAV 24-bit"
+        case .float32: "WAV 32-bit float"
+        case .flac: "FLAC 24-bit"
+        case .oggVorbis: "Ogg Vorbis"
+        }
+    }
 
     fileprivate var sndfileFormat: Int32 {
-        let subtype = self == .float32 ? SF_FORMAT_FLOAT : SF_FORMAT_PCM_16
-        return Int32(SF_FORMAT_WAV | subtype)
+        switch self {
+        case .pcm16: Int32(SF_FORMAT_WAV | SF_FORMAT_PCM_16)
+        case .pcm24: Int32(SF_FORMAT_WAV | SF_FORMAT_PCM_24)
+        case .float32: Int32(SF_FORMAT_WAVEX | SF_FORMAT_FLOAT)
+        case .flac: Int32(SF_FORMAT_FLAC | SF_FORMAT_PCM_24)
+        case .oggVorbis: Int32(SF_FORMAT_OGG | SF_FORMAT_VORBIS)
+        }
+    }
+
+    /// Whether libsndfile can rewrite the header as it goes (WAV), so a killed process leaves a valid file.
+    fileprivate var updatesHeader: Bool {
+        switch self {
+        case .pcm16, .pcm24, .float32: true
+        case .flac, .oggVorbis: false
+        }
     }
 }
 
@@ -54,7 +100,7 @@ final class SoundFile: @unchecked Sendable {  // Used by one thread at a time: t
     static func openForReading(path: String) throws(SndfileError) -> SoundFile {
         var info = SF_INFO()
         guard let file = sf_open(path, Int32(SFM_READ), &info) else {
-            throw SndfileError(path: path, operation: "open for reading", message: String(cString: sf_strerror(nil)))
+            throw SndfileError(path: path, operation: "open for reading", message: reworded(String(cString: sf_strerror(nil))))
         }
         guard info.channels > 0, info.samplerate > 0 else {
             sf_close(file)
@@ -64,20 +110,20 @@ final class SoundFile: @unchecked Sendable {  // Used by one thread at a time: t
         return SoundFile(file: file, path: path, info: info)
     }
 
-    /// Creates (or truncates) a WAV file. The header is rewritten after every write, so the file stays valid
-    /// even if the process dies before `close()`.
-    static func createWAV(path: String, format: AudioFormat, encoding: WAVEncoding) throws(SndfileError) -> SoundFile {
+    /// Creates (or truncates) a sound file in `encoding`. A WAV header is rewritten after every write, so the file
+    /// stays valid even if the process dies before `close()`; FLAC and Ogg are finalized by `close()`.
+    static func create(path: String, format: AudioFormat, encoding: SoundFileEncoding) throws(SndfileError) -> SoundFile {
         var info = SF_INFO()
         info.samplerate = Int32(format.sampleRate)
         info.channels = Int32(format.channels)
         info.format = encoding.sndfileFormat
         guard sf_format_check(&info) != 0 else {
-            throw SndfileError(path: path, operation: "create", message: "libsndfile rejects WAV \(encoding) at \(format)")
+            throw SndfileError(path: path, operation: "create", message: "this libsndfile cannot write \(encoding) at \(format)")
         }
         guard let file = sf_open(path, Int32(SFM_WRITE), &info) else {
-            throw SndfileError(path: path, operation: "create", message: String(cString: sf_strerror(nil)))
+            throw SndfileError(path: path, operation: "create", message: reworded(String(cString: sf_strerror(nil))))
         }
-        sf_command(file, Int32(SFC_SET_UPDATE_HEADER_AUTO), nil, Int32(SF_TRUE))
+        if encoding.updatesHeader { sf_command(file, Int32(SFC_SET_UPDATE_HEADER_AUTO), nil, Int32(SF_TRUE)) }
         sf_command(file, Int32(SFC_SET_CLIPPING), nil, Int32(SF_TRUE))
         return SoundFile(file: file, path: path, info: info)
     }
@@ -103,7 +149,7 @@ final class SoundFile: @unchecked Sendable {  // Used by one thread at a time: t
     /// libsndfile's error for this handle, if its last operation failed.
     func error(operation: String) -> SndfileError? {
         guard let file, sf_error(file) != 0 else { return nil }
-        return SndfileError(path: path, operation: operation, message: String(cString: sf_strerror(file)))
+        return SndfileError(path: path, operation: operation, message: reworded(String(cString: sf_strerror(file))))
     }
 
     /// Closes the file (finalizing a written header). Safe to call twice.
@@ -112,7 +158,25 @@ final class SoundFile: @unchecked Sendable {  // Used by one thread at a time: t
         self.file = nil
         let result = sf_close(file)
         if result != 0 {
-            throw SndfileError(path: path, operation: "close", message: String(cString: sf_error_number(result)))
+            throw SndfileError(path: path, operation: "close", message: reworded(String(cString: sf_error_number(result))))
         }
     }
+}
+
+/// libsndfile's messages in our words: "System error : No such file or directory." becomes "no such file or
+/// directory"; "File contains data in an unknown format." becomes "not a sound file libsndfile can read (WAV, FLAC,
+/// Ogg…)"; others lose their trailing period and capital.
+func reworded(_ text: String) -> String {
+    var t = Substring(text)
+    while let c = t.first, c.isWhitespace { t.removeFirst() }
+    while let c = t.last, c.isWhitespace { t.removeLast() }
+    let prefix = "System error : "
+    if t.hasPrefix(prefix) { t = t.dropFirst(prefix.count) }
+    if t.lowercased().contains("unknown format") || t.lowercased().contains("format not recognised") {
+        return "not a sound file libsndfile can read (WAV, FLAC, Ogg…)"
+    }
+    if t.hasSuffix(".") { t.removeLast() }
+    // Lower-case the first letter, unless it starts an acronym ("WAV…").
+    if let first = t.first, t.dropFirst().first?.isLowercase ?? true { return first.lowercased() + t.dropFirst() }
+    return String(t)
 }

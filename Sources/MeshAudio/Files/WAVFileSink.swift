@@ -13,7 +13,7 @@ public final class WAVFileSink: AudioSink {
     public let format: AudioFormat
     public let periodFrames: Int
     /// Sample encoding in the file.
-    public let encoding: WAVEncoding
+    public let encoding: SoundFileEncoding
     /// Frames after which the sink stops pulling, if set.
     public let maxFrames: Int?
     private let loop: SinkLoop
@@ -21,11 +21,11 @@ public final class WAVFileSink: AudioSink {
 
     /// Creates (or truncates) the WAV file at `path`. Throws `SndfileError` if it cannot be created and
     /// `AudioFormatError` for an unsupported format.
-    public init(path: String, format: AudioFormat = .default, periodFrames: Int = 128, encoding: WAVEncoding = .float32,
+    public init(path: String, format: AudioFormat = .default, periodFrames: Int = 128, encoding: SoundFileEncoding = .float32,
                 realtime: Bool = true, maxFrames: Int? = nil) throws {
         try format.validate()
         precondition(periodFrames > 0, "periodFrames must be positive")
-        let file = try SoundFile.createWAV(path: path, format: format, encoding: encoding)
+        let file = try SoundFile.create(path: path, format: format, encoding: encoding)
         self.path = path
         self.format = format
         self.periodFrames = periodFrames

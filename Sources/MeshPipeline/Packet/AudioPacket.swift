@@ -157,7 +157,7 @@ public enum AudioPacket {
             do throws(AudioPacketError) {
                 let h = try decodeHeader(raw)
                 var samples = [Float](repeating: 0, count: h.frameCount * h.format.channels)
-                try samples.withUnsafeMutableBufferPointer { d throws(AudioPacketError) in
+                _ = try samples.withUnsafeMutableBufferPointer { d throws(AudioPacketError) in
                     try decodeSamples(raw, header: h, into: d)
                 }
                 return .success((h, samples))

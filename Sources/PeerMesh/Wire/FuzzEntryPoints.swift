@@ -1,0 +1,209 @@
+import MeshPOSIX
+
+/// The decoders of outside bytes, each driven as an attacker's bytes would drive it, for `peermesh-fuzz`
+/// (libFuzzer) and its corpus replays. Each entry point takes arbitrary bytes, must never trap, and checks what the
+/// decoder promises (a decoded frame re-encodes to the same frame; a channel that faults stays closed).
+package enum FuzzEntryPoints {
+    /// The first byte picks how the rest is cut into reads (1–256 bytes each), so chunk boundaries are fuzzed too.
+    private static func chunks(_ input: [UInt8]) -> [ArraySlice<UInt8>] {
+        guard let first = input.first else { return [] }
+        let size = Int(first) + 1
+        var out: [ArraySlice<UInt8>] = []
+        var at = 1
+        while at < input.count {
+            out.append(input[at..<min(at + size, input.count)])
+            at += size
+        }
+        return out
+    }
+
+    /// Control and data frames from a TCP stream: the frame assembler, then each frame's decoder. Every frame
+    /// that decodes must encode back to itself.
+    package static func controlFrames(_ input: [UInt8]) {
+        var assembler = FrameAssembler(maximumFrameLength: 4_096)
+        for piece in chunks(input) {
+            piece.withUnsafeBytes { assembler.append($0) }
+            while let result = assembler.next() {
+                guard case .success(let frame) = result else { return }
+                let again = frame.encoded()
+                var check = FrameAssembler(maximumFrameLength: again.count)
+                again.withUnsafeBytes { check.append($0) }
+                guard case .success(let same)? = check.next(), same == frame else {
+                    preconditionFailure("a decoded frame does not re-encode to itself: \(frame)")
+                }
+            }
+        }
+    }
+
+    /// A responder and an initiator in Noise mode fed the bytes as the peer's (preamble, handshake messages…), and
+    /// an established channel fed them as records.
+    package static func secureChannel(_ input: [UInt8]) {
+        let pieces = chunks(input)
+        var responder = SecureChannel(configuration: .init(role: .responder, preference: .required, localPeer: fixtures.responder))
+        var initiator = SecureChannel(configuration: .init(role: .initiator, preference: .optional, localPeer: fixtures.initiator))
+        _ = initiator.start()
+        var established = fixtures.established
+        var closed = (false, false, false)
+        for piece in pieces {
+            piece.withUnsafeBytes { raw in
+                for (i, events) in [responder.received(raw), initiator.received(raw), established.received(raw)].enumerated() {
+                    for e in events {
+                        if case .needsApproval = e, i == 1 { _ = initiator.approve() }
+                        if case .fault = e {
+                            switch i { case 0: closed.0 = true; case 1: closed.1 = true; default: closed.2 = true }
+                        }
+                    }
+                }
+            }
+        }
+        // A channel that faulted stays shut: more bytes produce nothing.
+        let more: [UInt8] = [0, 0, 0, 1, 5]
+        more.withUnsafeBytes { raw in
+            if closed.0 { precondition(responder.received(raw).isEmpty, "a faulted responder answered") }
+            if closed.2 { precondition(established.received(raw).isEmpty, "a faulted channel answered") }
+        }
+    }
+
+    /// Datagrams at a session's socket: the header, then the router with a route for the datagram's own token
+    /// (so the fuzzer gets past the stranger check), opened under a fixed key, and again in plaintext.
+    package static func datagram(_ input: [UInt8]) {
+        var bytes = input
+        bytes.withUnsafeMutableBytes { d in
+            guard case .success(let header) = DatagramHeader.decode(UnsafeRawBufferPointer(d)) else { return }
+            let source = SocketAddress(numericHost: "127.0.0.1", port: 7_000)!
+            for keyed in [true, false] {
+                var router = DatagramRouter()
+                router.routeUp(link: 1, peer: fixtures.initiator, localToken: header.token, remoteToken: 1, remote: source,
+                               latches: true, now: 1)
+                let (verdict, _) = router.received(header, from: source, now: 2) { _ in
+                    var payload = UnsafeRawBufferPointer(rebasing: d[DatagramHeader.size...])
+                    if keyed {
+                        let body = UnsafeMutableRawBufferPointer(rebasing: d[DatagramHeader.size...])
+                        guard let n = Sodium.open(key: fixtures.datagramKey, counter: header.sequence,
+                                                  ad: UnsafeRawBufferPointer(rebasing: d[..<DatagramHeader.size]),
+                                                  ciphertext: UnsafeRawBufferPointer(body), into: body)
+                        else { return .failure(.unauthentic) }
+                        payload = UnsafeRawBufferPointer(rebasing: body[..<n])
+                    }
+                    return DatagramBody.parse(kind: header.kind, payload: payload)
+                }
+                // Without the key nothing authenticates: a forgery would be a hole.
+                if keyed, case .deliver = verdict { preconditionFailure("an unsealed datagram was delivered") }
+            }
+        }
+    }
+
+    /// A DNS-SD instance name and TXT record: the first byte is the instance name's length, then TXT strings,
+    /// each prefixed by its length as on the wire.
+    package static func txtRecord(_ input: [UInt8]) {
+        guard let n = input.first else { return }
+        let nameEnd = min(1 + Int(n), input.count)
+        let name = String(decoding: input[1..<nameEnd], as: UTF8.self)
+        var strings: [String] = []
+        var at = nameEnd
+        while at < input.count {
+            let len = Int(input[at])
+            let end = min(at + 1 + len, input.count)
+            strings.append(String(decoding: input[(at + 1)..<end], as: UTF8.self))
+            at = end
+        }
+        if case .success(let (peer, info)) = TXTRecord.decode(instanceName: name, txt: strings) {
+            // What decodes is a peer whose identity is its key's, with discovery info that re-encodes.
+            precondition(peer.publicKey?.identity == peer.identity, "a TXT record's key and instance name disagree")
+            _ = TXTRecord.encode(peer: peer, discoveryInfo: info)
+        }
+    }
+
+    /// Pairing (CPace) messages: as message 1 to a responder, as message 2 to an initiator, as message 3 to a
+    /// responder that answered a real message 1. A wrong code must never verify.
+    package static func pairing(_ input: [UInt8]) {
+        var responder = Pairing.Responder(code: "1234-5678", binding: fixtures.binding)
+        _ = try? responder.answer(input)
+        var initiator = fixtures.pairingInitiator
+        _ = try? initiator.answer(input)
+        let answered = fixtures.pairingResponder
+        if (try? answered.verify(input)) != nil { preconditionFailure("fuzz bytes passed a pairing proof") }
+    }
+
+    /// Well-formed inputs to start each target's corpus from (the fuzzer mutates its way out from them).
+    package static func seeds() -> [String: [[UInt8]]] {
+        let peer = fixtures.initiator
+        let frames: [ControlFrame] = [
+            .hello(peer: peer),
+            .invite(.init(context: Array("PMPAIR1".utf8), timeoutMillis: 5_000, udpPort: 7_000, token: 42)),
+            .accept(udpPort: 7_001, token: 43), .decline(.notTrusted, "not paired"), .data(Array("hello".utf8)),
+            .heartbeat, .goodbye,
+        ]
+        let stream = frames.flatMap { $0.encoded() }
+        // A handshake's first messages, as an initiator writes them.
+        var initiator = SecureChannel(configuration: .init(role: .initiator, preference: .required, localPeer: peer))
+        var handshake: [UInt8] = []
+        for case .write(let w) in initiator.start() { handshake += w }
+        // Datagrams: sealed data, a ping, a plaintext body.
+        func datagram(_ kind: DatagramHeader.Kind, sequence: UInt64, body: [UInt8], sealed: Bool) -> [UInt8] {
+            var out = [UInt8](repeating: 0, count: DatagramHeader.size + body.count + Sodium.tagSize)
+            let n = out.withUnsafeMutableBytes { buf in
+                body.withUnsafeBytes { SessionCore.seal($0, kind: kind, token: 7, sequence: sequence,
+                                                       key: sealed ? fixtures.datagramKey : nil, into: buf) }
+            }
+            return Array(out[..<n])
+        }
+        let txt = TXTRecord.encode(peer: peer, discoveryInfo: ["fmt": "f32le", "rate": "44100", "pair": "1"])
+        var txtBytes = [UInt8(16)] + Array(peer.identityString.utf8)
+        for t in txt { let b = Array(t.utf8.prefix(255)); txtBytes += [UInt8(b.count)] + b }
+        let pairingFirst = Pairing.Initiator(code: "1234-5678", binding: fixtures.binding).firstMessage
+        return [
+            "frames": [[0] + stream, [3] + stream, [255] + frames[1].encoded()],
+            "channel": [[255] + handshake, [7] + handshake, [255] + SecureChannel.preamble(0) + frames[0].encoded()],
+            "datagram": [datagram(.data, sequence: 1, body: Array("audio".utf8), sealed: true),
+                         datagram(.ping, sequence: 2, body: [0, 0, 0, 0, 0, 0, 0, 9], sealed: true),
+                         datagram(.data, sequence: 3, body: [1, 2, 3], sealed: false)],
+            "txt": [txtBytes],
+            "pairing": [pairingFirst, Array(pairingFirst.dropLast(3))],
+        ]
+    }
+
+    /// Keys and states built once (each entry point copies what it mutates).
+    private struct Fixtures: Sendable {
+        let initiator: PeerID
+        let responder: PeerID
+        let established: SecureChannel
+        let datagramKey: SecretKey
+        let binding: [UInt8]
+        let pairingInitiator: Pairing.Initiator
+        let pairingResponder: Pairing.Responder
+
+        init() {
+            let i = try! PeerIdentity.generate(displayName: "fuzz-initiator")
+            let r = try! PeerIdentity.generate(displayName: "fuzz-responder")
+            initiator = i.peerID
+            responder = r.peerID
+            // A real handshake, in memory, to get a channel that takes records.
+            var a = SecureChannel(configuration: .init(role: .initiator, preference: .required, localPeer: initiator))
+            var b = SecureChannel(configuration: .init(role: .responder, preference: .required, localPeer: responder))
+            /// Delivers every `.write` among `events` to `channel`; returns what it answered.
+            func deliver(_ events: [SecureChannel.Event], to channel: inout SecureChannel) -> [SecureChannel.Event] {
+                var out: [SecureChannel.Event] = []
+                for case .write(let bytes) in events { out += bytes.withUnsafeBytes { channel.received($0) } }
+                return out
+            }
+            var fromA = a.start()
+            for _ in 0..<4 where !(a.isEncrypted && b.isEncrypted) {
+                let fromB = deliver(fromA, to: &b)
+                fromA = deliver(fromB, to: &a)
+                for case .needsApproval in fromA { fromA += a.approve() }
+            }
+            _ = deliver(fromA, to: &b)
+            precondition(a.isEncrypted && b.isEncrypted, "the fixture handshake did not finish")
+            established = b
+            datagramKey = SecretKey()
+            binding = Sodium.randomBytes(32)
+            pairingInitiator = Pairing.Initiator(code: "1234-5678", binding: binding)
+            var responder = Pairing.Responder(code: "1234-5678", binding: binding)
+            _ = try? responder.answer(Pairing.Initiator(code: "1234-5678", binding: binding).firstMessage)
+            pairingResponder = responder
+        }
+    }
+
+    private static let fixtures = Fixtures()
+}

@@ -1,0 +1,153 @@
+// peermesh-fuzz: every decoder of outside bytes, one target each.
+//
+//   Built by scripts/fuzz with `-sanitize=fuzzer,address -DFUZZING`: a libFuzzer binary; the target is chosen by
+//   PEERMESH_FUZZ_TARGET (frames, channel, datagram, txt, pairing, audio, wav).
+//   Built plainly: `peermesh-fuzz TARGET PATH...` replays files (or directories of them) through the target and
+//   says how many ran; a crash is a failed replay. scripts/test replays fuzz/corpus this way.
+import Foundation
+import MeshAudio
+import MeshPipeline
+import PeerMesh
+
+/// The fuzz targets: what each feeds, and to which decoder.
+enum FuzzTarget: String, CaseIterable {
+    /// TCP frame stream: `FrameAssembler` and `ControlFrame.decode`.
+    case frames
+    /// Noise XX handshake messages and AEAD records: `SecureChannel` as responder, initiator and established.
+    case channel
+    /// UDP datagrams: `DatagramHeader`, `DatagramRouter`, `Sodium.open`, body parsing.
+    case datagram
+    /// DNS-SD instance names and TXT records: `TXTRecord.decode`.
+    case txt
+    /// Pairing (CPace) messages.
+    case pairing
+    /// Audio packets: `AudioPacket.decode` and `PacketIngress` (sample clamping, the ring).
+    case audio
+    /// Sound-file headers and bodies through libsndfile (`SoundFiles.read`).
+    case wav
+
+    func run(_ input: [UInt8]) {
+        switch self {
+        case .frames: FuzzEntryPoints.controlFrames(input)
+        case .channel: FuzzEntryPoints.secureChannel(input)
+        case .datagram: FuzzEntryPoints.datagram(input)
+        case .txt: FuzzEntryPoints.txtRecord(input)
+        case .pairing: FuzzEntryPoints.pairing(input)
+        case .audio: Self.audio(input)
+        case .wav: Self.wav(input)
+        }
+    }
+
+    /// The player's ingress: a packet of any format is decoded; one in the ingress's format goes into the ring, and
+    /// every sample that comes out of decoding is finite and within [−1, 1].
+    private static let ring = PacketRing(capacity: 8)
+    private static let ingress = PacketIngress(format: .default, ring: ring)
+
+    static func audio(_ input: [UInt8]) {
+        input.withUnsafeBytes { raw in
+            if case .success(let (_, samples)) = Result(catching: { try AudioPacket.decode(input) }) {
+                precondition(samples.allSatisfy { $0.isFinite && abs($0) <= 1 }, "a decoded sample is out of range")
+            }
+            _ = ingress.receive(raw, arrivalNanos: 1)
+        }
+        // The render thread's end: what the ring hands on is what was checked.
+        while ring.pop({ _, samples in precondition(samples.allSatisfy { $0.isFinite && abs($0) <= 1 }, "the ring holds an unchecked sample") }) != nil {}
+    }
+
+    /// A file's bytes, read as libsndfile reads a file given to `--input`.
+    static func wav(_ input: [UInt8]) {
+        let path = wavPath
+        guard FileManager.default.createFile(atPath: path, contents: Data(input)) else { return }
+        if let (format, samples) = try? SoundFiles.read(path: path, maximumFrames: 1 << 16) {
+            precondition(samples.count % format.channels == 0, "a partial frame was read")
+        }
+    }
+
+    private static let wavPath = "/dev/shm/peermesh-fuzz-\(getpid()).wav"
+}
+
+#if FUZZING
+nonisolated(unsafe) private var selected = FuzzTarget.frames
+
+@_cdecl("LLVMFuzzerInitialize")
+public func fuzzerInitialize(_ argc: UnsafeMutablePointer<Int32>, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?>) -> Int32 {
+    let name = ProcessInfo.processInfo.environment["PEERMESH_FUZZ_TARGET"] ?? ""
+    guard let target = FuzzTarget(rawValue: name) else {
+        FileHandle.standardError.write(Data("set PEERMESH_FUZZ_TARGET to one of: \(FuzzTarget.allCases.map(\.rawValue).joined(separator: ", "))\n".utf8))
+        exit(2)
+    }
+    selected = target
+    return 0
+}
+
+@_cdecl("LLVMFuzzerTestOneInput")
+public func fuzzerTestOneInput(_ data: UnsafePointer<UInt8>?, _ size: Int) -> Int32 {
+    selected.run(data.map { Array(UnsafeBufferPointer(start: $0, count: size)) } ?? [])
+    return 0
+}
+#else
+@main
+struct Replay {
+    static func main() {
+        let args = Array(CommandLine.arguments.dropFirst())
+        if args.count == 2, args[0] == "--seed" { seed(into: args[1]) }
+        guard let name = args.first, let target = FuzzTarget(rawValue: name), args.count >= 2 else {
+            FileHandle.standardError.write(Data("""
+                usage: peermesh-fuzz TARGET PATH...   replays files (or directories of them) through TARGET
+                       peermesh-fuzz --seed DIR        writes well-formed seed inputs to DIR/TARGET/
+                  targets: \(FuzzTarget.allCases.map(\.rawValue).joined(separator: ", "))
+                  (scripts/fuzz builds the libFuzzer binary)
+
+                """.utf8))
+            exit(2)
+        }
+        var count = 0
+        for path in args.dropFirst() {
+            var isDirectory: ObjCBool = false
+            guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
+                FileHandle.standardError.write(Data("peermesh-fuzz: \(path): no such file or directory\n".utf8))
+                exit(1)
+            }
+            let files = isDirectory.boolValue
+                ? ((try? FileManager.default.contentsOfDirectory(atPath: path)) ?? []).sorted().map { path + "/" + $0 }
+                : [path]
+            for file in files {
+                guard let data = FileManager.default.contents(atPath: file) else { continue }
+                target.run(Array(data))
+                count += 1
+            }
+        }
+        print("peermesh-fuzz \(target.rawValue): \(count) inputs replayed, none crashed")
+    }
+}
+
+/// Writes each target's seeds to `directory/TARGET/seed-N`, then exits.
+func seed(into directory: String) -> Never {
+    var seeds = FuzzEntryPoints.seeds()
+    // Audio packets of the default format and of others, in and out of range.
+    let formats = [AudioFormat.default, AudioFormat(sampleRate: 48_000, channels: 2)]
+    seeds["audio"] = formats.enumerated().compactMap { i, f in
+        let frames = 32
+        let samples = (0..<(frames * f.channels)).map { Float($0 % 7) * 0.4 - 1.2 }
+        let h = AudioPacketHeader(sequence: UInt32(i), firstFrameIndex: UInt64(i * frames), frameCount: frames, format: f)
+        return try? AudioPacket.encode(h, samples: samples)
+    }
+    // Sound files in the encodings libsndfile writes for us.
+    seeds["wav"] = SoundFileEncoding.allCases.compactMap { encoding in
+        let path = "/dev/shm/peermesh-seed-\(getpid()).wav"
+        defer { unlink(path) }
+        let samples = (0..<256).map { sin(Float($0) * 0.1) * 0.5 }
+        guard (try? SoundFiles.write(path: path, format: .default, encoding: encoding, samples: samples)) != nil else { return nil }
+        return FileManager.default.contents(atPath: path).map(Array.init)
+    }
+    for (target, inputs) in seeds {
+        let dir = directory + "/" + target
+        try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        for (i, input) in inputs.enumerated() {
+            _ = FileManager.default.createFile(atPath: "\(dir)/seed-\(i)", contents: Data(input))
+        }
+    }
+    print("peermesh-fuzz: seeds for \(seeds.keys.sorted().joined(separator: ", ")) in \(directory)")
+    exit(0)
+}
+#endif
