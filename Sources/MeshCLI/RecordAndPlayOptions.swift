@@ -205,7 +205,8 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
     /// Where audio goes.
     package enum Output: Sendable, Equatable {
         case device(String)
-        case file(String)
+        /// A sound file, in the encoding its extension (and `--sample-format`) chose.
+        case file(String, SoundFileEncoding)
     }
 
     /// What the run does.
@@ -250,7 +251,8 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
       --name NAME         this player's name (saved; default: host name)
       --service TYPE      DNS-SD service type (default mesh-audio)
       --device DEV        ALSA playback device (default "default"; list with aplay -L)
-      --output FILE.wav   write a WAV file instead of playing
+      --output FILE       write a sound file instead of playing: .wav, .flac or .ogg (the extension decides)
+      --sample-format F   sample format of a .wav output: s16 (default), s24 or f32
       --latency auto|low|MS  jitter buffer: adaptive (default), pinned to the minimum, or fixed ms
       --duration SECONDS  stop after this long
       --quiet             no status line or event lines (errors are still printed)
@@ -264,7 +266,7 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
         var o = PlayOptions()
         var cursor = ArgumentCursor(arguments)
         var sawFind = false, sawDevice = false, sawOutput = false, sawList = false, sawPaired = false
-        var pair: String?, forget: String?
+        var pair: String?, forget: String?, outputPath: String?, sampleFormat: String?
         while let a = cursor.next() {
             switch a {
             case "--find": sawFind = true
@@ -292,8 +294,12 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
                 o.output = .device(try cursor.value(for: a))
                 sawDevice = true
             case "--output":
-                o.output = .file(try cursor.value(for: a))
+                outputPath = try cursor.value(for: a)
                 sawOutput = true
+            case "--sample-format":
+                let v = try cursor.value(for: a)
+                guard ["s16", "s24", "f32"].contains(v) else { throw UsageError("--sample-format takes s16, s24 or f32, got \"\(v)\"") }
+                sampleFormat = v
             case "--latency":
                 let v = try cursor.value(for: a)
                 switch v {
@@ -327,6 +333,17 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
             throw UsageError("--find/--connect, --list, --pair, --paired and --forget are exclusive")
         }
         if sawDevice, sawOutput { throw UsageError("--device and --output are exclusive") }
+        if let path = outputPath {
+            guard let encoding = SoundFileEncoding.forPath(path, sampleFormat: sampleFormat ?? "s16") else {
+                throw UsageError("--output takes a .wav, .flac or .ogg file (the extension chooses the format), got \"\(path)\"")
+            }
+            if sampleFormat != nil, !path.lowercased().hasSuffix(".wav") {
+                throw UsageError("--sample-format applies to .wav output only")
+            }
+            o.output = .file(path, encoding)
+        } else if sampleFormat != nil {
+            throw UsageError("--sample-format needs --output FILE.wav")
+        }
         if sawList { o.action = .list }
         if sawPaired { o.action = .listPaired }
         if let forget { o.action = .forget(forget) }
@@ -360,5 +377,17 @@ package enum SocketAddressCheck {
         var a4 = in_addr(), a6 = in6_addr()
         let h = s.hasPrefix("[") && s.hasSuffix("]") ? String(s.dropFirst().dropLast()) : s
         return inet_pton(AF_INET, h, &a4) == 1 || inet_pton(AF_INET6, h, &a6) == 1
+    }
+}
+
+/// Names for the further files of one `--output` (a host that changed format gets a new file, never a truncated one).
+package enum OutputFiles {
+    /// `dir/take.wav`, 2 → `dir/take-2.wav`; a name without an extension gets the number at its end.
+    package static func numbered(_ path: String, _ n: Int) -> String {
+        let slash = path.lastIndex(of: "/")
+        if let dot = path.lastIndex(of: "."), slash.map({ dot > $0 }) ?? true, dot != path.startIndex {
+            return "\(path[..<dot])-\(n)\(path[dot...])"
+        }
+        return "\(path)-\(n)"
     }
 }

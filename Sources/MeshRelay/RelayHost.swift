@@ -42,6 +42,9 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         public var accept: AcceptPolicy = .paired
         /// Discovery backend; `nil` means Avahi.
         public var discovery: (any DiscoveryBackend)?
+        /// Whether `discovery` reaches the network. False when an in-process backend stands in because there is no
+        /// DNS-SD at all: then the host never says (or reports) that it is advertised.
+        public var discoveryReachesNetwork = true
         /// A player silent this long is dropped.
         public var peerTimeout: Duration = .seconds(2)
         /// Extra discovery info published beside the audio format.
@@ -439,6 +442,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     public func advertiser(_ advertiser: NearbyServiceAdvertiser, didUpdate publication: PublicationEvent) {
         switch publication {
         case .published(let name):
+            guard configuration.discoveryReachesNetwork else { return }
             let first = state.withLock { s -> Bool in defer { s.advertised = true }; return !s.advertised }
             if first { events("advertised as _\(configuration.serviceType)._tcp (instance \(name))") }
         case .waitingForDaemon:

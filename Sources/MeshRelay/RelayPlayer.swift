@@ -129,10 +129,13 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     private let log: @Sendable (String) -> Void
     private let onGiveUp: @Sendable (String) -> Void
     private let started = Atomic<UInt64>(0)
+    /// Rebuilds for a new host format allowed so far (control queue).
+    private let formatChanges = Mutex(FormatChangeLimiter())
 
     /// - Parameters:
     ///   - log: one human-readable line per event.
-    ///   - onGiveUp: called once when joining cannot succeed (direct connects exhausted).
+    ///   - onGiveUp: called once, with the reason, when joining cannot succeed (direct connects exhausted, not
+    ///     paired, declined, a name that does not resolve); the reason is not also logged.
     public init(configuration: Configuration, makeSink: @escaping SinkFactory,
                 log: @escaping @Sendable (String) -> Void = { _ in },
                 onGiveUp: @escaping @Sendable (String) -> Void = { _ in }) throws {
@@ -240,7 +243,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                     perform(more)
                 }
             case .giveUp(let why):
-                log(why)
+                // Said once, by whoever handles the end (mesh-play prints it as its exit line).
                 onGiveUp(why)
             }
         }
@@ -257,10 +260,18 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     private func tick() {
         perform(join.withLock { $0.tick(now: monotonicNow()) })
         account()
-        // A host with another format: build a pipeline for it here, off the network thread.
+        // A host with another format: build a pipeline for it here, off the network thread — as often as the
+        // limiter allows (a host that flaps formats would otherwise rebuild playback, and reopen its file, each time).
         if let f = playout.withCurrent({ $0?.takePendingFormat() }) {
-            log("host sends \(f); reopening playback")
-            do { try buildPipeline(f) } catch { log("cannot play \(f): \(error)") }
+            switch formatChanges.withLock({ $0.request(.init(sampleRate: f.sampleRate, channels: f.channels), now: monotonicNow()) }) {
+            case .allow:
+                log("host sends \(f); reopening playback")
+                do { try buildPipeline(f) } catch { log("cannot play \(f): \(error)") }
+            case .refuseAndSay:
+                log("host switches to \(f) too often; ignoring it (its packets are dropped) and playing on")
+            case .refuse:
+                break
+            }
         }
     }
 

@@ -93,12 +93,18 @@ func pair(code: String, fingerprint: String?) -> Never {
 let device = DeviceState.open(options.state, name: options.name, terminal: terminal)
 let target: JoinTarget = options.connect.map { .direct($0) } ?? .discover(hostName: options.hostName)
 let output = options.output
+/// Files written so far: a host that changes format mid-stream gets a new file (`out-2.wav`…), never a truncated one.
+let filesWritten = Mutex(0)
 let makeSink: RelayPlayer.SinkFactory = { format in
     switch output {
     // Two periods of device buffer: the jitter buffer upstream absorbs the network; the device needs only to
     // ride out scheduling.
-    case .device(let name): try Player(device: name, format: format, periodFrames: 128, bufferFrames: 256)
-    case .file(let path): try WAVFileSink(path: path, format: format, periodFrames: 128)
+    case .device(let name): return try Player(device: name, format: format, periodFrames: 128, bufferFrames: 256)
+    case .file(let path, let encoding):
+        let n = filesWritten.withLock { n in n += 1; return n }
+        let file = n == 1 ? path : OutputFiles.numbered(path, n)
+        if n > 1 { terminal.log("writing \(format) to \(file) (the host changed format; \(path) is kept as it was)") }
+        return try WAVFileSink(path: file, format: format, periodFrames: 128, encoding: encoding)
     }
 }
 
@@ -153,8 +159,8 @@ if final.framesReceived == 0 {
         switch target {
         case .direct(let e): why = "no audio from \(e) (not reachable, or it did not let this player in)"
         case .discover(let name):
-            let wanted = name.map { "host \"\(TerminalText.escape($0))\"" } ?? "paired host"
-            let seen = final.seen.map { "\(TerminalText.escape($0.peer.displayName)) (\($0.trusted ? "paired" : "not paired"))" }
+            let wanted = name.map { "host \"\($0)\"" } ?? "paired host"
+            let seen = final.seen.map { "\($0.peer.displayName) (\($0.trusted ? "paired" : "not paired"))" }
             why = "no \(wanted) found (service _\(options.service)._tcp)" + (seen.isEmpty ? "; no hosts seen at all" : "; saw: \(seen.joined(separator: ", "))")
         }
     }

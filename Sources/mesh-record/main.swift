@@ -42,16 +42,19 @@ case .ask: accept = .ask(TerminalApproval(terminal: terminal, input: input))
 
 // Discovery: wait for avahi-daemon if it is not up yet; with no system bus at all, serve by address only.
 let discovery: any DiscoveryBackend
+var dnssd = true
 do {
     discovery = try AvahiDiscovery(waitForDaemon: true, log: { terminal.log(TerminalText.escape($0)) })
 } catch {
     terminal.error("\(error)")
     terminal.error("serving without DNS-SD: players join with mesh-play --connect THIS-HOST:PORT")
     discovery = InProcessDiscovery()
+    dnssd = false
 }
 
 var config = RelayHost.Configuration(identity: device.identity, trust: device.trust, serviceType: options.service,
                                      port: options.port, maximumPeers: options.maxPeers + 1, accept: accept, discovery: discovery)
+config.discoveryReachesNetwork = dnssd
 config.bindHost = options.bind
 config.maximumPlayersPerAddress = options.maxPerAddress
 let host: RelayHost

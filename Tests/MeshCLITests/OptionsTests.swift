@@ -1,4 +1,5 @@
 import Testing
+import MeshAudio
 import MeshImpair
 import PeerMesh
 @testable import MeshCLI
@@ -60,7 +61,7 @@ struct OptionsTests {
         guard case .run(let o) = try PlayOptions.parse(["--find", "--host", "kitchen", "--output", "x.wav", "--latency", "low",
                                                        "--duration", "2.5", "--json"])
         else { Issue.record("no config"); return }
-        #expect(o.hostName == "kitchen" && o.output == .file("x.wav") && o.latency == .low && o.duration == 2.5 && o.json)
+        #expect(o.hostName == "kitchen" && o.output == .file("x.wav", .pcm16) && o.latency == .low && o.duration == 2.5 && o.json)
         guard case .run(let c) = try PlayOptions.parse(["--connect", "127.0.0.1:7000", "--latency", "20"]) else { Issue.record("no config"); return }
         #expect(c.connect == PeerEndpoint(host: "127.0.0.1", port: 7000) && c.latency == .fixed(milliseconds: 20))
         guard case .run(let n) = try PlayOptions.parse(["--connect", "kitchen.local:7000"]),
@@ -74,11 +75,28 @@ struct OptionsTests {
         #expect(pc.action == .pair(code: "4821 0937", fingerprint: nil) && pc.connect != nil)
     }
 
+    @Test("mesh-play --output: the extension chooses the encoding; .wav is 16-bit unless --sample-format says otherwise")
+    func outputEncodings() throws {
+        let cases: [([String], PlayOptions.Output)] = [
+            (["--output", "a.wav"], .file("a.wav", .pcm16)),
+            (["--output", "A.WAV", "--sample-format", "s24"], .file("A.WAV", .pcm24)),
+            (["--sample-format", "f32", "--output", "a.wav"], .file("a.wav", .float32)),
+            (["--output", "a.flac"], .file("a.flac", .flac)),
+            (["--output", "a.ogg"], .file("a.ogg", .oggVorbis)),
+        ]
+        for (args, expected) in cases {
+            guard case .run(let o) = try PlayOptions.parse(["--find"] + args) else { Issue.record("no config for \(args)"); continue }
+            #expect(o.output == expected, "\(args)")
+        }
+    }
+
     @Test("mesh-play refuses bad flags with a message", arguments: [
         ["--find", "--bogus"], [], ["--connect", "nohost"], ["--find", "--latency", "fast"], ["--find", "--duration", "-1"],
         ["--find", "--device", "hw:0", "--output", "a.wav"], ["--list", "--connect", "127.0.0.1:1"],
         ["--find", "--connect", "127.0.0.1:1"], ["--pair", "123"], ["--pair", "1234-5678", "--find"], ["--paired", "--list"],
-        ["--pair", "peermesh://pair?fp=x"],
+        ["--pair", "peermesh://pair?fp=x"], ["--find", "--output", "x.mp3"], ["--find", "--output", "noextension"],
+        ["--find", "--output", "x.flac", "--sample-format", "s16"], ["--find", "--sample-format", "s24"],
+        ["--find", "--output", "x.wav", "--sample-format", "u8"],
     ])
     func playBad(args: [String]) {
         #expect(throws: UsageError.self) { try PlayOptions.parse(args) }
@@ -107,5 +125,15 @@ struct OptionsTests {
         for args in bad {
             #expect(throws: UsageError.self, "\(args)") { try ImpairOptions.parse(args) }
         }
+    }
+}
+
+@Suite struct OutputFileNameTests {
+    @Test("Further output files are numbered before the extension")
+    func numbered() {
+        #expect(OutputFiles.numbered("take.wav", 2) == "take-2.wav")
+        #expect(OutputFiles.numbered("/tmp/a.b/take.flac", 3) == "/tmp/a.b/take-3.flac")
+        #expect(OutputFiles.numbered("/tmp/a.b/take", 2) == "/tmp/a.b/take-2")
+        #expect(OutputFiles.numbered(".hidden", 2) == ".hidden-2")
     }
 }

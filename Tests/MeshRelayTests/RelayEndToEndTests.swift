@@ -230,6 +230,11 @@ struct RelayBadInputTests {
         let p = try CLIProcess("mesh-play", paired.playerArgs() + ["--connect", "127.0.0.1:9", "--device", "pm_no_such_device"])
         #expect(p.waitForExit(seconds: 10) == 1)
         #expect(p.stderr.contains { $0.contains("pm_no_such_device") && $0.contains("aplay -L") }, "\(p.stderr)")
+        // alsa-lib's own words come inside ours, never as its raw "ALSA lib pcm.c:…" lines before them.
+        for tool in [r, p] {
+            #expect(!tool.stderr.contains { $0.hasPrefix("ALSA lib") }, "\(tool.stderr)")
+            #expect(tool.stderr.contains { $0.contains("alsa-lib: Unknown PCM pm_no_such_device") }, "\(tool.stderr)")
+        }
     }
 
     @Test("--connect to a closed port: a clear error after bounded retries")

@@ -95,6 +95,11 @@ package final class ChildProcess: Sendable {
         output.withLock { $0.err.first { $0.1.contains(text) }?.0 }
     }
 
+    /// When a stderr line containing `text` first appeared among the lines after the first `after`.
+    package func timeOfLine(containing text: String, after: Int) -> Date? {
+        output.withLock { $0.err.dropFirst(after).first { $0.1.contains(text) }?.0 }
+    }
+
     /// JSON objects printed on stdout.
     package var jsonObjects: [[String: Any]] {
         stdout.compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }

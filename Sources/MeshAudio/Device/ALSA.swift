@@ -28,11 +28,41 @@ public struct ALSAError: Error, Equatable, Sendable, CustomStringConvertible {
     public var message: String
     /// What the user can do about it, when we know.
     public var hint: String?
+    /// What alsa-lib itself said meanwhile ("Unknown PCM nosuch"): captured, never printed raw.
+    public var libraryMessages: [String] = []
 
     public var description: String {
         var text = "ALSA device '\(device)': \(call) failed: \(message)"
+        if !libraryMessages.isEmpty { text += " (alsa-lib: \(libraryMessages.joined(separator: "; ")))" }
         if let hint { text += " — \(hint)" }
         return text
+    }
+}
+
+/// alsa-lib's own messages: routed (once, for the process) away from stderr into CALSA's ring, and read back into
+/// the `ALSAError` of the call that caused them.
+enum ALSALibraryMessages {
+    private static let installed: Bool = {
+        pm_alsa_capture_messages()
+        return true
+    }()
+
+    /// A mark to read messages from: everything alsa-lib says after this.
+    static func mark() -> UInt32 {
+        _ = installed
+        return pm_alsa_message_total()
+    }
+
+    /// The messages since `mark` (at most the ring's size, oldest first), each trimmed.
+    static func since(_ mark: UInt32) -> [String] {
+        let total = pm_alsa_message_total()
+        let count = min(total &- mark, UInt32(PM_ALSA_MESSAGE_SLOTS))
+        return (0..<count).compactMap { i in
+            guard let text = pm_alsa_message(total &- count &+ i) else { return nil }
+            let line = String(cString: text)
+            let trimmed = line.drop { $0.isWhitespace }.reversed().drop { $0.isWhitespace }.reversed()
+            return trimmed.isEmpty ? nil : String(trimmed)
+        }
     }
 }
 
@@ -98,11 +128,18 @@ final class PCMHandle: @unchecked Sendable {  // Used by one thread at a time: t
     /// count, it is re-opened once as `plug:<device>` (`usesPlugConversion`; the owner's app can say so — a library
     /// writes nothing to stderr itself).
     static func open(device: String, stream: PCMStream, configuration: PCMConfiguration) throws(ALSAError) -> PCMHandle {
-        do {
-            return try openConfigured(name: device, requestedName: device, stream: stream, configuration: configuration)
-        } catch let error where error.kind == .formatRefused {
-            guard let plugName = plugName(for: device) else { throw error }
-            return try openConfigured(name: plugName, requestedName: device, stream: stream, configuration: configuration)
+        let mark = ALSALibraryMessages.mark()
+        do throws(ALSAError) {
+            do throws(ALSAError) {
+                return try openConfigured(name: device, requestedName: device, stream: stream, configuration: configuration)
+            } catch where error.kind == .formatRefused {
+                guard let plugName = plugName(for: device) else { throw error }
+                return try openConfigured(name: plugName, requestedName: device, stream: stream, configuration: configuration)
+            }
+        } catch {
+            var e = error
+            e.libraryMessages = ALSALibraryMessages.since(mark)
+            throw e
         }
     }
 

@@ -15,6 +15,9 @@ private let ifUnspec = AvahiIfIndex(AVAHI_IF_UNSPEC)
 private let protoUnspec = AvahiProtocol(AVAHI_PROTO_UNSPEC)
 /// Most resolvers a browse keeps open for TXT updates; beyond it, instances are resolved once and closed.
 private let maximumOpenResolvers = 128
+/// Most resolvers a browse runs at once, open or still resolving: a flood of instances on the LAN costs at most
+/// this many (each further instance is skipped until some resolve or go).
+private let maximumResolvers = 512
 
 /// Owns the threaded poll, the client and every entry group, browser and resolver made from it, and frees them
 /// in order (resolvers, browsers, groups, client, then the poll).
@@ -51,6 +54,8 @@ final class AvahiCore: @unchecked Sendable {
         var resolvers: [AvahiBrowseTable.ItemKey: OpaquePointer] = [:]
         /// Record browsers on each item's SRV record, which see a re-announced port at once.
         var srvWatches: [AvahiBrowseTable.ItemKey: SRVWatch] = [:]
+        /// Whether the resolver bound has been reported (once per browse).
+        var saidTooMany = false
         weak var core: AvahiCore?
 
         init(id: Int, serviceType: String, localIdentity: UInt64, sink: EventSink<BrowseEvent>, core: AvahiCore) {
@@ -294,6 +299,13 @@ final class AvahiCore: @unchecked Sendable {
         switch event {
         case AVAHI_BROWSER_NEW:
             guard b.resolvers[key] == nil else { return }
+            guard b.resolvers.count < maximumResolvers else {
+                if !b.saidTooMany {
+                    b.saidTooMany = true
+                    log("peermesh: more than \(maximumResolvers) DNS-SD instances of \(type) at once; skipping the rest")
+                }
+                return
+            }
             // The resolver stays open so that TXT changes arrive as further FOUND events (up to a bound: past it,
             // an instance is resolved once and its resolver closed). Each record is resolved in its own family.
             if let r = avahi_service_resolver_new(c, interface, proto, name, type, domain, proto, AvahiLookupFlags(0),

@@ -1,0 +1,55 @@
+/// How often a host may make the player rebuild its playback for a new format: a token bucket (a burst of
+/// `burst` changes, then one per `refill`). A hostile host that flaps formats gets a few rebuilds, then one line
+/// saying the change is refused, and its packets in other formats are dropped and counted until a token is back.
+/// Pure: time is passed in (nanoseconds).
+public struct FormatChangeLimiter: Sendable, Equatable {
+    /// What to do with a format change the stream asks for.
+    public enum Verdict: Sendable, Equatable {
+        /// Rebuild for it.
+        case allow
+        /// Refuse it, and say so (the first refusal of this format since the last allowed change).
+        case refuseAndSay
+        /// Refuse it quietly (already said).
+        case refuse
+    }
+
+    public let burst: Int
+    public let refill: UInt64
+    private var tokens: Double
+    private var updated: UInt64?
+    /// Formats refused (and said) since the last allowed change; a few at most.
+    private var refused: [AudioFormatKey] = []
+
+    /// A format as the limiter remembers it (rate and channels).
+    public struct AudioFormatKey: Sendable, Equatable {
+        public var sampleRate: Int
+        public var channels: Int
+        public init(sampleRate: Int, channels: Int) {
+            self.sampleRate = sampleRate
+            self.channels = channels
+        }
+    }
+
+    /// At most `burst` changes at once, then one per `refillNanos` (default: 3, then one per 10 s).
+    public init(burst: Int = 3, refillNanos: UInt64 = 10_000_000_000) {
+        precondition(burst >= 1 && refillNanos > 0, "a limiter must allow something")
+        self.burst = burst
+        refill = refillNanos
+        tokens = Double(burst)
+    }
+
+    /// The stream asks to change to `format` at `now`.
+    public mutating func request(_ format: AudioFormatKey, now: UInt64) -> Verdict {
+        if let t = updated, now > t { tokens = min(Double(burst), tokens + Double(now - t) / Double(refill)) }
+        updated = now
+        if tokens >= 1 {
+            tokens -= 1
+            refused.removeAll()
+            return .allow
+        }
+        if refused.contains(format) { return .refuse }
+        if refused.count >= 4 { return .refuse }   // a host cycling through many formats is said to a few times only
+        refused.append(format)
+        return .refuseAndSay
+    }
+}
