@@ -29,11 +29,14 @@ package enum StatusReport {
         return JSONObject.number(v) + " ms"
     }
 
-    /// An ISO-8601 UTC timestamp with milliseconds.
-    package static func timestamp(_ date: Date = Date()) -> String {
-        let f = ISO8601DateFormatter()
-        f.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-        return f.string(from: date)
+    /// An ISO-8601 UTC timestamp with milliseconds (without Foundation's formatter, which pages in ICU's data).
+    package static func timestamp() -> String { WallClock.iso8601() }
+
+    /// `date` as an ISO-8601 UTC timestamp with milliseconds.
+    package static func timestamp(_ date: Date) -> String {
+        let t = date.timeIntervalSince1970
+        let whole = t.rounded(.down)
+        return WallClock.iso8601(seconds: Int(whole), milliseconds: min(999, Int((t - whole) * 1000)))
     }
 
     // MARK: Host

@@ -56,3 +56,27 @@ extension Duration {
     /// `nanos` nanoseconds.
     package init(nanos: Nanos) { self = .nanoseconds(Int64(clamping: nanos)) }
 }
+
+/// Wall-clock time as ISO-8601 UTC text with milliseconds (`2026-12-01T21:34:26.451Z`), from `clock_gettime` and
+/// `gmtime_r`: no Foundation formatter, so no ICU calendar data is paged in for a log line.
+package enum WallClock {
+    /// Now.
+    package static func iso8601() -> String {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return iso8601(seconds: ts.tv_sec, milliseconds: ts.tv_nsec / 1_000_000)
+    }
+
+    /// `seconds` since the epoch (UTC) plus `milliseconds`.
+    package static func iso8601(seconds: Int, milliseconds: Int) -> String {
+        var t = time_t(seconds)
+        var tm = tm()
+        guard gmtime_r(&t, &tm) != nil else { return "1970-01-01T00:00:00.000Z" }
+        func pad(_ v: Int32, _ width: Int) -> String {
+            let s = String(v)
+            return s.count >= width ? s : String(repeating: "0", count: width - s.count) + s
+        }
+        return "\(pad(tm.tm_year + 1900, 4))-\(pad(tm.tm_mon + 1, 2))-\(pad(tm.tm_mday, 2))T"
+            + "\(pad(tm.tm_hour, 2)):\(pad(tm.tm_min, 2)):\(pad(tm.tm_sec, 2)).\(pad(Int32(milliseconds), 3))Z"
+    }
+}

@@ -88,7 +88,17 @@ package struct JSONObject: Sendable, CustomStringConvertible {
         var scale = 1.0
         for _ in 0..<decimals { scale *= 10 }
         let scaled = (magnitude * scale).rounded()
-        guard scaled < 9.0e15 else { return (v < 0 ? "-" : "") + String(UInt64(magnitude.rounded())) }
+        guard scaled < 9.0e15 else {
+            // Too large for whole digits (a value from a hostile peer can be anything finite): d.dde+N.
+            var e = exponent
+            var mantissa = (magnitude / pow(10, Double(e)) * 100).rounded()
+            if mantissa >= 1000 { mantissa = (mantissa / 10).rounded(); e += 1 }
+            let m = Int(mantissa)
+            var text = String(m / 100)
+            let frac = m % 100
+            if frac != 0 { text += "." + (frac < 10 ? "0" : "") + String(frac % 10 == 0 ? frac / 10 : frac) }
+            return (v < 0 ? "-" : "") + text + "e+" + String(e)
+        }
         let whole = UInt64(scaled)
         var digits = String(whole)
         var out: String

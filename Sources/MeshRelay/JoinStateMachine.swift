@@ -92,7 +92,7 @@ public struct JoinStateMachine: Sendable {
     /// Whether `peer` is the host `name` names: its display name (case-insensitive) or a prefix of its key's
     /// fingerprint (at least 4 characters).
     public static func matches(_ peer: PeerID, name: String) -> Bool {
-        peer.displayName.caseInsensitiveCompare(name) == .orderedSame
+        peer.displayName.lowercased() == name.lowercased()
             || (peer.publicKey?.matches(fingerprintPrefix: name) ?? false)
     }
 

@@ -352,7 +352,15 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
 
     public func browser(_ browser: NearbyServiceBrowser, foundPeer peer: PeerID, withDiscoveryInfo info: [String: String]?) {
         let trusted = trusts(peer.publicKey)
-        seen.withLock { $0[peer] = SeenHost(peer: peer, trusted: trusted) }
+        let firstSighting = seen.withLock { $0.updateValue(SeenHost(peer: peer, trusted: trusted), forKey: peer) == nil }
+        // While searching, say once what else is out there: a wrong --host or a missing pairing is seen at once.
+        if firstSighting, case .discover(let wanted) = configuration.target {
+            if let wanted, !JoinStateMachine.matches(peer, name: wanted) {
+                log("found host \(peer.displayName), not \"\(wanted)\"; still searching")
+            } else if !trusted {
+                log("found host \(peer.displayName) (not paired; pair with mesh-play --pair CODE); still searching")
+            }
+        }
         guard trusted else { return }
         let actions = join.withLock { $0.found(peer, now: monotonicNow()) }
         control.async { self.perform(actions) }

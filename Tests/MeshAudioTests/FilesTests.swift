@@ -122,6 +122,47 @@ struct FilesTests {
         #expect(worst <= 1.0 / 32_768)
     }
 
+    @Test("Every output encoding is written and read back: WAV s16/s24/f32, FLAC, Ogg; float WAV is WAVE_FORMAT_EXTENSIBLE")
+    func everyEncodingRoundTrips() throws {
+        let signal = (0..<8_000).map { Float(sin(Double($0) * 0.03)) * 0.5 }
+        for encoding in SoundFileEncoding.allCases {
+            let path = temporaryPath("enc-\(encoding).bin")
+            try SoundFiles.write(path: path, format: .default, encoding: encoding, samples: signal)
+            let (format, back) = try SoundFiles.read(path: path)
+            #expect(format == .default, "\(encoding)")
+            #expect(back.count >= signal.count - 1_024 && back.count <= signal.count + 1_024, "\(encoding): \(back.count) samples")
+            let tolerance: Float = encoding == .oggVorbis ? 0.05 : (encoding == .pcm16 ? 1.0 / 16_384 : 1e-6)
+            if encoding != .oggVorbis {
+                #expect(zip(back, signal).allSatisfy { abs($0 - $1) <= tolerance }, "\(encoding) is lossless to its depth")
+            }
+            let header = Array(try Data(contentsOf: URL(fileURLWithPath: path)).prefix(40))
+            switch encoding {
+            case .pcm16, .pcm24:
+                #expect(header[20] == 1 && header[21] == 0, "WAVE_FORMAT_PCM: what every reader takes")
+            case .float32:
+                #expect(header[16] == 40, "a 40-byte extensible fmt chunk")
+                #expect(header[20] == 0xFE && header[21] == 0xFF, "WAVE_FORMAT_EXTENSIBLE")
+            case .flac: #expect(Array(header.prefix(4)) == Array("fLaC".utf8))
+            case .oggVorbis: #expect(Array(header.prefix(4)) == Array("OggS".utf8))
+            }
+        }
+        #expect(SoundFileEncoding.forPath("x.WAV") == .pcm16 && SoundFileEncoding.forPath("x.wav", sampleFormat: "f32") == .float32)
+        #expect(SoundFileEncoding.forPath("x.mp3") == nil && SoundFileEncoding.forPath("x.wav", sampleFormat: "u8") == nil)
+    }
+
+    @Test("libsndfile's errors come in our words, without its \"System error :\" prefix")
+    func sndfileErrorsAreReworded() {
+        #expect(reworded("System error : No such file or directory.") == "no such file or directory")
+        #expect(reworded("File contains data in an unknown format.") == "not a sound file libsndfile can read (WAV, FLAC, Ogg…)")
+        #expect(reworded("WAV file has no data.") == "WAV file has no data")
+        do {
+            _ = try WAVFileSource(path: "/nonexistent/x.wav", periodFrames: 64, realtime: false)
+            Issue.record("opened a missing file")
+        } catch {
+            #expect("\(error)".contains("no such file or directory") && !"\(error)".contains("System error"), "\(error)")
+        }
+    }
+
     @Test func wavSourceLoopsWhenAsked() throws {
         let path = temporaryPath("loop.wav")
         let sink = try WAVFileSink(path: path, periodFrames: 10, realtime: false, maxFrames: 30)

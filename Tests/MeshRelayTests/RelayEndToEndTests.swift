@@ -91,7 +91,8 @@ struct RelayEndToEndTests {
         let paired = try PairedStates()
         let out = Rig.tempPath("wav-\(service).wav")
         let host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "wav-host", "--service", service, "--input", input])
-        let player = try CLIProcess("mesh-play", paired.playerArgs() + ["--find", "--service", service, "--output", out, "--duration", "6", "--json",
+        let player = try CLIProcess("mesh-play", paired.playerArgs() + ["--find", "--service", service, "--output", out,
+                                                    "--sample-format", "f32", "--duration", "6", "--json",
                                                     // A fixed target: this test is about carrying every sample, not
                                                     // about the adaptive buffer (tested on its own, in virtual time).
                                                     "--latency", "20"])

@@ -290,28 +290,40 @@ def format_row(row, players):
 
 
 def judge(samples, warmup, players, failures):
+    """Growth is judged as a trend, not a blip: Dispatch's worker pool adds and retires a thread now and then, and the
+    adaptive jitter buffer's latency moves with the impairment. A leak or a drift shows as the end of the run sitting
+    above (or away from) the start of it."""
     out = list(failures)
     after = [s for s in samples if s["t"] >= warmup - 1]
     if len(after) < 2:
         return out if samples else out + ["no samples"]
-    base, last = after[0], after[-1]
-    for name, b in base["procs"].items():
+    before = [s for s in samples if s["t"] <= after[0]["t"]]
+    third = max(1, len(after) // 3)
+    head, tail = after[:third], after[-third:]
+    for name in after[0]["procs"]:
         seq = [s["procs"][name] for s in after if name in s["procs"]]
         if not seq:
             continue
-        growth = seq[-1]["rssKb"] - b["rssKb"]
+        growth = seq[-1]["rssKb"] - seq[0]["rssKb"]
         if growth > RSS_GROWTH_LIMIT_KB:
-            out.append(f"{name}: RSS grew {growth / 1024:.1f} MB after the warm-up ({mb(b['rssKb'])} → {mb(seq[-1]['rssKb'])} MB)")
-        if max(x["fds"] for x in seq) > b["fds"]:
-            out.append(f"{name}: descriptors grew after the warm-up ({b['fds']} → {max(x['fds'] for x in seq)})")
-        if max(x["threads"] for x in seq) > b["threads"]:
-            out.append(f"{name}: threads grew after the warm-up ({b['threads']} → {max(x['threads'] for x in seq)})")
+            out.append(f"{name}: RSS grew {growth / 1024:.1f} MB after the warm-up "
+                       f"({mb(seq[0]['rssKb'])} → {mb(seq[-1]['rssKb'])} MB)")
+        for what in ("fds", "threads"):
+            start = max(s["procs"][name][what] for s in before if name in s["procs"])
+            end = min(s["procs"][name][what] for s in tail if name in s["procs"])
+            if end > start:
+                out.append(f"{name}: {what} grew after the warm-up (at most {start} until then, at least {end} at the end)")
     for p in players:
-        lat = [s["players"][p.name]["latencyMs"] for s in after if s["players"].get(p.name, {}).get("latencyMs") is not None]
-        if len(lat) >= 2 and abs(lat[-1] - lat[0]) > LATENCY_DRIFT_LIMIT_MS:
-            out.append(f"{p.name}: latency drifted {lat[-1] - lat[0]:+.1f} ms after the warm-up ({lat[0]:.1f} → {lat[-1]:.1f} ms)")
-        if last["players"].get(p.name, {}).get("state", "").startswith("joined") is False:
-            out.append(f"{p.name}: not joined at the end ({last['players'][p.name].get('state')})")
+        def lat(rows):
+            return [s["players"][p.name]["latencyMs"] for s in rows
+                    if s["players"].get(p.name, {}).get("latencyMs") is not None]
+        a, b = lat(head), lat(tail)
+        if a and b and abs(statistics.median(b) - statistics.median(a)) > LATENCY_DRIFT_LIMIT_MS:
+            out.append(f"{p.name}: latency drifted {statistics.median(b) - statistics.median(a):+.1f} ms after the warm-up "
+                       f"(median {statistics.median(a):.1f} ms in the first third, {statistics.median(b):.1f} ms in the last)")
+        state = after[-1]["players"].get(p.name, {}).get("state") or ""
+        if not state.startswith("joined"):
+            out.append(f"{p.name}: not joined at the end ({state or 'gone'})")
     return out
 
 

@@ -84,7 +84,7 @@ public final class TrustStore: Sendable {
 
     /// Whether `peer` is named by `text`: its name (case-insensitive) or a prefix of its fingerprint.
     public static func matches(_ peer: TrustedPeer, _ text: String) -> Bool {
-        peer.name.caseInsensitiveCompare(text) == .orderedSame || peer.publicKey.matches(fingerprintPrefix: text)
+        peer.name.lowercased() == text.lowercased() || peer.publicKey.matches(fingerprintPrefix: text)
     }
 
     // MARK: File

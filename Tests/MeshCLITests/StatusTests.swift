@@ -1,0 +1,45 @@
+import Foundation
+import MeshPOSIX
+import Testing
+@testable import MeshCLI
+
+/// The status line's meter and the JSON numbers: what a hostile stream reaches every second, even with --quiet.
+@Suite struct StatusTests {
+    @Test("dBFS and the meter never trap, whatever the level: ±FLT_MAX, NaN, ±inf, 0, subnormals")
+    func hostileLevels() {
+        let levels: [Float] = [.greatestFiniteMagnitude, -.greatestFiniteMagnitude, .nan, .infinity, -.infinity, 0,
+                               .leastNonzeroMagnitude, 1, 2, -1]
+        for l in levels {
+            let d = StatusReport.dbfs(l)
+            #expect(d.isFinite && d >= -120 && d <= 0, "\(l) → \(d)")
+            for h in levels {
+                let m = StatusReport.meter(level: l, hold: h)
+                #expect(m.hasPrefix("[") && m.hasSuffix(" dBFS"), "\(m)")
+            }
+        }
+    }
+
+    @Test("The meter is a 20-step bar from −60 to 0 dBFS with a peak-hold mark")
+    func meterShape() {
+        #expect(StatusReport.meter(level: 1, hold: 1) == "[####################] 0 dBFS")
+        #expect(StatusReport.meter(level: 0, hold: 0) == "[····················]  -∞ dBFS")
+        // −29 dBFS: ten of the twenty steps; a −5 dBFS peak held: its mark on step 18.
+        let half = StatusReport.meter(level: pow(10, -29 / 20), hold: pow(10, -5 / 20))
+        #expect(half == "[##########·······|··] -29 dBFS", "\(half)")
+    }
+
+    @Test("JSON numbers carry three significant digits, integers stay whole, and non-finite values become null")
+    func numbers() {
+        #expect(JSONObject.number(0.084_712) == "0.0847")
+        #expect(JSONObject.number(12.345_6) == "12.3")
+        #expect(JSONObject.number(1234.5) == "1235")
+        #expect(JSONObject.number(0) == "0")
+        #expect(JSONObject.number(-2.5) == "-2.5")
+        #expect(JSONObject.number(.nan) == "null" && JSONObject.number(.infinity) == "null")
+        // Huge values (a hostile stream's) neither trap nor print 300 digits.
+        #expect(JSONObject.number(1e300) == "1e+300")
+        #expect(JSONObject.number(-1.2345e20) == "-1.23e+20")
+        #expect(JSONObject.number(9.996e19) == "1e+20")
+        #expect(JSONObject.number(Double(Float.greatestFiniteMagnitude)) == "3.4e+38")
+    }
+}
