@@ -233,6 +233,35 @@ private func eventLoopEntry(_ context: UnsafeMutableRawPointer?) -> UnsafeMutabl
 }
 
 /// A binary min-heap of (deadline, id).
+/// A driver's one wake-up on an `EventLoop`: armed for the earliest deadline its state machine names, re-armed only
+/// when that moves earlier (or after it fired). Loop thread only, like the loop's own timers.
+package struct DeadlineTimer {
+    private var timer: EventLoop.Timer?
+    private var deadline: Nanos = .max
+
+    package init() {}
+
+    /// Makes sure `fire` runs by `next` (`.max`: no deadline). An armed earlier deadline is kept.
+    package mutating func arm(_ next: Nanos, on loop: EventLoop, _ fire: @escaping () -> Void) {
+        guard next < deadline || timer == nil else { return }
+        if let t = timer { loop.cancel(t) }
+        deadline = next
+        timer = next == .max ? nil : loop.schedule(at: next, fire)
+    }
+
+    /// Call first thing when it fired: nothing is armed any more.
+    package mutating func fired() {
+        timer = nil
+        deadline = .max
+    }
+
+    /// Cancels what is armed.
+    package mutating func cancel(on loop: EventLoop) {
+        if let t = timer { loop.cancel(t) }
+        fired()
+    }
+}
+
 private struct TimerHeap {
     private var items: [(Nanos, UInt64)] = []
 

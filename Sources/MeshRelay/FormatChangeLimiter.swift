@@ -1,3 +1,5 @@
+import MeshAudio
+
 /// How often a host may make the player rebuild its playback for a new format: a token bucket (a burst of
 /// `burst` changes, then one per `refill`). A hostile host that flaps formats gets a few rebuilds, then one line
 /// saying the change is refused, and its packets in other formats are dropped and counted until a token is back.
@@ -18,17 +20,7 @@ public struct FormatChangeLimiter: Sendable, Equatable {
     private var tokens: Double
     private var updated: UInt64?
     /// Formats refused (and said) since the last allowed change; a few at most.
-    private var refused: [AudioFormatKey] = []
-
-    /// A format as the limiter remembers it (rate and channels).
-    public struct AudioFormatKey: Sendable, Equatable {
-        public var sampleRate: Int
-        public var channels: Int
-        public init(sampleRate: Int, channels: Int) {
-            self.sampleRate = sampleRate
-            self.channels = channels
-        }
-    }
+    private var refused: [AudioFormat] = []
 
     /// At most `burst` changes at once, then one per `refillNanos` (default: 3, then one per 10 s).
     public init(burst: Int = 3, refillNanos: UInt64 = 10_000_000_000) {
@@ -39,7 +31,7 @@ public struct FormatChangeLimiter: Sendable, Equatable {
     }
 
     /// The stream asks to change to `format` at `now`.
-    public mutating func request(_ format: AudioFormatKey, now: UInt64) -> Verdict {
+    public mutating func request(_ format: AudioFormat, now: UInt64) -> Verdict {
         if let t = updated, now > t { tokens = min(Double(burst), tokens + Double(now - t) / Double(refill)) }
         updated = now
         if tokens >= 1 {

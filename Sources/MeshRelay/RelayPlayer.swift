@@ -263,7 +263,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         // A host with another format: build a pipeline for it here, off the network thread — as often as the
         // limiter allows (a host that flaps formats would otherwise rebuild playback, and reopen its file, each time).
         if let f = playout.withCurrent({ $0?.takePendingFormat() }) {
-            switch formatChanges.withLock({ $0.request(.init(sampleRate: f.sampleRate, channels: f.channels), now: monotonicNow()) }) {
+            switch formatChanges.withLock({ $0.request(f, now: monotonicNow()) }) {
             case .allow:
                 log("host sends \(f); reopening playback")
                 do { try buildPipeline(f) } catch { log("cannot play \(f): \(error)") }

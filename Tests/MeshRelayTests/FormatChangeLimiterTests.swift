@@ -1,11 +1,12 @@
+import MeshAudio
 import Testing
 @testable import MeshRelay
 
 @Suite("Format changes are rate-limited (pure, virtual time)")
 struct FormatChangeLimiterTests {
     let s: UInt64 = 1_000_000_000
-    let a = FormatChangeLimiter.AudioFormatKey(sampleRate: 48_000, channels: 2)
-    let b = FormatChangeLimiter.AudioFormatKey(sampleRate: 44_100, channels: 1)
+    let a = AudioFormat(sampleRate: 48_000, channels: 2)
+    let b = AudioFormat(sampleRate: 44_100, channels: 1)
 
     @Test("A burst of three, then refused (said once per format), then one per refill period")
     func burstThenRefill() {

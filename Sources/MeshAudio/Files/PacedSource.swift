@@ -111,3 +111,20 @@ public struct PacingClock: Sendable {
         MonotonicClock.sleep(untilNanos: time(ofFrame: frame))
     }
 }
+
+/// A source whose work is a `PacedSource` (the tone and file siblings of `Recorder`): the `AudioSource` calls go
+/// straight to it.
+protocol PacedSourceBacked: AudioSource {
+    var source: PacedSource { get }
+}
+
+extension PacedSourceBacked {
+    public var format: AudioFormat { source.format }
+    public var periodFrames: Int { source.periodFrames }
+    public func start() throws { try source.start() }
+    public func stop() { source.stop() }
+    public func read(into buffer: UnsafeMutableBufferPointer<Float>, timeoutNanos: UInt64) -> ChunkInfo? {
+        source.read(into: buffer, timeoutNanos: timeoutNanos)
+    }
+    public var stats: AudioStats { source.counters.snapshot() }
+}

@@ -110,6 +110,18 @@ final class SoundFile: @unchecked Sendable {  // Used by one thread at a time: t
         return SoundFile(file: file, path: path, info: info)
     }
 
+    /// Opens `path` for reading as an audio source: its format must be one the pipeline carries.
+    static func openSource(path: String) throws -> (SoundFile, AudioFormat) {
+        let file = try openForReading(path: path)
+        let format = AudioFormat(sampleRate: file.sampleRate, channels: file.channels)
+        do {
+            try format.validate()
+        } catch {
+            throw SndfileError(path: path, operation: "use as an audio source", message: error.description)
+        }
+        return (file, format)
+    }
+
     /// Creates (or truncates) a sound file in `encoding`. A WAV header is rewritten after every write, so the file
     /// stays valid even if the process dies before `close()`; FLAC and Ogg are finalized by `close()`.
     static func create(path: String, format: AudioFormat, encoding: SoundFileEncoding) throws(SndfileError) -> SoundFile {

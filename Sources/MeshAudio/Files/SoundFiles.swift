@@ -4,13 +4,7 @@ package enum SoundFiles {
     /// (WAV, FLAC, Ogg…). Throws `SndfileError` for a file libsndfile cannot read or a format the pipeline cannot
     /// carry.
     package static func read(path: String, maximumFrames: Int = 1 << 20) throws -> (format: AudioFormat, samples: [Float]) {
-        let file = try SoundFile.openForReading(path: path)
-        let format = AudioFormat(sampleRate: file.sampleRate, channels: file.channels)
-        do {
-            try format.validate()
-        } catch {
-            throw SndfileError(path: path, operation: "use as an audio source", message: error.description)
-        }
+        let (file, format) = try SoundFile.openSource(path: path)
         var samples: [Float] = []
         let chunk = 4096
         var buffer = [Float](repeating: 0, count: chunk * format.channels)

@@ -27,12 +27,10 @@ public enum ToneError: Error, Equatable, Sendable, CustomStringConvertible {
 /// chunks of `periodFrames` through the same ring hand-over, paced in real time unless `realtime` is false.
 ///
 /// Sample *n* is `amplitude × sin(2π × frequency × n / sampleRate)`. It never finishes on its own.
-public final class ToneSource: AudioSource {
+public final class ToneSource: PacedSourceBacked {
     public let frequency: Double
     public let amplitude: Float
-    public var format: AudioFormat { source.format }
-    public var periodFrames: Int { source.periodFrames }
-    private let source: PacedSource
+    let source: PacedSource
 
     /// Creates a tone source. Throws `ToneError` for a frequency outside (0, sampleRate/2) or an amplitude outside
     /// 0…1, and `AudioFormatError` for an unsupported format.
@@ -73,12 +71,6 @@ public final class ToneSource: AudioSource {
         source.stop()
     }
 
-    public func start() throws { try source.start() }
-    public func stop() { source.stop() }
-    public func read(into buffer: UnsafeMutableBufferPointer<Float>, timeoutNanos: UInt64) -> ChunkInfo? {
-        source.read(into: buffer, timeoutNanos: timeoutNanos)
-    }
-    public var stats: AudioStats { source.counters.snapshot() }
 }
 
 /// Phase-accumulating sine generator (phase kept in [0, 1) so precision does not decay over time).

@@ -6,29 +6,21 @@ import Synchronization
 /// Reads any WAV (or other) file libsndfile understands, converted to Float32; the format is the file's.
 /// At the end of the file it either loops or stops producing: `read` returns `nil` once the queued chunks are
 /// drained, and `isFinished` turns true.
-public final class WAVFileSource: AudioSource {
+public final class WAVFileSource: PacedSourceBacked {
     /// The file's path.
     public let path: String
     /// Frames in the file, as libsndfile counts them.
     public let frameCount: Int
     /// Whether the file restarts at its end.
     public let loops: Bool
-    public var format: AudioFormat { source.format }
-    public var periodFrames: Int { source.periodFrames }
     private let reader: FileReader
-    private let source: PacedSource
+    let source: PacedSource
 
     /// Opens `path`. Throws `SndfileError` naming the file with libsndfile's explanation when it is missing,
     /// truncated or not a sound file, and when its rate or channel count is outside what the pipeline carries.
     public init(path: String, periodFrames: Int = 128, loop: Bool = false, realtime: Bool = true,
                 ringChunks: Int = 64) throws {
-        let file = try SoundFile.openForReading(path: path)
-        let format = AudioFormat(sampleRate: file.sampleRate, channels: file.channels)
-        do {
-            try format.validate()
-        } catch {
-            throw SndfileError(path: path, operation: "use as an audio source", message: error.description)
-        }
+        let (file, format) = try SoundFile.openSource(path: path)
         self.path = path
         self.frameCount = file.frameCount
         self.loops = loop
@@ -41,12 +33,6 @@ public final class WAVFileSource: AudioSource {
         source.stop()
     }
 
-    public func start() throws { try source.start() }
-    public func stop() { source.stop() }
-    public func read(into buffer: UnsafeMutableBufferPointer<Float>, timeoutNanos: UInt64) -> ChunkInfo? {
-        source.read(into: buffer, timeoutNanos: timeoutNanos)
-    }
-    public var stats: AudioStats { source.counters.snapshot() }
 
     /// True once the source will produce nothing more (end of file without looping, a read error, or `stop()`)
     /// and every chunk has been read.

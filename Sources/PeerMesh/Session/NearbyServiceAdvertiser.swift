@@ -172,8 +172,7 @@ private final class AdvertiserCore: Sendable {
         var invitations: [PendingID: Invitation] = [:]
         var registration: EventLoop.Registration?
         var accepting = true
-        var timer: EventLoop.Timer?
-        var timerDeadline: Nanos = .max
+        var timer = DeadlineTimer()
         var nextID: PendingID = 0
     }
 
@@ -210,8 +209,7 @@ private final class AdvertiserCore: Sendable {
             for e in io.value.machine.stop() { perform(e) }
             if let r = io.value.registration { loop.deregister(r) }
             io.value.registration = nil
-            if let t = io.value.timer { loop.cancel(t) }
-            io.value.timer = nil
+            io.value.timer.cancel(on: loop)
             listener.close()
         }
     }
@@ -326,15 +324,11 @@ private final class AdvertiserCore: Sendable {
 
     private func armTimer() {
         let next = io.value.machine.nextDeadline() ?? .max
-        guard next < io.value.timerDeadline || io.value.timer == nil else { return }
-        if let t = io.value.timer { loop.cancel(t) }
-        io.value.timerDeadline = next
-        io.value.timer = next == .max ? nil : loop.schedule(at: next) { [weak self] in self?.timerFired() }
+        io.value.timer.arm(next, on: loop) { [weak self] in self?.timerFired() }
     }
 
     private func timerFired() {
-        io.value.timer = nil
-        io.value.timerDeadline = .max
+        io.value.timer.fired()
         for e in io.value.machine.expire(now: MonotonicClock.nowNanos()) { perform(e) }
         resumeAccepting()
         armTimer()

@@ -95,8 +95,7 @@ final class SessionCore: Sendable {
         /// A better reason than the state machine's for a link's failure (our own certificate check said no).
         var failureReason: [LinkID: DeclineReason] = [:]
         var udpRegistration: EventLoop.Registration?
-        var timer: EventLoop.Timer?
-        var timerDeadline: Nanos = .max
+        var timer = DeadlineTimer()
         var nextPing: Nanos = 0
     }
 
@@ -174,8 +173,7 @@ final class SessionCore: Sendable {
             perform(actions)
             if let r = io.value.udpRegistration { loop.deregister(r) }
             io.value.udpRegistration = nil
-            if let t = io.value.timer { loop.cancel(t) }
-            io.value.timer = nil
+            io.value.timer.cancel(on: loop)
             for c in io.value.connections.values { c.close() }
             io.value.connections.removeAll()
             udp.close()
@@ -533,15 +531,11 @@ final class SessionCore: Sendable {
         let machineDeadline = shared.withLock { $0.machine.nextDeadline() }
         var next = machineDeadline ?? .max
         if !io.value.router.all.isEmpty { next = min(next, io.value.nextPing) }
-        guard next < io.value.timerDeadline || io.value.timer == nil else { return }
-        if let t = io.value.timer { loop.cancel(t) }
-        io.value.timerDeadline = next
-        io.value.timer = next == .max ? nil : loop.schedule(at: next) { [weak self] in self?.timerFired() }
+        io.value.timer.arm(next, on: loop) { [weak self] in self?.timerFired() }
     }
 
     private func timerFired() {
-        io.value.timer = nil
-        io.value.timerDeadline = .max
+        io.value.timer.fired()
         let now = MonotonicClock.nowNanos()
         let actions = shared.withLock { $0.machine.tick(now: now) }
         if now >= io.value.nextPing {
