@@ -7,7 +7,7 @@
 //                                                             │            └────────▶ MeshPipeline ──▶ MeshAudio ──▶ MeshPOSIX
 //                                                             └──▶ MeshImpair ──▶ MeshPOSIX
 //   C leaves: CALSA, CSndfile (MeshAudio) · CSpeexDSP (MeshPipeline) · CAvahi, CSodium (PeerMesh) · CLinux (MeshPOSIX)
-//             · CQRencode (MeshCLI)
+//             · CQRencode, CSystemd (MeshCLI)
 import PackageDescription
 
 let package = Package(
@@ -32,6 +32,7 @@ let package = Package(
         .systemLibrary(name: "CSpeexDSP", pkgConfig: "speexdsp", providers: [.apt(["libspeexdsp-dev"])]),
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
         .systemLibrary(name: "CQRencode", pkgConfig: "libqrencode", providers: [.apt(["libqrencode-dev"])]),
+        .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
         .systemLibrary(name: "CLinux"),   // glibc's epoll, eventfd, accept4 and thread names (not in Swift's Glibc module)
 
         // Shared POSIX plumbing (package-internal): syscall funnel, sockets, event loop, clock, threads, writers.
@@ -47,7 +48,7 @@ let package = Package(
         .target(name: "MeshImpair", dependencies: ["MeshPOSIX"]),
 
         // The command-line front door, options, terminal and status output of every executable (package-internal).
-        .target(name: "MeshCLI", dependencies: ["MeshRelay", "MeshImpair", "MeshPOSIX", "CQRencode"]),
+        .target(name: "MeshCLI", dependencies: ["MeshRelay", "MeshImpair", "MeshPOSIX", "CQRencode", "CSystemd"]),
 
         // Command-line tools.
         .executableTarget(name: "mesh-record", dependencies: ["MeshCLI"]),

@@ -12,4 +12,18 @@
 extern int pthread_setname_np(pthread_t thread, const char *name);
 extern int pthread_getname_np(pthread_t thread, char *name, size_t size);
 extern int accept4(int fd, struct sockaddr *addr, socklen_t *addrlen, int flags);
+
+/// The uid of the process at the other end of a connected AF_UNIX socket (SO_PEERCRED; `struct ucred` needs
+/// _GNU_SOURCE, so its documented layout is spelled out here). Returns 0 on success, -1 with errno set.
+struct pm_ucred { int pid; unsigned int uid; unsigned int gid; };
+static inline int pm_peer_uid(int fd, unsigned int *uid) {
+    struct pm_ucred c;
+    socklen_t len = sizeof c;
+#ifndef SO_PEERCRED
+#define SO_PEERCRED 17
+#endif
+    int r = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c, &len);
+    if (r == 0) *uid = c.uid;
+    return r;
+}
 #endif

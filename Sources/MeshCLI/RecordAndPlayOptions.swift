@@ -82,9 +82,13 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
         case listPaired
         /// Forget a paired player and exit (`--forget`).
         case forget(String)
+        /// Send a command to the running host (`mesh-record ctl …`) and exit.
+        case control(ControlCommand)
     }
 
     package var action: Action = .host
+    /// Where the running host's control socket is (`--runtime-dir`).
+    package var runtime = RuntimeDirectory.default
     /// `--name`, if given; otherwise the saved identity's name (on first run, the host name).
     package var name: String?
     package var state = StateDirectory.default
@@ -112,6 +116,7 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
     package static let usage = """
     usage: mesh-record --host [options]
            mesh-record --paired | --forget NAME|FINGERPRINT
+           mesh-record ctl status|pair [SECONDS]|paired|forget NAME|FP|mute|unmute [--runtime-dir DIR]
       Captures audio and serves it, encrypted, to the players paired with this host.
       Pair a player once:  mesh-record --host --pair   (shows a code)   then on the player: mesh-play --pair CODE
       --pair              open a pairing window: prints a code (and a QR code on a terminal)
@@ -132,15 +137,20 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
       --bind ADDR         listen on this address only (default: every address, IPv4 and IPv6)
       --max-peers N       most players at once (default 32)
       --max-per-address N most players from one address (default 4)
+      --runtime-dir DIR   where the control socket lives (default $RUNTIME_DIRECTORY, $XDG_RUNTIME_DIR/peermesh,
+                          or /run/peermesh for root)
       --quiet             no status line or event lines (errors are still printed)
       --json              one JSON status object per second on stdout
       --help, --version
+      ctl                 talk to the host running here: status, pair (opens a window; prints the code and QR),
+                          paired, forget NAME|FP (disconnects it), mute, unmute
     """
 
     package init() {}
 
     package static func parse(_ arguments: [String]) throws(UsageError) -> ParsedCommand<RecordOptions> {
         var o = RecordOptions()
+        if arguments.first == "ctl" { return try parseControl(Array(arguments.dropFirst())) }
         var cursor = ArgumentCursor(arguments)
         var sawHost = false, sawDevice = false, sawInput = false, sawPaired = false, forget: String?
         while let a = cursor.next() {
@@ -179,6 +189,7 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
             case "--pair-timeout": o.pairTimeout = try cursor.number(for: a, in: 1...3_600)
             case "--paired": sawPaired = true
             case "--forget": forget = try cursor.value(for: a)
+            case "--runtime-dir": o.runtime = RuntimeDirectory(try cursor.value(for: a))
             case "--quiet": o.quiet = true
             case "--json": o.json = true
             default: throw UsageError("unknown option \"\(a)\"")
@@ -194,6 +205,30 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
         if case .tone(let hz) = o.input, hz >= Double(o.rate) / 2 {
             throw UsageError("--input tone:\(hz) is at or above the Nyquist frequency, \(o.rate / 2) Hz at --rate \(o.rate)")
         }
+        return .run(o)
+    }
+
+    /// `mesh-record ctl COMMAND [ARG] [--runtime-dir DIR]`.
+    static func parseControl(_ arguments: [String]) throws(UsageError) -> ParsedCommand<RecordOptions> {
+        var o = RecordOptions()
+        var words: [String] = []
+        var cursor = ArgumentCursor(arguments)
+        while let a = cursor.next() {
+            switch a {
+            case "--help", "-h": return .help
+            case "--version": return .version
+            case "--runtime-dir": o.runtime = RuntimeDirectory(try cursor.value(for: a))
+            case "--json": o.json = true
+            default:
+                guard !a.hasPrefix("--") else { throw UsageError("ctl: unknown option \"\(a)\"") }
+                words.append(a)
+            }
+        }
+        guard let command = ControlCommand.parse(words) else {
+            throw UsageError("ctl takes status, pair [SECONDS], paired, forget NAME|FINGERPRINT, mute or unmute"
+                + (words.isEmpty ? "" : ", got \"\(words.joined(separator: " "))\""))
+        }
+        o.action = .control(command)
         return .run(o)
     }
 }

@@ -41,12 +41,12 @@ package enum StatusReport {
 
     // MARK: Host
 
-    package static func line(host s: RelayHost.Statistics, format: AudioFormat, hold: Float, muted: Bool = false) -> String {
+    package static func line(host s: RelayHost.Statistics, format: AudioFormat, hold: Float) -> String {
         let players = s.players.isEmpty ? "waiting for players" : "serving \(s.players.count) player\(s.players.count == 1 ? "" : "s")"
         var parts = ["● \(players)"]
         if s.pairing { parts.append("pairing open") }
         if !s.advertised { parts.append("not advertised") }
-        if muted { parts.append("MUTED") }
+        if s.muted { parts.append("MUTED") }
         parts += ["capture \(ms(format.milliseconds(frames: s.captureDelayFrames)))", "xruns \(s.captureXruns)",
                   meter(level: s.peakLevel, hold: hold)]
         return parts.joined(separator: " | ")
@@ -61,6 +61,7 @@ package enum StatusReport {
         o.add("port", Int(port))
         o.add("advertised", s.advertised)
         o.add("pairing", s.pairing)
+        o.add("muted", s.muted)
         o.add("players", s.players.map { p in
             var j = JSONObject()
             j.add("name", p.peer.displayName)

@@ -6,8 +6,9 @@ import Musl
 
 /// Small files that must be private and never half-written: identities, trust stores.
 package enum PrivateFile {
-    /// Creates `path` as a directory with mode 0700 (and its parents with 0700), or checks that it is one.
-    /// An existing directory readable by others has its mode tightened to 0700.
+    /// Creates `path` as a directory with mode 0700, or checks that it is one; an existing one readable by others
+    /// has its mode tightened to 0700. Missing parents are created with the usual 0755 (less the umask); existing
+    /// parents are never touched (`/tmp`, `~/.config` and `/var/lib` keep their modes).
     package static func ensureDirectory(_ path: String) throws(SyscallError) {
         var st = stat()
         if stat(path, &st) == 0 {
@@ -15,9 +16,21 @@ package enum PrivateFile {
             if st.st_mode & 0o077 != 0 { try Sys.call("chmod(\(path), 0700)") { chmod(path, 0o700) } }
             return
         }
-        let parent = path.split(separator: "/", omittingEmptySubsequences: false).dropLast().joined(separator: "/")
-        if !parent.isEmpty, parent != path { try ensureDirectory(parent) }
+        try ensureParents(of: path)
         if mkdir(path, 0o700) != 0, errno != EEXIST { throw SyscallError(call: "mkdir(\(path))", code: errno) }
+    }
+
+    /// Creates the missing directories above `path` (0755 less the umask), leaving existing ones as they are.
+    private static func ensureParents(of path: String) throws(SyscallError) {
+        let parent = path.split(separator: "/", omittingEmptySubsequences: false).dropLast().joined(separator: "/")
+        guard !parent.isEmpty, parent != path else { return }
+        var st = stat()
+        if stat(parent, &st) == 0 {
+            guard st.st_mode & S_IFMT == S_IFDIR else { throw SyscallError(call: "mkdir(\(parent))", code: ENOTDIR) }
+            return
+        }
+        try ensureParents(of: parent)
+        if mkdir(parent, 0o755) != 0, errno != EEXIST { throw SyscallError(call: "mkdir(\(parent))", code: errno) }
     }
 
     /// Writes `bytes` to `path` atomically with mode 0600: a temporary file in the same directory, `fsync`, then

@@ -59,6 +59,13 @@ public final class CapturePipeline<Audience>: Sendable {
 
     /// A snapshot of the counters and levels.
     public var statistics: Statistics { loop.statistics }
+
+    /// Whether the microphone is muted: while it is, packets carry silence (listeners see no loss and no gap),
+    /// and the levels still show what the source captures. Any thread.
+    public var isMuted: Bool {
+        get { loop.muted.load(ordering: .relaxed) }
+        set { loop.muted.store(newValue, ordering: .relaxed) }
+    }
 }
 
 /// Everything the send thread touches, so the thread does not keep the pipeline alive.
@@ -74,6 +81,8 @@ final class SendLoop<Audience>: @unchecked Sendable {  // The packetizer and buf
     private let framesCaptured = Atomic<UInt64>(0)
     private let peakLevel = Atomic<UInt32>(0)
     private let rmsLevel = Atomic<UInt32>(0)
+    /// Set by the operator (`CapturePipeline.isMuted`); read once per chunk.
+    let muted = Atomic<Bool>(false)
 
     init(source: any AudioSource, packetizer: Packetizer, audience: @escaping @Sendable () -> Audience?,
          send: @escaping @Sendable (UnsafeRawBufferPointer, Audience) -> Bool, lifecycle: StageLifecycle) {
@@ -112,6 +121,9 @@ final class SendLoop<Audience>: @unchecked Sendable {  // The packetizer and buf
                 let v = abs(samples[i])
                 peak = max(peak, v)
                 sum += v * v
+            }
+            if muted.load(ordering: .relaxed) {
+                for i in 0..<n { samples[i] = 0 }
             }
             packetizer.hostLatencyFrames = UInt32(clamping: max(0, source.stats.delayFrames))
             var sent: UInt64 = 0

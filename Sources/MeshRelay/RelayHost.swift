@@ -78,6 +78,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         public var pairing = false
         /// Whether the advertisement is out (false while avahi-daemon is missing).
         public var advertised = false
+        /// Whether the operator muted the microphone (players get silence).
+        public var muted = false
     }
 
     /// A connected player, as the host sees it.
@@ -99,6 +101,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     private let capture: CapturePipeline<[PeerID]>
     private let running = Atomic<Bool>(false)
     private let events: @Sendable (String) -> Void
+    private let advertisedChanged: @Sendable (Bool) -> Void
     private let notices: @Sendable (String) -> Void
     private let state = Mutex(HostState())
     private let timers = DispatchQueue(label: "peermesh.relay-host.timers")
@@ -143,13 +146,17 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     ///     escapes them before they reach a terminal.
     ///   - notice: receives the lines the operator asked for — pairing outcomes, the window closing — (default:
     ///     `log`); the CLI prints them even with `--quiet`.
+    ///   - advertised: called with true when the advertisement goes live on the network, and with false when it
+    ///     cannot be (avahi-daemon is not running yet, went away, or publishing failed); a service tells systemd it
+    ///     is ready on the first of these.
     public init(configuration: Configuration, source: any AudioSource, log: @escaping @Sendable (String) -> Void = { _ in },
-                notice: (@Sendable (String) -> Void)? = nil) throws {
+                notice: (@Sendable (String) -> Void)? = nil, advertised: @escaping @Sendable (Bool) -> Void = { _ in }) throws {
         peer = configuration.identity.peerID
         self.configuration = configuration
         self.source = source
         events = log
         notices = notice ?? log
+        advertisedChanged = advertised
         let sessionConfig = Session.Configuration(maximumPeers: configuration.maximumPeers, peerTimeout: configuration.peerTimeout,
                                                   udpPort: configuration.port, bindHost: configuration.bindHost,
                                                   maximumPeersPerHost: configuration.maximumPlayersPerAddress)
@@ -187,6 +194,16 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     /// The advertiser's (and session's) port.
     public var port: UInt16 { advertiser.port ?? session.udpPort }
 
+    /// Whether the microphone is muted: every player gets silence (no loss, no gap) until it is unmuted.
+    public var isMuted: Bool {
+        get { capture.isMuted }
+        set {
+            guard capture.isMuted != newValue else { return }
+            capture.isMuted = newValue
+            notices(newValue ? "microphone muted: players hear silence" : "microphone unmuted")
+        }
+    }
+
     /// Starts capture and the send thread, then advertising, and watches the trust store for forgotten players.
     public func start() throws {
         try capture.start()
@@ -220,6 +237,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         s.players = players.all.map { PlayerInfo(peer: $0, address: addresses[$0], fingerprint: $0.publicKey?.shortFingerprint) }
         s.pairing = pairing
         s.advertised = advertised
+        s.muted = capture.isMuted
         let c = capture.statistics
         s.packetsSent = c.packetsSent
         s.framesCaptured = c.framesCaptured
@@ -325,6 +343,10 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     }
 
     // MARK: Trust
+
+    /// The trust store was changed (a player forgotten): players no longer in it are disconnected now, without
+    /// waiting for the next check.
+    public func trustChanged() { timers.async { [weak self] in self?.checkTrust() } }
 
     /// Disconnects players admitted by the trust store whose key was forgotten since.
     private func checkTrust() {
@@ -444,12 +466,18 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         case .published(let name):
             guard configuration.discoveryReachesNetwork else { return }
             let first = state.withLock { s -> Bool in defer { s.advertised = true }; return !s.advertised }
-            if first { events("advertised as _\(configuration.serviceType)._tcp (instance \(name))") }
+            if first {
+                events("advertised as _\(configuration.serviceType)._tcp (instance \(name))")
+                advertisedChanged(true)
+            }
         case .waitingForDaemon:
             state.withLock { $0.advertised = false }
             events("waiting for avahi-daemon; the host is advertised as soon as it runs (players can use --connect meanwhile)")
-        case .failed:
+            advertisedChanged(false)
+        case .failed(let error):
             state.withLock { $0.advertised = false }
+            events("not advertised: \(error)")
+            advertisedChanged(false)
         }
     }
 

@@ -6,6 +6,7 @@ import MeshCLI
 import MeshPOSIX
 import MeshRelay
 import PeerMesh
+import Synchronization
 
 let options = RecordOptions.configurationFromCommandLine()
 let terminal = Terminal(program: RecordOptions.program, quiet: options.quiet)
@@ -13,7 +14,24 @@ let terminal = Terminal(program: RecordOptions.program, quiet: options.quiet)
 switch options.action {
 case .listPaired: DeviceState.listPaired(options.state, what: "player", terminal: terminal, json: options.json)
 case .forget(let name): DeviceState.forget(name, options.state, what: "player", terminal: terminal)
+case .control(let command): control(command)
 case .host: break
+}
+
+/// `mesh-record ctl …`: one command to the host running here; its answer on stdout (a QR code too, for `pair`, on a
+/// terminal); exit 0 when it worked, 1 when not or when no host runs.
+func control(_ command: ControlCommand) -> Never {
+    do {
+        let reply = try ControlClient.send(command, to: options.runtime)
+        for line in reply.lines { terminal.stdout(line) }
+        if reply.ok, case .pair = command, terminal.isTTY,
+           let uri = reply.lines.first(where: { $0.hasPrefix("peermesh://pair?") }), let qr = QRCode.lines(for: uri) {
+            terminal.raw(qr.joined(separator: "\n") + "\n")
+        }
+        exit(reply.ok ? 0 : 1)
+    } catch {
+        terminal.fail("\(error)")
+    }
 }
 
 let device = DeviceState.open(options.state, name: options.name, terminal: terminal)
@@ -41,16 +59,16 @@ case .ask: accept = .ask(TerminalApproval(terminal: terminal, input: input))
 }
 
 // Discovery: wait for avahi-daemon if it is not up yet; with no system bus at all, serve by address only.
-let discovery: any DiscoveryBackend
-var dnssd = true
+let avahi: AvahiDiscovery?
 do {
-    discovery = try AvahiDiscovery(waitForDaemon: true, log: { terminal.log(TerminalText.escape($0)) })
+    avahi = try AvahiDiscovery(waitForDaemon: true, log: { terminal.log(TerminalText.escape($0)) })
 } catch {
     terminal.error("\(error)")
     terminal.error("serving without DNS-SD: players join with mesh-play --connect THIS-HOST:PORT")
-    discovery = InProcessDiscovery()
-    dnssd = false
+    avahi = nil
 }
+let dnssd = avahi != nil
+let discovery: any DiscoveryBackend = avahi ?? InProcessDiscovery()
 
 var config = RelayHost.Configuration(identity: device.identity, trust: device.trust, serviceType: options.service,
                                      port: options.port, maximumPeers: options.maxPeers + 1, accept: accept, discovery: discovery)
@@ -58,15 +76,104 @@ config.discoveryReachesNetwork = dnssd
 config.bindHost = options.bind
 config.maximumPlayersPerAddress = options.maxPerAddress
 let host: RelayHost
+// Under systemd (Type=notify): ready once serving and, when avahi-daemon runs, advertised — or as soon as it is
+// known that the advertisement must wait (no daemon yet) or failed.
+struct Readiness {
+    var serving = false
+    var told = false
+    /// The advertisement's state: live, not live (waiting for the daemon, or failed), or not known yet (probing).
+    var live: Bool?
+}
+let readiness = Mutex(Readiness())
+@Sendable func readinessChanged(serving: Bool = false, live: Bool? = nil, giveUpWaiting: Bool = false) {
+    let message = readiness.withLock { r -> String? in
+        if serving { r.serving = true }
+        if let live { r.live = live }
+        guard r.serving else { return nil }
+        if !dnssd { r.live = false }
+        if giveUpWaiting, r.live == nil { r.live = false }
+        guard let live = r.live else { return nil }
+        let status = live ? "serving, advertised" : (dnssd ? "serving; not advertised (waiting for avahi-daemon)"
+                                                           : "serving without DNS-SD (players use --connect)")
+        defer { r.told = true }
+        return (r.told ? "" : "READY=1\n") + "STATUS=" + status
+    }
+    if let message { ServiceManager.notify(message) }
+}
 do {
     host = try RelayHost(configuration: config, source: source, log: { terminal.log(TerminalText.escape($0)) },
-                         notice: { terminal.error(TerminalText.escape($0)) })
+                         notice: { terminal.error(TerminalText.escape($0)) },
+                         advertised: { live in readinessChanged(live: live) })
     try host.start()
 } catch {
     terminal.fail("\(error)")
 }
 terminal.log("serving \"\(TerminalText.escape(device.identity.displayName))\" (\(source.format), period \(source.periodFrames)) on port \(host.port), "
     + "key \(device.identity.publicKey.shortFingerprint), accepting \(options.accept.rawValue) players")
+
+// `mesh-record ctl` talks to this host through a socket only its user (and root) may use.
+let controlServer: ControlServer?
+do {
+    controlServer = try ControlServer(directory: options.runtime) { command in hostControl(command) }
+} catch {
+    controlServer = nil
+    terminal.error("no control socket (\(error)); mesh-record ctl cannot reach this host")
+}
+
+/// What the running host does for `mesh-record ctl`.
+@Sendable func hostControl(_ command: ControlCommand) -> ControlReply {
+    switch command {
+    case .status:
+        let s = host.statistics
+        var lines = ["\(device.identity.displayName) (key \(device.identity.publicKey.shortFingerprint)) on port \(host.port): "
+            + "\(s.players.count) player\(s.players.count == 1 ? "" : "s")" + (s.muted ? ", muted" : "")
+            + (s.pairing ? ", pairing open" : "") + (s.advertised ? ", advertised" : ", not advertised")]
+        for p in s.players {
+            lines.append("  \(TerminalText.escape(p.peer.displayName))\t\(p.address ?? "?")\t\(p.fingerprint ?? "-")")
+        }
+        lines.append(StatusReport.json(host: s, name: device.identity.displayName, port: host.port, format: source.format).description)
+        return ControlReply(ok: true, lines)
+    case .pair(let seconds):
+        let timeout = seconds ?? options.pairTimeout
+        do {
+            let code = try host.openPairingWindow(timeout: .milliseconds(Int64(timeout * 1000)))
+            let uri = "peermesh://pair?code=\(Pairing.normalize(code))&fp=\(device.identity.publicKey.shortFingerprint)"
+            terminal.error("pairing code: \(code) (opened by mesh-record ctl pair)")
+            return ControlReply(ok: true, ["pairing code: \(code)", uri,
+                                           "on the player: mesh-play --pair \(code)   (the window closes in \(JSONObject.number(timeout)) s)"])
+        } catch {
+            return ControlReply(ok: false, ["cannot open a pairing window: \(error)"])
+        }
+    case .paired:
+        do {
+            let entries = try device.trust.list()
+            if entries.isEmpty { return ControlReply(ok: true, ["no paired players"]) }
+            return ControlReply(ok: true, entries.map { p in
+                "\(TerminalText.escape(p.name))\t\(p.publicKey.shortFingerprint)\tpaired \(StatusReport.timestamp(p.pairedAt))"
+                    + "\tlast seen \(p.lastSeen.map { StatusReport.timestamp($0) } ?? "never")"
+            })
+        } catch {
+            return ControlReply(ok: false, ["cannot read the paired players: \(error)"])
+        }
+    case .forget(let name):
+        do {
+            let gone = try device.trust.remove(matching: name)
+            guard !gone.isEmpty else {
+                return ControlReply(ok: false, ["no paired player matches \"\(TerminalText.escape(name))\""])
+            }
+            host.trustChanged()
+            return ControlReply(ok: true, gone.map { "forgot \(TerminalText.escape($0.name)) (\($0.publicKey.shortFingerprint))" })
+        } catch {
+            return ControlReply(ok: false, ["cannot forget \"\(TerminalText.escape(name))\": \(error)"])
+        }
+    case .mute:
+        host.isMuted = true
+        return ControlReply(ok: true, ["microphone muted"])
+    case .unmute:
+        host.isMuted = false
+        return ControlReply(ok: true, ["microphone unmuted"])
+    }
+}
 
 if options.pair {
     do {
@@ -82,6 +189,11 @@ if options.pair {
         terminal.fail("\(error)")
     }
 }
+
+readinessChanged(serving: true)
+// Avahi's probing takes about a second; a publication that never settles must not hold the service back for good.
+DispatchQueue.global().asyncAfter(deadline: .now() + 10) { readinessChanged(giveUpWaiting: true) }
+if let loop = try? EventLoop.shared() { ServiceManager.feedWatchdog(from: loop) }
 
 let done = DispatchSemaphore(value: 0)
 let trap = SignalTrap(queue: .global()) { _ in done.signal() }
@@ -100,6 +212,8 @@ ticker.cancel()
 terminal.finish()
 let final = host.statistics
 terminal.log("stopping: saying goodbye to \(final.players.count) player(s)")
+ServiceManager.notify("STOPPING=1")
+controlServer?.stop()
 host.stop()
 if options.json {
     terminal.stdout(StatusReport.json(host: final, name: device.identity.displayName, port: host.port, format: source.format, final: true).description)

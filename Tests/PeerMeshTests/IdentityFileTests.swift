@@ -10,6 +10,22 @@ private func temporaryDirectory() -> String {
 
 @Suite("Identity and trust files")
 struct IdentityFileTests {
+    @Test("A state directory is made 0700, missing parents 0755, and existing parents keep their modes (/tmp stays 1777)")
+    func parentsAreNeverTightened() throws {
+        let base = temporaryDirectory()
+        try FileManager.default.createDirectory(atPath: base, withIntermediateDirectories: true)
+        chmod(base, 0o1777)
+        try PrivateFile.ensureDirectory(base + "/a/b/state")
+        func mode(_ p: String) -> mode_t { PrivateFile.mode(p)! & 0o7777 }
+        #expect(mode(base) == 0o1777, "an existing parent is left as it was")
+        #expect(mode(base + "/a") & 0o077 != 0 && mode(base + "/a/b") & 0o077 != 0, "created parents are not private")
+        #expect(mode(base + "/a/b/state") == 0o700)
+        // An existing state directory readable by others is tightened; its parent is not.
+        chmod(base + "/a/b/state", 0o755)
+        try PrivateFile.ensureDirectory(base + "/a/b/state")
+        #expect(mode(base + "/a/b/state") == 0o700 && mode(base) == 0o1777)
+    }
+
     @Test func anIdentitySurvivesARestartWithPrivatePermissions() throws {
         let dir = temporaryDirectory() + "/state"
         let path = dir + "/identity.json"

@@ -1,0 +1,174 @@
+import Foundation
+import Synchronization
+import MeshPOSIX
+
+/// Where a running `mesh-record --host` keeps its control socket: `--runtime-dir DIR`, else systemd's
+/// `$RUNTIME_DIRECTORY` (`RuntimeDirectory=peermesh`), else `$XDG_RUNTIME_DIR/peermesh`, else `/run/peermesh` for root
+/// and `/tmp/peermesh-UID` for others. The directory is mode 0700 and the socket 0600.
+package struct RuntimeDirectory: Sendable, Equatable {
+    package var path: String
+
+    package init(_ path: String) { self.path = path }
+
+    package static var `default`: RuntimeDirectory {
+        let env = ProcessInfo.processInfo.environment
+        if let d = env["RUNTIME_DIRECTORY"]?.split(separator: ":").first, d.hasPrefix("/") { return RuntimeDirectory(String(d)) }
+        if let x = env["XDG_RUNTIME_DIR"], x.hasPrefix("/") { return RuntimeDirectory(x + "/peermesh") }
+        return RuntimeDirectory(getuid() == 0 ? "/run/peermesh" : "/tmp/peermesh-\(getuid())")
+    }
+
+    /// The host's control socket.
+    package var socketPath: String { path + "/mesh-record.sock" }
+}
+
+/// `mesh-record ctl` commands, as they travel: one line, words separated by spaces.
+package enum ControlCommand: Sendable, Equatable {
+    case status
+    case pair(timeoutSeconds: Double?)
+    case paired
+    case forget(String)
+    case mute
+    case unmute
+
+    /// The words a person types after `mesh-record ctl`.
+    package static func parse(_ words: [String]) -> ControlCommand? {
+        guard let verb = words.first else { return nil }
+        let rest = Array(words.dropFirst())
+        switch (verb, rest.count) {
+        case ("status", 0): return .status
+        case ("pair", 0): return .pair(timeoutSeconds: nil)
+        case ("pair", 1):
+            guard let s = Double(rest[0]), s.isFinite, s >= 1, s <= 3_600 else { return nil }
+            return .pair(timeoutSeconds: s)
+        case ("paired", 0): return .paired
+        case ("forget", 1): return rest[0].isEmpty ? nil : .forget(rest[0])
+        case ("mute", 0): return .mute
+        case ("unmute", 0): return .unmute
+        default: return nil
+        }
+    }
+
+    /// The request line.
+    package var line: String {
+        switch self {
+        case .status: "status"
+        case .pair(let t): t.map { "pair \(JSONObject.number($0))" } ?? "pair"
+        case .paired: "paired"
+        case .forget(let name): "forget \(name)"
+        case .mute: "mute"
+        case .unmute: "unmute"
+        }
+    }
+}
+
+/// A control reply: whether the command worked, and the lines to show.
+package struct ControlReply: Sendable, Equatable {
+    package var ok: Bool
+    package var lines: [String]
+
+    package init(ok: Bool, _ lines: [String]) {
+        self.ok = ok
+        self.lines = lines
+    }
+
+    /// As it travels: `ok` or `error`, then the lines; the server closes the connection after it.
+    package var wire: String { ([ok ? "ok" : "error"] + lines).joined(separator: "\n") + "\n" }
+
+    package static func parse(_ text: String) -> ControlReply? {
+        var lines = text.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        if lines.last == "" { lines.removeLast() }
+        guard let first = lines.first, first == "ok" || first == "error" else { return nil }
+        return ControlReply(ok: first == "ok", Array(lines.dropFirst()))
+    }
+}
+
+/// The listening end, in a running host: a `pm-ctl` thread that takes one connection at a time, admits only the
+/// host's own user and root (`SO_PEERCRED`, on top of the socket's 0600 mode), reads one command line and answers.
+package final class ControlServer: Sendable {
+    package let path: String
+    private let listener: FileDescriptor
+    private let handler: @Sendable (ControlCommand) -> ControlReply
+    private let running = Atomic<Bool>(true)
+    private let finished = WakeSignal()
+
+    /// Listens at `directory.socketPath` (creating the directory 0700). Throws when another host answers there.
+    package init(directory: RuntimeDirectory, handler: @escaping @Sendable (ControlCommand) -> ControlReply) throws {
+        try PrivateFile.ensureDirectory(directory.path)
+        path = directory.socketPath
+        listener = try UnixSocket.listen(path: path)
+        self.handler = handler
+        let thread = Thread { [self] in
+            ThreadName.setCurrent("pm-ctl")
+            serve()
+            finished.signal()
+        }
+        thread.start()
+    }
+
+    private func serve() {
+        let me = getuid()
+        while running.load(ordering: .acquiring) {
+            guard let c = try? UnixSocket.accept(listener, timeoutMillis: 200) else { continue }
+            defer { c.close() }
+            guard let uid = try? UnixSocket.peerUID(c), uid == me || uid == 0 else {
+                try? UnixSocket.write(c, ControlReply(ok: false, ["not allowed: only the host's own user and root may control it"]).wire)
+                continue
+            }
+            guard let line = try? UnixSocket.readLine(c, limit: 512, timeoutMillis: 2_000) else { continue }
+            let words = line.split(separator: " ").map(String.init)
+            let reply = ControlCommand.parse(words).map(handler)
+                ?? ControlReply(ok: false, ["unknown command \"\(TerminalText.escape(line))\"; commands: status, pair [SECONDS], paired, forget NAME|FINGERPRINT, mute, unmute"])
+            try? UnixSocket.write(c, reply.wire)
+        }
+    }
+
+    /// Stops listening and removes the socket file.
+    package func stop() {
+        guard running.exchange(false, ordering: .acquiringAndReleasing) else { return }
+        finished.wait()
+        listener.close()
+        unlink(path)
+    }
+
+    deinit { stop() }
+}
+
+/// The client end: `mesh-record ctl …`.
+package enum ControlClient {
+    /// Why a command did not reach a host.
+    package enum Failure: Error, CustomStringConvertible {
+        case noHost(String)
+        case refused(String)
+        case garbled
+
+        package var description: String {
+            switch self {
+            case .noHost(let path): "no mesh-record --host is running here (no control socket at \(path))"
+            case .refused(let why): "cannot reach the running mesh-record: \(why)"
+            case .garbled: "the running mesh-record sent an answer this ctl cannot read (another version?)"
+            }
+        }
+    }
+
+    package static func send(_ command: ControlCommand, to directory: RuntimeDirectory) throws(Failure) -> ControlReply {
+        let path = directory.socketPath
+        let s: FileDescriptor
+        do {
+            s = try UnixSocket.connect(path: path)
+        } catch {
+            if error.code == ENOENT || error.code == ECONNREFUSED { throw .noHost(path) }
+            throw .refused(error.description)
+        }
+        defer { s.close() }
+        do {
+            try UnixSocket.write(s, command.line + "\n")
+            let bytes = try UnixSocket.readAll(s, timeoutMillis: 10_000)
+            guard let reply = ControlReply.parse(String(decoding: bytes, as: UTF8.self)) else { throw Failure.garbled }
+            return reply
+        } catch let f as Failure {
+            throw f
+        } catch {
+            throw .refused("\(error)")
+        }
+    }
+}
