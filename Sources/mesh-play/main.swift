@@ -126,6 +126,11 @@ do {
     terminal.fail("\(error)")
 }
 
+// Under systemd (mesh-play@HOST.service): ready once playing or searching, the phase as its status line, and a
+// watchdog fed from the I/O loop.
+ServiceManager.ready(status: StatusReport.phase(player.statistics.phase))
+if let loop = try? EventLoop.shared() { ServiceManager.feedWatchdog(from: loop) }
+
 let trap = SignalTrap(queue: .global()) { _ in done.signal() }
 let reporter = DispatchQueue(label: "mesh-play.status")
 let hold = PeakHold()
@@ -134,6 +139,7 @@ ticker.schedule(deadline: .now() + 1, repeating: 1)
 ticker.setEventHandler {
     let s = player.statistics
     terminal.status(StatusReport.line(player: s, hold: hold.update(s.playout.peakLevel)))
+    if ServiceManager.isManaged { ServiceManager.status(StatusReport.phase(s.phase)) }
     if options.json { terminal.stdout(StatusReport.json(player: s).description) }
 }
 ticker.resume()

@@ -3,8 +3,9 @@ import Synchronization
 
 /// Receives a browser's events, as MC's `MCNearbyServiceBrowserDelegate`. Called on the browser's queue, in order.
 public protocol NearbyServiceBrowserDelegate: AnyObject, Sendable {
-    /// A peer advertising the service appeared, or re-advertised with other addresses or another name (a restarted
-    /// peer announcing its new port): then this is called again for the same peer, with what it says now.
+    /// A peer advertising the service appeared, or re-advertised with other addresses, another name or other
+    /// discovery info (a restarted peer announcing its new port, a host opening a pairing window): then this is
+    /// called again for the same peer, with what it says now.
     func browser(_ browser: NearbyServiceBrowser, foundPeer peer: PeerID, withDiscoveryInfo info: [String: String]?)
     /// A peer went away.
     func browser(_ browser: NearbyServiceBrowser, lostPeer peer: PeerID)
@@ -54,12 +55,12 @@ public final class NearbyServiceBrowser: Sendable {
             guard let self else { return }
             switch event {
             case .found(let p):
-                // New, or moved (endpoints) or renamed: tell the delegate. A change of discovery info alone is kept
-                // quietly (MC reports a peer once per appearance).
+                // New, or moved (endpoints), renamed or with other discovery info: tell the delegate.
                 let isNew = self.found.withLock { f in
                     let old = f[p.peer]
                     f[p.peer] = p
                     return old == nil || old!.endpoints != p.endpoints || old!.peer.displayName != p.peer.displayName
+                        || old!.discoveryInfo != p.discoveryInfo
                 }
                 if isNew { self.delegate?.browser(self, foundPeer: p.peer, withDiscoveryInfo: p.discoveryInfo.isEmpty ? nil : p.discoveryInfo) }
             case .lost(let peer):
