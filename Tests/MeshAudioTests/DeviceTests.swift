@@ -63,11 +63,14 @@ struct DeviceRigTests {
         #expect(stats.framesOut == UInt64(capture.samples.count))
         #expect(stats.framesIn >= stats.framesOut)
         #expect(recorder.failure == nil)
-        // Timestamps track the frames: 1 s of frames spans about 1 s of monotonic time.
+        // Timestamps track the frames: 1 s of frames spans about 1 s of monotonic time. The bound is generous: on a
+        // loaded 2-core machine the JACK dummy server (synchronous mode) can stall for a period or two at start,
+        // which shortens the span by that much (a CI run once saw 0.14 s); a broken clock would be off by whole
+        // seconds or by the ratio of two rates.
         if let first = capture.chunks.first, let last = capture.chunks.last {
             let span = Double(last.timestampNanos - first.timestampNanos) / 1e9
             let frames = Double(last.firstFrameIndex - first.firstFrameIndex) / 44_100
-            #expect(abs(span - frames) < 0.1, "timestamp span \(span) s for \(frames) s of frames")
+            #expect(abs(span - frames) < 0.3, "timestamp span \(span) s for \(frames) s of frames")
         }
     }
 
