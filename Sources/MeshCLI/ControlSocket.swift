@@ -41,7 +41,7 @@ package enum ControlCommand: Sendable, Equatable {
             guard let s = Double(rest[0]), s.isFinite, s >= 1, s <= 3_600 else { return nil }
             return .pair(timeoutSeconds: s)
         case ("paired", 0): return .paired
-        case ("forget", 1): return rest[0].isEmpty ? nil : .forget(rest[0])
+        case ("forget", _) where !rest.isEmpty: return .forget(rest.joined(separator: " "))
         case ("mute", 0): return .mute
         case ("unmute", 0): return .unmute
         default: return nil
@@ -108,14 +108,20 @@ package final class ControlServer: Sendable {
     private func serve() {
         let me = getuid()
         while running.load(ordering: .acquiring) {
-            guard let c = try? UnixSocket.accept(listener, timeoutMillis: 200) else { continue }
+            let accepted: FileDescriptor?
+            do { accepted = try UnixSocket.accept(listener, timeoutMillis: 200) } catch {
+                usleep(100_000)   // out of descriptors, say: do not spin on a connection that stays pending
+                continue
+            }
+            guard let c = accepted else { continue }
             defer { c.close() }
             guard let uid = try? UnixSocket.peerUID(c), uid == me || uid == 0 else {
                 try? UnixSocket.write(c, ControlReply(ok: false, ["not allowed: only the host's own user and root may control it"]).wire)
                 continue
             }
             guard let line = try? UnixSocket.readLine(c, limit: 512, timeoutMillis: 2_000) else { continue }
-            let words = line.split(separator: " ").map(String.init)
+            // The verb, then at most one argument, which may hold spaces (`forget Living Room`).
+            let words = line.split(separator: " ", maxSplits: 1).map(String.init)
             let reply = ControlCommand.parse(words).map(handler)
                 ?? ControlReply(ok: false, ["unknown command \"\(TerminalText.escape(line))\"; commands: status, pair [SECONDS], paired, forget NAME|FINGERPRINT, mute, unmute"])
             try? UnixSocket.write(c, reply.wire)
@@ -160,6 +166,10 @@ package enum ControlClient {
             throw .refused(error.description)
         }
         defer { s.close() }
+        // Only a host run by this user (or root) is told anything: a socket someone else put there is not ours.
+        if let uid = try? UnixSocket.peerUID(s), uid != getuid(), uid != 0 {
+            throw .refused("the socket \(path) belongs to uid \(uid), not to this user or root; not talking to it")
+        }
         do {
             try UnixSocket.write(s, command.line + "\n")
             let bytes = try UnixSocket.readAll(s, timeoutMillis: 10_000)

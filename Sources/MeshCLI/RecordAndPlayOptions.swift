@@ -89,6 +89,8 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
     package var action: Action = .host
     /// Where the running host's control socket is (`--runtime-dir`).
     package var runtime = RuntimeDirectory.default
+    /// Whether `--runtime-dir` was given (otherwise `ctl` also looks where the service keeps it, /run/peermesh).
+    package var runtimeGiven = false
     /// `--name`, if given; otherwise the saved identity's name (on first run, the host name).
     package var name: String?
     package var state = StateDirectory.default
@@ -217,7 +219,9 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
             switch a {
             case "--help", "-h": return .help
             case "--version": return .version
-            case "--runtime-dir": o.runtime = RuntimeDirectory(try cursor.value(for: a))
+            case "--runtime-dir":
+                o.runtime = RuntimeDirectory(try cursor.value(for: a))
+                o.runtimeGiven = true
             case "--json": o.json = true
             default:
                 guard !a.hasPrefix("--") else { throw UsageError("ctl: unknown option \"\(a)\"") }

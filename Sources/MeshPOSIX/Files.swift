@@ -9,15 +9,26 @@ package enum PrivateFile {
     /// Creates `path` as a directory with mode 0700, or checks that it is one; an existing one readable by others
     /// has its mode tightened to 0700. Missing parents are created with the usual 0755 (less the umask); existing
     /// parents are never touched (`/tmp`, `~/.config` and `/var/lib` keep their modes).
-    package static func ensureDirectory(_ path: String) throws(SyscallError) {
+    ///
+    /// A path that is a symbolic link, a directory owned by another user, or a shared one (sticky or writable by
+    /// all, like `/tmp`) is refused (`EPERM`): keys and control sockets need a directory of their own.
+    package static func ensureDirectory(_ given: String) throws(SyscallError) {
+        var path = given
+        while path.count > 1, path.hasSuffix("/") { path.removeLast() }
         var st = stat()
-        if stat(path, &st) == 0 {
-            guard st.st_mode & S_IFMT == S_IFDIR else { throw SyscallError(call: "mkdir(\(path))", code: ENOTDIR) }
-            if st.st_mode & 0o077 != 0 { try Sys.call("chmod(\(path), 0700)") { chmod(path, 0o700) } }
-            return
+        if lstat(path, &st) != 0 {
+            try ensureParents(of: path)
+            if mkdir(path, 0o700) != 0, errno != EEXIST { throw SyscallError(call: "mkdir(\(path))", code: errno) }
+            guard lstat(path, &st) == 0 else { throw SyscallError(call: "stat(\(path))", code: errno) }
         }
-        try ensureParents(of: path)
-        if mkdir(path, 0o700) != 0, errno != EEXIST { throw SyscallError(call: "mkdir(\(path))", code: errno) }
+        guard st.st_mode & S_IFMT == S_IFDIR else {
+            throw SyscallError(call: "mkdir(\(path)) (not a directory\(st.st_mode & S_IFMT == S_IFLNK ? ": a symbolic link" : ""))", code: ENOTDIR)
+        }
+        guard st.st_uid == geteuid() else { throw SyscallError(call: "use \(path) (owned by uid \(st.st_uid))", code: EPERM) }
+        guard st.st_mode & (S_ISVTX | 0o002) == 0 else {
+            throw SyscallError(call: "use \(path) (a shared directory, mode \(String(st.st_mode & 0o7777, radix: 8)): give one of its own)", code: EPERM)
+        }
+        if st.st_mode & 0o077 != 0 { try Sys.call("chmod(\(path), 0700)") { chmod(path, 0o700) } }
     }
 
     /// Creates the missing directories above `path` (0755 less the umask), leaving existing ones as they are.

@@ -36,9 +36,9 @@ package enum UnixSocket {
         if (try? connect(path: path)) != nil { throw SyscallError(call: "bind(\(path))", code: EADDRINUSE) }
         unlink(path)
         let s = try streamSocket(path)
-        // Created 0600 from the start: no window in which another user could connect.
-        let old = umask(0o177)
-        defer { umask(old) }
+        // Created 0600 from the start (Linux gives the socket file the socket inode's mode, less the umask): no window
+        // in which another user could connect, and no change to the process-wide umask.
+        try Sys.call("fchmod(\(path))") { fchmod(s.fd, 0o600) }
         _ = try withAddress(path) { (p, l) throws(SyscallError) in try Sys.call("bind(\(path))") { bind(s.fd, p, l) } }
         try Sys.call("listen(\(path))") { Glibc.listen(s.fd, 16) }
         return s
@@ -99,7 +99,10 @@ package enum UnixSocket {
         let bytes = Array(text.utf8)
         var at = 0
         while at < bytes.count {
-            let n = try Sys.call("write(AF_UNIX)") { bytes.withUnsafeBytes { Glibc.write(s.fd, $0.baseAddress! + at, $0.count - at) } }
+            // MSG_NOSIGNAL: a client that hung up costs an EPIPE, never a SIGPIPE that would end the process.
+            let n = try Sys.call("send(AF_UNIX)") {
+                bytes.withUnsafeBytes { Glibc.send(s.fd, $0.baseAddress! + at, $0.count - at, Int32(MSG_NOSIGNAL)) }
+            }
             at += n
         }
     }

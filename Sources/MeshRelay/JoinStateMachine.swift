@@ -54,6 +54,9 @@ public struct JoinStateMachine: Sendable {
     private var stale: [PeerID: Int] = [:]
     /// The host being joined re-advertised meanwhile: if this attempt finds nobody, the next one goes at once.
     private var readvertisedWhileJoining = false
+    /// Failed invitations in a row per discovered host (not unreachable ones): the next try backs off 0.25 s, 0.5 s,
+    /// 1 s, then 2 s, so a host that keeps refusing (full, busy) is not invited four times a second for ever.
+    private var failures: [PeerID: Int] = [:]
 
     public init(target: JoinTarget, maximumAttempts: Int = 5, inviteTimeoutNanos: UInt64 = 5_000_000_000) {
         self.target = target
@@ -117,6 +120,7 @@ public struct JoinStateMachine: Sendable {
     public mutating func lost(_ peer: PeerID) -> [Action] {
         candidates.removeAll { $0 == peer }
         stale[peer] = nil
+        failures[peer] = nil
         return []
     }
 
@@ -127,6 +131,7 @@ public struct JoinStateMachine: Sendable {
             state = .joined(host: peer)
             attempts = 0
             stale[peer] = nil
+            failures[peer] = nil
             return [.announce("joined \(peer.displayName)")]
         case (.joined(let host), .notConnected) where host == peer:
             return retry(after: "host \(peer.displayName) went away; searching again", now: now, demote: peer)
@@ -208,8 +213,14 @@ public struct JoinStateMachine: Sendable {
     private mutating func retry(after message: String, now: UInt64, demote: PeerID?) -> [Action] {
         // Try other hosts before the one that just failed (a killed host's advertisement may linger).
         if let demote, let i = candidates.firstIndex(of: demote) { candidates.append(candidates.remove(at: i)) }
-        // Back off 0.25 s, 0.5 s, 1 s, 2 s (capped) between direct attempts; 0.25 s before re-inviting a host.
-        let shift = UInt64(min(max(attempts - 1, 0), 3))
+        // Back off 0.25 s, 0.5 s, 1 s, 2 s (capped) between direct attempts, and between failed invitations of the
+        // same discovered host; another host found meanwhile is tried after 0.25 s.
+        var times = attempts
+        if case .discover = target, let demote {
+            failures[demote, default: 0] += 1
+            times = candidates.contains(where: { $0 != demote && stale[$0] == nil }) ? 1 : failures[demote]!
+        }
+        let shift = UInt64(min(max(times - 1, 0), 3))
         state = .waitingToRetry(until: now + (250_000_000 << shift))
         return [.announce(message)]
     }

@@ -160,9 +160,26 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         let sessionConfig = Session.Configuration(maximumPeers: configuration.maximumPeers, peerTimeout: configuration.peerTimeout,
                                                   udpPort: configuration.port, bindHost: configuration.bindHost,
                                                   maximumPeersPerHost: configuration.maximumPlayersPerAddress)
-        let session = try Session(securityIdentity: configuration.identity, encryptionPreference: configuration.encryption,
-                                  configuration: sessionConfig)
+        // One port number for UDP and TCP. With no port asked for, the session's free UDP port may be taken for TCP
+        // (by any connection's local port): then try another.
+        var attempt = 0
+        var made: (Session, NearbyServiceAdvertiser)?
+        while made == nil {
+            attempt += 1
+            let session = try Session(securityIdentity: configuration.identity, encryptionPreference: configuration.encryption,
+                                      configuration: sessionConfig)
+            let advertiser: NearbyServiceAdvertiser?
+            do {
+                advertiser = try Self.makeAdvertiser(configuration, source: source, port: configuration.port == 0 ? session.udpPort : configuration.port)
+            } catch {
+                guard configuration.port == 0, attempt < 8, "\(error)".contains("Address already in use") else { throw error }
+                advertiser = nil
+            }
+            if let advertiser { made = (session, advertiser) } else { session.disconnect() }
+        }
+        let (session, advertiser) = made!
         self.session = session
+        self.advertiser = advertiser
         pairingSession = try Session(securityIdentity: configuration.identity,
                                      configuration: .init(maximumPeers: 4, peerTimeout: configuration.peerTimeout,
                                                           bindHost: configuration.bindHost, maximumMessageSize: 4096,
@@ -172,14 +189,17 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         capture = try CapturePipeline(source: source, audience: { [players] in players.audience }, send: { bytes, peers in
             (try? session.sendDatagram(bytes, toPeers: peers)) != nil
         })
-        advertiser = try NearbyServiceAdvertiser(
-            peer: peer, discoveryInfo: Self.info(source: source, extra: configuration.discoveryInfo, pairing: false),
-            serviceType: configuration.serviceType, discovery: configuration.discovery,
-            port: configuration.port == 0 ? session.udpPort : configuration.port, bindHost: configuration.bindHost,
-            encryptionPreference: configuration.encryption)
         session.delegate = self
         pairingSession.delegate = self
         advertiser.delegate = self
+    }
+
+    private static func makeAdvertiser(_ configuration: Configuration, source: any AudioSource, port: UInt16) throws -> NearbyServiceAdvertiser {
+        try NearbyServiceAdvertiser(
+            peer: configuration.identity.peerID,
+            discoveryInfo: info(source: source, extra: configuration.discoveryInfo, pairing: false),
+            serviceType: configuration.serviceType, discovery: configuration.discovery, port: port,
+            bindHost: configuration.bindHost, encryptionPreference: configuration.encryption)
     }
 
     private static func info(source: any AudioSource, extra: [String: String], pairing: Bool) -> [String: String] {

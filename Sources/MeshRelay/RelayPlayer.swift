@@ -105,8 +105,18 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         public var trusted: Bool
     }
 
+    /// Why a sink is asked for.
+    public enum SinkRequest: Sendable, Equatable {
+        /// The first sink, or one replacing a sink that never played audio from a host (it was stopped first, so a
+        /// file at the same path may be written again: nothing in it is lost).
+        case fresh
+        /// The host changed format mid-stream: the previous sink carried its audio (a file output must not be
+        /// truncated: write another one).
+        case formatChange
+    }
+
     /// Builds the sink for a format (an ALSA `Player`, or a `WAVFileSink`).
-    public typealias SinkFactory = @Sendable (AudioFormat) throws -> any AudioSink
+    public typealias SinkFactory = @Sendable (AudioFormat, SinkRequest) throws -> any AudioSink
 
     public let configuration: Configuration
     public let session: Session
@@ -129,6 +139,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     private let log: @Sendable (String) -> Void
     private let onGiveUp: @Sendable (String) -> Void
     private let started = Atomic<UInt64>(0)
+    /// Whether the current pipeline has queued audio from a host.
+    private let audioInPipeline = Atomic<Bool>(false)
     /// Rebuilds for a new host format allowed so far (control queue).
     private let formatChanges = Mutex(FormatChangeLimiter())
 
@@ -214,10 +226,17 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
 
     // MARK: Pipeline (control queue only)
 
-    /// Builds and starts a pipeline for `format`, swaps it in, then stops the one it replaces.
+    /// Builds and starts a pipeline for `format`, swaps it in, then stops the one it replaces. A pipeline that never
+    /// carried audio from a host (the one built before the first packet) is stopped first instead, and the new sink
+    /// is `fresh`: a file output is then written at its own path, not at a numbered one.
     private func buildPipeline(_ format: AudioFormat) throws {
+        var request = SinkRequest.fresh
+        if playout.withCurrent({ $0 != nil }) {
+            if audioInPipeline.load(ordering: .acquiring) { request = .formatChange } else { playout.replace(with: nil)?.stop() }
+        }
+        audioInPipeline.store(false, ordering: .releasing)
         let pipeline = try PlayoutPipeline(format: format, configuration: .init(mode: configuration.latency),
-                                           sink: try makeSink(format))
+                                           sink: try makeSink(format, request))
         try pipeline.start()
         playout.replace(with: pipeline)?.stop()
     }
@@ -317,6 +336,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         guard case .queued(let frames) = outcome else { return }
         framesReceived.wrappingAdd(UInt64(frames), ordering: .relaxed)
         audioSinceJoin.store(true, ordering: .relaxed)
+        audioInPipeline.store(true, ordering: .relaxed)
         _ = firstAudio.compareExchange(expected: 0, desired: max(1, now), ordering: .acquiringAndReleasing)
     }
 
@@ -328,8 +348,9 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         case .declined: message = "\(name) declined: \(detail)"
         default: message = detail
         }
-        // Nothing answered at the advertised address (refused, or no answer): the record may be a killed host's.
-        let unreachable = reason == .unavailable || reason == .timedOut
+        // Nothing answered at the advertised address (our own connect failed: refused, no route): the record may be
+        // a killed host's. A decline or a timeout came from a live host, and is retried with backoff instead.
+        let unreachable = reason == .unavailable && detail.hasPrefix("cannot connect to")
         let actions = join.withLock {
             $0.invitationFailed(peer, reason: message, permanent: reason.isPermanent, unreachable: unreachable, now: monotonicNow())
         }

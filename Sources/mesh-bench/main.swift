@@ -351,7 +351,7 @@ func fanout() {
             var config = RelayPlayer.Configuration(target: .direct(endpoint), identity: identity, hosts: hosts, latency: latency)
             config.encryption = options.plaintext ? .none : .required
             config.discovery = InProcessDiscovery()
-            let p = try RelayPlayer(configuration: config, makeSink: { PacedNullSink(format: $0, periodFrames: 128) },
+            let p = try RelayPlayer(configuration: config, makeSink: { format, _ in PacedNullSink(format: format, periodFrames: 128) },
                                     log: { terminal.log("[\(n)] \($0)") })
             try p.start()
             list.append(p)

@@ -93,17 +93,21 @@ func pair(code: String, fingerprint: String?) -> Never {
 let device = DeviceState.open(options.state, name: options.name, terminal: terminal)
 let target: JoinTarget = options.connect.map { .direct($0) } ?? .discover(hostName: options.hostName)
 let output = options.output
-/// Files written so far: a host that changes format mid-stream gets a new file (`out-2.wav`…), never a truncated one.
-let filesWritten = Mutex(0)
-let makeSink: RelayPlayer.SinkFactory = { format in
+/// Files that hold audio: a host that changes format mid-stream gets a new file (`out-2.wav`…), never a truncated
+/// one; a file that does not exist yet is the only kind written.
+let filesWritten = Mutex(1)
+let makeSink: RelayPlayer.SinkFactory = { format, request in
     switch output {
     // Two periods of device buffer: the jitter buffer upstream absorbs the network; the device needs only to
     // ride out scheduling.
     case .device(let name): return try Player(device: name, format: format, periodFrames: 128, bufferFrames: 256)
     case .file(let path, let encoding):
-        let n = filesWritten.withLock { n in n += 1; return n }
-        let file = n == 1 ? path : OutputFiles.numbered(path, n)
-        if n > 1 { terminal.log("writing \(format) to \(file) (the host changed format; \(path) is kept as it was)") }
+        guard request == .formatChange else { return try WAVFileSink(path: path, format: format, periodFrames: 128, encoding: encoding) }
+        var file = path
+        filesWritten.withLock { n in
+            repeat { n += 1; file = OutputFiles.numbered(path, n) } while FileManager.default.fileExists(atPath: file)
+        }
+        terminal.log("writing \(format) to \(file) (the host changed format; \(path) is kept as it was)")
         return try WAVFileSink(path: file, format: format, periodFrames: 128, encoding: encoding)
     }
 }

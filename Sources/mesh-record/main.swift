@@ -21,8 +21,20 @@ case .host: break
 /// `mesh-record ctl …`: one command to the host running here; its answer on stdout (a QR code too, for `pair`, on a
 /// terminal); exit 0 when it worked, 1 when not or when no host runs.
 func control(_ command: ControlCommand) -> Never {
+    // The default place, then (unless --runtime-dir was given) the service's: `sudo mesh-record ctl pair` from a
+    // login shell whose XDG_RUNTIME_DIR points elsewhere still finds mesh-record.service's host.
+    var places = [options.runtime]
+    let service = RuntimeDirectory("/run/peermesh")
+    if !options.runtimeGiven, options.runtime != service { places.append(service) }
     do {
-        let reply = try ControlClient.send(command, to: options.runtime)
+        var reply: ControlReply?
+        for (i, place) in places.enumerated() where reply == nil {
+            do { reply = try ControlClient.send(command, to: place) } catch {
+                if case .noHost = error, i + 1 < places.count { continue }
+                throw error
+            }
+        }
+        guard let reply else { terminal.fail("no mesh-record --host is running here") }
         for line in reply.lines { terminal.stdout(line) }
         if reply.ok, case .pair = command, terminal.isTTY,
            let uri = reply.lines.first(where: { $0.hasPrefix("peermesh://pair?") }), let qr = QRCode.lines(for: uri) {
@@ -138,7 +150,8 @@ do {
         do {
             let code = try host.openPairingWindow(timeout: .milliseconds(Int64(timeout * 1000)))
             let uri = "peermesh://pair?code=\(Pairing.normalize(code))&fp=\(device.identity.publicKey.shortFingerprint)"
-            terminal.error("pairing code: \(code) (opened by mesh-record ctl pair)")
+            // The code goes to the one who asked, not to the log (readable by more people than should pair).
+            terminal.error("pairing window opened by mesh-record ctl pair (\(JSONObject.number(timeout)) s)")
             return ControlReply(ok: true, ["pairing code: \(code)", uri,
                                            "on the player: mesh-play --pair \(code)   (the window closes in \(JSONObject.number(timeout)) s)"])
         } catch {

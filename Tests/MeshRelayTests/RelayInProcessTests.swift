@@ -32,7 +32,7 @@ struct RelayInProcessTests {
         let config = RelayPlayer.Configuration(target: .direct(endpoint), identity: try paired.playerIdentity(i),
                                                hosts: .paired(paired.playerTrust(i)), latency: latency,
                                                discovery: InProcessDiscovery())
-        let player = try RelayPlayer(configuration: config) { format in
+        let player = try RelayPlayer(configuration: config) { format, _ in
             try WAVFileSink(path: out, format: format, periodFrames: 128)
         }
         try player.start()

@@ -304,10 +304,14 @@ def judge(samples, warmup, players, failures):
         seq = [s["procs"][name] for s in after if name in s["procs"]]
         if not seq:
             continue
-        growth = seq[-1]["rssKb"] - seq[0]["rssKb"]
+        # A leak keeps the end of the run above the start: the least RSS of the last third against the most of the
+        # first (one allocation burst that is given back is not growth).
+        start_rss = max(s["procs"][name]["rssKb"] for s in head if name in s["procs"])
+        end_rss = min(s["procs"][name]["rssKb"] for s in tail if name in s["procs"])
+        growth = end_rss - start_rss
         if growth > RSS_GROWTH_LIMIT_KB:
             out.append(f"{name}: RSS grew {growth / 1024:.1f} MB after the warm-up "
-                       f"({mb(seq[0]['rssKb'])} → {mb(seq[-1]['rssKb'])} MB)")
+                       f"({mb(start_rss)} → {mb(end_rss)} MB)")
         for what in ("fds", "threads"):
             start = max(s["procs"][name][what] for s in before if name in s["procs"])
             end = min(s["procs"][name][what] for s in tail if name in s["procs"])
@@ -318,7 +322,8 @@ def judge(samples, warmup, players, failures):
             return [s["players"][p.name]["latencyMs"] for s in rows
                     if s["players"].get(p.name, {}).get("latencyMs") is not None]
         a, b = lat(head), lat(tail)
-        if a and b and abs(statistics.median(b) - statistics.median(a)) > LATENCY_DRIFT_LIMIT_MS:
+        # Too few samples per third (a short run) judge nothing: two readings under loss and jitter are noise.
+        if len(a) >= 3 and len(b) >= 3 and abs(statistics.median(b) - statistics.median(a)) > LATENCY_DRIFT_LIMIT_MS:
             out.append(f"{p.name}: latency drifted {statistics.median(b) - statistics.median(a):+.1f} ms after the warm-up "
                        f"(median {statistics.median(a):.1f} ms in the first third, {statistics.median(b):.1f} ms in the last)")
         state = after[-1]["players"].get(p.name, {}).get("state") or ""
