@@ -153,6 +153,7 @@ struct HardeningTests {
         #expect(eventually(5) { host.stderr.contains { $0.contains("waiting for avahi-daemon") } }, "\(host.stderr)")
         Thread.sleep(forTimeInterval: 1)
         #expect(!host.stderr.contains { $0.contains("advertised as _") }, "nothing is claimed before the daemon runs: \(host.stderr)")
+        #expect(eventually(5) { !host.jsonObjects.isEmpty }, "one JSON status a second")
         #expect(host.jsonObjects.last?["advertised"] as? Bool == false, "\(host.stdout.suffix(1))")
         try avahi("start")
         #expect(eventually(15) { host.stderr.contains { $0.contains("advertised as _\(service)._tcp") } }, "\(host.stderr)")
