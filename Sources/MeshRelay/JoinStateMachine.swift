@@ -103,12 +103,14 @@ public struct JoinStateMachine: Sendable {
     public mutating func found(_ peer: PeerID, now: UInt64) -> [Action] {
         guard case .discover(let wanted) = target else { return [] }
         if let wanted, !Self.matches(peer, name: wanted) { return [] }
-        if let i = candidates.firstIndex(of: peer) { candidates[i] = peer } else { candidates.append(peer) }
-        // A host that did not answer has re-advertised: it has most likely restarted. Try it now.
+        let known = candidates.firstIndex(of: peer)
+        if let i = known { candidates[i] = peer } else { candidates.append(peer) }
+        // A host that did not answer has re-advertised (it has most likely restarted), or a host appeared (or
+        // reappeared after its record went away) while waiting to retry another: try it now.
         let wasStale = stale.removeValue(forKey: peer) != nil
         switch state {
         case .searching: return join(peer, now: now)
-        case .waitingToRetry where wasStale: return join(peer, now: now)
+        case .waitingToRetry where wasStale || known == nil: return join(peer, now: now)
         case .joining(let host, _) where host == peer:
             readvertisedWhileJoining = true
             return []

@@ -28,7 +28,7 @@ struct JoinStateMachineTests {
         #expect(m.found(host, now: 2) == [.announce("found host kitchen; joining"), .invite(host)])
     }
 
-    @Test("Host lost: say so, back off, rejoin the next host found (a restarted host has a new identity)")
+    @Test("Host lost: say so, search again, join the next host found at once (a restarted host may have a new identity)")
     func rejoinAfterLoss() {
         var m = JoinStateMachine(target: .discover(hostName: nil))
         _ = m.start(now: 0)
@@ -38,9 +38,9 @@ struct JoinStateMachineTests {
         #expect(m.phase == .searching)
         let restarted = try! PeerID(displayName: "kitchen")
         #expect(m.lost(host) == [])
-        #expect(m.found(restarted, now: 150 * ms) == [], "waits out the backoff")
-        #expect(m.tick(now: 200 * ms) == [])
-        #expect(m.tick(now: 360 * ms) == [.announce("found host kitchen; joining"), .invite(restarted)])
+        #expect(m.found(restarted, now: 150 * ms) == [.announce("found host kitchen; joining"), .invite(restarted)],
+                "a host that appears is tried at once, backoff or not")
+        #expect(m.tick(now: 360 * ms) == [])
         #expect(m.sessionState(restarted, .connected, now: 400 * ms) == [.announce("joined kitchen")])
     }
 
@@ -94,6 +94,25 @@ struct JoinStateMachineTests {
         #expect(m.invitationFailed(host, reason: "refused", unreachable: true, now: 2 * ms)
             == [.announce("could not join kitchen: refused; it has advertised again")])
         #expect(m.tick(now: 3 * ms) == [.announce("found host kitchen; joining"), .invite(host)])
+    }
+
+    @Test("A stale host whose record goes away and comes back (lost, then found) is tried at once")
+    func staleHostLostAndFoundAgain() {
+        var m = JoinStateMachine(target: .discover(hostName: nil))
+        _ = m.start(now: 0)
+        _ = m.found(host, now: 0)
+        _ = m.invitationFailed(host, reason: "refused", unreachable: true, now: 1 * ms)
+        #expect(m.lost(host) == [])
+        #expect(m.found(host, now: 900 * ms) == [.announce("found host kitchen; joining"), .invite(host)])
+    }
+
+    @Test("A new host found while waiting to retry a failing one is tried at once")
+    func newHostDuringBackoff() {
+        var m = JoinStateMachine(target: .discover(hostName: nil))
+        _ = m.start(now: 0)
+        _ = m.found(host, now: 0)
+        _ = m.invitationFailed(host, reason: "full", now: 1 * ms)
+        #expect(m.found(other, now: 2 * ms) == [.announce("found host garage; joining"), .invite(other)])
     }
 
     @Test("With a stale host and a live one, the live one is tried first")
