@@ -397,6 +397,21 @@ private let sampleFrames: [ControlFrame] = [
         #expect(ServiceAdvertisement(peer: annKeyed, serviceType: "x", port: 1, discoveryInfo: info).txtRecord == txt)
     }
 
+    /// Found by scripts/fuzz (txt): a `_k` of 64 UTF-8 bytes but fewer characters trapped in `PublicKey(hex:)`
+    /// ("String index is out of bounds") — any record on the LAN could crash every browsing player.
+    @Test func txtKeyOfMultibyteCharactersIsRefusedNotTrapped() {
+        let id = "0123456789abcdef"
+        let key = String(repeating: "é", count: 32)   // 64 bytes, 32 characters
+        #expect(key.utf8.count == 64)
+        guard case .failure(.badPublicKey) = TXTRecord.decode(instanceName: id, txt: ["_v=2", "_d=x", "_k=" + key]) else {
+            Issue.record("a multibyte key was not refused")
+            return
+        }
+        #expect(PublicKey(hex: key) == nil)
+        #expect(PublicKey(hex: String(repeating: "+1", count: 32)) == nil, "no signs")
+        #expect(PublicKey(hex: String(repeating: "aB", count: 32))?.bytes == [UInt8](repeating: 0xab, count: 32))
+    }
+
     @Test func txtRecordDecodeFailures() {
         let id = annKeyed.identityString
         func err(_ name: String, _ txt: [String]) -> TXTRecord.DecodeError? {

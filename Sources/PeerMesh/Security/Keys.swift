@@ -9,17 +9,26 @@ public struct PublicKey: Hashable, Sendable, Codable, CustomStringConvertible {
         self.bytes = bytes
     }
 
-    /// Parses the 64 lower- or upper-case hex digits of `hex`.
+    /// Parses the 64 lower- or upper-case hex digits of `hex`. Anything else — other characters, other lengths,
+    /// 64 bytes of UTF-8 that are fewer than 64 characters (a TXT record can hold any bytes) — is nil.
     public init?(hex: some StringProtocol) {
-        guard hex.utf8.count == 64 else { return nil }
+        let digits = Array(hex.utf8)
+        guard digits.count == 64 else { return nil }
+        func value(_ c: UInt8) -> UInt8? {
+            switch c {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): c - UInt8(ascii: "0")
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): c - UInt8(ascii: "a") + 10
+            case UInt8(ascii: "A")...UInt8(ascii: "F"): c - UInt8(ascii: "A") + 10
+            default: nil
+            }
+        }
         var out: [UInt8] = []
         out.reserveCapacity(32)
-        var i = hex.startIndex
-        while i < hex.endIndex {
-            let j = hex.index(i, offsetBy: 2)
-            guard let b = UInt8(hex[i..<j], radix: 16), hex[i..<j].allSatisfy(\.isHexDigit) else { return nil }
-            out.append(b)
-            i = j
+        var i = 0
+        while i < 64 {
+            guard let hi = value(digits[i]), let lo = value(digits[i + 1]) else { return nil }
+            out.append(hi << 4 | lo)
+            i += 2
         }
         bytes = out
     }
