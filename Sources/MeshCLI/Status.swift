@@ -170,3 +170,20 @@ package final class PeakHold: @unchecked Sendable { // touched only by the one s
         return held
     }
 }
+
+/// A CLI's once-a-second status report: a timer on its own serial queue, handing the report a `PeakHold` that only
+/// that queue touches. Started by `init`; `cancel()` stops it.
+package final class StatusTicker: @unchecked Sendable { // the timer is set up once in init and only cancelled after
+    private let timer: DispatchSourceTimer
+
+    package init(label: String, report: @escaping @Sendable (PeakHold) -> Void) {
+        let hold = PeakHold()
+        timer = DispatchSource.makeTimerSource(queue: DispatchQueue(label: label))
+        timer.schedule(deadline: .now() + 1, repeating: 1)
+        timer.setEventHandler { report(hold) }
+        timer.resume()
+    }
+
+    /// Stops the reports (one in progress finishes).
+    package func cancel() { timer.cancel() }
+}

@@ -60,9 +60,7 @@ package final class FileDescriptor: Sendable {
 
     /// A non-blocking UDP socket bound to `address`, with `buffer` bytes of send and receive buffer.
     package static func udpSocket(_ address: SocketAddress, buffer: Int32 = 1 << 20) throws(SyscallError) -> FileDescriptor {
-        let s = try socket(address.family, SOCK_DGRAM, "UDP")
-        try? Sys.setOption(s.fd, SOL_SOCKET, SO_RCVBUF, buffer)
-        try? Sys.setOption(s.fd, SOL_SOCKET, SO_SNDBUF, buffer)
+        let s = try udp(address.family, buffer: buffer)
         _ = try address.withSockaddr { (p, l) throws(SyscallError) in
             try Sys.call("bind(UDP \(address))") { bind(s.fd, p, l) }
         }
@@ -71,12 +69,19 @@ package final class FileDescriptor: Sendable {
 
     /// A non-blocking UDP socket connected to `target` (from an ephemeral port).
     package static func udpConnected(to target: SocketAddress, buffer: Int32 = 1 << 20) throws(SyscallError) -> FileDescriptor {
-        let s = try socket(target.family, SOCK_DGRAM, "UDP")
-        try? Sys.setOption(s.fd, SOL_SOCKET, SO_RCVBUF, buffer)
-        try? Sys.setOption(s.fd, SOL_SOCKET, SO_SNDBUF, buffer)
+        let s = try udp(target.family, buffer: buffer)
         _ = try target.withSockaddr { (p, l) throws(SyscallError) in
             try Sys.call("connect(UDP \(target))") { connect(s.fd, p, l) }
         }
+        return s
+    }
+
+    /// A non-blocking UDP socket of `family` with `buffer` bytes of send and receive buffer (best effort: the
+    /// kernel caps it at `net.core.[rw]mem_max`).
+    private static func udp(_ family: SocketAddress.Family, buffer: Int32) throws(SyscallError) -> FileDescriptor {
+        let s = try socket(family, SOCK_DGRAM, "UDP")
+        try? Sys.setOption(s.fd, SOL_SOCKET, SO_RCVBUF, buffer)
+        try? Sys.setOption(s.fd, SOL_SOCKET, SO_SNDBUF, buffer)
         return s
     }
 

@@ -136,17 +136,12 @@ ServiceManager.ready(status: StatusReport.phase(player.statistics.phase))
 if let loop = try? EventLoop.shared() { ServiceManager.feedWatchdog(from: loop) }
 
 let trap = SignalTrap(queue: .global()) { _ in done.signal() }
-let reporter = DispatchQueue(label: "mesh-play.status")
-let hold = PeakHold()
-let ticker = DispatchSource.makeTimerSource(queue: reporter)
-ticker.schedule(deadline: .now() + 1, repeating: 1)
-ticker.setEventHandler {
+let ticker = StatusTicker(label: "mesh-play.status") { hold in
     let s = player.statistics
     terminal.status(StatusReport.line(player: s, hold: hold.update(s.playout.peakLevel)))
     if ServiceManager.isManaged { ServiceManager.status(StatusReport.phase(s.phase)) }
     if options.json { terminal.stdout(StatusReport.json(player: s).description) }
 }
-ticker.resume()
 if let d = options.duration {
     _ = done.wait(timeout: .now() + d)
 } else {

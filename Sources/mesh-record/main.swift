@@ -210,16 +210,11 @@ if let loop = try? EventLoop.shared() { ServiceManager.feedWatchdog(from: loop) 
 
 let done = DispatchSemaphore(value: 0)
 let trap = SignalTrap(queue: .global()) { _ in done.signal() }
-let reporter = DispatchQueue(label: "mesh-record.status")
-let hold = PeakHold()
-let ticker = DispatchSource.makeTimerSource(queue: reporter)
-ticker.schedule(deadline: .now() + 1, repeating: 1)
-ticker.setEventHandler {
+let ticker = StatusTicker(label: "mesh-record.status") { hold in
     let s = host.statistics
     terminal.status(StatusReport.line(host: s, format: source.format, hold: hold.update(s.peakLevel)))
     if options.json { terminal.stdout(StatusReport.json(host: s, name: device.identity.displayName, port: host.port, format: source.format).description) }
 }
-ticker.resume()
 done.wait()
 ticker.cancel()
 terminal.finish()

@@ -256,20 +256,10 @@ struct AvahiDiscoveryTests {
 
     @Test(.enabled(if: probe != nil, "needs peermesh-probe built (swift build)"))
     func noSystemBusGivesTheDaemonMissingLine() throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: Self.probe!)
-        process.arguments = ["join", "--service", "pmt-nobus", "--name", "x", "--timeout", "2"]
-        var env = ProcessInfo.processInfo.environment
-        env["DBUS_SYSTEM_BUS_ADDRESS"] = "unix:path=/nonexistent/peermesh-test-bus"
-        process.environment = env
-        let err = Pipe()
-        process.standardError = err
-        process.standardOutput = FileHandle.nullDevice
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
-        let text = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        #expect(process.terminationStatus == 1)
+        let (status, text) = try AvahiRig.run(
+            Self.probe!, ["join", "--service", "pmt-nobus", "--name", "x", "--timeout", "2"],
+            environment: ["DBUS_SYSTEM_BUS_ADDRESS": "unix:path=/nonexistent/peermesh-test-bus"], standardError: true)
+        #expect(status == 1)
         // Off a terminal each line starts with its ISO-8601 time; the rest is exactly the one message.
         let line = text.split(separator: " ", maxSplits: 1).last.map(String.init) ?? ""
         #expect(text.hasPrefix("20") && text.filter { $0 == "\n" }.count == 1, "\(text)")

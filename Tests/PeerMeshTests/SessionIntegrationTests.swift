@@ -25,21 +25,15 @@ struct SessionIntegrationTests {
     @Test("Three peers: two guests join one host and everyone hears everyone's data")
     func threePeers() throws {
         let pair = try Pair()
-        let third = try PeerID(displayName: "guest") // same name, different identity
-        let s3 = try Session(peer: third)
-        let log3 = MeshEventLog()
-        s3.delegate = log3
-        let b3 = try NearbyServiceBrowser(peer: third, serviceType: "pm-test", discovery: pair.discovery)
-        b3.delegate = log3
-        try b3.startBrowsingForPeers()
-        #expect(log3.wait(5) { $0.found.contains(pair.hostPeer) })
-        try b3.invitePeer(pair.hostPeer, to: s3, withContext: nil, timeout: .seconds(5))
+        let joiner = try pair.join(as: "guest") // same name, different identity
+        let third = joiner.peer, log3 = joiner.log
         #expect(log3.wait(5) { s in s.states.contains { $0.0 == pair.hostPeer && $0.1 == .connected } })
         #expect(eventually { Set(pair.host.connectedPeers) == [pair.guestPeer, third] })
         try pair.host.send(Data("to both".utf8), toPeers: [pair.guestPeer, third], with: .reliable)
         #expect(pair.guestLog.wait(5) { $0.reliable.count == 1 })
         #expect(log3.wait(5) { $0.reliable.count == 1 })
         #expect(log3.snapshot.reliable.first?.1 == Data("to both".utf8))
+        withExtendedLifetime(joiner) {}
     }
 
     @Test("Reliable messages arrive exactly once and in order, both ways")
@@ -178,18 +172,12 @@ struct SessionIntegrationTests {
     @Test("Beyond the peer limit an invitation is declined with a reason")
     func peerLimit() throws {
         let pair = try Pair(hostConfig: .init(maximumPeers: 2))
-        let third = try PeerID(displayName: "third")
-        let s3 = try Session(peer: third)
-        let log3 = MeshEventLog()
-        s3.delegate = log3
-        let b3 = try NearbyServiceBrowser(peer: third, serviceType: "pm-test", discovery: pair.discovery)
-        b3.delegate = log3
-        try b3.startBrowsingForPeers()
-        #expect(log3.wait(5) { $0.found.contains(pair.hostPeer) })
-        try b3.invitePeer(pair.hostPeer, to: s3, withContext: nil, timeout: .seconds(5))
+        let joiner = try pair.join(as: "third")
+        let log3 = joiner.log
         #expect(log3.wait(5) { !$0.failures.isEmpty })
         #expect(log3.snapshot.failures.first?.1 == .peerLimit)
         #expect(pair.host.connectedPeers == [pair.guestPeer])
+        withExtendedLifetime(joiner) {}
     }
 
     @Test("Peers that invite each other at the same time end with one connection")

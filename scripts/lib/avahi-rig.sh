@@ -31,12 +31,14 @@ avahi_rig__daemon_running() {
     2>/dev/null | grep -q 'int32 2'
 }
 
-# avahi_rig__write_conf FILE IFACE — an avahi-daemon config pinned to one interface, IPv4 only, nothing published
-# beyond what clients ask for.
+# avahi_rig__write_conf FILE IFACE [HOSTNAME] — an avahi-daemon config pinned to one interface, IPv4 only, nothing
+# published beyond what clients ask for. The two-host rig (netns-rig.sh) names each namespace's host with HOSTNAME.
 avahi_rig__write_conf() {
-  cat >"$1" <<EOF
-# Written by scripts/lib/avahi-rig.sh — mDNS stays on $2 only.
-[server]
+  {
+    echo "# Written by scripts/lib/avahi-rig.sh — mDNS stays on $2 only."
+    echo "[server]"
+    [[ -n ${3:-} ]] && echo "host-name=$3"
+    cat <<EOF
 allow-interfaces=$2
 use-ipv4=yes
 use-ipv6=no
@@ -56,6 +58,7 @@ publish-a-on-ipv6=no
 enable-reflector=no
 [rlimits]
 EOF
+  } >"$1"
 }
 
 # avahi_rig__conf_is_loopback_only PID — true when the running daemon PID is limited to `lo`: either its config

@@ -18,6 +18,10 @@
 NETNS_RIG_A_ADDR=198.18.0.1
 NETNS_RIG_B_ADDR=198.18.0.2
 
+# The avahi-daemon config writer is shared with the loopback rig.
+# shellcheck source=avahi-rig.sh
+source "$(dirname "${BASH_SOURCE[0]}")/avahi-rig.sh"
+
 netns_rig__log() { echo "netns-rig: $*" >&2; }
 
 # netns_rig__b36 N — N in base 36 (short, alphanumeric names).
@@ -31,31 +35,6 @@ netns_rig__b36() {
 netns_rig__in() {
   local dir=$1 host=$2; shift 2
   nsenter -t "$(cat "$dir/$host.holder")" -m -n -- "$@"
-}
-
-# netns_rig__write_conf FILE HOSTNAME IFACE — avahi-daemon config pinned to one interface.
-netns_rig__write_conf() {
-  cat >"$1" <<EOF
-# Written by scripts/lib/netns-rig.sh — mDNS stays on $3 (a veth inside a test namespace).
-[server]
-host-name=$2
-allow-interfaces=$3
-use-ipv4=yes
-use-ipv6=no
-disallow-other-stacks=yes
-ratelimit-interval-usec=1000000
-ratelimit-burst=1000
-[wide-area]
-enable-wide-area=no
-[publish]
-publish-hinfo=no
-publish-workstation=no
-publish-domain=no
-publish-aaaa-on-ipv4=no
-[reflector]
-enable-reflector=no
-[rlimits]
-EOF
 }
 
 # netns_rig__start_host DIR HOST NS IFACE ADDR — holder, dbus and avahi for one host.
@@ -81,7 +60,7 @@ netns_rig__start_host() {
     { netns_rig__log "host $host: dbus-daemon failed"; return 1; }
   echo "$pid" >"$dir/$host.dbus.pid"
 
-  netns_rig__write_conf "$dir/$host.avahi-daemon.conf" "pm-$lower" "$iface"
+  avahi_rig__write_conf "$dir/$host.avahi-daemon.conf" "$iface" "pm-$lower"
   # exec, so that $! is avahi-daemon itself (nsenter without a PID namespace execs, it does not fork).
   (exec nsenter -t "$(cat "$dir/$host.holder")" -m -n -- avahi-daemon --no-drop-root --no-chroot --no-rlimits \
     -f "$dir/$host.avahi-daemon.conf" </dev/null >"$dir/$host.avahi.log" 2>&1) &

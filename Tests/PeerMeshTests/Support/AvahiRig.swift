@@ -20,14 +20,19 @@ enum AvahiRig {
         "pmt-" + String((0..<8).map { _ in "abcdefghijklmnopqrstuvwxyz".randomElement()! })
     }
 
-    /// Runs a command to completion (bounded), returning its exit status and standard output.
-    static func run(_ executable: String, _ arguments: [String], timeout: Double = 20) throws -> (status: Int32, output: String) {
+    /// Runs a command to completion (bounded), returning its exit status and standard output (or, with
+    /// `standardError`, its standard error instead). `environment` is laid over this process's.
+    static func run(_ executable: String, _ arguments: [String], timeout: Double = 20,
+                    environment: [String: String] = [:], standardError: Bool = false) throws -> (status: Int32, output: String) {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = arguments
+        if !environment.isEmpty {
+            process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        }
         let out = Pipe()
-        process.standardOutput = out
-        process.standardError = FileHandle.nullDevice
+        process.standardOutput = standardError ? FileHandle.nullDevice : out
+        process.standardError = standardError ? out : FileHandle.nullDevice
         process.standardInput = FileHandle.nullDevice
         try process.run()
         let data = Mutex(Data())

@@ -106,4 +106,26 @@ struct Pair {
               hostLog.wait(5, { s in s.states.contains { $0.0 == guestPeer && $0.1 == .connected } })
         else { throw PeerMeshError.transport("pair did not connect") }
     }
+    /// Another peer, with its own session, log and browser, that finds the host and invites itself (the outcome,
+    /// connected or declined, shows in `log`).
+    struct Joiner {
+        let peer: PeerID
+        let session: Session
+        let log: MeshEventLog
+        let browser: NearbyServiceBrowser
+    }
+
+    /// A `Joiner` named `name` that has found the host and sent its invitation.
+    func join(as name: String) throws -> Joiner {
+        let peer = try PeerID(displayName: name)
+        let session = try Session(peer: peer)
+        let log = MeshEventLog()
+        session.delegate = log
+        let browser = try NearbyServiceBrowser(peer: peer, serviceType: "pm-test", discovery: discovery)
+        browser.delegate = log
+        try browser.startBrowsingForPeers()
+        guard log.wait(5, { $0.found.contains(hostPeer) }) else { throw PeerMeshError.transport("host not found") }
+        try browser.invitePeer(hostPeer, to: session, withContext: nil, timeout: .seconds(5))
+        return Joiner(peer: peer, session: session, log: log, browser: browser)
+    }
 }
