@@ -58,7 +58,7 @@ let package = Package(
         .executableTarget(name: "mesh-bench", dependencies: ["MeshCLI"]),
         // Every decoder of outside bytes, as a libFuzzer target (scripts/fuzz builds it with -sanitize=fuzzer and
         // -DFUZZING) or, in a plain build, a replayer of the corpus in fuzz/corpus.
-        .executableTarget(name: "peermesh-fuzz", dependencies: ["PeerMesh", "MeshPipeline", "MeshAudio"]),
+        .executableTarget(name: "peermesh-fuzz", dependencies: ["PeerMesh", "MeshPipeline", "MeshAudio", "MeshRelay"]),
 
         // Tests, and what they share (package-internal).
         .target(name: "MeshTestSupport", dependencies: ["MeshPOSIX", "MeshAudio"], path: "Tests/MeshTestSupport"),
@@ -68,7 +68,7 @@ let package = Package(
         .testTarget(name: "MeshRelayTests", dependencies: ["MeshRelay", "PeerMesh", "MeshAudio", "MeshPipeline", "MeshImpair",
                                                           "MeshCLI", "MeshTestSupport"]),
         .testTarget(name: "MeshImpairTests", dependencies: ["MeshImpair", "MeshTestSupport"]),
-        .testTarget(name: "MeshCLITests", dependencies: ["MeshCLI", "MeshAudio"]),
+        .testTarget(name: "MeshCLITests", dependencies: ["MeshCLI", "MeshAudio", "MeshRelay"]),
     ],
     swiftLanguageModes: [.v6]
 )

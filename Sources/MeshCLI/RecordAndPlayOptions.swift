@@ -108,6 +108,10 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
     package var pairTimeout: Double = 30
     package var quiet = false
     package var json = false
+    /// `--clips DIR`: keep a pre-roll and write clips there when players ask (`capture`).
+    package var clips: String?
+    package var clipPreroll: Double = 10
+    package var clipLength: Double = 10
 
     /// The host name, cut to a display name.
     package static var defaultName: String {
@@ -141,9 +145,14 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
       --max-per-address N most players from one address (default 4)
       --runtime-dir DIR   where the control socket lives (default $RUNTIME_DIRECTORY, $XDG_RUNTIME_DIR/peermesh,
                           or /run/peermesh for root)
+      --clips DIR         keep a pre-roll of the capture; a player's "capture" writes DIR/<name>-<time>.wav
+      --clip-preroll S    seconds kept before the press (default 10)
+      --clip-length S     longest part after the press (default 10)
       --quiet             no status line or event lines (errors are still printed)
       --json              one JSON status object per second on stdout
       --help, --version
+      stdin takes one command a line: mute, unmute, or m (toggle); with --accept ask, a question waiting for its
+      answer takes the line first.
       ctl                 talk to the host running here: status, pair (opens a window; prints the code and QR),
                           paired, forget NAME|FP (disconnects it), mute, unmute
     """
@@ -189,6 +198,9 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
                 o.accept = m
             case "--pair": o.pair = true
             case "--pair-timeout": o.pairTimeout = try cursor.number(for: a, in: 1...3_600)
+            case "--clips": o.clips = try cursor.value(for: a)
+            case "--clip-preroll": o.clipPreroll = try cursor.number(for: a, in: 0...600)
+            case "--clip-length": o.clipLength = try cursor.number(for: a, in: 0.1...3_600)
             case "--paired": sawPaired = true
             case "--forget": forget = try cursor.value(for: a)
             case "--runtime-dir": o.runtime = RuntimeDirectory(try cursor.value(for: a))
@@ -274,6 +286,10 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
     /// `--name`, if given; otherwise the saved identity's name (on first run, the host name).
     package var name: String?
     package var state = StateDirectory.default
+    /// The starting volume, dB (−60…+12).
+    package var volume: Double = 0
+    /// A short local beep confirms a saved clip.
+    package var beep = true
 
     package static let usage = """
     usage: mesh-play --find [--host NAME] [options]      find a paired host, join it and play
@@ -294,9 +310,14 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
       --sample-format F   sample format of a .wav output: s16 (default), s24 or f32
       --latency auto|low|MS  jitter buffer: adaptive (default), pinned to the minimum, or fixed ms
       --duration SECONDS  stop after this long
+      --volume DB         starting volume, -60…+12 dB (default 0)
+      --no-beep           no local beep when a clip is saved
       --quiet             no status line or event lines (errors are still printed)
       --json              one JSON status object per second on stdout
       --help, --version
+      Keys on a terminal: p = pause/resume, m = mute, + / - = volume by 3 dB, c = capture a clip.
+      Off a terminal, stdin takes one command a line: pause, resume, mute, unmute, volume DB,
+      capture [begin|end|cancel] [secondary], talk on|off.
     """
 
     package init() {}
@@ -358,6 +379,8 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
                 let name = try cursor.value(for: a)
                 do { try PeerID.validate(displayName: name) } catch { throw UsageError("--name: \(error)") }
                 o.name = name
+            case "--volume": o.volume = try cursor.number(for: a, in: OutputControls.volumeRange)
+            case "--no-beep": o.beep = false
             case "--quiet": o.quiet = true
             case "--json": o.json = true
             default: throw UsageError("unknown option \"\(a)\"")

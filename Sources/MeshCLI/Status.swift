@@ -47,6 +47,14 @@ package enum StatusReport {
         if s.pairing { parts.append("pairing open") }
         if !s.advertised { parts.append("not advertised") }
         if s.muted { parts.append("MUTED") }
+        let paused = s.players.filter(\.paused).count
+        if paused > 0 { parts.append("\(paused) paused") }
+        switch s.capture {
+        case .off, .armed: break
+        case .recording: parts.append("● REC clip")
+        case .saved(let n): parts.append("clip saved \(TerminalText.escape(n))")
+        case .failed(let r): parts.append("clip failed: \(TerminalText.escape(r))")
+        }
         parts += ["capture \(ms(format.milliseconds(frames: s.captureDelayFrames)))", "xruns \(s.captureXruns)",
                   meter(level: s.peakLevel, hold: hold)]
         return parts.joined(separator: " | ")
@@ -67,6 +75,7 @@ package enum StatusReport {
             j.add("name", p.peer.displayName)
             j.add("address", p.address)
             j.add("fingerprint", p.fingerprint)
+            j.add("paused", p.paused)
             return j
         })
         o.add("playerCount", s.players.count)
@@ -74,6 +83,9 @@ package enum StatusReport {
         o.add("framesCaptured", s.framesCaptured)
         o.add("captureDelayMs", format.milliseconds(frames: s.captureDelayFrames))
         o.add("xruns", s.captureXruns)
+        o.add("capture", s.capture.description)
+        o.add("controlCommands", s.controlCommands)
+        o.add("malformedControl", s.malformedControl)
         o.add("peakDbfs", dbfs(s.peakLevel))
         o.add("rmsDbfs", dbfs(s.rmsLevel))
         o.add("rate", format.sampleRate)
@@ -94,13 +106,18 @@ package enum StatusReport {
         }
     }
 
-    package static func line(player s: RelayPlayer.Statistics, hold: Float, extra: [String] = []) -> String {
+    /// The player's status line; `keys`, when given, are listed at its end (`keys: p pause · m mute …`).
+    package static func line(player s: RelayPlayer.Statistics, hold: Float, extra: [String] = [], keys: [String] = []) -> String {
         let p = s.playout
         var parts = ["▶ \(phase(s.phase))", "mouth-to-ear \(ms(s.mouthToEarMilliseconds))", "jitter \(ms(p.jitterMilliseconds))",
                      "loss \(JSONObject.number(p.lossPercent))%", "concealed \(ms(s.concealedMilliseconds))",
                      "drift \(JSONObject.number(p.driftPPM)) ppm", "xruns \(s.device.xruns)"]
+        if s.hostControl?.paused == true { parts.insert("PAUSED", at: 1) }
+        if s.hostControl?.muted == true { parts.append("host muted") }
+        parts.append(s.muted ? "MUTED" : "vol \(JSONObject.number(s.volumeDB)) dB")
         parts += extra
         parts.append(meter(level: p.peakLevel, hold: hold))
+        if !keys.isEmpty { parts.append("keys: " + keys.joined(separator: " · ")) }
         return parts.joined(separator: " | ")
     }
 
@@ -143,6 +160,14 @@ package enum StatusReport {
         o.add("datagrams", s.datagrams)
         o.add("strangerDatagrams", s.strangerDatagrams)
         o.add("unauthenticDatagrams", s.unauthenticDatagrams)
+        o.add("paused", s.hostControl?.paused ?? false)
+        o.add("pausedMs", s.pausedMilliseconds)
+        o.add("volumeDb", s.volumeDB)
+        o.add("muted", s.muted)
+        o.add("hostMuted", s.hostControl?.muted ?? false)
+        o.add("capture", s.hostControl?.capture.description)
+        o.add("hostControl", s.hostControl != nil)
+        o.add("malformedControl", s.malformedControl)
         o.add("peakDbfs", dbfs(p.peakLevel))
         o.add("rate", s.format.sampleRate)
         o.add("channels", s.format.channels)

@@ -3,9 +3,9 @@ import Synchronization
 
 /// The send direction of the relay, assembled in one place. Read it top to bottom:
 ///
-///     source ─▶ Packetizer ─▶ send
-///     its own    the pm-send thread: one read, one packetize, one send per packet
-///     thread
+///     source ─▶ (mute) ─▶ tap ─▶ Packetizer ─▶ send
+///     its own    the pm-send thread: one read, one packetize, one send per packet; the tap (clips' pre-roll)
+///     thread     takes a copy without waiting
 ///
 /// The source (a `Recorder`, a `ToneSource`, a `WAVFileSource`) and the network are inputs: once per captured chunk
 /// `audience` says who listens now (nil: nobody — the chunk is then not packetized, so sequence numbers count the
@@ -31,14 +31,16 @@ public final class CapturePipeline<Audience>: Sendable {
     private let lifecycle: StageLifecycle
 
     /// Assembles the chain from `source` to the network (not started yet). Throws when the source's format cannot be
-    /// packetized.
+    /// packetized. `tap`, when given, sees every captured chunk (after the mute) on the send thread, before it is
+    /// packetized — the clip recorder's pre-roll; it must not block.
     public init(source: any AudioSource, audience: @escaping @Sendable () -> Audience?,
-                send: @escaping @Sendable (UnsafeRawBufferPointer, Audience) -> Bool) throws {
+                send: @escaping @Sendable (UnsafeRawBufferPointer, Audience) -> Bool,
+                tap: (@Sendable (UnsafeBufferPointer<Float>) -> Void)? = nil) throws {
         self.source = source
         let lifecycle = StageLifecycle(stage: "CapturePipeline", threadName: "pm-send", scheduling: .normal)
         self.lifecycle = lifecycle
         loop = SendLoop(source: source, packetizer: try Packetizer(format: source.format), audience: audience,
-                        send: send, lifecycle: lifecycle)
+                        send: send, tap: tap, lifecycle: lifecycle)
     }
 
     deinit {
@@ -74,6 +76,7 @@ final class SendLoop<Audience>: @unchecked Sendable {  // The packetizer and buf
     private var packetizer: Packetizer
     private let audience: @Sendable () -> Audience?
     private let send: @Sendable (UnsafeRawBufferPointer, Audience) -> Bool
+    private let tap: (@Sendable (UnsafeBufferPointer<Float>) -> Void)?
     private let lifecycle: StageLifecycle
     private let samples: UnsafeMutableBufferPointer<Float>
     private let scratch: UnsafeMutableRawBufferPointer
@@ -85,8 +88,10 @@ final class SendLoop<Audience>: @unchecked Sendable {  // The packetizer and buf
     let muted = Atomic<Bool>(false)
 
     init(source: any AudioSource, packetizer: Packetizer, audience: @escaping @Sendable () -> Audience?,
-         send: @escaping @Sendable (UnsafeRawBufferPointer, Audience) -> Bool, lifecycle: StageLifecycle) {
+         send: @escaping @Sendable (UnsafeRawBufferPointer, Audience) -> Bool,
+         tap: (@Sendable (UnsafeBufferPointer<Float>) -> Void)?, lifecycle: StageLifecycle) {
         self.source = source
+        self.tap = tap
         self.packetizer = packetizer
         self.audience = audience
         self.send = send
@@ -125,6 +130,7 @@ final class SendLoop<Audience>: @unchecked Sendable {  // The packetizer and buf
             if muted.load(ordering: .relaxed) {
                 for i in 0..<n { samples[i] = 0 }
             }
+            tap?(UnsafeBufferPointer(rebasing: samples[0..<n]))
             packetizer.hostLatencyFrames = UInt32(clamping: max(0, source.stats.delayFrames))
             var sent: UInt64 = 0
             if let listeners = audience() {

@@ -2,11 +2,13 @@ import MeshAudio
 
 /// The receive direction of the relay, assembled in one place. Read it top to bottom:
 ///
-///     datagram ─▶ PacketIngress ─▶ PacketRing ─▶ JitterBuffer ─▶ Concealer ─▶ DriftResampler ─▶ sink
+///     datagram ─▶ PacketIngress ─▶ PacketRing ─▶ JitterBuffer ─▶ Concealer ─▶ DriftResampler ─▶ OutputStage ─▶ sink
 ///                 network thread:  SPSC hand-    render thread, pulled by the sink once per period
 ///                 one decode, one  over               ▲ latency          ▲ ratio
-///                 format check                        └──── DriftController ┘
+///                 format check                        └──── DriftController ┘    gain ramp, beep
 ///
+/// `OutputControls` (set by the listener, any thread) hold playback — silence, nothing queued, a fresh start at the
+/// live edge when released — and set the volume, mute and beep the `OutputStage` applies.
 /// The network thread hands each datagram to `receive`; the sink's real-time thread pulls `renderer`, which walks
 /// the chain block by block (`PlayoutRenderer.render`). The sink is an input — an ALSA `Player`, a `WAVFileSink`, a
 /// test's virtual-time sink — so the pipeline depends on no device and not on PeerMesh.
@@ -37,18 +39,24 @@ public final class PlayoutPipeline: Sendable {
     public let renderer: PlayoutRenderer
     private let ingress: PacketIngress
 
-    /// Assembles the chain for `format`, ending in `sink` (not started yet). Throws when the format is unsupported
-    /// or libspeexdsp fails.
-    public init(format: AudioFormat, configuration: Configuration = Configuration(), sink: any AudioSink) throws {
+    /// The listener's controls (hold, volume, mute, beep), shared with the pipelines that replace this one.
+    public let controls: OutputControls
+
+    /// Assembles the chain for `format`, ending in `sink` (not started yet), under `controls`. Throws when the
+    /// format is unsupported or libspeexdsp fails.
+    public init(format: AudioFormat, configuration: Configuration = Configuration(), sink: any AudioSink,
+                controls: OutputControls = OutputControls()) throws {
         try format.validate()
         self.format = format
         self.configuration = configuration
         self.sink = sink
+        self.controls = controls
         let packets = PacketRing(capacity: configuration.ringCapacity)
         ingress = PacketIngress(format: format, ring: packets)
         renderer = try PlayoutRenderer(
             format: format,
             packets: packets,
+            controls: controls,
             upstream: ConcealedStream(jitterBuffer: JitterBuffer(format: format, configuration: configuration.jitter),
                                       concealer: Concealer(format: format)),
             drift: DriftController(sampleRate: format.sampleRate, configuration: configuration.drift),
@@ -95,10 +103,19 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
     /// The latest block's steering (its measured and jitter-free latency are published).
     private var latest: DriftSteering
     private let published = PublishedStats()
+    private let controls: OutputControls
+    private var output: OutputStage
+    /// Whether the latest pull was held (playback silent, the stream forgotten).
+    private var holding = false
+    /// The next packet starts a new stream for the drift controller (the first after a hold).
+    private var restartPending = false
+    private var heldFrames: UInt64 = 0
 
-    init(format: AudioFormat, packets: PacketRing, upstream: ConcealedStream, drift: DriftController,
-         resampler: DriftResampler) {
+    init(format: AudioFormat, packets: PacketRing, controls: OutputControls, upstream: ConcealedStream,
+         drift: DriftController, resampler: DriftResampler) {
         self.packets = packets
+        self.controls = controls
+        output = OutputStage(sampleRate: format.sampleRate, channels: format.channels)
         self.upstream = upstream
         self.drift = drift
         self.resampler = resampler
@@ -114,17 +131,43 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
     public func render(into buffer: UnsafeMutableBufferPointer<Float>, context: RenderContext) {
         let total = min(context.frames, buffer.count / channels)
         drift.noteRenderCall(nowNanos: context.nowNanos, deviceDelayFrames: context.deviceDelayFrames)
-        var done = 0
-        while done < total {
-            let n = min(maximumBlockFrames, total - done)
-            renderBlock(buffer.baseAddress! + done * channels, frames: n,
-                        nowNanos: context.nowNanos &+ UInt64(Double(done) * 1e9 / rate))
-            done += n
+        if controls.held {
+            hold(buffer.baseAddress!, frames: total)
+        } else {
+            if holding {
+                holding = false
+                restartPending = true
+            }
+            var done = 0
+            while done < total {
+                let n = min(maximumBlockFrames, total - done)
+                renderBlock(buffer.baseAddress! + done * channels, frames: n,
+                            nowNanos: context.nowNanos &+ UInt64(Double(done) * 1e9 / rate))
+                done += n
+            }
+            if total > 0 { resampler.noteLastOutput(buffer.baseAddress! + (total - 1) * channels) }
         }
         drift.noteRendered(frames: total)
-        if total > 0 { resampler.noteLastOutput(buffer.baseAddress! + (total - 1) * channels) }
+        let muted = controls.muted
+        output.process(buffer.baseAddress!, frames: total, target: muted ? 0 : controls.targetGain,
+                       beeps: controls.beepCount, muted: muted)
         meter.measure(UnsafeBufferPointer(rebasing: buffer[0..<(total * channels)]), frames: total)
         publish(deviceDelayFrames: context.deviceDelayFrames)
+    }
+
+    /// Held: silence out, and whatever arrives is dropped. On the first held pull the stream is forgotten (jitter
+    /// buffer, concealer and drift controller start over), so that when the hold ends the first packet primes the
+    /// buffer afresh at the live edge: no backlog and no burst, and the silence is neither loss nor concealment.
+    private func hold(_ out: UnsafeMutablePointer<Float>, frames: Int) {
+        if !holding {
+            holding = true
+            upstream.jitterBuffer.reset()
+            upstream.concealer.reset()
+            drift.reset()
+        }
+        while let _ = packets.pop({ _, _ in }) {}
+        out.update(repeating: 0, count: frames * channels)
+        heldFrames &+= UInt64(frames)
     }
 
     /// One block through the chain.
@@ -134,7 +177,8 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
             hostLatencyFrames = packet.header.hostLatencyFrames
             let stored = upstream.jitterBuffer.insert(packet, samples: samples)
             drift.notePacket(firstFrame: packet.header.firstFrameIndex, frames: packet.header.frameCount,
-                             arrivalNanos: packet.arrivalNanos, streamRestarted: stored == .resync)
+                             arrivalNanos: packet.arrivalNanos, streamRestarted: stored == .resync || restartPending)
+            restartPending = false
         }) {}
         // Feedback: the latency held here (jitter buffer + resampler queue) → drift controller → steering.
         let measured = upstream.jitterBuffer.latencyFrames(nowNanos: nowNanos) + Double(resampler.stagedFrames)
@@ -173,5 +217,7 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
         p.setFlag(resampler.isResampling)
         p.setCounts(c, concealed: upstream.concealer.concealedFrames, resamplerErrors: resampler.errors)
         p.peak.store(meter.peak.bitPattern, ordering: .relaxed)
+        p.held.store(holding, ordering: .relaxed)
+        p.heldFrames.store(heldFrames, ordering: .relaxed)
     }
 }

@@ -52,6 +52,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         /// The audio session's encryption. `.required` (the default) is the product; `.none` exists so that
         /// `scripts/bench` can measure what encryption costs. With `.none` no key is proven, so only `.all` admits.
         public var encryption: EncryptionPreference = .required
+        /// Clip capture (`--clips DIR`): where clips go and how long they are; nil keeps no clips.
+        public var clips: ClipRecorder.Configuration?
 
         public init(identity: PeerIdentity, trust: TrustStore?, serviceType: String = "mesh-audio", port: UInt16 = 0,
                     maximumPeers: Int = 33, accept: AcceptPolicy = .paired, discovery: (any DiscoveryBackend)? = nil) {
@@ -80,6 +82,11 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         public var advertised = false
         /// Whether the operator muted the microphone (players get silence).
         public var muted = false
+        /// The clip state players see (`off` without `--clips`).
+        public var capture: CaptureState = .off
+        /// Control commands received from players, and how many of them were malformed.
+        public var controlCommands: UInt64 = 0
+        public var malformedControl: UInt64 = 0
     }
 
     /// A connected player, as the host sees it.
@@ -87,6 +94,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         public var peer: PeerID
         public var address: String?
         public var fingerprint: String?
+        /// Whether the player paused its audio (the host sends it none meanwhile).
+        public var paused = false
     }
 
     public let peer: PeerID
@@ -105,6 +114,10 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     private let notices: @Sendable (String) -> Void
     private let state = Mutex(HostState())
     private let timers = DispatchQueue(label: "peermesh.relay-host.timers")
+    /// The control protocol's state machine; its actions are performed on `controlQueue`, in order.
+    private let control: Mutex<HostControl<PeerID>>
+    private let controlQueue = DispatchQueue(label: "peermesh.relay-host.control")
+    private let clips: ClipRecorder?
 
     private struct HostState {
         /// Players admitted because the trust store has their key: forgotten keys are disconnected.
@@ -126,16 +139,30 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         let maximumFailures: Int
     }
 
-    /// The connected players, shared with the send thread.
+    /// The connected players, shared with the send thread; a paused player is connected but not in the audience.
     private final class Players: Sendable {
-        private let peers = Mutex<[PeerID]>([])
-        /// The players now; nil when there are none.
-        var audience: [PeerID]? { peers.withLock { $0.isEmpty ? nil : $0 } }
-        var all: [PeerID] { peers.withLock { $0 } }
+        private struct List {
+            var connected: [PeerID] = []
+            var audience: [PeerID] = []
+            var paused: Set<PeerID> = []
+            mutating func recompute() { audience = connected.filter { !paused.contains($0) } }
+        }
+        private let list = Mutex(List())
+        /// The players audio goes to now; nil when there are none.
+        var audience: [PeerID]? { list.withLock { $0.audience.isEmpty ? nil : $0.audience } }
+        var all: [PeerID] { list.withLock { $0.connected } }
+        var paused: Set<PeerID> { list.withLock { $0.paused } }
         func update(_ peer: PeerID, connected: Bool) {
-            peers.withLock { p in
-                p.removeAll { $0 == peer }
-                if connected { p.append(peer) }
+            list.withLock { l in
+                l.connected.removeAll { $0 == peer }
+                if connected { l.connected.append(peer) } else { l.paused.remove(peer) }
+                l.recompute()
+            }
+        }
+        func setPaused(_ peer: PeerID, _ paused: Bool) {
+            list.withLock { l in
+                if paused { l.paused.insert(peer) } else { l.paused.remove(peer) }
+                l.recompute()
             }
         }
     }
@@ -186,24 +213,38 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                                                           maximumPeersPerHost: 2))
         let players = Players()
         self.players = players
+        control = Mutex(HostControl(clips: configuration.clips != nil))
+        // The clip recorder reports how a clip ended on its own thread; the control queue takes it from there.
+        let outcomes = Mutex<(@Sendable (ClipRecorder.Outcome) -> Void)?>(nil)
+        var clips: ClipRecorder?
+        if let c = configuration.clips {
+            clips = try ClipRecorder(configuration: c, format: source.format) { outcome in outcomes.withLock { $0 }?(outcome) }
+        }
+        self.clips = clips
+        var tap: (@Sendable (UnsafeBufferPointer<Float>) -> Void)?
+        if let recorder = clips { tap = { recorder.tap($0) } }
         capture = try CapturePipeline(source: source, audience: { [players] in players.audience }, send: { bytes, peers in
             (try? session.sendDatagram(bytes, toPeers: peers)) != nil
-        })
+        }, tap: tap)
         session.delegate = self
         pairingSession.delegate = self
         advertiser.delegate = self
+        outcomes.withLock { $0 = { [weak self] outcome in self?.clipEnded(outcome) } }
     }
 
     private static func makeAdvertiser(_ configuration: Configuration, source: any AudioSource, port: UInt16) throws -> NearbyServiceAdvertiser {
         try NearbyServiceAdvertiser(
             peer: configuration.identity.peerID,
-            discoveryInfo: info(source: source, extra: configuration.discoveryInfo, pairing: false),
+            discoveryInfo: info(configuration, source: source, pairing: false),
             serviceType: configuration.serviceType, discovery: configuration.discovery, port: port,
             bindHost: configuration.bindHost, encryptionPreference: configuration.encryption)
     }
 
-    private static func info(source: any AudioSource, extra: [String: String], pairing: Bool) -> [String: String] {
-        var info = extra
+    /// The TXT record: the audio format, the control features (`ctl=1`, `clip=1`), `pair=1` while pairing, and the
+    /// caller's extra entries.
+    private static func info(_ configuration: Configuration, source: any AudioSource, pairing: Bool) -> [String: String] {
+        var info = configuration.discoveryInfo
+        info.merge(HostControl<PeerID>(clips: configuration.clips != nil).offered.discoveryInfo) { $1 }
         info["rate"] = String(source.format.sampleRate)
         info["ch"] = String(source.format.channels)
         info["period"] = String(source.periodFrames)
@@ -221,11 +262,13 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             guard capture.isMuted != newValue else { return }
             capture.isMuted = newValue
             notices(newValue ? "microphone muted: players hear silence" : "microphone unmuted")
+            controlQueue.async { [self] in perform(control.withLock { $0.setMuted(newValue) }) }
         }
     }
 
     /// Starts capture and the send thread, then advertising, and watches the trust store for forgotten players.
     public func start() throws {
+        try clips?.start()
         try capture.start()
         running.store(true, ordering: .releasing)
         try advertiser.startAdvertisingPeer()
@@ -245,6 +288,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     public func stop() {
         guard running.exchange(false, ordering: .acquiringAndReleasing) else { return }
         capture.stop()
+        clips?.stop()
         advertiser.stopAdvertisingPeer()
         session.disconnect()
         pairingSession.disconnect()
@@ -254,7 +298,14 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     public var statistics: Statistics {
         var s = Statistics()
         let (addresses, pairing, advertised) = state.withLock { ($0.addresses, $0.pairing != nil, $0.advertised) }
-        s.players = players.all.map { PlayerInfo(peer: $0, address: addresses[$0], fingerprint: $0.publicKey?.shortFingerprint) }
+        let paused = players.paused
+        s.players = players.all.map {
+            PlayerInfo(peer: $0, address: addresses[$0], fingerprint: $0.publicKey?.shortFingerprint, paused: paused.contains($0))
+        }
+        let (clip, counters) = control.withLock { ($0.captureState, $0.counters) }
+        s.capture = clip
+        s.controlCommands = counters.commands
+        s.malformedControl = counters.malformed
         s.pairing = pairing
         s.advertised = advertised
         s.muted = capture.isMuted
@@ -282,7 +333,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             $0.pairing = PairingWindow(code: code, deadline: MonotonicClock.nowNanos() + timeout.nanoseconds,
                                        maximumFailures: maximumFailures)
         }
-        try advertiser.updateDiscoveryInfo(Self.info(source: source, extra: configuration.discoveryInfo, pairing: true))
+        try advertiser.updateDiscoveryInfo(Self.info(configuration, source: source, pairing: true))
         timers.asyncAfter(deadline: .now() + .nanoseconds(Int(timeout.nanoseconds))) { [weak self] in
             guard let self else { return }
             let expired = self.state.withLock { s -> Bool in
@@ -300,7 +351,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
 
     private func closePairing(why: String) {
         notices("pairing window closed (\(why))")
-        try? advertiser.updateDiscoveryInfo(Self.info(source: source, extra: configuration.discoveryInfo, pairing: false))
+        try? advertiser.updateDiscoveryInfo(Self.info(configuration, source: source, pairing: false))
         pairingSession.disconnect()
     }
 
@@ -362,6 +413,55 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         if let n = closedAfter { closePairing(why: "\(n) wrong codes") }
     }
 
+    // MARK: Control (controlQueue only)
+
+    /// Performs the control state machine's actions, in order (the lock is not held).
+    private func perform(_ actions: [HostControl<PeerID>.Action]) {
+        for action in actions {
+            switch action {
+            case .send(let peer, let message):
+                if case .reply(_, .error(let why)) = message {
+                    events("control: refused a command from \(peer.displayName): \(why)")
+                }
+                try? session.send(Data(message.encoded), toPeers: [peer], with: .reliable)
+            case .setPaused(let peer, let paused):
+                // A player that left is resumed only to be forgotten: say nothing.
+                guard players.all.contains(peer) else { players.setPaused(peer, false); continue }
+                players.setPaused(peer, paused)
+                events("player \(peer.displayName) \(paused ? "paused" : "resumed")")
+            case .openClip(let prerollOnly):
+                guard let clips else { preconditionFailure("HostControl opened a clip on a host without clips") }
+                do {
+                    let name = try clips.open(prerollOnly: prerollOnly)
+                    events("clip \(name): recording")
+                    perform(control.withLock { $0.clipOpened() })
+                } catch {
+                    events("clip failed: \(error)")
+                    perform(control.withLock { $0.clipOpenFailed("\(error)") })
+                }
+            case .finishClip:
+                clips?.finish()
+            case .discardClip:
+                clips?.discard()
+                events("clip discarded")
+            }
+        }
+    }
+
+    /// The clip recorder's word on how a clip ended (its own thread).
+    private func clipEnded(_ outcome: ClipRecorder.Outcome) {
+        controlQueue.async { [self] in
+            switch outcome {
+            case .saved(let name):
+                events("clip saved: \(name)")
+                perform(control.withLock { $0.clipSaved(name) })
+            case .failed(let why):
+                events("clip failed: \(why)")
+                perform(control.withLock { $0.clipFailed(why) })
+            }
+        }
+    }
+
     // MARK: Trust
 
     /// The trust store was changed (a player forgotten): players no longer in it are disconnected now, without
@@ -390,6 +490,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         players.update(peer, connected: state == .connected)
         switch state {
         case .connected:
+            controlQueue.async { [self] in perform(control.withLock { $0.joined(peer) }) }
             let address = self.state.withLock { $0.addresses[peer] }
             events("player \(peer.displayName) joined from \(address ?? "?") (\(peer.publicKey?.shortFingerprint ?? "no key"))")
             if let key = peer.publicKey { try? configuration.trust?.touch(key, name: peer.displayName) }
@@ -398,13 +499,17 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                 $0.admittedByTrust[peer] = nil
                 $0.addresses[peer] = nil
             }
+            controlQueue.async { [self] in perform(control.withLock { $0.left(peer) }) }
             events("player \(peer.displayName) left")
         case .connecting: break
         }
     }
 
     public func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {
-        guard session === pairingSession else { return }
+        guard session === pairingSession else {
+            let bytes = Array(data)
+            return controlQueue.async { [self] in perform(control.withLock { $0.received(bytes, from: peer) }) }
+        }
         pairingMessage(Array(data), from: peer)
     }
 

@@ -48,6 +48,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         /// The session's encryption: `.required` (the default); `.none` only for `scripts/bench`'s comparison (with no
         /// proven key, only `.any` hosts are joined).
         public var encryption: EncryptionPreference = .required
+        /// A short local beep confirms a clip the player asked for (`--no-beep` turns it off).
+        public var beep = true
 
         public init(target: JoinTarget, identity: PeerIdentity, hosts: HostPolicy, serviceType: String = "mesh-audio",
                     latency: JitterBuffer.Mode = .auto, discovery: (any DiscoveryBackend)? = nil) {
@@ -89,6 +91,15 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         public var sanitizedSamples: UInt64 = 0
         /// Datagrams that came with a link's token but did not authenticate.
         public var unauthenticDatagrams: UInt64 = 0
+        /// The host's control state for this player (nil until it sends one; hosts without control never do).
+        public var hostControl: HostControlState?
+        /// The listener's volume, dB, and local mute.
+        public var volumeDB: Double = 0
+        public var muted = false
+        /// Time played as silence because the host holds this player's audio (paused): not loss, not concealment.
+        public var pausedMilliseconds: Double = 0
+        /// Control messages from the host that were not valid answers.
+        public var malformedControl: UInt64 = 0
     }
 
     /// Concealment and waiting time, attributed on the control queue every tick.
@@ -143,6 +154,14 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     private let audioInPipeline = Atomic<Bool>(false)
     /// Rebuilds for a new host format allowed so far (control queue).
     private let formatChanges = Mutex(FormatChangeLimiter())
+    /// The listener's controls over playback (hold, volume, mute, beep), kept across pipelines.
+    public let controls = OutputControls()
+    /// The control protocol's player side; its actions are performed on `control`.
+    private let remote = Mutex(PlayerControl())
+    /// TXT records of the hosts the browser saw (their control features).
+    private let discoveryInfo = Mutex<[PeerID: [String: String]]>([:])
+    /// Whether the clip being recorded is one this player asked for (it beeps when it is saved).
+    private let ownsClip = Atomic<Bool>(false)
 
     /// - Parameters:
     ///   - log: one human-readable line per event.
@@ -207,6 +226,10 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         s.concealedMilliseconds = Double(s.concealedFrames) * 1000 / Double(s.format.sampleRate)
         s.waitingMilliseconds = Double(a.waitingFrames) * 1000 / Double(s.format.sampleRate)
         s.sanitizedSamples = s.playout.sanitizedSamples
+        (s.hostControl, s.malformedControl) = remote.withLock { ($0.host, $0.malformed) }
+        s.volumeDB = controls.volumeDB
+        s.muted = controls.muted
+        s.pausedMilliseconds = Double(s.playout.heldFrames) * 1000 / Double(s.format.sampleRate)
         let st = session.statistics
         s.unauthenticDatagrams = st.unauthenticDatagrams
         s.datagrams = st.datagramsReceived
@@ -236,9 +259,63 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         }
         audioInPipeline.store(false, ordering: .releasing)
         let pipeline = try PlayoutPipeline(format: format, configuration: .init(mode: configuration.latency),
-                                           sink: try makeSink(format, request))
+                                           sink: try makeSink(format, request), controls: controls)
         try pipeline.start()
         playout.replace(with: pipeline)?.stop()
+    }
+
+    // MARK: Remote control
+
+    /// Asks the host for `command` (pause, resume, capture, talk). The outcome is one event line: the host's answer,
+    /// or why it was not sent (the host does not offer it, or no host is joined).
+    public func send(_ command: PlayerCommand) {
+        control.async { [self] in
+            let host = self.host.withLock { $0 }
+            let action: PlayerControl.Action
+            if host == nil {
+                action = .refused(command, "not joined to a host")
+            } else {
+                action = remote.withLock { $0.request(command) }
+            }
+            performControl([action], host: host)
+        }
+    }
+
+    /// The control queue: what the control state machine decided.
+    private func performControl(_ actions: [PlayerControl.Action], host: PeerID?) {
+        for action in actions {
+            switch action {
+            case .send(let bytes):
+                guard let host else { continue }
+                do { try session.send(Data(bytes), toPeers: [host], with: .reliable) } catch {
+                    log("control: cannot send: \(error)")
+                }
+            case .refused(let command, let why):
+                log("\(command): not sent: \(why)")
+            case .answered(let command, let reply):
+                if case .capture = command, reply == .recording { ownsClip.store(true, ordering: .relaxed) }
+                log("\(command): \(reply)")
+            case .stateChanged(let state, let previous):
+                controls.held = state.paused
+                if previous?.paused != state.paused, previous != nil || state.paused {
+                    log(state.paused ? "paused (the host holds this player's audio)" : "playing")
+                }
+                if previous?.muted != state.muted, previous != nil || state.muted {
+                    log(state.muted ? "the host muted its microphone" : "the host unmuted its microphone")
+                }
+                if previous?.capture != state.capture, previous != nil {
+                    switch state.capture {
+                    case .saved, .failed:
+                        log("clip \(state.capture)")
+                        if ownsClip.exchange(false, ordering: .relaxed), configuration.beep { controls.beep() }
+                    case .recording, .armed, .off:
+                        break
+                    }
+                }
+            case .malformed(let why):
+                log("control: ignored a message from the host: \(why)")
+            }
+        }
     }
 
     // MARK: Join driver
@@ -326,7 +403,32 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
             try? store.touch(key, name: peer.displayName)
         }
         let actions = join.withLock { $0.sessionState(peer, state, now: monotonicNow()) }
-        control.async { self.perform(actions) }
+        let info = discoveryInfo.withLock { $0[peer] }
+        control.async {
+            switch state {
+            case .connected:
+                self.remote.withLock { r in
+                    r.joined()
+                    r.discovered(info)
+                }
+            case .notConnected:
+                let left = self.remote.withLock { $0.left() }
+                self.controls.held = false
+                self.ownsClip.store(false, ordering: .relaxed)
+                self.performControl(left, host: nil)
+            case .connecting:
+                break
+            }
+            self.perform(actions)
+        }
+    }
+
+    public func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {
+        let bytes = Array(data)
+        control.async {
+            guard self.host.withLock({ $0 }) == peer else { return }
+            self.performControl(self.remote.withLock { $0.received(bytes) }, host: peer)
+        }
     }
 
     /// The datagram path (the session's I/O thread): no lock, no allocation.
@@ -373,6 +475,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
 
     public func browser(_ browser: NearbyServiceBrowser, foundPeer peer: PeerID, withDiscoveryInfo info: [String: String]?) {
         let trusted = trusts(peer.publicKey)
+        discoveryInfo.withLock { $0[peer] = info }
         let firstSighting = seen.withLock { $0.updateValue(SeenHost(peer: peer, trusted: trusted), forKey: peer) == nil }
         // While searching, say once what else is out there: a wrong --host or a missing pairing is seen at once.
         if firstSighting, case .discover(let wanted) = configuration.target {
@@ -389,6 +492,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
 
     public func browser(_ browser: NearbyServiceBrowser, lostPeer peer: PeerID) {
         seen.withLock { _ = $0.removeValue(forKey: peer) }
+        discoveryInfo.withLock { _ = $0.removeValue(forKey: peer) }
         let actions = join.withLock { $0.lost(peer) }
         control.async { self.perform(actions) }
     }

@@ -120,15 +120,52 @@ do {
                                            serviceType: options.service, latency: options.latency)
     if case .discover = target { config.discovery = try AvahiDiscovery(log: { terminal.log(TerminalText.escape($0)) }) }
     config.maximumConnectAttempts = 5
+    config.beep = options.beep
     player = try RelayPlayer(configuration: config, makeSink: makeSink, log: { terminal.log(TerminalText.escape($0)) },
                              onGiveUp: { why in
                                  gaveUp.withLock { $0 = why }
                                  done.signal()
                              })
+    player.controls.volumeDB = options.volume
     try player.start()
 } catch {
     terminal.fail("\(error)")
 }
+
+// The listener's controls: keys on a terminal, one command a line otherwise. Results are event lines.
+let talking = Mutex(false)
+@Sendable func apply(_ command: ListenerCommand) {
+    let controls = player.controls
+    switch command {
+    case .remote(let c):
+        if case .talk(let on) = c { talking.withLock { $0 = on } }
+        player.send(c)
+    case .mute(let on):
+        controls.muted = on
+        terminal.log(on ? "muted" : "unmuted")
+    case .toggleMute:
+        apply(.mute(!controls.muted))
+    case .volume(let db):
+        controls.volumeDB = db
+        terminal.log("volume \(JSONObject.number(controls.volumeDB)) dB")
+    case .volumeStep(let step):
+        apply(.volume(min(max(controls.volumeDB + step, OutputControls.volumeRange.lowerBound), OutputControls.volumeRange.upperBound)))
+    case .togglePause:
+        player.send(player.statistics.hostControl?.paused == true ? .resume : .pause)
+    case .toggleTalk:
+        apply(.remote(.talk(!talking.withLock { $0 })))
+    }
+}
+let input = StandardInputReader(key: { byte in
+    if let c = ListenerCommand.key(byte) { apply(c) }
+}, line: { line in
+    switch ListenerCommand.parse(line) {
+    case .success(let c)?: apply(c)
+    case .failure(let why)?: terminal.error(why.description)
+    case nil: break
+    }
+})
+let keys = input.isTerminal ? ["p pause", "m mute", "+/- vol", "c clip"] : []
 
 // Under systemd (mesh-play@HOST.service): ready once playing or searching, the phase as its status line, and a
 // watchdog fed from the I/O loop.
@@ -138,7 +175,7 @@ if let loop = try? EventLoop.shared() { ServiceManager.feedWatchdog(from: loop) 
 let trap = SignalTrap(queue: .global()) { _ in done.signal() }
 let ticker = StatusTicker(label: "mesh-play.status") { hold in
     let s = player.statistics
-    terminal.status(StatusReport.line(player: s, hold: hold.update(s.playout.peakLevel)))
+    terminal.status(StatusReport.line(player: s, hold: hold.update(s.playout.peakLevel), keys: keys))
     if ServiceManager.isManaged { ServiceManager.status(StatusReport.phase(s.phase)) }
     if options.json { terminal.stdout(StatusReport.json(player: s).description) }
 }
@@ -148,6 +185,7 @@ if let d = options.duration {
     done.wait()
 }
 ticker.cancel()
+input.restore()
 terminal.finish()
 let final = player.statistics
 player.stop()

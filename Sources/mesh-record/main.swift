@@ -60,7 +60,18 @@ if let recorder = source as? Recorder, recorder.usesPlugConversion {
 }
 
 // Who may listen. Remote names in event lines are escaped before they reach the terminal.
-let input = StandardInput()
+// stdin: answers to --accept ask's questions first; other lines are commands (mute, unmute, m to toggle).
+let running = Mutex<RelayHost?>(nil)
+let input = StandardInput(commands: { line in
+    let word = line.split(separator: " ").first.map { $0.lowercased() }
+    guard let word, let host = running.withLock({ $0 }) else { return }
+    switch word {
+    case "mute": host.isMuted = true
+    case "unmute": host.isMuted = false
+    case "m": host.isMuted.toggle()
+    default: terminal.error("unknown command \"\(TerminalText.escape(word))\" (commands: mute, unmute, m)")
+    }
+})
 let accept: RelayHost.AcceptPolicy
 switch options.accept {
 case .paired: accept = .paired
@@ -87,6 +98,10 @@ var config = RelayHost.Configuration(identity: device.identity, trust: device.tr
 config.discoveryReachesNetwork = dnssd
 config.bindHost = options.bind
 config.maximumPlayersPerAddress = options.maxPerAddress
+if let dir = options.clips {
+    config.clips = ClipRecorder.Configuration(directory: dir, name: device.identity.displayName,
+                                              prerollSeconds: options.clipPreroll, maximumSeconds: options.clipLength)
+}
 let host: RelayHost
 // Under systemd (Type=notify): ready once serving and, when avahi-daemon runs, advertised — or as soon as it is
 // known that the advertisement must wait (no daemon yet) or failed.
@@ -117,6 +132,7 @@ do {
                          notice: { terminal.error(TerminalText.escape($0)) },
                          advertised: { live in readinessChanged(live: live) })
     try host.start()
+    running.withLock { $0 = host }
 } catch {
     terminal.fail("\(error)")
 }

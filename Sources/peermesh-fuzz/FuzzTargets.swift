@@ -7,6 +7,7 @@
 import Foundation
 import MeshAudio
 import MeshPipeline
+import MeshRelay
 import PeerMesh
 
 /// The fuzz targets: what each feeds, and to which decoder.
@@ -25,6 +26,8 @@ enum FuzzTarget: String, CaseIterable {
     case audio
     /// Sound-file headers and bodies through libsndfile (`SoundFiles.read`).
     case wav
+    /// Remote-control messages (`ControlMessage.decode`) through both sides' state machines.
+    case control
 
     func run(_ input: [UInt8]) {
         switch self {
@@ -35,7 +38,28 @@ enum FuzzTarget: String, CaseIterable {
         case .pairing: FuzzEntryPoints.pairing(input)
         case .audio: Self.audio(input)
         case .wav: Self.wav(input)
+        case .control: Self.control(input)
         }
+    }
+
+    /// A control message from a peer: what decodes re-encodes to the same bytes; the host answers every message
+    /// exactly once, and neither side's state machine traps, whatever the bytes.
+    static func control(_ input: [UInt8]) {
+        if let message = try? ControlMessage.decode(input) {
+            precondition(message.encoded == input, "a decoded control message does not re-encode to its bytes")
+        }
+        var host = HostControl<Int>(clips: true)
+        _ = host.joined(1)
+        let actions = host.received(input, from: 1)
+        let replies = actions.filter { if case .send(1, .reply) = $0 { true } else { false } }.count
+        let opens = actions.filter { if case .openClip = $0 { true } else { false } }.count
+        precondition(replies + opens == 1, "a control message got \(replies) replies")
+        if opens == 1 { _ = host.clipOpened() }
+        var player = PlayerControl()
+        player.joined()
+        _ = player.received(HostControlState(features: [.control, .clips]).encodedState)
+        _ = player.request(.pause)
+        _ = player.received(input)
     }
 
     /// The player's ingress: a packet of any format is decoded; one in the ingress's format goes into the ring, and
@@ -132,6 +156,13 @@ func seed(into directory: String) -> Never {
         let h = AudioPacketHeader(sequence: UInt32(i), firstFrameIndex: UInt64(i * frames), frameCount: frames, format: f)
         return try? AudioPacket.encode(h, samples: samples)
     }
+    // Control messages of every kind.
+    seeds["control"] = [
+        ControlMessage.command(id: 1, .pause), .command(id: 2, .resume), .command(id: 3, .capture(.begin, .primary)),
+        .command(id: 4, .capture(.single, .secondary)), .command(id: 5, .talk(true)), .reply(id: 1, .ok),
+        .reply(id: 3, .failed("cannot write kitchen-20261202-101500.wav: permission denied")),
+        .state(HostControlState(paused: true, muted: true, features: [.control, .clips], capture: .saved("kitchen-20261202-101500.wav"))),
+    ].map(\.encoded)
     // Sound files in the encodings libsndfile writes for us.
     seeds["wav"] = SoundFileEncoding.allCases.compactMap { encoding in
         let path = "/dev/shm/peermesh-seed-\(getpid()).wav"

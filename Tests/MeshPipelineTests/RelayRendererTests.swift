@@ -19,6 +19,8 @@ struct RelayRendererSim {
     var renderLateness: ((Int) -> UInt64)?
     /// Frames of render call j (default: `block`).
     var blockSize: ((Int) -> Int)?
+    /// Called before render call j (to change the pipeline's controls mid-run).
+    var beforeRender: ((Int) -> Void)?
 
     init(mode: JitterBuffer.Mode) throws {
         pipeline = try PlayoutPipeline(format: .default, configuration: .init(mode: mode), sink: VirtualTimeSink())
@@ -49,6 +51,7 @@ struct RelayRendererSim {
                 _ = queue[qi].1.withUnsafeBytes { pipeline.receive($0, arrivalNanos: queue[qi].0) }
                 qi += 1
             }
+            beforeRender?(j)
             buf.withUnsafeMutableBufferPointer {
                 pipeline.renderer.render(into: UnsafeMutableBufferPointer(rebasing: $0[0..<frames]),
                                 context: RenderContext(frames: frames, deviceDelayFrames: 256, nowNanos: now))

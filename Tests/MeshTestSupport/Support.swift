@@ -225,3 +225,37 @@ package final class LoopbackCapture: Sendable {
         package var description: String { text }
     }
 }
+
+/// A directory made read-only for everyone, root included: a read-only tmpfs mounted on it (as root, which
+/// `scripts/test` is), else its permission bits.
+package struct ReadOnlyDirectory {
+    package let path: String
+    let mounted: Bool
+
+    package init(_ path: String) throws {
+        self.path = path
+        if geteuid() == 0 {
+            let p = Process()
+            p.executableURL = URL(fileURLWithPath: "/bin/mount")
+            p.arguments = ["-t", "tmpfs", "-o", "ro,size=64k", "pm-readonly", path]
+            try p.run()
+            p.waitUntilExit()
+            mounted = p.terminationStatus == 0
+        } else {
+            mounted = false
+        }
+        if !mounted { chmod(path, 0o555) }
+    }
+
+    package func undo() {
+        if mounted {
+            let p = Process()
+            p.executableURL = URL(fileURLWithPath: "/bin/umount")
+            p.arguments = [path]
+            try? p.run()
+            p.waitUntilExit()
+        } else {
+            chmod(path, 0o755)
+        }
+    }
+}

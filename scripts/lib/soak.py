@@ -128,6 +128,8 @@ def iodelay_ms(lines):
 
 
 def main():
+    # SIGTERM (scripts/soak's trap, a CI timeout) unwinds like SIGINT, so the `finally` below stops every process.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--work", required=True)

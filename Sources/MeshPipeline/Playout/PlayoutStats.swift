@@ -64,6 +64,11 @@ public struct PlayoutStats: Sendable, Equatable {
     public var resamplerErrors: UInt64 = 0
     /// Output level meter: peak |sample| of the played audio, held and decaying by about 20 dB per second.
     public var peakLevel: Float = 0
+    /// Frames played as silence while playback was held (the host paused this player): neither loss nor
+    /// concealment.
+    public var heldFrames: UInt64 = 0
+    /// Whether playback is held now.
+    public var held: Bool = false
     public init() {}
 }
 
@@ -73,7 +78,8 @@ final class PublishedStats: Sendable {
     let host = Atomic<UInt64>(0), jitter = Atomic<UInt64>(0), peakJitter = Atomic<UInt64>(0)
     let loss = Atomic<UInt64>(0), concealed = Atomic<UInt64>(0), drift = Atomic<UInt64>(0)
     let steady = Atomic<UInt64>(0), estimatedDrift = Atomic<UInt64>(0), excursion = Atomic<UInt64>(0)
-    let resampling = Atomic<Bool>(false)
+    let resampling = Atomic<Bool>(false), held = Atomic<Bool>(false)
+    let heldFrames = Atomic<UInt64>(0)
     let peak = Atomic<UInt32>(0)
     let received = Atomic<UInt64>(0), late = Atomic<UInt64>(0), duplicates = Atomic<UInt64>(0)
     let lostPackets = Atomic<UInt64>(0), lostFrames = Atomic<UInt64>(0), concealedFrames = Atomic<UInt64>(0)
@@ -123,6 +129,8 @@ final class PublishedStats: Sendable {
         s.stretchedFrames = stretched.load(ordering: .relaxed)
         s.resamplerErrors = resamplerErrors.load(ordering: .relaxed)
         s.peakLevel = Float(bitPattern: peak.load(ordering: .relaxed))
+        s.held = held.load(ordering: .relaxed)
+        s.heldFrames = heldFrames.load(ordering: .relaxed)
         s.malformed = ingress.malformed
         s.formatMismatches = ingress.formatMismatches
         s.ringOverflows = ingress.ringOverflows

@@ -1,0 +1,290 @@
+import Glibc
+import MeshPOSIX
+import Synchronization
+
+/// Clip capture on the host, the remote shutter's analogue: keeps the last `prerollSeconds` of the capture and, when
+/// asked, writes the pre-roll plus what follows (until `finish`, or `maximumSeconds` after the press) to a Float32
+/// WAV file in `directory`, named `<name>-<UTC time>.wav`. The audio is the capture's own, at full quality, never
+/// what went over the network.
+///
+/// The send thread hands every captured chunk to `tap` (a lock-free SPSC ring: it never waits). A thread of the
+/// recorder's own (`pm-clip`) keeps the pre-roll and writes the file. `open` creates the file on the caller's
+/// thread, so a directory that cannot be written is reported to the caller at once; how a clip ends is reported to
+/// `onFinished`, on the clip thread.
+public final class ClipRecorder: Sendable {
+    /// What a clip came to.
+    public enum Outcome: Sendable, Equatable {
+        /// Saved under this file name (in the directory).
+        case saved(String)
+        /// Not saved, for this reason (the partial file is removed).
+        case failed(String)
+    }
+
+    /// Where and how long.
+    public struct Configuration: Sendable, Equatable {
+        /// The directory clips are written to.
+        public var directory: String
+        /// Seconds of capture kept before the press.
+        public var prerollSeconds: Double = 10
+        /// Longest part after the press, seconds.
+        public var maximumSeconds: Double = 10
+        /// The first part of each file name (the host's name; unsafe characters become `_`).
+        public var name: String
+
+        public init(directory: String, name: String, prerollSeconds: Double = 10, maximumSeconds: Double = 10) {
+            self.directory = directory
+            self.name = name
+            self.prerollSeconds = prerollSeconds
+            self.maximumSeconds = maximumSeconds
+        }
+    }
+
+    public let configuration: Configuration
+    public let format: AudioFormat
+    private let ring: SampleRing
+    private let worker: ClipWorker
+    private let lifecycle: StageLifecycle
+
+    /// Checks that `directory` is a directory (it need not be writable yet: a clip that cannot be written fails
+    /// then, with the reason). Throws `ClipError` otherwise.
+    public init(configuration: Configuration, format: AudioFormat,
+                onFinished: @escaping @Sendable (Outcome) -> Void) throws {
+        try format.validate()
+        var st = stat()
+        guard stat(configuration.directory, &st) == 0, st.st_mode & S_IFMT == S_IFDIR else {
+            throw ClipError("clip directory \(configuration.directory) does not exist (create it, or name another with --clips)")
+        }
+        self.configuration = configuration
+        self.format = format
+        // A second of slack beyond what the clip thread drains every 20 ms.
+        ring = SampleRing(minimumCapacity: format.sampleRate * format.channels)
+        let lifecycle = StageLifecycle(stage: "ClipRecorder(\(configuration.directory))", threadName: "pm-clip",
+                                       scheduling: .normal)
+        self.lifecycle = lifecycle
+        worker = ClipWorker(configuration: configuration, format: format, ring: ring, lifecycle: lifecycle,
+                            onFinished: onFinished)
+    }
+
+    deinit { stop() }
+
+    /// Starts the clip thread (the pre-roll fills from now on).
+    public func start() throws {
+        let worker = self.worker
+        try lifecycle.start { worker.run() }
+    }
+
+    /// Stops the clip thread; a clip being recorded is saved first.
+    public func stop() {
+        let worker = self.worker
+        lifecycle.stop(wake: { worker.wake.signal() })
+        worker.finishOnStop()
+    }
+
+    /// The send thread: one captured chunk (interleaved). Never blocks; what does not fit is dropped and counted.
+    public func tap(_ samples: UnsafeBufferPointer<Float>) {
+        let written = ring.write(samples)
+        if written < samples.count { worker.dropped.add(UInt64(samples.count - written), ordering: .relaxed) }
+    }
+
+    /// Samples the clip thread could not take in time.
+    public var droppedSamples: UInt64 { worker.dropped.load(ordering: .relaxed) }
+
+    /// Creates the next clip's file now and has the clip thread write the pre-roll into it, then the live capture
+    /// (or, with `prerollOnly`, close it at once). Returns the file's name; throws `ClipError` with the reason
+    /// when it cannot be created.
+    public func open(prerollOnly: Bool) throws -> String {
+        let (path, name) = try reserveName()
+        let file: SoundFile
+        do {
+            file = try SoundFile.create(path: path, format: format, encoding: .float32)
+        } catch {
+            unlink(path)
+            throw ClipError("cannot write \(name): \(error.message)")
+        }
+        worker.command(.open(file, path: path, name: name, prerollOnly: prerollOnly))
+        return name
+    }
+
+    /// Finishes the clip being recorded and saves it (the outcome goes to `onFinished`).
+    public func finish() { worker.command(.finish) }
+
+    /// Throws the clip being recorded away (its file is removed; no outcome is reported).
+    public func discard() { worker.command(.discard) }
+
+    /// `<name>-<YYYYMMDD-HHMMSS>.wav`, created exclusively (`-2`, `-3`… when taken): a clip never overwrites one.
+    private func reserveName() throws -> (path: String, name: String) {
+        let stamp = WallClock.iso8601().filter { $0.isNumber }.prefix(14) // YYYYMMDDHHMMSS
+        let base = Self.safeName(configuration.name) + "-" + stamp.prefix(8) + "-" + stamp.dropFirst(8)
+        for n in 1...100 {
+            let name = base + (n == 1 ? "" : "-\(n)") + ".wav"
+            let path = configuration.directory + "/" + name
+            let fd = Glibc.open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
+            if fd >= 0 {
+                close(fd)
+                return (path, name)
+            }
+            let e = errno
+            guard e == EEXIST else {
+                throw ClipError("cannot write \(name): \(String(cString: strerror(e)).lowercased())")
+            }
+        }
+        throw ClipError("cannot write \(base).wav: 100 clips of that second already exist")
+    }
+
+    /// A host name made safe for a file name: letters, digits, `-` and `_` kept, everything else `_` (at most 40).
+    static func safeName(_ name: String) -> String {
+        let kept = name.unicodeScalars.prefix(40).map { c -> Character in
+            c.isASCII && (c.properties.isAlphabetic || (48...57).contains(c.value) || c == "-" || c == "_") ? Character(c) : "_"
+        }
+        return kept.isEmpty ? "clip" : String(kept)
+    }
+}
+
+/// A clip that cannot be kept, in words for the player's status line.
+public struct ClipError: Error, Sendable, Equatable, CustomStringConvertible {
+    public var description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// What the clip thread owns: the pre-roll ring and the file being written.
+final class ClipWorker: @unchecked Sendable { // pre-roll and file: the clip thread's only; commands through the mutex
+    enum Command {
+        case open(SoundFile, path: String, name: String, prerollOnly: Bool)
+        case finish
+        case discard
+    }
+
+    private struct Recording {
+        let file: SoundFile
+        let path: String
+        let name: String
+        var framesAfterPress = 0
+    }
+
+    let wake = WakeSignal()
+    let dropped = Atomic<UInt64>(0)
+    private let commands = Mutex<[Command]>([])
+    private let ring: SampleRing
+    private let lifecycle: StageLifecycle
+    private let channels: Int
+    private let maximumFramesAfterPress: Int
+    private let onFinished: @Sendable (ClipRecorder.Outcome) -> Void
+    /// The pre-roll: a circular buffer of the latest samples; `prerollFill` of them are valid, the newest just
+    /// before `prerollWrite`.
+    private var preroll: [Float]
+    private var prerollWrite = 0
+    private var prerollFill = 0
+    private var chunk: [Float]
+    private var recording: Recording?
+
+    init(configuration: ClipRecorder.Configuration, format: AudioFormat, ring: SampleRing, lifecycle: StageLifecycle,
+         onFinished: @escaping @Sendable (ClipRecorder.Outcome) -> Void) {
+        self.ring = ring
+        self.lifecycle = lifecycle
+        channels = format.channels
+        maximumFramesAfterPress = max(0, Int(configuration.maximumSeconds * Double(format.sampleRate)))
+        self.onFinished = onFinished
+        preroll = [Float](repeating: 0, count: max(1, Int(configuration.prerollSeconds * Double(format.sampleRate))) * format.channels)
+        chunk = [Float](repeating: 0, count: ring.capacity)
+    }
+
+    func command(_ c: Command) {
+        commands.withLock { $0.append(c) }
+        wake.signal()
+    }
+
+    /// The clip thread: every 20 ms (or when a command comes), commands, then the new capture into the clip and
+    /// the pre-roll.
+    func run() {
+        while lifecycle.isRunning {
+            _ = wake.wait(untilNanos: MonotonicClock.nowNanos() &+ 20_000_000)
+            step()
+        }
+    }
+
+    /// After the thread ended (or when it never started): what is left is taken, and a clip being recorded is saved.
+    func finishOnStop() {
+        step()
+        finishClip()
+    }
+
+    private func step() {
+        for c in commands.withLock({ c -> [Command] in defer { c = [] }; return c }) { perform(c) }
+        drain()
+    }
+
+    private func perform(_ c: Command) {
+        switch c {
+        case .open(let file, let path, let name, let prerollOnly):
+            finishClip()
+            recording = Recording(file: file, path: path, name: name)
+            writePreroll()
+            if prerollOnly { finishClip() }
+        case .finish:
+            finishClip()
+        case .discard:
+            guard let r = recording else { return }
+            recording = nil
+            try? r.file.close()
+            unlink(r.path)
+        }
+    }
+
+    /// Takes what the send thread captured: into the clip (up to its length), then into the pre-roll.
+    private func drain() {
+        let n = chunk.withUnsafeMutableBufferPointer { ring.read(into: $0) }
+        guard n > 0 else { return }
+        let frames = n / channels
+        if var r = recording {
+            let take = min(frames, maximumFramesAfterPress - r.framesAfterPress)
+            if take > 0, !write(chunk, from: 0, frames: take, to: r) { return }
+            r.framesAfterPress += take
+            recording = r
+            if r.framesAfterPress >= maximumFramesAfterPress { finishClip() }
+        }
+        let capacity = preroll.count
+        for i in 0..<(frames * channels) {
+            preroll[prerollWrite] = chunk[i]
+            prerollWrite = prerollWrite + 1 == capacity ? 0 : prerollWrite + 1
+        }
+        prerollFill = min(capacity, prerollFill + frames * channels)
+    }
+
+    /// The pre-roll, oldest first, into the clip.
+    private func writePreroll() {
+        guard let r = recording, prerollFill > 0 else { return }
+        let capacity = preroll.count
+        let oldest = (prerollWrite - prerollFill + capacity) % capacity
+        let firstRun = min(prerollFill, capacity - oldest)
+        guard write(preroll, from: oldest, frames: firstRun / channels, to: r) else { return }
+        let rest = prerollFill - firstRun
+        if rest > 0 { _ = write(preroll, from: 0, frames: rest / channels, to: r) }
+    }
+
+    /// Writes frames of `buffer` from sample `from`; on a short write the clip fails (and is removed).
+    private func write(_ buffer: [Float], from: Int, frames: Int, to r: Recording) -> Bool {
+        let written = buffer.withUnsafeBufferPointer { r.file.writeFrames(from: $0.baseAddress! + from, frames: frames) }
+        guard written == frames else {
+            let reason = r.file.error(operation: "write")?.message ?? "short write (the disk may be full)"
+            recording = nil
+            try? r.file.close()
+            unlink(r.path)
+            onFinished(.failed("cannot write \(r.name): \(reason)"))
+            return false
+        }
+        return true
+    }
+
+    /// Closes the clip being recorded, if any, and reports it saved (or failed, when closing fails).
+    private func finishClip() {
+        guard let r = recording else { return }
+        recording = nil
+        do {
+            try r.file.close()
+            onFinished(.saved(r.name))
+        } catch {
+            unlink(r.path)
+            onFinished(.failed("cannot write \(r.name): \(error.message)"))
+        }
+    }
+}

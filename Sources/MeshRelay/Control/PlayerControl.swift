@@ -1,0 +1,107 @@
+/// The player's side of the control protocol, as a pure state machine: it numbers commands, offers only what the
+/// host supports (its TXT record, then its state sync), pairs each reply with its command, and follows the host's
+/// state. The driver (`RelayPlayer`) sends what it is told and reports what each action means to the user.
+public struct PlayerControl: Sendable {
+    /// What the driver does.
+    public enum Action: Sendable, Equatable {
+        /// Send these bytes to the host on the reliable channel.
+        case send([UInt8])
+        /// The command was not sent, for this reason (the host does not offer it, or too many wait for answers).
+        case refused(PlayerCommand, String)
+        /// The host answered a command.
+        case answered(PlayerCommand, HostReply)
+        /// The host's state changed (`previous` is nil for its first state after joining).
+        case stateChanged(HostControlState, previous: HostControlState?)
+        /// The host sent something that is not a valid answer (counted, ignored).
+        case malformed(String)
+    }
+
+    /// Commands that may wait for answers at once; more are refused (a stuck host cannot grow the table).
+    public static let maximumPending = 16
+
+    private var nextID: UInt32 = 1
+    private var pending: [UInt32: PlayerCommand] = [:]
+    /// The features the host's TXT record advertised, when it was found by DNS-SD.
+    private var advertised: ControlFeatures?
+    /// The host's latest state (nil until it sends one after joining).
+    public private(set) var host: HostControlState?
+    /// Messages from the host that were not valid answers.
+    public private(set) var malformed: UInt64 = 0
+
+    public init() {}
+
+    /// What the host offers, as far as the player knows: its state's word, else its TXT record's, else nothing.
+    public var features: ControlFeatures { host?.features ?? advertised ?? [] }
+
+    /// The host's TXT record (from the browser), or nil for a host joined by address.
+    public mutating func discovered(_ info: [String: String]?) {
+        advertised = info.map(ControlFeatures.init(discoveryInfo:))
+    }
+
+    /// A new session with a host: nothing is known of its state yet, and nothing is pending.
+    public mutating func joined() {
+        host = nil
+        pending = [:]
+    }
+
+    /// The host left: commands waiting for an answer get none, and are answered here as failed.
+    public mutating func left() -> [Action] {
+        let waiting = pending.sorted { $0.key < $1.key }.map { Action.answered($0.value, .failed("the host left")) }
+        pending = [:]
+        host = nil
+        return waiting
+    }
+
+    /// The user asks for `command`.
+    public mutating func request(_ command: PlayerCommand) -> Action {
+        let needed: ControlFeatures
+        switch command {
+        case .pause, .resume: needed = .control
+        case .capture: needed = .clips
+        case .talk: needed = .talk
+        }
+        guard features.contains(needed) else {
+            let why: String
+            switch needed {
+            case .clips: why = "the host keeps no clips (mesh-record --clips DIR)"
+            case .talk: why = "the host takes no talkback"
+            default: why = host == nil && advertised == nil ? "not joined to a host yet" : "the host has no remote control"
+            }
+            return .refused(command, why)
+        }
+        guard pending.count < Self.maximumPending else { return .refused(command, "\(Self.maximumPending) commands wait for answers") }
+        let id = nextID
+        nextID = nextID == UInt32.max ? 1 : nextID + 1
+        pending[id] = command
+        return .send(ControlMessage.command(id: id, command).encoded)
+    }
+
+    /// A reliable message from the host.
+    public mutating func received(_ bytes: [UInt8]) -> [Action] {
+        let message: ControlMessage
+        do {
+            message = try ControlMessage.decode(bytes)
+        } catch {
+            malformed &+= 1
+            return [.malformed(error.reason)]
+        }
+        switch message {
+        case .command:
+            malformed &+= 1
+            return [.malformed("the host sent a command")]
+        case .reply(let id, let reply):
+            guard let command = pending.removeValue(forKey: id) else {
+                malformed &+= 1
+                return [.malformed("a reply to no command (id \(id))")]
+            }
+            return [.answered(command, reply)]
+        case .state(let s):
+            let previous = host
+            host = s
+            return previous == s ? [] : [.stateChanged(s, previous: previous)]
+        }
+    }
+
+    /// Commands waiting for answers.
+    public var pendingCount: Int { pending.count }
+}

@@ -1,0 +1,111 @@
+import Testing
+import Foundation
+import Synchronization
+import MeshTestSupport
+@testable import MeshAudio
+
+/// Clip capture on the host: what a clip holds (the pre-roll, then what follows, exactly), its name, and what happens
+/// when it cannot be written.
+@Suite(.serialized)
+struct ClipRecorderTests {
+    static func directory() throws -> String {
+        let dir = NSTemporaryDirectory() + "peermesh-clips-\(getpid())-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        return dir
+    }
+
+    /// Taps `count` samples of a ramp that counts up from `start` (a value per sample, so order and gaps show).
+    static func tap(_ recorder: ClipRecorder, from start: inout Int, count: Int) {
+        let samples = (0..<count).map { Float((start + $0) % 100_000) / 100_000 }
+        start += count
+        samples.withUnsafeBufferPointer { recorder.tap($0) }
+    }
+
+    @Test func aClipHoldsThePrerollThenWhatFollowsContiguouslyUpToItsLength() throws {
+        let dir = try Self.directory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let outcome = Mutex<ClipRecorder.Outcome?>(nil)
+        let recorder = try ClipRecorder(configuration: .init(directory: dir, name: "Kitchen mic/1", prerollSeconds: 0.5, maximumSeconds: 0.25),
+                                        format: .default) { o in outcome.withLock { $0 = o } }
+        try recorder.start()
+        var next = 0
+        for _ in 0..<40 { Self.tap(recorder, from: &next, count: 1_323); usleep(5_000) } // 1.2 s of capture
+        usleep(60_000)
+        let name = try recorder.open(prerollOnly: false)
+        #expect(name.hasPrefix("Kitchen_mic_1-") && name.hasSuffix(".wav"))
+        for _ in 0..<20 { Self.tap(recorder, from: &next, count: 1_323); usleep(5_000) }
+        #expect(eventually(5) { outcome.withLock { $0 } != nil })
+        #expect(outcome.withLock { $0 } == .saved(name))
+        let (samples, format) = try readWAV(dir + "/" + name)
+        #expect(format == .default)
+        #expect(samples.count == 22_050 + 11_025, "0.5 s of pre-roll and 0.25 s after the press")
+        // Contiguous: every sample is the one after the previous (no gap, no repeat), from the capture itself.
+        let first = Int((samples[0] * 100_000).rounded())
+        let contiguous = samples.indices.allSatisfy { Int((samples[$0] * 100_000).rounded()) == (first + $0) % 100_000 }
+        #expect(contiguous)
+        #expect(first >= 1_323 * 40 - 22_050 - 1_323 * 2 && first <= 1_323 * 40 - 22_050, "the pre-roll ends at the press")
+        recorder.stop()
+        #expect(recorder.droppedSamples == 0)
+    }
+
+    @Test func thePrerollAloneIsSavedAtOnceAndNamesNeverCollide() throws {
+        let dir = try Self.directory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let saved = Mutex<[String]>([])
+        let recorder = try ClipRecorder(configuration: .init(directory: dir, name: "h", prerollSeconds: 0.2),
+                                        format: .default) { o in if case .saved(let n) = o { saved.withLock { $0.append(n) } } }
+        try recorder.start()
+        var next = 0
+        Self.tap(recorder, from: &next, count: 44_100)
+        usleep(80_000)
+        let a = try recorder.open(prerollOnly: true)
+        #expect(eventually(5) { saved.withLock { $0.count } == 1 })
+        let b = try recorder.open(prerollOnly: true)
+        #expect(eventually(5) { saved.withLock { $0.count } == 2 })
+        #expect(a != b, "two clips in the same second get different names")
+        #expect(try readWAV(dir + "/" + a).samples.count == 8_820)
+        recorder.stop()
+    }
+
+    @Test func discardRemovesTheFileAndStopSavesAClipInProgress() throws {
+        let dir = try Self.directory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let outcomes = Mutex<[ClipRecorder.Outcome]>([])
+        let recorder = try ClipRecorder(configuration: .init(directory: dir, name: "h", prerollSeconds: 0.1, maximumSeconds: 60),
+                                        format: .default) { o in outcomes.withLock { $0.append(o) } }
+        try recorder.start()
+        var next = 0
+        Self.tap(recorder, from: &next, count: 8_820)
+        let gone = try recorder.open(prerollOnly: false)
+        usleep(60_000)
+        recorder.discard()
+        #expect(eventually(5) { !FileManager.default.fileExists(atPath: dir + "/" + gone) })
+        let kept = try recorder.open(prerollOnly: false)
+        Self.tap(recorder, from: &next, count: 4_410)
+        usleep(60_000)
+        recorder.stop()
+        #expect(outcomes.withLock { $0 } == [.saved(kept)], "a discarded clip reports nothing; stop saves the one in progress")
+    }
+
+    @Test func aDirectoryThatCannotBeWrittenFailsWithTheReasonAndLeavesNothing() throws {
+        #expect(throws: ClipError.self) {
+            _ = try ClipRecorder(configuration: .init(directory: "/nonexistent/clips", name: "h"), format: .default) { _ in }
+        }
+        let dir = try Self.directory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let readOnly = try ReadOnlyDirectory(dir)
+        defer { readOnly.undo() }
+        let recorder = try ClipRecorder(configuration: .init(directory: dir, name: "h"), format: .default) { _ in }
+        try recorder.start()
+        defer { recorder.stop() }
+        do {
+            _ = try recorder.open(prerollOnly: false)
+            Issue.record("a read-only directory took a clip")
+        } catch {
+            let text = "\(error)"
+            #expect(text.contains("cannot write h-") && (text.contains("read-only file system") || text.contains("permission denied")), "\(text)")
+        }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: dir).isEmpty)
+    }
+}
+

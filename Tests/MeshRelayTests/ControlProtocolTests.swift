@@ -1,0 +1,297 @@
+import Testing
+import MeshTestSupport
+@testable import MeshRelay
+
+/// The remote-control protocol without sockets: the codec, and both sides' state machines.
+struct ControlCodecTests {
+    static let all: [ControlMessage] = [
+        .command(id: 1, .pause), .command(id: 2, .resume),
+        .command(id: 3, .capture(.single, .primary)), .command(id: 4, .capture(.begin, .secondary)),
+        .command(id: 5, .capture(.end, .primary)), .command(id: 6, .capture(.cancel, .primary)),
+        .command(id: 7, .talk(true)), .command(id: UInt32.max, .talk(false)),
+        .reply(id: 1, .ok), .reply(id: 2, .recording), .reply(id: 3, .busy), .reply(id: 0, .error("not a control message")),
+        .reply(id: 4, .failed("cannot write a.wav: permission denied")), .reply(id: 5, .unsupported("no talkback")),
+        .state(HostControlState()), .state(HostControlState(paused: true, muted: true, talkAccepted: true,
+                                                            features: [.control, .clips, .talk], capture: .recording)),
+        .state(HostControlState(features: [.control, .clips], capture: .saved("kitchen-20261202-101500.wav"))),
+        .state(HostControlState(capture: .failed("disk full"))), .state(HostControlState(capture: .armed)),
+    ]
+
+    @Test func everyMessageRoundTrips() throws {
+        for m in Self.all {
+            #expect(try ControlMessage.decode(m.encoded) == m, "\(m)")
+        }
+    }
+
+    @Test func theLayoutIsAsDocumented() {
+        #expect(ControlMessage.command(id: 0x0102_0304, .capture(.begin, .secondary)).encoded
+                == [0x50, 0x43, 1, 0x03, 1, 2, 3, 4, 1, 1])
+        #expect(ControlMessage.reply(id: 9, .failed("x")).encoded == [0x50, 0x43, 1, 0x81, 0, 0, 0, 9, 3, 1, 0x78])
+        #expect(ControlMessage.state(HostControlState(paused: true, features: [.control, .clips], capture: .armed)).encoded
+                == [0x50, 0x43, 1, 0x82, 0, 0, 0, 0, 1, 3, 1, 0])
+    }
+
+    @Test func malformedMessagesAreRefusedWithTheCommandsIdWhenKnown() {
+        func refusal(_ b: [UInt8]) -> ControlDecodeError? {
+            do { _ = try ControlMessage.decode(b); return nil } catch { return error }
+        }
+        let pause = ControlMessage.command(id: 7, .pause).encoded
+        #expect(refusal([0x50, 0x43, 1])?.id == nil)                                   // short
+        #expect(refusal([UInt8](repeating: 0x50, count: 400))?.id == nil)              // long
+        #expect(refusal([0x51] + pause.dropFirst())?.id == nil)                         // magic
+        #expect(refusal([0x50, 0x43, 2] + pause.dropFirst(3))?.id == 7)                // version
+        #expect(refusal([0x50, 0x43, 1, 0x09, 0, 0, 0, 7])?.id == 7)                   // unknown command
+        #expect(refusal(pause + [0])?.id == 7)                                          // trailing bytes
+        #expect(refusal([0x50, 0x43, 1, 0x03, 0, 0, 0, 7, 1])?.id == 7)                // truncated capture
+        #expect(refusal([0x50, 0x43, 1, 0x03, 0, 0, 0, 7, 4, 0])?.id == 7)             // capture phase
+        #expect(refusal([0x50, 0x43, 1, 0x03, 0, 0, 0, 7, 0, 2])?.id == 7)             // capture action
+        #expect(refusal([0x50, 0x43, 1, 0x04, 0, 0, 0, 7, 2])?.id == 7)                // talk 2
+        #expect(refusal([0x50, 0x43, 1, 0x01, 0, 0, 0, 0]) != nil)                     // command id 0
+        #expect(refusal([0x50, 0x43, 1, 0x81, 0, 0, 0, 7, 0, 1, 0x41]) != nil)         // text on "ok"
+        #expect(refusal([0x50, 0x43, 1, 0x81, 0, 0, 0, 7, 3, 2, 0xC3, 0x28]) != nil)   // not UTF-8
+        #expect(refusal([0x50, 0x43, 1, 0x81, 0, 0, 0, 7, 3, 5, 0x41]) != nil)         // text runs past the end
+        #expect(refusal([0x50, 0x43, 1, 0x82, 0, 0, 0, 1, 0, 1, 0, 0]) != nil)         // state with an id
+        #expect(refusal([0x50, 0x43, 1, 0x82, 0, 0, 0, 0, 8, 1, 0, 0]) != nil)         // unknown flag
+        #expect(refusal([0x50, 0x43, 1, 0x82, 0, 0, 0, 0, 0, 0x11, 0, 0]) != nil)      // unknown feature
+        #expect(refusal([0x50, 0x43, 1, 0x82, 0, 0, 0, 0, 0, 1, 9, 0]) != nil)         // capture state 9
+    }
+
+    @Test func longTextIsCutAtACharacterBoundary() throws {
+        let text = String(repeating: "é", count: 200) // 400 bytes
+        let m = ControlMessage.reply(id: 1, .failed(text))
+        guard case .reply(_, .failed(let got)) = try ControlMessage.decode(m.encoded) else { Issue.record("not a reply"); return }
+        #expect(got.utf8.count == 254 && got == String(repeating: "é", count: 127))
+    }
+
+    @Test func randomAndMutatedBytesNeverTrapAndWhatDecodesReencodes() {
+        var rng = SeededRandom(seed: 13)
+        var decoded = 0
+        for i in 0..<100_000 {
+            var bytes: [UInt8]
+            if i % 2 == 0 {
+                bytes = (0..<Int(rng.next() % 24)).map { _ in UInt8(truncatingIfNeeded: rng.next()) }
+            } else {
+                bytes = Self.all[Int(rng.next() % UInt64(Self.all.count))].encoded
+                for _ in 0..<(1 + rng.next() % 3) {
+                    let at = Int(rng.next() % UInt64(bytes.count))
+                    bytes[at] = UInt8(truncatingIfNeeded: rng.next())
+                }
+            }
+            if let m = try? ControlMessage.decode(bytes) {
+                decoded += 1
+                #expect(m.encoded == bytes)
+            }
+        }
+        #expect(decoded > 1000, "mutations of valid messages often stay valid")
+    }
+
+    @Test func featuresFollowTheTXTRecord() {
+        #expect(ControlFeatures([.control, .clips]).discoveryInfo == ["ctl": "1", "clip": "1"])
+        #expect(ControlFeatures(discoveryInfo: ["ctl": "1", "talk": "1", "rate": "44100"]) == [.control, .talk])
+        #expect(ControlFeatures(discoveryInfo: [:]) == [])
+    }
+}
+
+struct HostControlTests {
+    typealias Action = HostControl<Int>.Action
+
+    static func command(_ id: UInt32, _ c: PlayerCommand) -> [UInt8] { ControlMessage.command(id: id, c).encoded }
+
+    static func replies(_ actions: [Action], to peer: Int) -> [HostReply] {
+        actions.compactMap { if case .send(peer, .reply(_, let r)) = $0 { r } else { nil } }
+    }
+
+    static func states(_ actions: [Action]) -> [Int: HostControlState] {
+        var out: [Int: HostControlState] = [:]
+        for a in actions { if case .send(let p, .state(let s)) = a { out[p] = s } }
+        return out
+    }
+
+    @Test func aJoiningPlayerIsToldTheState() {
+        var h = HostControl<Int>(clips: true)
+        let a = h.joined(1)
+        #expect(a == [.send(1, .state(HostControlState(features: [.control, .clips], capture: .armed)))])
+        #expect(HostControl<Int>(clips: false).offered == .control)
+    }
+
+    @Test func pauseHoldsOnePlayerOnlyAndEveryCommandGetsOneReply() {
+        var h = HostControl<Int>(clips: false)
+        _ = h.joined(1)
+        _ = h.joined(2)
+        let a = h.received(Self.command(1, .pause), from: 1)
+        #expect(a.contains(.setPaused(1, true)))
+        #expect(Self.replies(a, to: 1) == [.ok])
+        #expect(Self.states(a)[1]?.paused == true && Self.states(a)[2] == nil)
+        #expect(h.isPaused(1) && !h.isPaused(2))
+        // Again: ok, and nothing changes.
+        let again = h.received(Self.command(2, .pause), from: 1)
+        #expect(again == [.send(1, .reply(id: 2, .ok))])
+        let r = h.received(Self.command(3, .resume), from: 1)
+        #expect(r.contains(.setPaused(1, false)) && Self.replies(r, to: 1) == [.ok] && !h.isPaused(1))
+        // Resuming a playing player is ok and changes nothing.
+        #expect(h.received(Self.command(4, .resume), from: 2) == [.send(2, .reply(id: 4, .ok))])
+        #expect(h.counters.commands == 4 && h.counters.replies == 4 && h.counters.malformed == 0)
+    }
+
+    @Test func aPlayerThatLeavesPausedIsForgotten() {
+        var h = HostControl<Int>(clips: false)
+        _ = h.joined(1)
+        _ = h.received(Self.command(1, .pause), from: 1)
+        #expect(h.left(1) == [.setPaused(1, false)])
+        #expect(!h.isPaused(1))
+        #expect(h.left(1) == [])
+    }
+
+    @Test func malformedAndUnexpectedMessagesAreAnsweredWithAnErrorAndCounted() {
+        var h = HostControl<Int>(clips: false)
+        _ = h.joined(1)
+        let junk = h.received([1, 2, 3], from: 1)
+        guard case .send(1, .reply(0, .error))? = junk.first, junk.count == 1 else { Issue.record("\(junk)"); return }
+        let unknown = h.received([0x50, 0x43, 1, 0x7f, 0, 0, 0, 9], from: 1)
+        guard case .send(1, .reply(9, .error(let why)))? = unknown.first else { Issue.record("\(unknown)"); return }
+        #expect(why.contains("unknown command"))
+        let state = h.received(ControlMessage.state(HostControlState()).encoded, from: 1)
+        guard case .send(1, .reply(0, .error))? = state.first else { Issue.record("\(state)"); return }
+        #expect(h.counters.commands == 3 && h.counters.replies == 3 && h.counters.malformed == 3)
+        // The session goes on: a good command after them works.
+        #expect(h.received(Self.command(10, .pause), from: 1).contains(.setPaused(1, true)))
+    }
+
+    @Test func withoutClipsCaptureIsUnsupportedAndTalkIsUnsupported() {
+        var h = HostControl<Int>(clips: false)
+        _ = h.joined(1)
+        guard case .unsupported? = Self.replies(h.received(Self.command(1, .capture(.single, .primary)), from: 1), to: 1).first,
+              case .unsupported? = Self.replies(h.received(Self.command(2, .talk(true)), from: 1), to: 1).first
+        else { Issue.record("expected unsupported"); return }
+        #expect(h.captureState == .off)
+    }
+
+    @Test func aClipIsRecordedThenSavedAndEveryoneIsTold() {
+        var h = HostControl<Int>(clips: true)
+        _ = h.joined(1)
+        _ = h.joined(2)
+        #expect(h.received(Self.command(1, .capture(.begin, .primary)), from: 1) == [.openClip(prerollOnly: false)])
+        let opened = h.clipOpened()
+        #expect(Self.replies(opened, to: 1) == [.recording])
+        #expect(Self.states(opened)[1]?.capture == .recording && Self.states(opened)[2]?.capture == .recording)
+        // Someone else: busy, or not theirs to end.
+        #expect(Self.replies(h.received(Self.command(1, .capture(.single, .primary)), from: 2), to: 2) == [.busy])
+        guard case .error? = Self.replies(h.received(Self.command(2, .capture(.end, .primary)), from: 2), to: 2).first else {
+            Issue.record("another player's end must be an error"); return
+        }
+        let end = h.received(Self.command(2, .capture(.end, .primary)), from: 1)
+        #expect(end == [.finishClip, .send(1, .reply(id: 2, .ok))])
+        let saved = h.clipSaved("host-1.wav")
+        #expect(Self.states(saved)[1]?.capture == .saved("host-1.wav") && Self.states(saved)[2]?.capture == .saved("host-1.wav"))
+        // Out of order: an end with nothing recording.
+        guard case .error? = Self.replies(h.received(Self.command(3, .capture(.end, .primary)), from: 1), to: 1).first else {
+            Issue.record("an end with no clip must be an error"); return
+        }
+        #expect(h.captureState == .saved("host-1.wav"))
+    }
+
+    @Test func aSecondaryCaptureKeepsThePrerollAlone() {
+        var h = HostControl<Int>(clips: true)
+        _ = h.joined(1)
+        #expect(h.received(Self.command(1, .capture(.single, .secondary)), from: 1) == [.openClip(prerollOnly: true)])
+        _ = h.clipOpened()
+        #expect(Self.states(h.clipSaved("x.wav"))[1]?.capture == .saved("x.wav"))
+    }
+
+    @Test func cancelDiscardsAndAFailedOpenIsAnswered() {
+        var h = HostControl<Int>(clips: true)
+        _ = h.joined(1)
+        _ = h.received(Self.command(1, .capture(.begin, .primary)), from: 1)
+        _ = h.clipOpened()
+        let cancel = h.received(Self.command(2, .capture(.cancel, .primary)), from: 1)
+        #expect(cancel.first == .discardClip && Self.replies(cancel, to: 1) == [.ok])
+        #expect(h.captureState == .armed)
+        // A late report from the discarded clip's writer changes nothing.
+        #expect(h.clipSaved("late.wav") == [])
+        _ = h.received(Self.command(3, .capture(.single, .primary)), from: 1)
+        let failed = h.clipOpenFailed("cannot write a.wav: read-only file system")
+        #expect(Self.replies(failed, to: 1) == [.failed("cannot write a.wav: read-only file system")])
+        #expect(h.captureState == .failed("cannot write a.wav: read-only file system"))
+        // A new clip may be tried after a failure.
+        #expect(h.received(Self.command(4, .capture(.single, .primary)), from: 1) == [.openClip(prerollOnly: false)])
+    }
+
+    @Test func muteIsBroadcast() {
+        var h = HostControl<Int>(clips: false)
+        _ = h.joined(1)
+        _ = h.joined(2)
+        let a = h.setMuted(true)
+        #expect(Self.states(a).count == 2 && Self.states(a).values.allSatisfy(\.muted))
+        #expect(h.setMuted(true) == [])
+    }
+
+    @Test func randomCommandsFromThreePlayersGetExactlyOneReplyEach() {
+        var rng = SeededRandom(seed: 99)
+        var h = HostControl<Int>(clips: true)
+        for p in 1...3 { _ = h.joined(p) }
+        var commands = 0, replies = 0
+        for i in 0..<5_000 {
+            let peer = 1 + Int(rng.next() % 3)
+            let choice: [PlayerCommand] = [.pause, .resume, .capture(.single, .primary), .capture(.begin, .primary),
+                                           .capture(.end, .primary), .capture(.cancel, .primary), .talk(true)]
+            let c = choice[Int(rng.next() % UInt64(choice.count))]
+            var actions = h.received(Self.command(UInt32(i + 1), c), from: peer)
+            commands += 1
+            if actions.contains(.openClip(prerollOnly: false)) {
+                actions += rng.next() % 4 == 0 ? h.clipOpenFailed("full") : h.clipOpened()
+            }
+            if actions.contains(.finishClip) { actions += h.clipSaved("c\(i).wav") }
+            replies += actions.filter { if case .send(_, .reply) = $0 { true } else { false } }.count
+        }
+        #expect(replies == commands)
+        #expect(h.counters.commands == UInt64(commands) && h.counters.replies == UInt64(replies))
+    }
+}
+
+struct PlayerControlTests {
+    @Test func nothingIsOfferedBeforeTheHostSaysWhatItSupports() {
+        var p = PlayerControl()
+        p.joined()
+        guard case .refused(.pause, _) = p.request(.pause) else { Issue.record("sent before the host's state"); return }
+        p.discovered(["ctl": "1"])
+        guard case .send = p.request(.pause) else { Issue.record("the TXT record offers control"); return }
+        guard case .refused(_, let why) = p.request(.capture(.single, .primary)) else { Issue.record("no clips offered"); return }
+        #expect(why.contains("keeps no clips"))
+    }
+
+    @Test func repliesArePairedWithTheirCommandsAndStrayOnesCounted() throws {
+        var p = PlayerControl()
+        p.joined()
+        _ = p.received(HostControlState(features: [.control, .clips]).encodedState)
+        guard case .send(let bytes) = p.request(.capture(.single, .primary)),
+              case .command(let id, _) = try ControlMessage.decode(bytes) else { Issue.record("not sent"); return }
+        #expect(p.received(ControlMessage.reply(id: id, .recording).encoded) == [.answered(.capture(.single, .primary), .recording)])
+        #expect(p.received(ControlMessage.reply(id: id, .ok).encoded) == [.malformed("a reply to no command (id \(id))")])
+        #expect(p.received([0, 1, 2]).count == 1 && p.malformed == 2)
+        #expect(p.received(ControlMessage.command(id: 5, .pause).encoded) == [.malformed("the host sent a command")])
+    }
+
+    @Test func stateChangesAreReportedOnceAndTheHostLeavingAnswersWhatWaits() {
+        var p = PlayerControl()
+        p.joined()
+        let first = HostControlState(features: .control)
+        #expect(p.received(first.encodedState) == [.stateChanged(first, previous: nil)])
+        #expect(p.received(first.encodedState) == [])
+        let paused = HostControlState(paused: true, features: .control)
+        #expect(p.received(paused.encodedState) == [.stateChanged(paused, previous: first)])
+        _ = p.request(.resume)
+        #expect(p.left() == [.answered(.resume, .failed("the host left"))])
+        #expect(p.pendingCount == 0 && p.host == nil)
+    }
+
+    @Test func aHostThatNeverAnswersCannotGrowTheTable() {
+        var p = PlayerControl()
+        p.joined()
+        _ = p.received(HostControlState(features: .control).encodedState)
+        for _ in 0..<PlayerControl.maximumPending {
+            guard case .send = p.request(.pause) else { Issue.record("refused too early"); return }
+        }
+        guard case .refused = p.request(.pause) else { Issue.record("the table grew past its bound"); return }
+        #expect(p.pendingCount == PlayerControl.maximumPending)
+    }
+}

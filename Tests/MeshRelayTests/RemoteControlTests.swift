@@ -1,0 +1,149 @@
+import Foundation
+import Testing
+import MeshAudio
+import MeshTestSupport
+@testable import MeshRelay
+
+/// The listener talks back, through the CLIs as scripts drive them: mesh-play reads one command a line on stdin,
+/// and prints each answer as an event line. Real processes, encrypted and paired, over 127.0.0.1.
+@Suite(.serialized)
+struct RemoteControlTests {
+    /// A paired host serving a 440 Hz tone on a port of its own, with `extra` flags.
+    static func host(_ paired: PairedStates, _ extra: [String] = []) throws -> (CLIProcess, UInt16) {
+        let port = UInt16.random(in: 40_000...49_000)
+        let host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "ctl-host", "--service", Rig.uniqueService(),
+                                                                   "--input", "tone:440", "--port", String(port)] + extra)
+        #expect(eventually(10) { host.stderr.contains { $0.contains("on port \(port)") } }, "\(host.stderr)")
+        return (host, port)
+    }
+
+    /// A player writing to a WAV file, with a pipe for its stdin.
+    static func player(_ paired: PairedStates, _ i: Int = 0, port: UInt16, seconds: Double, out: String) throws -> (CLIProcess, FileHandle) {
+        let stdin = Pipe()
+        let p = try CLIProcess("mesh-play", paired.playerArgs(i) + ["--connect", "127.0.0.1:\(port)", "--output", out,
+                                                                   "--duration", String(seconds), "--json"],
+                               stdin: stdin.fileHandleForReading)
+        return (p, stdin.fileHandleForWriting)
+    }
+
+    static func say(_ line: String, to h: FileHandle) { h.write(Data((line + "\n").utf8)) }
+
+    /// RMS of each 50 ms window.
+    static func windows(_ s: [Float], size: Int = 2_205) -> [Float] {
+        stride(from: 0, to: s.count - size, by: size).map { start in
+            (s[start..<(start + size)].reduce(0) { $0 + $1 * $1 } / Float(size)).squareRoot()
+        }
+    }
+
+    static func median(_ v: some Collection<Float>) -> Float { v.sorted()[v.count / 2] }
+
+    @Test("volume -6 halfway: the second half's RMS is 0.50 ± 0.03 of the first; unsupported commands and bad lines are answered, and play goes on")
+    func volume() throws {
+        let paired = try PairedStates()
+        let (host, port) = try Self.host(paired)
+        defer { host.kill() }
+        let out = Rig.tempPath("volume-\(UUID().uuidString.prefix(6)).wav")
+        let (p, stdin) = try Self.player(paired, port: port, seconds: 4.5, out: out)
+        #expect(eventually(10) { p.stderr.contains { $0.contains("joined ctl-host") } }, "\(p.stderr)")
+        Thread.sleep(forTimeInterval: 1.8)
+        Self.say("volume -6", to: stdin)
+        Self.say("capture", to: stdin)
+        Self.say("talk on", to: stdin)
+        Self.say("jump", to: stdin)
+        #expect(p.waitForExit(seconds: 20) == 0, "\(p.stderr)")
+        #expect(p.stderr.contains { $0.hasSuffix("volume -6 dB") })
+        #expect(p.stderr.contains { $0.hasSuffix("capture single: not sent: the host keeps no clips (mesh-record --clips DIR)") }, "\(p.stderr)")
+        #expect(p.stderr.contains { $0.hasSuffix("talk on: not sent: the host takes no talkback") })
+        #expect(p.stderr.contains { $0.contains("unknown command \"jump\"") })
+        let w = Self.windows(try readWAV(out).samples)
+        guard let first = w.firstIndex(where: { $0 > 0.05 }), w.count > first + 60 else { Issue.record("no audio: \(w.count) windows"); return }
+        let before = Self.median(w[(first + 6)..<(first + 20)])
+        let after = Self.median(w[(w.count - 14)..<(w.count - 2)])
+        #expect(abs(after / before - 0.5) <= 0.03, "RMS \(before) → \(after): ratio \(after / before)")
+        #expect((p.jsonObjects.last?["volumeDb"] as? Double) == -6)
+    }
+
+    @Test("pause for 3 s then resume: the session stays connected; silence, then the tone at the live edge (no backlog); a second player plays throughout")
+    func pauseAndResume() throws {
+        let paired = try PairedStates(players: 2)
+        let (host, port) = try Self.host(paired, ["--json"])
+        defer { host.kill() }
+        let outA = Rig.tempPath("pause-a-\(UUID().uuidString.prefix(6)).wav"), outB = Rig.tempPath("pause-b-\(UUID().uuidString.prefix(6)).wav")
+        let (a, stdin) = try Self.player(paired, 0, port: port, seconds: 9, out: outA)
+        let (b, _) = try Self.player(paired, 1, port: port, seconds: 9, out: outB)
+        #expect(eventually(10) { a.stderr.contains { $0.contains("joined ctl-host") } && b.stderr.contains { $0.contains("joined ctl-host") } })
+        Thread.sleep(forTimeInterval: 1.5)
+        Self.say("pause", to: stdin)
+        #expect(eventually(5) { a.stderr.contains { $0.hasSuffix("pause: ok") } }, "\(a.stderr)")
+        #expect(eventually(5) { a.stderr.contains { $0.contains("paused (the host holds this player's audio)") } })
+        #expect(eventually(5) { host.stderr.contains { $0.contains("player-0 paused") } }, "\(host.stderr)")
+        // Longer than the session's 2 s liveness timeout: a paused player stays connected.
+        Thread.sleep(forTimeInterval: 3)
+        Self.say("resume", to: stdin)
+        #expect(eventually(5) { a.stderr.contains { $0.hasSuffix("resume: ok") } && a.stderr.contains { $0.hasSuffix("playing") } }, "\(a.stderr)")
+        #expect(a.waitForExit(seconds: 20) == 0, "\(a.stderr)")
+        #expect(b.waitForExit(seconds: 20) == 0, "\(b.stderr)")
+
+        // A: tone, then at least a second of exact silence, then the tone again.
+        let sa = try readWAV(outA).samples
+        let wa = Self.windows(sa)
+        guard let start = wa.firstIndex(where: { $0 > 0.05 }) else { Issue.record("A played nothing"); return }
+        let silent = wa[start...].map { $0 == 0 }
+        var longest = 0, run = 0
+        for s in silent { run = s ? run + 1 : 0; longest = max(longest, run) }
+        #expect(longest >= 50 && longest <= 75, "silence of \(longest) windows of 50 ms (paused for 3 s)")
+        #expect(wa[(wa.count - 10)...].allSatisfy { $0 > 0.05 }, "the tone again after resume")
+        // The pause is neither loss nor concealment, and the buffer is where it was (no backlog played).
+        let final = a.jsonObjects.last { $0["final"] as? Bool == true } ?? [:]
+        #expect((final["pausedMs"] as? Double ?? 0) >= 2700, "\(final)")
+        #expect(a.stderr.filter { $0.contains("joined ctl-host") }.count == 1, "joined once, never lost: \(a.stderr)")
+        #expect((final["lossPercent"] as? Double ?? 1) < 0.5 && (final["concealedMs"] as? Double ?? 999) < 60, "\(final)")
+        let buffers = a.jsonObjects.compactMap { $0["bufferMs"] as? Double }
+        if buffers.count >= 6 {
+            #expect(buffers.suffix(2).allSatisfy { $0 <= buffers.prefix(3).max()! + 6 }, "buffer \(buffers)")
+        }
+        // B never stopped.
+        let wb = Self.windows(try readWAV(outB).samples)
+        guard let startB = wb.firstIndex(where: { $0 > 0.05 }) else { Issue.record("B played nothing"); return }
+        #expect(wb[startB..<(wb.count - 2)].allSatisfy { $0 > 0.05 }, "B was unaffected")
+        // The host saw it: A paused in its status, then playing.
+        #expect(host.jsonObjects.contains { ($0["players"] as? [[String: Any]])?.contains { $0["paused"] as? Bool == true } == true })
+    }
+
+    @Test("capture writes the pre-roll's tone and what follows; the player prints saved; a read-only directory answers failed")
+    func capture() throws {
+        let paired = try PairedStates()
+        let clips = Rig.tempPath("clips-\(UUID().uuidString.prefix(6))")
+        try FileManager.default.createDirectory(atPath: clips, withIntermediateDirectories: true)
+        let (host, port) = try Self.host(paired, ["--clips", clips, "--clip-preroll", "2", "--clip-length", "1"])
+        defer { host.kill() }
+        let out = Rig.tempPath("capture-\(UUID().uuidString.prefix(6)).wav")
+        let (p, stdin) = try Self.player(paired, port: port, seconds: 6, out: out)
+        #expect(eventually(10) { p.stderr.contains { $0.contains("joined ctl-host") } })
+        Thread.sleep(forTimeInterval: 2.5)
+        Self.say("capture", to: stdin)
+        #expect(eventually(5) { p.stderr.contains { $0.hasSuffix("capture single: recording") } }, "\(p.stderr)")
+        #expect(eventually(10) { p.stderr.contains { $0.contains("clip saved ") } }, "\(p.stderr)")
+        let line = p.stderr.first { $0.contains("clip saved ") } ?? ""
+        let name = String(line[line.range(of: "clip saved ")!.upperBound...])
+        #expect(name.hasPrefix("ctl-host-") && name.hasSuffix(".wav"))
+        let (samples, format) = try readWAV(clips + "/" + name)
+        #expect(format == .default)
+        #expect(samples.count == 3 * 44_100, "2 s of pre-roll and 1 s after: \(samples.count)")
+        var crossings = 0
+        for i in 1..<samples.count where (samples[i - 1] < 0) != (samples[i] < 0) { crossings += 1 }
+        #expect(abs(crossings - 3 * 880) <= 12, "a 440 Hz tone throughout: \(crossings) sign changes")
+        #expect(p.waitForExit(seconds: 20) == 0, "\(p.stderr)")
+        #expect(host.stderr.contains { $0.contains("clip saved: \(name)") })
+
+        // A directory that cannot be written: the answer is failed, with the reason; the host serves on.
+        let readOnly = try ReadOnlyDirectory(clips)
+        defer { readOnly.undo() }
+        let (p2, stdin2) = try Self.player(paired, port: port, seconds: 3, out: out)
+        #expect(eventually(10) { p2.stderr.contains { $0.contains("joined ctl-host") } })
+        Self.say("capture", to: stdin2)
+        #expect(eventually(5) { p2.stderr.contains { $0.contains("capture single: failed: cannot write ctl-host-") } }, "\(p2.stderr)")
+        #expect(p2.waitForExit(seconds: 20) == 0, "\(p2.stderr)")
+        #expect(host.isRunning)
+    }
+}
