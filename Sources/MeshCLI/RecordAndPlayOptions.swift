@@ -112,6 +112,10 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
     package var clips: String?
     package var clipPreroll: Double = 10
     package var clipLength: Double = 10
+    /// Talkback from the players: played on this device, or written to this sound file; nil takes none.
+    package var talkOutput: PlayOptions.Output?
+    /// `--talk-duplex full`: a talker keeps hearing the host.
+    package var talkFullDuplex = false
 
     /// The host name, cut to a display name.
     package static var defaultName: String {
@@ -148,11 +152,14 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
       --clips DIR         keep a pre-roll of the capture; a player's "capture" writes DIR/<name>-<time>.wav
       --clip-preroll S    seconds kept before the press (default 10)
       --clip-length S     longest part after the press (default 10)
+      --talk-device DEV   take push-to-talk from players and play it on this ALSA device
+      --talk-output FILE  the same, written to a .wav/.flac/.ogg file instead
+      --talk-duplex half|full  half (default): a talking player does not hear the host meanwhile (no echo)
       --quiet             no status line or event lines (errors are still printed)
       --json              one JSON status object per second on stdout
       --help, --version
-      stdin takes one command a line: mute, unmute, or m (toggle); with --accept ask, a question waiting for its
-      answer takes the line first.
+      Keys on a terminal: m = mute/unmute the microphone. Off a terminal (or with --accept ask, whose questions read
+      lines), stdin takes one command a line: mute, unmute, or m (toggle); a question waiting for its answer comes first.
       ctl                 talk to the host running here: status, pair (opens a window; prints the code and QR),
                           paired, forget NAME|FP (disconnects it), mute, unmute
     """
@@ -201,6 +208,20 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
             case "--clips": o.clips = try cursor.value(for: a)
             case "--clip-preroll": o.clipPreroll = try cursor.number(for: a, in: 0...600)
             case "--clip-length": o.clipLength = try cursor.number(for: a, in: 0.1...3_600)
+            case "--talk-device":
+                guard o.talkOutput == nil else { throw UsageError("--talk-device and --talk-output are exclusive") }
+                o.talkOutput = .device(try cursor.value(for: a))
+            case "--talk-output":
+                guard o.talkOutput == nil else { throw UsageError("--talk-device and --talk-output are exclusive") }
+                let path = try cursor.value(for: a)
+                guard let encoding = SoundFileEncoding.forPath(path) else {
+                    throw UsageError("--talk-output takes a .wav, .flac or .ogg file, got \"\(path)\"")
+                }
+                o.talkOutput = .file(path, encoding)
+            case "--talk-duplex":
+                let v = try cursor.value(for: a)
+                guard v == "half" || v == "full" else { throw UsageError("--talk-duplex takes half or full, got \"\(v)\"") }
+                o.talkFullDuplex = v == "full"
             case "--paired": sawPaired = true
             case "--forget": forget = try cursor.value(for: a)
             case "--runtime-dir": o.runtime = RuntimeDirectory(try cursor.value(for: a))
@@ -290,6 +311,10 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
     package var volume: Double = 0
     /// A short local beep confirms a saved clip.
     package var beep = true
+    /// `--buttons PATH`: headset and media buttons (a Linux input device).
+    package var buttons: String?
+    /// Push-to-talk input (`--talk-device DEV` or `--talk-input SRC`); nil: no talk.
+    package var talkInput: AudioInput?
 
     package static let usage = """
     usage: mesh-play --find [--host NAME] [options]      find a paired host, join it and play
@@ -312,6 +337,10 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
       --duration SECONDS  stop after this long
       --volume DB         starting volume, -60…+12 dB (default 0)
       --no-beep           no local beep when a clip is saved
+      --talk-device DEV   push-to-talk from this ALSA capture device (talk on: space, "talk on", the mic-mute key)
+      --talk-input SRC    the same from tone:HZ or a sound file (tests)
+      --buttons DEV       headset/media buttons (/dev/input/eventN): play/pause = pause/resume, long press = capture,
+                          volume keys = volume, mic-mute = talk
       --quiet             no status line or event lines (errors are still printed)
       --json              one JSON status object per second on stdout
       --help, --version
@@ -381,6 +410,11 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
                 o.name = name
             case "--volume": o.volume = try cursor.number(for: a, in: OutputControls.volumeRange)
             case "--no-beep": o.beep = false
+            case "--buttons": o.buttons = try cursor.value(for: a)
+            case "--talk-device", "--talk-input":
+                guard o.talkInput == nil else { throw UsageError("--talk-device and --talk-input are exclusive") }
+                let v = try cursor.value(for: a)
+                o.talkInput = a == "--talk-device" ? .device(v) : try AudioInput.parse(v, flag: a)
             case "--quiet": o.quiet = true
             case "--json": o.json = true
             default: throw UsageError("unknown option \"\(a)\"")

@@ -41,7 +41,8 @@ package enum StatusReport {
 
     // MARK: Host
 
-    package static func line(host s: RelayHost.Statistics, format: AudioFormat, hold: Float) -> String {
+    /// The host's status line; `keys`, when given, are listed at its end.
+    package static func line(host s: RelayHost.Statistics, format: AudioFormat, hold: Float, keys: [String] = []) -> String {
         let players = s.players.isEmpty ? "waiting for players" : "serving \(s.players.count) player\(s.players.count == 1 ? "" : "s")"
         var parts = ["● \(players)"]
         if s.pairing { parts.append("pairing open") }
@@ -49,6 +50,7 @@ package enum StatusReport {
         if s.muted { parts.append("MUTED") }
         let paused = s.players.filter(\.paused).count
         if paused > 0 { parts.append("\(paused) paused") }
+        if let t = s.players.first(where: \.talking) { parts.append("◀ \(TerminalText.escape(t.peer.displayName)) talks") }
         switch s.capture {
         case .off, .armed: break
         case .recording: parts.append("● REC clip")
@@ -57,6 +59,7 @@ package enum StatusReport {
         }
         parts += ["capture \(ms(format.milliseconds(frames: s.captureDelayFrames)))", "xruns \(s.captureXruns)",
                   meter(level: s.peakLevel, hold: hold)]
+        if !keys.isEmpty { parts.append("keys: " + keys.joined(separator: " · ")) }
         return parts.joined(separator: " | ")
     }
 
@@ -76,6 +79,7 @@ package enum StatusReport {
             j.add("address", p.address)
             j.add("fingerprint", p.fingerprint)
             j.add("paused", p.paused)
+            j.add("talking", p.talking)
             return j
         })
         o.add("playerCount", s.players.count)
@@ -114,6 +118,7 @@ package enum StatusReport {
                      "drift \(JSONObject.number(p.driftPPM)) ppm", "xruns \(s.device.xruns)"]
         if s.hostControl?.paused == true { parts.insert("PAUSED", at: 1) }
         if s.hostControl?.muted == true { parts.append("host muted") }
+        if s.talking { parts.insert("◀ TALKING", at: 1) }
         parts.append(s.muted ? "MUTED" : "vol \(JSONObject.number(s.volumeDB)) dB")
         parts += extra
         parts.append(meter(level: p.peakLevel, hold: hold))
@@ -167,6 +172,8 @@ package enum StatusReport {
         o.add("hostMuted", s.hostControl?.muted ?? false)
         o.add("capture", s.hostControl?.capture.description)
         o.add("hostControl", s.hostControl != nil)
+        o.add("talking", s.talking)
+        o.add("talkPacketsSent", s.talkPacketsSent)
         o.add("malformedControl", s.malformedControl)
         o.add("peakDbfs", dbfs(p.peakLevel))
         o.add("rate", s.format.sampleRate)

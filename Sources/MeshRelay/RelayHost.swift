@@ -54,6 +54,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         public var encryption: EncryptionPreference = .required
         /// Clip capture (`--clips DIR`): where clips go and how long they are; nil keeps no clips.
         public var clips: ClipRecorder.Configuration?
+        /// Talkback (`--talk-output`, `--talk-device`): where a talking player is played; nil takes no talkback.
+        public var talk: TalkOutput?
 
         public init(identity: PeerIdentity, trust: TrustStore?, serviceType: String = "mesh-audio", port: UInt16 = 0,
                     maximumPeers: Int = 33, accept: AcceptPolicy = .paired, discovery: (any DiscoveryBackend)? = nil) {
@@ -89,6 +91,20 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         public var malformedControl: UInt64 = 0
     }
 
+    /// Where talkback from the players is played: a sink for the talker's format, and whether the talker keeps
+    /// hearing the host meanwhile.
+    public struct TalkOutput: Sendable {
+        /// Builds the sink (an ALSA `Player`, or a `WAVFileSink`) for the talkback format.
+        public var makeSink: @Sendable (AudioFormat) throws -> any AudioSink
+        /// `--talk-duplex full`: the talker keeps hearing the host. By default (half duplex) the host stops sending its
+        /// microphone to the player that talks, which avoids echo without echo cancellation.
+        public var fullDuplex = false
+        public init(fullDuplex: Bool = false, makeSink: @escaping @Sendable (AudioFormat) throws -> any AudioSink) {
+            self.makeSink = makeSink
+            self.fullDuplex = fullDuplex
+        }
+    }
+
     /// A connected player, as the host sees it.
     public struct PlayerInfo: Sendable, Equatable {
         public var peer: PeerID
@@ -96,6 +112,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         public var fingerprint: String?
         /// Whether the player paused its audio (the host sends it none meanwhile).
         public var paused = false
+        /// Whether the player talks back now.
+        public var talking = false
     }
 
     public let peer: PeerID
@@ -118,6 +136,9 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     private let control: Mutex<HostControl<PeerID>>
     private let controlQueue = DispatchQueue(label: "peermesh.relay-host.control")
     private let clips: ClipRecorder?
+    /// The talkback pipeline (network → jitter buffer → … → the talk sink), and whose datagrams it plays.
+    private let talkback: PlayoutPipeline?
+    private let talker = Mutex<PeerID?>(nil)
 
     private struct HostState {
         /// Players admitted because the trust store has their key: forgotten keys are disconnected.
@@ -145,7 +166,9 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             var connected: [PeerID] = []
             var audience: [PeerID] = []
             var paused: Set<PeerID> = []
-            mutating func recompute() { audience = connected.filter { !paused.contains($0) } }
+            /// Held while they talk (half duplex).
+            var talking: Set<PeerID> = []
+            mutating func recompute() { audience = connected.filter { !paused.contains($0) && !talking.contains($0) } }
         }
         private let list = Mutex(List())
         /// The players audio goes to now; nil when there are none.
@@ -155,7 +178,13 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         func update(_ peer: PeerID, connected: Bool) {
             list.withLock { l in
                 l.connected.removeAll { $0 == peer }
-                if connected { l.connected.append(peer) } else { l.paused.remove(peer) }
+                if connected { l.connected.append(peer) } else { l.paused.remove(peer); l.talking.remove(peer) }
+                l.recompute()
+            }
+        }
+        func setHeldForTalk(_ peer: PeerID, _ held: Bool) {
+            list.withLock { l in
+                if held { l.talking.insert(peer) } else { l.talking.remove(peer) }
                 l.recompute()
             }
         }
@@ -213,7 +242,11 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                                                           maximumPeersPerHost: 2))
         let players = Players()
         self.players = players
-        control = Mutex(HostControl(clips: configuration.clips != nil))
+        control = Mutex(HostControl(clips: configuration.clips != nil, talk: configuration.talk != nil,
+                                    fullDuplex: configuration.talk?.fullDuplex ?? false))
+        talkback = try configuration.talk.map { t in
+            try PlayoutPipeline(format: .default, configuration: .init(mode: .auto), sink: try t.makeSink(.default))
+        }
         // The clip recorder reports how a clip ended on its own thread; the control queue takes it from there.
         let outcomes = Mutex<(@Sendable (ClipRecorder.Outcome) -> Void)?>(nil)
         var clips: ClipRecorder?
@@ -244,7 +277,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     /// caller's extra entries.
     private static func info(_ configuration: Configuration, source: any AudioSource, pairing: Bool) -> [String: String] {
         var info = configuration.discoveryInfo
-        info.merge(HostControl<PeerID>(clips: configuration.clips != nil).offered.discoveryInfo) { $1 }
+        info.merge(HostControl<PeerID>(clips: configuration.clips != nil, talk: configuration.talk != nil).offered.discoveryInfo) { $1 }
         info["rate"] = String(source.format.sampleRate)
         info["ch"] = String(source.format.channels)
         info["period"] = String(source.periodFrames)
@@ -269,6 +302,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     /// Starts capture and the send thread, then advertising, and watches the trust store for forgotten players.
     public func start() throws {
         try clips?.start()
+        try talkback?.start()
         try capture.start()
         running.store(true, ordering: .releasing)
         try advertiser.startAdvertisingPeer()
@@ -289,6 +323,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         guard running.exchange(false, ordering: .acquiringAndReleasing) else { return }
         capture.stop()
         clips?.stop()
+        talkback?.stop()
         advertiser.stopAdvertisingPeer()
         session.disconnect()
         pairingSession.disconnect()
@@ -300,7 +335,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         let (addresses, pairing, advertised) = state.withLock { ($0.addresses, $0.pairing != nil, $0.advertised) }
         let paused = players.paused
         s.players = players.all.map {
-            PlayerInfo(peer: $0, address: addresses[$0], fingerprint: $0.publicKey?.shortFingerprint, paused: paused.contains($0))
+            PlayerInfo(peer: $0, address: addresses[$0], fingerprint: $0.publicKey?.shortFingerprint, paused: paused.contains($0),
+                       talking: talker.withLock { $0 } == $0)
         }
         let (clip, counters) = control.withLock { ($0.captureState, $0.counters) }
         s.capture = clip
@@ -444,6 +480,11 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             case .discardClip:
                 clips?.discard()
                 events("clip discarded")
+            case .setTalker(let peer):
+                let previous = talker.withLock { t -> PeerID? in defer { t = peer }; return t }
+                if let peer { events("player \(peer.displayName) talks") } else if let previous { events("player \(previous.displayName) stopped talking") }
+            case .holdForTalk(let peer, let held):
+                players.setHeldForTalk(peer, held)
             }
         }
     }
@@ -503,6 +544,13 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             events("player \(peer.displayName) left")
         case .connecting: break
         }
+    }
+
+    /// Talkback: the talker's audio datagrams go to the talk pipeline (the session's I/O thread); anyone else's are
+    /// dropped.
+    public func session(_ session: Session, didReceiveDatagramBytes bytes: UnsafeRawBufferPointer, fromPeer peer: PeerID) {
+        guard let talkback, session === self.session, talker.withLock({ $0 }) == peer else { return }
+        talkback.receive(bytes, arrivalNanos: MonotonicClock.nowNanos())
     }
 
     public func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {

@@ -50,6 +50,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         public var encryption: EncryptionPreference = .required
         /// A short local beep confirms a clip the player asked for (`--no-beep` turns it off).
         public var beep = true
+        /// Push-to-talk: what the player captures while talk is on (`--talk-device`, `--talk-input`); nil has none.
+        public var talkSource: (any AudioSource)?
 
         public init(target: JoinTarget, identity: PeerIdentity, hosts: HostPolicy, serviceType: String = "mesh-audio",
                     latency: JitterBuffer.Mode = .auto, discovery: (any DiscoveryBackend)? = nil) {
@@ -100,6 +102,10 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         public var pausedMilliseconds: Double = 0
         /// Control messages from the host that were not valid answers.
         public var malformedControl: UInt64 = 0
+        /// Whether talk is on (the host accepted it and the talk input is being sent).
+        public var talking = false
+        /// Talkback packets sent to the host.
+        public var talkPacketsSent: UInt64 = 0
     }
 
     /// Concealment and waiting time, attributed on the control queue every tick.
@@ -162,6 +168,16 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     private let discoveryInfo = Mutex<[PeerID: [String: String]]>([:])
     /// Whether the clip being recorded is one this player asked for (it beeps when it is saved).
     private let ownsClip = Atomic<Bool>(false)
+    /// Push-to-talk: the capture chain of the talk input (talk input → packetize → send), and where it goes now
+    /// (the host, while talk is on; nil: nowhere, and nothing is packetized).
+    private let talkCapture: CapturePipeline<[PeerID]>?
+    private let talkTarget: TalkTarget
+
+    /// Where the talk input goes, shared with the talk send thread.
+    private final class TalkTarget: Sendable {
+        private let peer = Mutex<PeerID?>(nil)
+        func withLock<R: Sendable>(_ body: (inout PeerID?) -> R) -> R { peer.withLock { body(&$0) } }
+    }
 
     /// - Parameters:
     ///   - log: one human-readable line per event.
@@ -175,14 +191,22 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         self.log = log
         self.onGiveUp = onGiveUp
         peer = configuration.identity.peerID
-        session = try Session(securityIdentity: configuration.identity, encryptionPreference: configuration.encryption,
-                              configuration: .init(peerTimeout: configuration.peerTimeout, bindHost: configuration.bindHost))
+        let session = try Session(securityIdentity: configuration.identity, encryptionPreference: configuration.encryption,
+                                  configuration: .init(peerTimeout: configuration.peerTimeout, bindHost: configuration.bindHost))
+        self.session = session
         if case .discover = configuration.target {
             browser = try NearbyServiceBrowser(peer: peer, serviceType: configuration.serviceType, discovery: configuration.discovery)
         } else {
             browser = nil
         }
         join = Mutex(JoinStateMachine(target: configuration.target, maximumAttempts: configuration.maximumConnectAttempts))
+        let target = TalkTarget()
+        talkTarget = target
+        talkCapture = try configuration.talkSource.map { source in
+            try CapturePipeline(source: source, audience: { target.withLock { $0.map { [$0] } } }, send: { bytes, peers in
+                (try? session.sendDatagram(bytes, toPeers: peers)) != nil
+            })
+        }
         session.delegate = self
         browser?.delegate = self
     }
@@ -196,11 +220,14 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         // Join actions all run on the control queue, one at a time.
         control.sync { perform(join.withLock { $0.start(now: monotonicNow()) }) }
         scheduleTick()
+        try talkCapture?.start()
     }
 
     /// Says goodbye to the host, stops the sink (a WAV file is finalized) and stops browsing.
     public func stop() {
         ticking.store(false, ordering: .releasing)
+        talkTarget.withLock { $0 = nil }
+        talkCapture?.stop()
         join.withLock { $0.stop() }
         browser?.stopBrowsingForPeers()
         session.disconnect()
@@ -230,6 +257,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         s.volumeDB = controls.volumeDB
         s.muted = controls.muted
         s.pausedMilliseconds = Double(s.playout.heldFrames) * 1000 / Double(s.format.sampleRate)
+        s.talking = talkTarget.withLock { $0 } != nil
+        s.talkPacketsSent = talkCapture?.statistics.packetsSent ?? 0
         let st = session.statistics
         s.unauthenticDatagrams = st.unauthenticDatagrams
         s.datagrams = st.datagramsReceived
@@ -274,7 +303,11 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
             let action: PlayerControl.Action
             if host == nil {
                 action = .refused(command, "not joined to a host")
+            } else if case .talk(true) = command, talkCapture == nil, remote.withLock({ $0.features.contains(.talk) }) {
+                action = .refused(command, "this player has no talk input (mesh-play --talk-device DEV or --talk-input SRC)")
             } else {
+                // Talk off stops sending at once, before the host answers.
+                if case .talk(false) = command { talkTarget.withLock { $0 = nil } }
                 action = remote.withLock { $0.request(command) }
             }
             performControl([action], host: host)
@@ -294,11 +327,15 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 log("\(command): not sent: \(why)")
             case .answered(let command, let reply):
                 if case .capture = command, reply == .recording { ownsClip.store(true, ordering: .relaxed) }
+                // Talk on, accepted: the talk input goes to the host from the next chunk.
+                if case .talk(true) = command, reply == .ok, let host { talkTarget.withLock { $0 = host } }
                 log("\(command): \(reply)")
             case .stateChanged(let state, let previous):
                 controls.held = state.paused
                 if previous?.paused != state.paused, previous != nil || state.paused {
-                    log(state.paused ? "paused (the host holds this player's audio)" : "playing")
+                    let talking = talkTarget.withLock { $0 } != nil
+                    log(state.paused ? (talking ? "talking: the host holds its audio meanwhile (half duplex)"
+                                                : "paused (the host holds this player's audio)") : "playing")
                 }
                 if previous?.muted != state.muted, previous != nil || state.muted {
                     log(state.muted ? "the host muted its microphone" : "the host unmuted its microphone")
@@ -413,6 +450,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 }
             case .notConnected:
                 let left = self.remote.withLock { $0.left() }
+                self.talkTarget.withLock { $0 = nil }
                 self.controls.held = false
                 self.ownsClip.store(false, ordering: .relaxed)
                 self.performControl(left, host: nil)

@@ -90,6 +90,10 @@ func pair(code: String, fingerprint: String?) -> Never {
     }
 }
 
+// A --buttons device that cannot be read is said before anything starts.
+if let path = options.buttons {
+    do { try ButtonReader.check(path) } catch { terminal.fail("\(error)") }
+}
 let device = DeviceState.open(options.state, name: options.name, terminal: terminal)
 let target: JoinTarget = options.connect.map { .direct($0) } ?? .discover(hostName: options.hostName)
 let output = options.output
@@ -121,6 +125,7 @@ do {
     if case .discover = target { config.discovery = try AvahiDiscovery(log: { terminal.log(TerminalText.escape($0)) }) }
     config.maximumConnectAttempts = 5
     config.beep = options.beep
+    config.talkSource = try options.talkInput?.makeSource(format: .default, periodFrames: 128)
     player = try RelayPlayer(configuration: config, makeSink: makeSink, log: { terminal.log(TerminalText.escape($0)) },
                              onGiveUp: { why in
                                  gaveUp.withLock { $0 = why }
@@ -165,6 +170,12 @@ let input = StandardInputReader(key: { byte in
     case nil: break
     }
 })
+let buttons: ButtonReader?
+do {
+    buttons = try options.buttons.map { try ButtonReader(path: $0, onCommand: apply) }
+} catch {
+    terminal.fail("\(error)")
+}
 let keys = input.isTerminal ? ["p pause", "m mute", "+/- vol", "c clip"] : []
 
 // Under systemd (mesh-play@HOST.service): ready once playing or searching, the phase as its status line, and a
@@ -214,5 +225,5 @@ if let why = gaveUp.withLock({ $0 }) {
     terminal.error(TerminalText.escape(why))
     exit(1)
 }
-withExtendedLifetime(trap) {}
+withExtendedLifetime((trap, buttons)) {}
 exit(0)

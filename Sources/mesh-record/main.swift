@@ -60,17 +60,25 @@ if let recorder = source as? Recorder, recorder.usesPlugConversion {
 }
 
 // Who may listen. Remote names in event lines are escaped before they reach the terminal.
-// stdin: answers to --accept ask's questions first; other lines are commands (mute, unmute, m to toggle).
+// The operator's input. On a terminal the m key mutes and unmutes (but not with --accept ask, whose questions read
+// whole lines); otherwise stdin takes one command a line: mute, unmute, or m to toggle (questions come first).
 let running = Mutex<RelayHost?>(nil)
-let input = StandardInput(commands: { line in
-    let word = line.split(separator: " ").first.map { $0.lowercased() }
-    guard let word, let host = running.withLock({ $0 }) else { return }
+@Sendable func operatorCommand(_ word: String) {
+    guard let host = running.withLock({ $0 }) else { return }
     switch word {
     case "mute": host.isMuted = true
     case "unmute": host.isMuted = false
     case "m": host.isMuted.toggle()
     default: terminal.error("unknown command \"\(TerminalText.escape(word))\" (commands: mute, unmute, m)")
     }
+}
+let operatorKeys = isatty(STDIN_FILENO) == 1 && options.accept != .ask
+let keyInput: StandardInputReader? = operatorKeys
+    ? StandardInputReader(key: { byte in if byte == UInt8(ascii: "m") || byte == UInt8(ascii: "M") { operatorCommand("m") } },
+                          line: { _ in })
+    : nil
+let input: StandardInput? = operatorKeys ? nil : StandardInput(commands: { line in
+    if let word = line.split(separator: " ").first.map({ $0.lowercased() }) { operatorCommand(word) }
 })
 let accept: RelayHost.AcceptPolicy
 switch options.accept {
@@ -78,7 +86,7 @@ case .paired: accept = .paired
 case .all:
     accept = .all
     terminal.error("warning: --accept all: anyone on the network can listen to this microphone")
-case .ask: accept = .ask(TerminalApproval(terminal: terminal, input: input))
+case .ask: accept = .ask(TerminalApproval(terminal: terminal, input: input!))
 }
 
 // Discovery: wait for avahi-daemon if it is not up yet; with no system bus at all, serve by address only.
@@ -98,6 +106,14 @@ var config = RelayHost.Configuration(identity: device.identity, trust: device.tr
 config.discoveryReachesNetwork = dnssd
 config.bindHost = options.bind
 config.maximumPlayersPerAddress = options.maxPerAddress
+if let output = options.talkOutput {
+    config.talk = RelayHost.TalkOutput(fullDuplex: options.talkFullDuplex) { format in
+        switch output {
+        case .device(let name): return try Player(device: name, format: format, periodFrames: 128, bufferFrames: 256)
+        case .file(let path, let encoding): return try WAVFileSink(path: path, format: format, periodFrames: 128, encoding: encoding)
+        }
+    }
+}
 if let dir = options.clips {
     config.clips = ClipRecorder.Configuration(directory: dir, name: device.identity.displayName,
                                               prerollSeconds: options.clipPreroll, maximumSeconds: options.clipLength)
@@ -228,11 +244,13 @@ let done = DispatchSemaphore(value: 0)
 let trap = SignalTrap(queue: .global()) { _ in done.signal() }
 let ticker = StatusTicker(label: "mesh-record.status") { hold in
     let s = host.statistics
-    terminal.status(StatusReport.line(host: s, format: source.format, hold: hold.update(s.peakLevel)))
+    terminal.status(StatusReport.line(host: s, format: source.format, hold: hold.update(s.peakLevel),
+                                      keys: operatorKeys ? ["m mute"] : []))
     if options.json { terminal.stdout(StatusReport.json(host: s, name: device.identity.displayName, port: host.port, format: source.format).description) }
 }
 done.wait()
 ticker.cancel()
+keyInput?.restore()
 terminal.finish()
 let final = host.statistics
 terminal.log("stopping: saying goodbye to \(final.players.count) player(s)")
@@ -242,5 +260,5 @@ host.stop()
 if options.json {
     terminal.stdout(StatusReport.json(host: final, name: device.identity.displayName, port: host.port, format: source.format, final: true).description)
 }
-withExtendedLifetime((trap, input)) {}
+withExtendedLifetime((trap, input, keyInput)) {}
 exit(0)

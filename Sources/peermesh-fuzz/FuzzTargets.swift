@@ -1,7 +1,7 @@
 // peermesh-fuzz: every decoder of outside bytes, one target each.
 //
 //   Built by scripts/fuzz with `-sanitize=fuzzer,address -DFUZZING`: a libFuzzer binary; the target is chosen by
-//   PEERMESH_FUZZ_TARGET (frames, channel, datagram, txt, pairing, audio, wav).
+//   PEERMESH_FUZZ_TARGET (frames, channel, datagram, txt, pairing, audio, wav, control).
 //   Built plainly: `peermesh-fuzz TARGET PATH...` replays files (or directories of them) through the target and
 //   says how many ran; a crash is a failed replay. scripts/test replays fuzz/corpus this way.
 import Foundation

@@ -52,3 +52,41 @@ struct ListenerCommandTests {
         #expect(throws: UsageError.self) { _ = try RecordOptions.parse(["--host", "--clip-length", "0"]) }
     }
 }
+
+/// Headset and media buttons: Linux input events, in virtual time.
+struct ButtonDecoderTests {
+    static func key(_ t: Double, _ code: ButtonDecoder.Key, _ value: Int32) -> [UInt8] {
+        ButtonDecoder.event(seconds: Int64(t), microseconds: Int64((t - t.rounded(.down)) * 1e6), code: code.rawValue, value: value)
+    }
+
+    @Test func pressesBecomeCommands() {
+        var d = ButtonDecoder()
+        var bytes: [UInt8] = []
+        bytes += Self.key(10.0, .playPause, 1) + Self.key(10.2, .playPause, 0)           // a click: pause/resume
+        bytes += Self.key(11.0, .playPause, 1) + Self.key(11.3, .playPause, 2) + Self.key(12.0, .playPause, 0) // long: capture
+        bytes += Self.key(13.0, .volumeDown, 1) + Self.key(13.3, .volumeDown, 2) + Self.key(13.4, .volumeDown, 0)
+        bytes += Self.key(14.0, .volumeUp, 1) + Self.key(14.1, .volumeUp, 0)
+        bytes += Self.key(15.0, .micMute, 1) + Self.key(15.5, .micMute, 0)
+        bytes += Self.key(16.0, .mute, 1) + Self.key(16.1, .mute, 0)
+        // A synchronization event between keys (EV_SYN) and an unknown key mean nothing.
+        bytes += ButtonDecoder.event(seconds: 17, microseconds: 0, code: 0, value: 0).enumerated().map { $0.offset == 16 ? 0 : $0.element }
+        bytes += ButtonDecoder.event(seconds: 17, microseconds: 0, code: 30, value: 1)
+        #expect(d.feed(bytes) == [.togglePause, .remote(.capture(.single, .primary)), .volumeStep(-3), .volumeStep(-3),
+                                  .volumeStep(3), .toggleTalk, .toggleMute])
+    }
+
+    @Test func eventsSplitAnywhereStillDecode() {
+        var d = ButtonDecoder()
+        let bytes = Self.key(1, .volumeUp, 1) + Self.key(2, .volumeUp, 1)
+        var out: [ListenerCommand] = []
+        for chunk in stride(from: 0, to: bytes.count, by: 5) { out += d.feed(bytes[chunk..<min(bytes.count, chunk + 5)]) }
+        #expect(out == [.volumeStep(3), .volumeStep(3)])
+        #expect(d.feed([1, 2, 3]) == [])
+    }
+
+    @Test func aReleaseWithoutAPressIsIgnored() {
+        var d = ButtonDecoder()
+        #expect(d.feed(Self.key(1, .playPause, 0)) == [])
+        #expect(d.feed(Self.key(2, .playPause, 1) + Self.key(2.5, .playPause, 0)) == [.togglePause])
+    }
+}

@@ -216,6 +216,35 @@ struct HostControlTests {
         #expect(h.received(Self.command(4, .capture(.single, .primary)), from: 1) == [.openClip(prerollOnly: false)])
     }
 
+    @Test func oneTalkerAtATimeHalfDuplexByDefault() {
+        var h = HostControl<Int>(clips: false, talk: true)
+        _ = h.joined(1)
+        _ = h.joined(2)
+        #expect(h.offered == [.control, .talk] && h.state(for: 1).talkAccepted)
+        let on = h.received(Self.command(1, .talk(true)), from: 1)
+        #expect(on.prefix(3) == [.setTalker(1), .holdForTalk(1, true), .send(1, .reply(id: 1, .ok))])
+        #expect(Self.states(on)[2]?.talkAccepted == false && Self.states(on)[1]?.talkAccepted == true)
+        #expect(Self.states(on)[1]?.paused == true && Self.states(on)[2]?.paused == false, "half duplex holds the talker's audio")
+        #expect(Self.replies(h.received(Self.command(2, .talk(true)), from: 2), to: 2) == [.busy])
+        #expect(h.received(Self.command(3, .talk(true)), from: 1) == [.send(1, .reply(id: 3, .ok))], "again: ok, nothing changes")
+        #expect(h.received(Self.command(4, .talk(false)), from: 2) == [.send(2, .reply(id: 4, .ok))], "not talking: ok")
+        let off = h.received(Self.command(5, .talk(false)), from: 1)
+        #expect(off.prefix(3) == [.setTalker(nil), .holdForTalk(1, false), .send(1, .reply(id: 5, .ok))])
+        #expect(h.currentTalker == nil && h.state(for: 2).talkAccepted)
+        // A talker that leaves frees the talk for the others.
+        _ = h.received(Self.command(6, .talk(true)), from: 2)
+        let left = h.left(2)
+        #expect(left.prefix(2) == [.setTalker(nil), .holdForTalk(2, false)] && Self.states(left)[1]?.talkAccepted == true)
+    }
+
+    @Test func fullDuplexKeepsTheTalkerListening() {
+        var h = HostControl<Int>(clips: false, talk: true, fullDuplex: true)
+        _ = h.joined(1)
+        let on = h.received(Self.command(1, .talk(true)), from: 1)
+        #expect(!on.contains { if case .holdForTalk = $0 { true } else { false } })
+        #expect(on.first == .setTalker(1))
+    }
+
     @Test func muteIsBroadcast() {
         var h = HostControl<Int>(clips: false)
         _ = h.joined(1)
@@ -227,13 +256,13 @@ struct HostControlTests {
 
     @Test func randomCommandsFromThreePlayersGetExactlyOneReplyEach() {
         var rng = SeededRandom(seed: 99)
-        var h = HostControl<Int>(clips: true)
+        var h = HostControl<Int>(clips: true, talk: true)
         for p in 1...3 { _ = h.joined(p) }
         var commands = 0, replies = 0
         for i in 0..<5_000 {
             let peer = 1 + Int(rng.next() % 3)
             let choice: [PlayerCommand] = [.pause, .resume, .capture(.single, .primary), .capture(.begin, .primary),
-                                           .capture(.end, .primary), .capture(.cancel, .primary), .talk(true)]
+                                           .capture(.end, .primary), .capture(.cancel, .primary), .talk(true), .talk(false)]
             let c = choice[Int(rng.next() % UInt64(choice.count))]
             var actions = h.received(Self.command(UInt32(i + 1), c), from: peer)
             commands += 1

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import MeshAudio
+import MeshCLI
 import MeshTestSupport
 @testable import MeshRelay
 
@@ -145,5 +146,99 @@ struct RemoteControlTests {
         #expect(eventually(5) { p2.stderr.contains { $0.contains("capture single: failed: cannot write ctl-host-") } }, "\(p2.stderr)")
         #expect(p2.waitForExit(seconds: 20) == 0, "\(p2.stderr)")
         #expect(host.isRunning)
+    }
+
+    @Test("headset buttons through a FIFO of synthesized input events: volume keys, play/pause, a long press captures")
+    func buttons() throws {
+        let paired = try PairedStates()
+        let clips = Rig.tempPath("button-clips-\(UUID().uuidString.prefix(6))")
+        try FileManager.default.createDirectory(atPath: clips, withIntermediateDirectories: true)
+        let (host, port) = try Self.host(paired, ["--clips", clips, "--clip-preroll", "1", "--clip-length", "0.5"])
+        defer { host.kill() }
+        let fifo = Rig.tempPath("buttons-\(UUID().uuidString.prefix(6))")
+        #expect(mkfifo(fifo, 0o600) == 0)
+        let p = try CLIProcess("mesh-play", paired.playerArgs() + ["--connect", "127.0.0.1:\(port)", "--output", Rig.tempPath("buttons.wav"),
+                                                                  "--duration", "8", "--buttons", fifo])
+        #expect(eventually(10) { p.stderr.contains { $0.contains("joined ctl-host") } }, "\(p.stderr)")
+        guard let events = FileHandle(forWritingAtPath: fifo) else { Issue.record("cannot open the FIFO"); return }
+        func key(_ t: Double, _ code: UInt16, _ value: Int32) -> Data {
+            Data(ButtonDecoder.event(seconds: Int64(t), microseconds: Int64(((t - t.rounded(.down)) * 1e6).rounded()),
+                                     code: code, value: value))
+        }
+        events.write(key(1, 114, 1) + key(1.1, 114, 0) + key(1.5, 114, 1) + key(1.6, 114, 0)) // volume down twice
+        #expect(eventually(5) { p.stderr.contains { $0.hasSuffix("volume -6 dB") } }, "\(p.stderr)")
+        events.write(key(2, 164, 1) + key(2.1, 164, 0))                                        // play/pause: pause
+        #expect(eventually(5) { p.stderr.contains { $0.hasSuffix("pause: ok") } }, "\(p.stderr)")
+        #expect(eventually(5) { p.stderr.contains { $0.contains("paused (the host holds") } })
+        events.write(key(3, 164, 1) + key(3.1, 164, 0))                                        // and resume
+        #expect(eventually(5) { p.stderr.contains { $0.hasSuffix("resume: ok") } }, "\(p.stderr)")
+        events.write(key(4, 164, 1) + key(4.5, 164, 2) + key(5.2, 164, 0))                     // long press: capture
+        #expect(eventually(5) { p.stderr.contains { $0.hasSuffix("capture single: recording") } }, "\(p.stderr)")
+        #expect(eventually(10) { p.stderr.contains { $0.contains("clip saved ctl-host-") } }, "\(p.stderr)")
+        events.closeFile()
+        #expect(p.waitForExit(seconds: 20) == 0, "\(p.stderr)")
+        // A device that does not exist: a clear line, exit 1.
+        let missing = try CLIProcess("mesh-play", paired.playerArgs() + ["--connect", "127.0.0.1:\(port)", "--buttons", "/dev/input/event-none"])
+        #expect(missing.waitForExit(seconds: 10) == 1)
+        #expect(missing.stderr.contains { $0.contains("--buttons /dev/input/event-none: cannot open: no such file or directory") }, "\(missing.stderr)")
+    }
+
+    @Test("talk on with --talk-input tone:880 for 2 s: the host's --talk-output holds about 2 s of 880 Hz; the talker hears silence meanwhile (half duplex); a second talker gets busy")
+    func talkback() throws {
+        let paired = try PairedStates(players: 2)
+        let talkOut = Rig.tempPath("talk-\(UUID().uuidString.prefix(6)).wav")
+        let (host, port) = try Self.host(paired, ["--talk-output", talkOut])
+        defer { host.kill() }
+        func player(_ i: Int, _ hz: Int) throws -> (CLIProcess, FileHandle, String) {
+            let stdin = Pipe()
+            let out = Rig.tempPath("talk-player\(i)-\(UUID().uuidString.prefix(6)).wav")
+            let p = try CLIProcess("mesh-play", paired.playerArgs(i) + ["--connect", "127.0.0.1:\(port)", "--output", out,
+                                                                       "--duration", "7", "--talk-input", "tone:\(hz)"],
+                                   stdin: stdin.fileHandleForReading)
+            return (p, stdin.fileHandleForWriting, out)
+        }
+        let (a, inA, outA) = try player(0, 880)
+        let (b, inB, outB) = try player(1, 660)
+        #expect(eventually(10) { a.stderr.contains { $0.contains("joined ctl-host") } && b.stderr.contains { $0.contains("joined ctl-host") } })
+        Thread.sleep(forTimeInterval: 1.5)
+        Self.say("talk on", to: inA)
+        #expect(eventually(5) { a.stderr.contains { $0.hasSuffix("talk on: ok") } }, "\(a.stderr)")
+        let talkStarted = Date()
+        Self.say("talk on", to: inB)
+        #expect(eventually(5) { b.stderr.contains { $0.hasSuffix("talk on: busy") } }, "\(b.stderr)")
+        Thread.sleep(forTimeInterval: max(0, 2 - Date().timeIntervalSince(talkStarted)))
+        Self.say("talk off", to: inA)
+        #expect(eventually(5) { a.stderr.contains { $0.hasSuffix("talk off: ok") } }, "\(a.stderr)")
+        #expect(a.waitForExit(seconds: 20) == 0, "\(a.stderr)")
+        #expect(b.waitForExit(seconds: 20) == 0, "\(b.stderr)")
+        #expect(host.stderr.contains { $0.contains("player player-0 talks") } && host.stderr.contains { $0.contains("player-0 stopped talking") },
+                "\(host.stderr)")
+        Thread.sleep(forTimeInterval: 0.3)
+
+        // The host's talk output: about 2 s of 880 Hz (not B's 660 Hz), silence around it.
+        let talk = try readWAV(talkOut).samples
+        let size = 2_205
+        var active = 0, crossings = 0
+        for start in stride(from: 0, to: talk.count - size, by: size) {
+            let w = talk[start..<(start + size)]
+            guard (w.reduce(0) { $0 + $1 * $1 } / Float(size)).squareRoot() > 0.05 else { continue }
+            active += 1
+            for i in (start + 1)..<(start + size) where (talk[i - 1] < 0) != (talk[i] < 0) { crossings += 1 }
+        }
+        #expect(abs(active - 40) <= 8, "\(active) windows of 50 ms hold the talk (2 s is 40)")
+        if active > 0 {
+            let perWindow = Double(crossings) / Double(active)
+            #expect(abs(perWindow - 88) <= 6, "\(perWindow) sign changes per 50 ms: 880 Hz is 88, 660 Hz would be 66")
+        }
+        // Half duplex: A heard silence while it talked; B heard the host throughout.
+        let wa = Self.windows(try readWAV(outA).samples)
+        var longest = 0, run = 0
+        if let s0 = wa.firstIndex(where: { $0 > 0.05 }) {
+            for w in wa[s0...] { run = w == 0 ? run + 1 : 0; longest = max(longest, run) }
+        }
+        #expect(longest >= 30 && longest <= 50, "A's silence while talking: \(longest) windows")
+        let wb = Self.windows(try readWAV(outB).samples)
+        guard let s0 = wb.firstIndex(where: { $0 > 0.05 }) else { Issue.record("B played nothing"); return }
+        #expect(wb[s0..<(wb.count - 2)].allSatisfy { $0 > 0.05 }, "B heard the host throughout")
     }
 }

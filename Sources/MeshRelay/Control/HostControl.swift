@@ -1,5 +1,6 @@
 /// The host's side of the control protocol, as a pure state machine: which players are paused, whether the
-/// microphone is muted, and the clip (who owns it, whether it is being recorded, how the last one ended).
+/// microphone is muted, who talks back (one talker at a time), and the clip (who owns it, whether it is being
+/// recorded, how the last one ended).
 ///
 /// Each event is one `mutating` method that returns the actions for its driver (`RelayHost`) to perform: messages to
 /// send, a player's audio to hold or release, a clip to open, finish or discard. Every command gets exactly one
@@ -19,6 +20,10 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
         case finishClip
         /// Throw the clip being recorded away.
         case discardClip
+        /// Play this player's talkback datagrams (nil: nobody's).
+        case setTalker(Peer?)
+        /// Half duplex: hold (true) or release the host's microphone to `peer` while it talks.
+        case holdForTalk(Peer, Bool)
     }
 
     /// Exact counts.
@@ -47,6 +52,8 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
     }
 
     private let features: ControlFeatures
+    private let fullDuplex: Bool
+    private var talker: Peer?
     private var members: Set<Peer> = []
     private var paused: Set<Peer> = []
     private var muted = false
@@ -56,12 +63,15 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
 
     /// - Parameters:
     ///   - clips: whether the host keeps clips (`--clips DIR`).
-    ///   - talk: whether it takes talkback.
-    public init(clips: Bool, talk: Bool = false) {
+    ///   - talk: whether it takes talkback (`--talk-output` or `--talk-device`).
+    ///   - fullDuplex: whether a talker keeps hearing the host (`--talk-duplex full`); by default it does not, which
+    ///     avoids echo without echo cancellation.
+    public init(clips: Bool, talk: Bool = false, fullDuplex: Bool = false) {
         var f: ControlFeatures = .control
         if clips { f.insert(.clips) }
         if talk { f.insert(.talk) }
         features = f
+        self.fullDuplex = fullDuplex
         clip = clips ? .idle(last: nil) : .disabled
     }
 
@@ -81,10 +91,15 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
         }
     }
 
-    /// The state `peer` is told.
+    /// Who talks back now.
+    public var currentTalker: Peer? { talker }
+
+    /// The state `peer` is told: held (`paused`) while it asked for a pause, or while it talks in half duplex; talkback
+    /// accepted from it when the host takes talkback and nobody else talks.
     public func state(for peer: Peer) -> HostControlState {
-        HostControlState(paused: paused.contains(peer), muted: muted, talkAccepted: false, features: features,
-                         capture: captureState)
+        HostControlState(paused: paused.contains(peer) || (!fullDuplex && talker == peer), muted: muted,
+                         talkAccepted: features.contains(.talk) && (talker == nil || talker == peer),
+                         features: features, capture: captureState)
     }
 
     // MARK: Events
@@ -98,8 +113,15 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
     /// `peer` left: it is forgotten (a clip it started goes on to its length, or until the host stops).
     public mutating func left(_ peer: Peer) -> [Action] {
         members.remove(peer)
-        guard paused.remove(peer) != nil else { return [] }
-        return [.setPaused(peer, false)]
+        var actions: [Action] = []
+        if paused.remove(peer) != nil { actions.append(.setPaused(peer, false)) }
+        if talker == peer {
+            talker = nil
+            actions.append(.setTalker(nil))
+            if !fullDuplex { actions.append(.holdForTalk(peer, false)) }
+            actions += broadcast()
+        }
+        return actions
     }
 
     /// The operator muted or unmuted the microphone: every player is told.
@@ -130,8 +152,18 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
             guard paused.contains(peer) != pause else { return [reply(peer, id, .ok)] }
             if pause { paused.insert(peer) } else { paused.remove(peer) }
             return [.setPaused(peer, pause), reply(peer, id, .ok), .send(peer, .state(state(for: peer)))]
-        case .talk:
-            return [reply(peer, id, .unsupported("this host takes no talkback"))]
+        case .talk(let on):
+            guard features.contains(.talk) else { return [reply(peer, id, .unsupported("this host takes no talkback"))] }
+            if on {
+                if talker == peer { return [reply(peer, id, .ok)] }
+                guard talker == nil else { return [reply(peer, id, .busy)] }
+                talker = peer
+                return [.setTalker(peer)] + (fullDuplex ? [] : [.holdForTalk(peer, true)]) + [reply(peer, id, .ok)] + broadcast()
+            }
+            // Off: idempotent for a player that is not talking.
+            guard talker == peer else { return [reply(peer, id, .ok)] }
+            talker = nil
+            return [.setTalker(nil)] + (fullDuplex ? [] : [.holdForTalk(peer, false)]) + [reply(peer, id, .ok)] + broadcast()
         case .capture(let phase, let action):
             return capture(phase, action, id: id, from: peer)
         }
