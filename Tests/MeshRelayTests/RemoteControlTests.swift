@@ -18,11 +18,12 @@ struct RemoteControlTests {
         return (host, port)
     }
 
-    /// A player writing to a WAV file, with a pipe for its stdin.
-    static func player(_ paired: PairedStates, _ i: Int = 0, port: UInt16, seconds: Double, out: String) throws -> (CLIProcess, FileHandle) {
+    /// A player writing to a WAV file, with a pipe for its stdin, and `extra` flags.
+    static func player(_ paired: PairedStates, _ i: Int = 0, port: UInt16, seconds: Double, out: String,
+                       _ extra: [String] = []) throws -> (CLIProcess, FileHandle) {
         let stdin = Pipe()
         let p = try CLIProcess("mesh-play", paired.playerArgs(i) + ["--connect", "127.0.0.1:\(port)", "--output", out,
-                                                                   "--duration", String(seconds), "--json"],
+                                                                   "--duration", String(seconds), "--json"] + extra,
                                stdin: stdin.fileHandleForReading)
         return (p, stdin.fileHandleForWriting)
     }
@@ -34,6 +35,14 @@ struct RemoteControlTests {
         stride(from: 0, to: s.count - size, by: size).map { start in
             (s[start..<(start + size)].reduce(0) { $0 + $1 * $1 } / Float(size)).squareRoot()
         }
+    }
+
+    /// The longest run of exactly silent windows after the first audible one; nil when nothing was audible.
+    static func longestSilence(_ w: [Float]) -> Int? {
+        guard let start = w.firstIndex(where: { $0 > 0.05 }) else { return nil }
+        var longest = 0, run = 0
+        for v in w[start...] { run = v == 0 ? run + 1 : 0; longest = max(longest, run) }
+        return longest
     }
 
     static func median(_ v: some Collection<Float>) -> Float { v.sorted()[v.count / 2] }
@@ -88,10 +97,7 @@ struct RemoteControlTests {
         // A: tone, then at least a second of exact silence, then the tone again.
         let sa = try readWAV(outA).samples
         let wa = Self.windows(sa)
-        guard let start = wa.firstIndex(where: { $0 > 0.05 }) else { Issue.record("A played nothing"); return }
-        let silent = wa[start...].map { $0 == 0 }
-        var longest = 0, run = 0
-        for s in silent { run = s ? run + 1 : 0; longest = max(longest, run) }
+        guard let longest = Self.longestSilence(wa) else { Issue.record("A played nothing"); return }
         #expect(longest >= 50 && longest <= 75, "silence of \(longest) windows of 50 ms (paused for 3 s)")
         #expect(wa[(wa.count - 10)...].allSatisfy { $0 > 0.05 }, "the tone again after resume")
         // The pause is neither loss nor concealment, and the buffer is where it was (no backlog played).
@@ -190,12 +196,9 @@ struct RemoteControlTests {
         let (host, port) = try Self.host(paired, ["--talk-output", talkOut])
         defer { host.kill() }
         func player(_ i: Int, _ hz: Int) throws -> (CLIProcess, FileHandle, String) {
-            let stdin = Pipe()
             let out = Rig.tempPath("talk-player\(i)-\(UUID().uuidString.prefix(6)).wav")
-            let p = try CLIProcess("mesh-play", paired.playerArgs(i) + ["--connect", "127.0.0.1:\(port)", "--output", out,
-                                                                       "--duration", "7", "--talk-input", "tone:\(hz)"],
-                                   stdin: stdin.fileHandleForReading)
-            return (p, stdin.fileHandleForWriting, out)
+            let (p, stdin) = try Self.player(paired, i, port: port, seconds: 7, out: out, ["--talk-input", "tone:\(hz)"])
+            return (p, stdin, out)
         }
         let (a, inA, outA) = try player(0, 880)
         let (b, inB, outB) = try player(1, 660)
@@ -231,11 +234,7 @@ struct RemoteControlTests {
             #expect(abs(perWindow - 88) <= 6, "\(perWindow) sign changes per 50 ms: 880 Hz is 88, 660 Hz would be 66")
         }
         // Half duplex: A heard silence while it talked; B heard the host throughout.
-        let wa = Self.windows(try readWAV(outA).samples)
-        var longest = 0, run = 0
-        if let s0 = wa.firstIndex(where: { $0 > 0.05 }) {
-            for w in wa[s0...] { run = w == 0 ? run + 1 : 0; longest = max(longest, run) }
-        }
+        let longest = Self.longestSilence(Self.windows(try readWAV(outA).samples)) ?? 0
         #expect(longest >= 30 && longest <= 50, "A's silence while talking: \(longest) windows")
         let wb = Self.windows(try readWAV(outB).samples)
         guard let s0 = wb.firstIndex(where: { $0 > 0.05 }) else { Issue.record("B played nothing"); return }
