@@ -193,6 +193,16 @@ def verdict(ok):
     return "n/m" if ok is None else ("met" if ok else "**missed**")
 
 
+
+def table(md, title, columns, align):
+    """Appends a report section's head: its title, a blank line, and a Markdown table header whose columns are
+    aligned as `align` says (one letter a column: l or r)."""
+    assert len(columns) == len(align)
+    md.append(title)
+    md.append("")
+    md.append("| " + " | ".join(columns) + " |")
+    md.append("|" + "|".join("---:" if a == "r" else "---" for a in align) + "|")
+
 def report(raw_path, out_json, out_md, meta_path):
     with open(meta_path) as f:
         meta = json.load(f)
@@ -217,11 +227,9 @@ def report(raw_path, out_json, out_md, meta_path):
     # 1. Latency
     lat = sections.get("latency", [])
     if lat:
-        md.append("**1. Mouth-to-ear latency** (jack_iodelay round trip through the sender's capture PCM and the "
-                  "receiver's playback PCM; median of readings)")
-        md.append("")
-        md.append("| period | path | frames | ms | vs floor | note |")
-        md.append("|---|---|---:|---:|---:|---|")
+        table(md, "**1. Mouth-to-ear latency** (jack_iodelay round trip through the sender's capture PCM and the "
+                  "receiver's playback PCM; median of readings)",
+              ['period', 'path', 'frames', 'ms', 'vs floor', 'note'], "llrrrl")
         floors = {r["period"]: r.get("frames") for r in lat if r["path"] == "floor"}
         for r in lat:
             fl = floors.get(r["period"])
@@ -247,11 +255,9 @@ def report(raw_path, out_json, out_md, meta_path):
     th = sections.get("throughput", [])
     if th:
         t = th[-1]
-        md.append("**2. Datagram throughput** (1 KB payloads, loopback, one sender + one receiver thread, "
-                  "alternating rounds in one process; median round)")
-        md.append("")
-        md.append("| pair | sent/s | received/s | ratio |")
-        md.append("|---|---:|---:|---:|")
+        table(md, "**2. Datagram throughput** (1 KB payloads, loopback, one sender + one receiver thread, "
+                  "alternating rounds in one process; median round)",
+              ['pair', 'sent/s', 'received/s', 'ratio'], "lrrr")
         if t.get("error"):
             md.append(f"| n/m | | | {t['error']} |")
             goals.append(("encrypted throughput ratio ≥ 0.7", "n/m", None))
@@ -266,11 +272,9 @@ def report(raw_path, out_json, out_md, meta_path):
     # 3. CPU / RSS
     cpu = sections.get("cpu", [])
     if cpu:
-        md.append("**3. CPU and memory per stream** (same minute, all four running at once; CPU over the steady "
-                  "window scaled to one minute of audio; peak RSS = VmHWM summed over the side's processes)")
-        md.append("")
-        md.append("| side | processes | CPU s / min audio | % of a core | vs baseline CPU | peak RSS MB | peak RSS excl. JACK shm MB |")
-        md.append("|---|---|---:|---:|---:|---:|---:|")
+        table(md, "**3. CPU and memory per stream** (same minute, all four running at once; CPU over the steady "
+                  "window scaled to one minute of audio; peak RSS = VmHWM summed over the side's processes)",
+              ['side', 'processes', 'CPU s / min audio', '% of a core', 'vs baseline CPU', 'peak RSS MB', 'peak RSS excl. JACK shm MB'], "llrrrrr")
         by = {r["side"]: r for r in cpu}
         mb = lambda v: None if v is None else v / 1024
         for side, base in (("mesh-record", "arecord | nc -u"), ("mesh-play", "nc -l | aplay"),
@@ -299,11 +303,9 @@ def report(raw_path, out_json, out_md, meta_path):
     jn = sections.get("join", [])
     if jn:
         j = jn[-1]
-        md.append("**4. Join time** (spawn `mesh-play --find` → first non-zero sample captured from its playback "
-                  "device; Avahi on lo)")
-        md.append("")
-        md.append("| runs | median ms | min ms | max ms | first run ms | player's own firstAudioMs (median) |")
-        md.append("|---:|---:|---:|---:|---:|---:|")
+        table(md, "**4. Join time** (spawn `mesh-play --find` → first non-zero sample captured from its playback "
+                  "device; Avahi on lo)",
+              ['runs', 'median ms', 'min ms', 'max ms', 'first run ms', "player's own firstAudioMs (median)"], "rrrrrr")
         md.append(f"| {j.get('measured', 0)}/{j.get('runs', 0)} | {fmt(j.get('medianMs'), 0)} | {fmt(j.get('minMs'), 0)} | "
                   f"{fmt(j.get('maxMs'), 0)} | {fmt(j.get('firstRunMs'), 0)} | {fmt(j.get('reportedFirstAudioMedianMs'), 0)} ms |")
         if j.get("note"):
@@ -315,11 +317,9 @@ def report(raw_path, out_json, out_md, meta_path):
     # 5. Fan-out
     fo = sections.get("fanout", [])
     if fo:
-        md.append("**5. Fan-out** (one `mesh-record --host --input tone:440`; N players as RelayPlayer objects in one "
-                  "`mesh-bench fanout` process, each with its own Session and a paced null sink)")
-        md.append("")
-        md.append("| players | joined | host % core | host % core per player | loss % (all) | worst player loss % | late | note |")
-        md.append("|---:|---:|---:|---:|---:|---:|---:|---|")
+        table(md, "**5. Fan-out** (one `mesh-record --host --input tone:440`; N players as RelayPlayer objects in one "
+                  "`mesh-bench fanout` process, each with its own Session and a paced null sink)",
+              ['players', 'joined', 'host % core', 'host % core per player', 'loss % (all)', 'worst player loss %', 'late', 'note'], "rrrrrrrl")
         for r in fo:
             md.append(f"| {r['players']} | {r.get('joined', 'n/m')} | {fmt(r.get('hostPercentCore'), 2)} | "
                       f"{fmt(r.get('hostPercentCorePerPlayer'), 3)} | {fmt(r.get('lossPercent'), 3)} | "
@@ -333,11 +333,9 @@ def report(raw_path, out_json, out_md, meta_path):
     # 5b. Encryption cost
     cr = sections.get("crypto", [])
     if cr:
-        md.append("**5b. What encryption costs the host** (`mesh-bench serve`: one RelayHost with a 440 Hz tone; "
-                  "the same N players encrypted, then plaintext, alternating rounds; host CPU over the same window)")
-        md.append("")
-        md.append("| round | players | encrypted: host % core | plaintext: host % core | worst loss % (enc / plain) |")
-        md.append("|---:|---:|---:|---:|---|")
+        table(md, "**5b. What encryption costs the host** (`mesh-bench serve`: one RelayHost with a 440 Hz tone; "
+                  "the same N players encrypted, then plaintext, alternating rounds; host CPU over the same window)",
+              ['round', 'players', 'encrypted: host % core', 'plaintext: host % core', 'worst loss % (enc / plain)'], "rrrrl")
         rounds = sorted({r["round"] for r in cr})
         enc_all, plain_all = [], []
         for n in rounds:
@@ -359,20 +357,16 @@ def report(raw_path, out_json, out_md, meta_path):
     # 6. Impairment
     im = sections.get("impair", [])
     if im:
-        md.append("**6. Under impairment** (`mesh-impair`, both directions; mesh-play defaults; no goal yet)")
-        md.append("")
-        md.append("| impairment | latency frames | latency ms | concealed % | underruns | loss % (player) | note |")
-        md.append("|---|---:|---:|---:|---:|---:|---|")
+        table(md, "**6. Under impairment** (`mesh-impair`, both directions; mesh-play defaults; no goal yet)",
+              ['impairment', 'latency frames', 'latency ms', 'concealed %', 'underruns', 'loss % (player)', 'note'], "lrrrrrl")
         for r in im:
             md.append(f"| {r['label']} | {fmt(r.get('frames'), 0)} | {fmt(r.get('ms'))} | {fmt(r.get('concealedPercent'), 2)} | "
                       f"{r.get('underruns', 'n/m')} | {fmt(r.get('lossPercent'), 2)} | {r.get('note', '')} |")
         md.append("")
 
     if goals:
-        md.append("**Goals**")
-        md.append("")
-        md.append("| goal | figure | verdict |")
-        md.append("|---|---:|---|")
+        table(md, "**Goals**",
+              ['goal', 'figure', 'verdict'], "lrl")
         for g, fig, ok in goals:
             md.append(f"| {g} | {fig} | {verdict(ok)} |")
         md.append("")

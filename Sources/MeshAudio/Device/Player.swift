@@ -62,8 +62,7 @@ public final class Player: AudioSink {
 
     /// Starts the playback thread pulling from `renderer`. Calling it while running does nothing.
     public func start(renderer: any AudioRenderer) throws {
-        let loop = self.loop
-        try lifecycle.start { loop.run(renderer: renderer) }
+        try lifecycle.start { [loop] in loop.run(renderer: renderer) }
     }
 
     /// Stops pulling (within one period), plays out what is queued and stops the device.

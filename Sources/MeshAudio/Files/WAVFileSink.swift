@@ -42,8 +42,7 @@ public final class WAVFileSink: AudioSink {
     }
 
     public func start(renderer: any AudioRenderer) throws {
-        let loop = self.loop
-        try lifecycle.start { loop.run(renderer: renderer) }
+        try lifecycle.start { [loop] in loop.run(renderer: renderer) }
     }
 
     /// Stops pulling and closes the file, finalizing its header. Safe to call more than once.

@@ -257,148 +257,140 @@ struct SecureChannel: Sendable {
         return [.fault(fault)]
     }
 
-    /// Takes one u16-length-prefixed message off `inbound`, if whole. `limit` bounds the length.
-    private mutating func takeMessage(limit: Int) -> Result<[UInt8]?, PeerFault> {
-        guard inbound.count >= 2 else { return .success(nil) }
+    /// Takes one u16-length-prefixed message off `inbound`, if whole (`nil`: wait for more bytes). `limit` bounds
+    /// the length.
+    private mutating func takeMessage(limit: Int) throws(PeerFault) -> [UInt8]? {
+        guard inbound.count >= 2 else { return nil }
         let n = Int(inbound[0]) << 8 | Int(inbound[1])
-        guard n >= 1, n <= limit else { return .failure(.malformedFrame("message length \(n) outside 1…\(limit)")) }
-        guard inbound.count >= 2 + n else { return .success(nil) }
+        guard n >= 1, n <= limit else { throw .malformedFrame("message length \(n) outside 1…\(limit)") }
+        guard inbound.count >= 2 + n else { return nil }
         let m = Array(inbound[2..<(2 + n)])
         inbound.removeFirst(2 + n)
-        return .success(m)
+        return m
     }
 
-    private mutating func takePreamble() -> Result<[UInt8]?, PeerFault> {
+    /// Takes the preamble off `inbound`, if whole (`nil`: wait for more bytes).
+    private mutating func takePreamble() throws(PeerFault) -> [UInt8]? {
         guard inbound.count >= Self.preambleSize else {
             // Fail early on bytes that cannot become a preamble (another protocol).
-            if !zip(inbound, Self.magic).allSatisfy(==) { return .failure(.malformedFrame("not a PeerMesh peer (bad magic)")) }
-            return .success(nil)
+            if !zip(inbound, Self.magic).allSatisfy(==) { throw .malformedFrame("not a PeerMesh peer (bad magic)") }
+            return nil
         }
         let p = Array(inbound[0..<Self.preambleSize])
         inbound.removeFirst(Self.preambleSize)
-        guard Array(p[0..<4]) == Self.magic else { return .failure(.malformedFrame("not a PeerMesh peer (bad magic)")) }
+        guard Array(p[0..<4]) == Self.magic else { throw .malformedFrame("not a PeerMesh peer (bad magic)") }
         guard p[4] == peerMeshProtocolVersion else {
-            return .failure(.malformedFrame("protocol version \(p[4]); this build speaks \(peerMeshProtocolVersion)"))
+            throw .malformedFrame("protocol version \(p[4]); this build speaks \(peerMeshProtocolVersion)")
         }
-        return .success(p)
+        return p
     }
 
+    /// Runs the inbound state machine over `inbound` until it needs more bytes; a peer fault closes the channel.
     private mutating func process() -> [Event] {
         var events: [Event] = []
-        while true {
-            switch state {
-            case .idle, .closed, .awaitingApproval:
-                return events
-            case .plaintext:
-                assembler.append(inbound)
-                inbound = []
-                return events + drainFrames()
-            case .established:
-                return events + openRecords()
-            case .awaitingPreamble(let hs):
-                let pre: [UInt8]
-                switch takePreamble() {
-                case .failure(let f): return events + fail(f)
-                case .success(nil): return events
-                case .success(let p?): pre = p
-                }
-                if pre[5] == Self.refusedMode {
-                    state = .closed
-                    let why = Refusal(rawValue: pre[6])?.description ?? "the peer refused the connection"
-                    return events + [.refused(why)]
-                }
-                guard pre[5] == offeredMode.rawValue else {
-                    // A responder must answer in the mode offered: anything else is a downgrade (or a broken peer).
-                    return events + fail(.downgrade)
-                }
-                if let hs { state = .awaitingMessage2(hs) } else {
-                    state = .plaintext
-                    events += flushHeldPlaintext()
-                }
-            case .awaitingMessage2(var hs):
-                let m: [UInt8]
-                switch takeMessage(limit: config.maximumHandshakeMessage) {
-                case .failure(let f): return events + fail(f)
-                case .success(nil): return events
-                case .success(let msg?): m = msg
-                }
-                do {
-                    let (rs, payload) = try hs.readMessage2(m)
-                    let hello = try helloFrame(payload, remoteStatic: rs)
-                    guard case .hello(let peer) = hello else { return events + fail(.handshake("bad HELLO")) }
-                    sasSource = hs.hash
-                    state = .awaitingApproval(hs, hello: hello)
-                    return events + [.frame(hello), .needsApproval(peer)]
-                } catch {
-                    return events + fail(.handshake(error.description))
-                }
-            case .awaitingInitiatorPreamble:
-                let pre: [UInt8]
-                switch takePreamble() {
-                case .failure(let f): return events + fail(f)
-                case .success(nil): return events
-                case .success(let p?): pre = p
-                }
-                guard let mode = Mode(rawValue: pre[5]) else { return events + fail(.malformedFrame("unknown mode \(pre[5])")) }
-                switch (mode, config.preference) {
-                case (.plaintext, .required):
-                    state = .closed
-                    return events + [.write(Self.preamble(Self.refusedMode, reason: Refusal.encryptionRequired.rawValue)),
-                                     .fault(.downgrade)]
-                case (.noiseXX, .none):
-                    state = .closed
-                    return events + [.write(Self.preamble(Self.refusedMode, reason: Refusal.encryptionUnsupported.rawValue)),
-                                     .refused(Refusal.encryptionUnsupported.description)]
-                case (.plaintext, _):
-                    state = .plaintext
-                    events.append(.write(Self.preamble(Mode.plaintext.rawValue)))
-                    events += flushHeldPlaintext()
-                case (.noiseXX, _):
-                    guard let keys = config.localPeer.keys else {
-                        state = .closed
-                        return events + [.refused("this peer has no key pair")]
-                    }
-                    state = .awaitingMessage1(Noise.XXHandshake(role: .responder, localStatic: keys, prologue: pre))
-                    events.append(.write(Self.preamble(Mode.noiseXX.rawValue)))
-                }
-            case .awaitingMessage1(var hs):
-                let m: [UInt8]
-                switch takeMessage(limit: config.maximumHandshakeMessage) {
-                case .failure(let f): return events + fail(f)
-                case .success(nil): return events
-                case .success(let msg?): m = msg
-                }
-                do {
-                    let payload = try hs.readMessage1(m)
-                    guard payload.isEmpty else { return events + fail(.handshake("message 1 carries a payload")) }
-                    let hello = ControlFrame.hello(peer: config.localPeer).encoded()
-                    let m2 = try hs.writeMessage2(payload: Array(hello.dropFirst(4)))
-                    sasSource = hs.hash
-                    state = .awaitingMessage3(hs)
-                    events.append(.write(Self.lengthPrefixed(m2)))
-                } catch {
-                    return events + fail(.handshake(error.description))
-                }
-            case .awaitingMessage3(var hs):
-                let m: [UInt8]
-                switch takeMessage(limit: config.maximumHandshakeMessage) {
-                case .failure(let f): return events + fail(f)
-                case .success(nil): return events
-                case .success(let msg?): m = msg
-                }
-                do {
-                    let (payload, result) = try hs.readMessage3(m)
-                    let hello = try helloFrame(payload, remoteStatic: result.remoteStatic)
-                    state = .established(Transport(send: result.send, receive: result.receive, datagramSend: result.datagramSend,
-                                                   datagramReceive: result.datagramReceive, handshakeHash: result.handshakeHash))
-                    events.append(.frame(hello))
-                    let sealed = sealHeld()
-                    if !sealed.isEmpty { events.append(.write(sealed)) }
-                } catch {
-                    return events + fail(.handshake(error.description))
-                }
-            }
+        do {
+            while try step(&events) {}
+        } catch {
+            events += fail(error)
         }
+        return events
+    }
+
+    /// One step of the handshake (or the delivery of everything buffered, once it is over). Appends its events;
+    /// returns whether another step can run now.
+    private mutating func step(_ events: inout [Event]) throws(PeerFault) -> Bool {
+        switch state {
+        case .idle, .closed, .awaitingApproval:
+            return false
+        case .plaintext:
+            assembler.append(inbound)
+            inbound = []
+            events += drainFrames()
+            return false
+        case .established:
+            events += openRecords()
+            return false
+        case .awaitingPreamble(let hs):
+            guard let pre = try takePreamble() else { return false }
+            if pre[5] == Self.refusedMode {
+                state = .closed
+                let why = Refusal(rawValue: pre[6])?.description ?? "the peer refused the connection"
+                events.append(.refused(why))
+                return false
+            }
+            // A responder must answer in the mode offered: anything else is a downgrade (or a broken peer).
+            guard pre[5] == offeredMode.rawValue else { throw .downgrade }
+            if let hs { state = .awaitingMessage2(hs) } else {
+                state = .plaintext
+                events += flushHeldPlaintext()
+            }
+        case .awaitingMessage2(var hs):
+            guard let m = try takeMessage(limit: config.maximumHandshakeMessage) else { return false }
+            let (hello, hash) = try Self.handshakeStep { () throws(Noise.Failure) in
+                let (rs, payload) = try hs.readMessage2(m)
+                return (try helloFrame(payload, remoteStatic: rs), hs.hash)
+            }
+            guard case .hello(let peer) = hello else { throw .handshake("bad HELLO") }
+            sasSource = hash
+            state = .awaitingApproval(hs, hello: hello)
+            events += [.frame(hello), .needsApproval(peer)]
+            return false
+        case .awaitingInitiatorPreamble:
+            guard let pre = try takePreamble() else { return false }
+            guard let mode = Mode(rawValue: pre[5]) else { throw .malformedFrame("unknown mode \(pre[5])") }
+            switch (mode, config.preference) {
+            case (.plaintext, .required):
+                state = .closed
+                events += [.write(Self.preamble(Self.refusedMode, reason: Refusal.encryptionRequired.rawValue)),
+                           .fault(.downgrade)]
+                return false
+            case (.noiseXX, .none):
+                state = .closed
+                events += [.write(Self.preamble(Self.refusedMode, reason: Refusal.encryptionUnsupported.rawValue)),
+                           .refused(Refusal.encryptionUnsupported.description)]
+                return false
+            case (.plaintext, _):
+                state = .plaintext
+                events.append(.write(Self.preamble(Mode.plaintext.rawValue)))
+                events += flushHeldPlaintext()
+            case (.noiseXX, _):
+                guard let keys = config.localPeer.keys else {
+                    state = .closed
+                    events.append(.refused("this peer has no key pair"))
+                    return false
+                }
+                state = .awaitingMessage1(Noise.XXHandshake(role: .responder, localStatic: keys, prologue: pre))
+                events.append(.write(Self.preamble(Mode.noiseXX.rawValue)))
+            }
+        case .awaitingMessage1(var hs):
+            guard let m = try takeMessage(limit: config.maximumHandshakeMessage) else { return false }
+            let payload = try Self.handshakeStep { () throws(Noise.Failure) in try hs.readMessage1(m) }
+            guard payload.isEmpty else { throw .handshake("message 1 carries a payload") }
+            let hello = ControlFrame.hello(peer: config.localPeer).encoded()
+            let m2 = try Self.handshakeStep { () throws(Noise.Failure) in
+                try hs.writeMessage2(payload: Array(hello.dropFirst(4)))
+            }
+            sasSource = hs.hash
+            state = .awaitingMessage3(hs)
+            events.append(.write(Self.lengthPrefixed(m2)))
+        case .awaitingMessage3(var hs):
+            guard let m = try takeMessage(limit: config.maximumHandshakeMessage) else { return false }
+            let (hello, result) = try Self.handshakeStep { () throws(Noise.Failure) in
+                let (payload, result) = try hs.readMessage3(m)
+                return (try helloFrame(payload, remoteStatic: result.remoteStatic), result)
+            }
+            state = .established(Transport(send: result.send, receive: result.receive, datagramSend: result.datagramSend,
+                                           datagramReceive: result.datagramReceive, handshakeHash: result.handshakeHash))
+            events.append(.frame(hello))
+            let sealed = sealHeld()
+            if !sealed.isEmpty { events.append(.write(sealed)) }
+        }
+        return true
+    }
+
+    /// Runs one Noise operation, turning its failure into the peer fault it is.
+    private static func handshakeStep<T>(_ body: () throws(Noise.Failure) -> T) throws(PeerFault) -> T {
+        do { return try body() } catch { throw .handshake(error.description) }
     }
 
     /// The peer's HELLO from a handshake payload: its name, and the identity its proven key gives.
