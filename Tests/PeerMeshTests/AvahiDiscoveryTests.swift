@@ -6,7 +6,7 @@ import PeerMesh
 /// `AvahiDiscovery` against a real avahi-daemon bound to `lo` (scripts/lib/avahi-rig.sh). Enabled only with
 /// `MESH_AVAHI_RIG=1`; serialized because some tests stop or restart the shared daemon. Each test browses its own
 /// service type, so tests never see each other's services.
-@Suite(.serialized, .enabled(if: AvahiRig.enabled, "needs MESH_AVAHI_RIG=1 (source scripts/lib/avahi-rig.sh; avahi_rig_start DIR)"))
+@Suite(.serialized, .avahiDaemonExclusive, .enabled(if: AvahiRig.enabled, "needs MESH_AVAHI_RIG=1 (source scripts/lib/avahi-rig.sh; avahi_rig_start DIR)"))
 struct AvahiDiscoveryTests {
     static let avahiPublish = "/usr/bin/avahi-publish"
 
