@@ -99,6 +99,7 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
     package var rate = 44_100
     package var channels = 1
     package var period = 128
+    package var codec: SampleEncoding = .float32
     package var port: UInt16 = 0
     package var bind = ""
     package var maxPeers = 32
@@ -143,6 +144,8 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
       --rate HZ           sample rate (default 44100)
       --channels N        channels (default 1)
       --period FRAMES     capture period = packet size (default 128, 2.9 ms)
+      --codec f32|s16     how samples travel: f32 (default, lossless) or s16 (dithered 16-bit, half the bandwidth);
+                          players follow what arrives
       --port N            TCP+UDP port (default: any free port)
       --bind ADDR         listen on this address only (default: every address, IPv4 and IPv6)
       --max-peers N       most players at once (default 32)
@@ -193,6 +196,10 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
             case "--rate": o.rate = try cursor.int(for: a, in: 8_000...192_000)
             case "--channels": o.channels = try cursor.int(for: a, in: 1...8)
             case "--period": o.period = try cursor.int(for: a, in: 16...8_192)
+            case "--codec":
+                let v = try cursor.value(for: a)
+                guard let codec = SampleEncoding(name: v) else { throw UsageError("--codec takes f32 or s16, got \"\(v)\"") }
+                o.codec = codec
             case "--port": o.port = UInt16(try cursor.int(for: a, in: 1...65_535))
             case "--bind":
                 o.bind = try cursor.value(for: a)

@@ -94,6 +94,7 @@ package enum StatusReport {
         o.add("rmsDbfs", dbfs(s.rmsLevel))
         o.add("rate", format.sampleRate)
         o.add("channels", format.channels)
+        o.add("codec", s.codec.description)
         extra(&o)
         if final { o.add("final", true) }
         return o
@@ -163,6 +164,8 @@ package enum StatusReport {
         o.add("receivedMs", Double(s.framesReceived) * 1000 / Double(s.format.sampleRate))
         o.add("firstAudioMs", s.firstAudioSeconds.map { $0 * 1000 })
         o.add("datagrams", s.datagrams)
+        o.add("codec", p.ingress.encoding?.description)
+        o.add("audioBytes", p.ingress.queuedBytes)
         o.add("strangerDatagrams", s.strangerDatagrams)
         o.add("unauthenticDatagrams", s.unauthenticDatagrams)
         o.add("paused", s.hostControl?.paused ?? false)

@@ -32,14 +32,14 @@ public final class CapturePipeline<Audience>: Sendable {
 
     /// Assembles the chain from `source` to the network (not started yet). Throws when the source's format cannot be
     /// packetized. `tap`, when given, sees every captured chunk (after the mute) on the send thread, before it is
-    /// packetized — the clip recorder's pre-roll; it must not block.
-    public init(source: any AudioSource, audience: @escaping @Sendable () -> Audience?,
+    /// packetized — the clip recorder's pre-roll; it must not block. `encoding` is how the samples travel.
+    public init(source: any AudioSource, encoding: SampleEncoding = .float32, audience: @escaping @Sendable () -> Audience?,
                 send: @escaping @Sendable (UnsafeRawBufferPointer, Audience) -> Bool,
                 tap: (@Sendable (UnsafeBufferPointer<Float>) -> Void)? = nil) throws {
         self.source = source
         let lifecycle = StageLifecycle(stage: "CapturePipeline", threadName: "pm-send", scheduling: .normal)
         self.lifecycle = lifecycle
-        loop = SendLoop(source: source, packetizer: try Packetizer(format: source.format), audience: audience,
+        loop = SendLoop(source: source, packetizer: try Packetizer(format: source.format, encoding: encoding), audience: audience,
                         send: send, tap: tap, lifecycle: lifecycle)
     }
 

@@ -56,6 +56,9 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         public var clips: ClipRecorder.Configuration?
         /// Talkback (`--talk-output`, `--talk-device`): where a talking player is played; nil takes no talkback.
         public var talk: TalkOutput?
+        /// How the samples travel (`--codec`): Float32 (the default) or dithered Int16, at half the bandwidth.
+        /// Players follow whatever arrives.
+        public var codec: SampleEncoding = .float32
 
         public init(identity: PeerIdentity, trust: TrustStore?, serviceType: String = "mesh-audio", port: UInt16 = 0,
                     maximumPeers: Int = 33, accept: AcceptPolicy = .paired, discovery: (any DiscoveryBackend)? = nil) {
@@ -78,6 +81,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         public var captureDelayFrames: Int = 0
         public var peakLevel: Float = 0
         public var rmsLevel: Float = 0
+        /// How the samples travel (`Configuration.codec`).
+        public var codec: SampleEncoding = .float32
         /// Whether the pairing window is open.
         public var pairing = false
         /// Whether the advertisement is out (false while avahi-daemon is missing).
@@ -256,7 +261,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         self.clips = clips
         var tap: (@Sendable (UnsafeBufferPointer<Float>) -> Void)?
         if let recorder = clips { tap = { recorder.tap($0) } }
-        capture = try CapturePipeline(source: source, audience: { [players] in players.audience }, send: { bytes, peers in
+        capture = try CapturePipeline(source: source, encoding: configuration.codec, audience: { [players] in players.audience }, send: { bytes, peers in
             (try? session.sendDatagram(bytes, toPeers: peers)) != nil
         }, tap: tap)
         session.delegate = self
@@ -332,6 +337,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     /// A snapshot of the counters.
     public var statistics: Statistics {
         var s = Statistics()
+        s.codec = configuration.codec
         let (addresses, pairing, advertised) = state.withLock { ($0.addresses, $0.pairing != nil, $0.advertised) }
         let paused = players.paused
         s.players = players.all.map {

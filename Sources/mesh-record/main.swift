@@ -106,6 +106,7 @@ var config = RelayHost.Configuration(identity: device.identity, trust: device.tr
 config.discoveryReachesNetwork = dnssd
 config.bindHost = options.bind
 config.maximumPlayersPerAddress = options.maxPerAddress
+config.codec = options.codec
 if let output = options.talkOutput {
     config.talk = RelayHost.TalkOutput(fullDuplex: options.talkFullDuplex) { format in
         switch output {
@@ -152,7 +153,7 @@ do {
 } catch {
     terminal.fail("\(error)")
 }
-terminal.log("serving \"\(TerminalText.escape(device.identity.displayName))\" (\(source.format), period \(source.periodFrames)) on port \(host.port), "
+terminal.log("serving \"\(TerminalText.escape(device.identity.displayName))\" (\(source.format), period \(source.periodFrames), codec \(options.codec)) on port \(host.port), "
     + "key \(device.identity.publicKey.shortFingerprint), accepting \(options.accept.rawValue) players")
 
 // `mesh-record ctl` talks to this host through a socket only its user (and root) may use.

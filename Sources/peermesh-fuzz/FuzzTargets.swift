@@ -150,10 +150,12 @@ func seed(into directory: String) -> Never {
     var seeds = FuzzEntryPoints.seeds()
     // Audio packets of the default format and of others, in and out of range.
     let formats = [AudioFormat.default, AudioFormat(sampleRate: 48_000, channels: 2)]
-    seeds["audio"] = formats.enumerated().compactMap { i, f in
-        let frames = 32
+    let shapes = formats.flatMap { f in SampleEncoding.allCases.map { (f, $0) } }
+    seeds["audio"] = shapes.enumerated().compactMap { i, shape in
+        let (f, encoding) = shape, frames = 32
         let samples = (0..<(frames * f.channels)).map { Float($0 % 7) * 0.4 - 1.2 }
-        let h = AudioPacketHeader(sequence: UInt32(i), firstFrameIndex: UInt64(i * frames), frameCount: frames, format: f)
+        let h = AudioPacketHeader(sequence: UInt32(i), firstFrameIndex: UInt64(i * frames), frameCount: frames, format: f,
+                                  encoding: encoding)
         return try? AudioPacket.encode(h, samples: samples)
     }
     // Control messages of every kind.

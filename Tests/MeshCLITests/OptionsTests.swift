@@ -12,6 +12,9 @@ struct OptionsTests {
         #expect(d.action == .host && d.service == "mesh-audio" && d.rate == 44_100 && d.channels == 1 && d.period == 128)
         #expect(d.accept == .paired, "paired only, by default")
         #expect(!d.pair && d.pairTimeout == 30 && d.state == StateDirectory.default && d.maxPerAddress == 4)
+        #expect(d.codec == .float32, "lossless Float32 unless asked")
+        guard case .run(let c) = try RecordOptions.parse(["--host", "--codec", "s16"]) else { Issue.record("no config"); return }
+        #expect(c.codec == .int16)
         guard case .run(let o) = try RecordOptions.parse(["--host", "--name", "den", "--input", "tone:440", "--port", "7000",
                                                          "--max-peers", "8", "--accept", "ask", "--json", "--quiet", "--pair",
                                                          "--pair-timeout", "12", "--state-dir", "/tmp/s", "--bind", "::1"])
@@ -38,6 +41,7 @@ struct OptionsTests {
 
     @Test("mesh-record refuses bad flags with a message", arguments: [
         ["--host", "--bogus"], [], ["--host", "--rate", "abc"], ["--host", "--port", "0"], ["--host", "--accept", "maybe"],
+        ["--host", "--codec", "mp3"], ["--host", "--codec"],
         ["--host", "--input", "tone:-5"], ["--host", "--input", "tone:30000"], ["--host", "--service", "Bad_Type"],
         ["--host", "--name"], ["--host", "--channels", "9"], ["--host", "--input", "mic"], ["--host", "--paired"],
         ["--paired", "--forget", "x"], ["--host", "--bind", "kitchen"], ["--host", "--device", "x", "--input", "tone:440"],

@@ -85,16 +85,21 @@ struct RelayEndToEndTests {
         #expect((final["xruns"] as? Int) == 0)
     }
 
-    @Test("--input FILE.wav on the host, --output FILE.wav on the player")
-    func wavToWav() throws {
-        // Three seconds of a deterministic, non-repeating signal.
+    /// Three seconds of a deterministic, non-repeating signal, written to a Float32 WAV file: (samples, path).
+    func signalFile(_ name: String) throws -> ([Float], String) {
         var rng = SplitMix(seed: 7)
         let signal = (0..<(3 * 44_100)).map { _ in Float(Int(rng.next() % 20_001) - 10_000) / 20_000 }
-        let input = Rig.tempPath("input.wav")
+        let input = Rig.tempPath(name)
         let sink = try WAVFileSink(path: input, format: .default, periodFrames: 1024, realtime: false, maxFrames: signal.count)
         try sink.start(renderer: ArrayRenderer(signal))
         #expect(sink.waitUntilFinished(timeoutNanos: 5_000_000_000))
         sink.stop()
+        return (signal, input)
+    }
+
+    @Test("--input FILE.wav on the host, --output FILE.wav on the player")
+    func wavToWav() throws {
+        let (signal, input) = try signalFile("input.wav")
         let service = Rig.uniqueService()
         let paired = try PairedStates()
         let out = Rig.tempPath("wav-\(service).wav")
@@ -110,6 +115,57 @@ struct RelayEndToEndTests {
         let final = try #require(player.jsonObjects.last { $0["final"] as? Bool == true })
         // The host loops the file: the reference is the signal twice over.
         assertCarries(signal + signal + signal, received: try readWAV(out).samples, final: final, label: "WAV → WAV")
+    }
+
+    @Test("--codec s16: half the bytes on the wire, and every sample within 1.5 LSB of 16 bits of the host's")
+    func int16Codec() throws {
+        let (signal, input) = try signalFile("input-s16.wav")
+        let service = Rig.uniqueService()
+        let paired = try PairedStates()
+        let out = Rig.tempPath("s16-\(service).wav")
+        let host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "s16-host", "--service", service,
+                                                                    "--input", input, "--codec", "s16", "--json"])
+        let player = try CLIProcess("mesh-play", paired.playerArgs() + ["--find", "--service", service, "--output", out,
+                                                    "--sample-format", "f32", "--duration", "5", "--json", "--latency", "20"])
+        let code = player.waitForExit(seconds: 20)
+        host.kill(SIGINT)
+        _ = host.waitForExit(seconds: 5)
+        #expect(code == 0, "mesh-play: \(player.stderr)")
+        let final = try #require(player.jsonObjects.last { $0["final"] as? Bool == true })
+        #expect(final["codec"] as? String == "s16")
+        #expect(host.jsonObjects.last?["codec"] as? String == "s16")
+        #expect(host.stderr.contains { $0.contains("codec s16") })
+        // 128-frame periods: 36 header bytes + 2 × 128 sample bytes a packet (548 for f32); the file's last period
+        // before it loops is shorter.
+        let bytes = try #require(final["audioBytes"] as? Int), received = try #require(final["received"] as? Int)
+        #expect(received > 1_000)
+        let perPacket = Double(bytes) / Double(received)
+        #expect(perPacket > 288 && perPacket <= 292, "audioBytes \(bytes), received \(received)")
+        #expect((final["lostPackets"] as? Int) == 0)
+        // Every 256-sample window of what played matches the signal, within 1.5 LSB, at some offset.
+        let played = try readWAV(out).samples
+        let reference = signal + signal + signal
+        let tolerance: Float = 1.5 / 32768
+        let window = 256
+        let first = (played.firstIndex { $0 != 0 } ?? played.count) + 4_410, last = (played.lastIndex { $0 != 0 } ?? 0) - 4_410
+        var windows = 0, matched = 0, offset: Int?
+        var at = first
+        func matches(_ o: Int) -> Bool {
+            guard at + o >= 0, at + o + window <= reference.count else { return false }
+            for i in 0..<window where abs(reference[at + o + i] - played[at + i]) > tolerance { return false }
+            return true
+        }
+        while at + window <= last {
+            windows += 1
+            if let o = offset, matches(o) { matched += 1 } else if let o = (-at..<(reference.count - at)).first(where: matches) {
+                matched += 1
+                offset = o
+            }
+            at += window
+        }
+        print("s16: \(matched)/\(windows) windows within 1.5 LSB; \(bytes) audio bytes for \(received) packets")
+        #expect(windows > 44_100 / window)
+        #expect(Double(matched) >= 0.9 * Double(windows))
     }
 
     @Test("kill -9 of the host: the player is notConnected within the timeout and rejoins a new host")

@@ -1,11 +1,13 @@
 import MeshAudio
+import MeshPOSIX
 
 /// The relay's audio datagram: one run of consecutive captured frames, self-describing, at most
 /// `AudioPacket.maximumSize` (1184) bytes so that it fits one PeerMesh unreliable datagram payload
 /// (`maximumAudioPayload`).
 ///
-/// Wire layout, version 1. Header integers are big-endian (network order); samples are IEEE-754 Float32
-/// little-endian, interleaved by channel. The header is 36 bytes:
+/// Wire layout, version 1. Header integers are big-endian (network order); samples are interleaved by channel, in
+/// the packet's `SampleEncoding` (IEEE-754 Float32 little-endian, or signed 16-bit little-endian). The header is 36
+/// bytes:
 ///
 /// | offset | size | field                                                                          |
 /// |-------:|-----:|--------------------------------------------------------------------------------|
@@ -16,14 +18,15 @@ import MeshAudio
 /// |      8 |    8 | first frame index, UInt64: index in the capture stream of the first frame     |
 /// |     16 |    2 | frame count, UInt16, ≥ 1                                                       |
 /// |     18 |    1 | channels, UInt8, 1–8                                                           |
-/// |     19 |    1 | sample type, UInt8, `1` = Float32 little-endian                                |
+/// |     19 |    1 | sample encoding, UInt8: `1` = Float32 LE, `2` = Int16 LE (`SampleEncoding`)     |
 /// |     20 |    4 | sample rate, UInt32, 8000–192000 Hz                                            |
 /// |     24 |    8 | capture time, UInt64: host `CLOCK_MONOTONIC` ns of the first frame (host clock)|
 /// |     32 |    4 | host report: host capture-device delay in frames at capture (0 = unknown)      |
-/// |     36 |  4·F·C | samples, Float32 LE, frame-major interleaved (F frames × C channels)        |
+/// |     36 |  B·F·C | samples, frame-major interleaved (F frames × C channels, B bytes each)     |
 ///
-/// The total length must be exactly `36 + 4 × frameCount × channels` and at most 1184 bytes, so one packet
-/// carries at most 287 samples (287 mono frames, 143 stereo frames). The host report rides in every packet
+/// The total length must be exactly `36 + B × frameCount × channels` (B = 4 for Float32, 2 for Int16) and at most
+/// 1184 bytes, so one packet carries at most 287 Float32 samples (287 mono frames, 143 stereo frames) or 574 Int16
+/// samples. The encoding is per packet: the player decodes whatever arrives, into the same Float32 pipeline. The host report rides in every packet
 /// (4 bytes) instead of a separate message, so the player always knows the host's share of the latency.
 /// Decoding never traps: anything malformed, truncated or foreign yields an `AudioPacketError`; samples are clamped.
 public enum AudioPacket {
@@ -38,29 +41,40 @@ public enum AudioPacket {
     public static let version: UInt8 = 1
     /// Kind byte of an audio packet.
     public static let kindAudio: UInt8 = 1
-    /// Most samples (frames × channels) one packet can carry.
-    public static let maximumSamples = (maximumSize - headerSize) / 4
+    /// Most samples (frames × channels) one packet can carry, in the most compact encoding.
+    public static let maximumSamples = (maximumSize - headerSize) / SampleEncoding.int16.bytesPerSample
 
     /// Most frames of `format` that fit one packet of at most `maximumSize` bytes.
-    public static func maximumFrames(for format: AudioFormat, maximumSize: Int = AudioPacket.maximumSize) -> Int {
-        max(0, min(Int(UInt16.max), (maximumSize - headerSize) / format.bytesPerFrame))
+    public static func maximumFrames(for format: AudioFormat, encoding: SampleEncoding = .float32,
+                                     maximumSize: Int = AudioPacket.maximumSize) -> Int {
+        max(0, min(Int(UInt16.max), (maximumSize - headerSize) / (format.channels * encoding.bytesPerSample)))
     }
 
     /// Encoded length of a packet with `frames` frames of `format`.
-    public static func encodedSize(frames: Int, format: AudioFormat) -> Int {
-        headerSize + frames * format.bytesPerFrame
+    public static func encodedSize(frames: Int, format: AudioFormat, encoding: SampleEncoding = .float32) -> Int {
+        headerSize + frames * format.channels * encoding.bytesPerSample
     }
 
     /// Encodes `header` and `samples` (exactly `header.frameCount × channels` interleaved samples) into `buffer`
-    /// and returns the number of bytes written. Allocation-free.
+    /// and returns the number of bytes written. Allocation-free. An Int16 packet takes its dither from a fixed seed;
+    /// a stream of packets should carry one `TPDFDither` across them (`encode(_:samples:into:dither:)`).
     public static func encode(
         _ header: AudioPacketHeader, samples: UnsafeBufferPointer<Float>, into buffer: UnsafeMutableRawBufferPointer
+    ) throws(AudioPacketError) -> Int {
+        var dither = TPDFDither()
+        return try encode(header, samples: samples, into: buffer, dither: &dither)
+    }
+
+    /// Encodes as `encode(_:samples:into:)` does, drawing the Int16 encoding's dither from `dither`.
+    public static func encode(
+        _ header: AudioPacketHeader, samples: UnsafeBufferPointer<Float>, into buffer: UnsafeMutableRawBufferPointer,
+        dither: inout TPDFDither
     ) throws(AudioPacketError) -> Int {
         do { try header.format.validate() } catch { throw .unsupportedFormat }
         guard header.frameCount >= 1, header.frameCount <= Int(UInt16.max) else { throw .badFrameCount(header.frameCount) }
         let sampleCount = header.frameCount * header.format.channels
         guard samples.count == sampleCount else { throw .lengthMismatch(expected: sampleCount, actual: samples.count) }
-        let size = headerSize + 4 * sampleCount
+        let size = headerSize + header.encoding.bytesPerSample * sampleCount
         guard size <= maximumSize else { throw .tooLarge(size) }
         guard buffer.count >= size else { throw .truncated(size) }
         buffer[0] = magic.0
@@ -71,14 +85,22 @@ public enum AudioPacket {
         buffer.storeBytes(of: header.firstFrameIndex.bigEndian, toByteOffset: 8, as: UInt64.self)
         buffer.storeBytes(of: UInt16(header.frameCount).bigEndian, toByteOffset: 16, as: UInt16.self)
         buffer[18] = UInt8(header.format.channels)
-        buffer[19] = header.format.sampleType.rawValue
+        buffer[19] = header.encoding.rawValue
         buffer.storeBytes(of: UInt32(header.format.sampleRate).bigEndian, toByteOffset: 20, as: UInt32.self)
         buffer.storeBytes(of: header.captureTimeNanos.bigEndian, toByteOffset: 24, as: UInt64.self)
         buffer.storeBytes(of: header.hostLatencyFrames.bigEndian, toByteOffset: 32, as: UInt32.self)
         var offset = headerSize
-        for s in samples {
-            buffer.storeBytes(of: s.bitPattern.littleEndian, toByteOffset: offset, as: UInt32.self)
-            offset += 4
+        switch header.encoding {
+        case .float32:
+            for s in samples {
+                buffer.storeBytes(of: s.bitPattern.littleEndian, toByteOffset: offset, as: UInt32.self)
+                offset += 4
+            }
+        case .int16:
+            for s in samples {
+                buffer.storeBytes(of: dither.quantize(s).littleEndian, toByteOffset: offset, as: Int16.self)
+                offset += 2
+            }
         }
         return size
     }
@@ -95,33 +117,41 @@ public enum AudioPacket {
         let first = UInt64(bigEndian: bytes.loadUnaligned(fromByteOffset: 8, as: UInt64.self))
         let frames = Int(UInt16(bigEndian: bytes.loadUnaligned(fromByteOffset: 16, as: UInt16.self)))
         let channels = Int(bytes[18])
-        guard let type = AudioFormat.SampleType(rawValue: bytes[19]) else { throw .unsupportedFormat }
+        guard let encoding = SampleEncoding(rawValue: bytes[19]) else { throw .unsupportedFormat }
         let rate = Int(UInt32(bigEndian: bytes.loadUnaligned(fromByteOffset: 20, as: UInt32.self)))
-        let format = AudioFormat(sampleRate: rate, channels: channels, sampleType: type)
+        let format = AudioFormat(sampleRate: rate, channels: channels)
         do { try format.validate() } catch { throw .unsupportedFormat }
         guard frames >= 1 else { throw .badFrameCount(frames) }
-        let expected = headerSize + frames * format.bytesPerFrame
+        let expected = encodedSize(frames: frames, format: format, encoding: encoding)
         guard bytes.count == expected else { throw .lengthMismatch(expected: expected, actual: bytes.count) }
         let capture = UInt64(bigEndian: bytes.loadUnaligned(fromByteOffset: 24, as: UInt64.self))
         let hostLatency = UInt32(bigEndian: bytes.loadUnaligned(fromByteOffset: 32, as: UInt32.self))
         return AudioPacketHeader(
             sequence: sequence, firstFrameIndex: first, frameCount: frames, format: format,
-            captureTimeNanos: capture, hostLatencyFrames: hostLatency)
+            captureTimeNanos: capture, hostLatencyFrames: hostLatency, encoding: encoding)
     }
 
     /// Copies the samples of a packet whose header `decodeHeader` returned into `destination` (which holds at
     /// least `frameCount × channels` samples). Samples from the network are not trusted: each is clamped to [−1, 1],
     /// and NaN or ±∞ becomes 0 (a hostile or broken host cannot make anything downstream trap or blow up). Returns
-    /// how many samples had to be changed.
+    /// how many samples had to be changed (Int16 samples are always in range: −32768 decodes to −1).
     @discardableResult
     public static func decodeSamples(
         _ bytes: UnsafeRawBufferPointer, header: AudioPacketHeader, into destination: UnsafeMutableBufferPointer<Float>
     ) throws(AudioPacketError) -> Int {
         let count = header.frameCount * header.format.channels
-        guard destination.count >= count, bytes.count >= headerSize + 4 * count else {
+        guard destination.count >= count, bytes.count >= headerSize + header.encoding.bytesPerSample * count else {
             throw .lengthMismatch(expected: count, actual: destination.count)
         }
         var offset = headerSize
+        if header.encoding == .int16 {
+            for i in 0..<count {
+                destination[i] = Float(Int16(littleEndian: bytes.loadUnaligned(fromByteOffset: offset, as: Int16.self)))
+                    * (1 / 32768)
+                offset += 2
+            }
+            return 0
+        }
         var sanitized = 0
         for i in 0..<count {
             var v = Float(bitPattern: UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: offset, as: UInt32.self)))
@@ -183,10 +213,12 @@ public struct AudioPacketHeader: Sendable, Equatable {
     public var captureTimeNanos: UInt64
     /// Host report: the capture device's delay, in frames, when this packet's frames were captured.
     public var hostLatencyFrames: UInt32
+    /// How the samples travel (the decoded format is always `format`, Float32).
+    public var encoding: SampleEncoding
 
     public init(
         sequence: UInt32, firstFrameIndex: UInt64, frameCount: Int, format: AudioFormat,
-        captureTimeNanos: UInt64 = 0, hostLatencyFrames: UInt32 = 0
+        captureTimeNanos: UInt64 = 0, hostLatencyFrames: UInt32 = 0, encoding: SampleEncoding = .float32
     ) {
         self.sequence = sequence
         self.firstFrameIndex = firstFrameIndex
@@ -194,6 +226,58 @@ public struct AudioPacketHeader: Sendable, Equatable {
         self.format = format
         self.captureTimeNanos = captureTimeNanos
         self.hostLatencyFrames = hostLatencyFrames
+        self.encoding = encoding
+    }
+}
+
+/// How an audio packet's samples travel: the header's sample-encoding byte. The pipeline on both sides is Float32;
+/// the encoding is chosen by the host (`mesh-record --codec`) and followed, packet by packet, by every player.
+public enum SampleEncoding: UInt8, Sendable, CaseIterable, CustomStringConvertible {
+    /// IEEE-754 Float32 little-endian: lossless, 4 bytes a sample (the default).
+    case float32 = 1
+    /// Signed 16-bit little-endian, TPDF-dithered by the sender: half the bytes, 96 dB of range.
+    case int16 = 2
+
+    /// Bytes one sample takes on the wire.
+    public var bytesPerSample: Int {
+        switch self {
+        case .float32: 4
+        case .int16: 2
+        }
+    }
+
+    /// The name on the command line and in status output: `f32`, `s16`.
+    public var description: String {
+        switch self {
+        case .float32: "f32"
+        case .int16: "s16"
+        }
+    }
+
+    /// The encoding a command-line name stands for.
+    public init?(name: String) {
+        guard let e = Self.allCases.first(where: { $0.description == name }) else { return nil }
+        self = e
+    }
+}
+
+/// Triangular-PDF dither for Float32 → Int16: the sum of two independent uniform values of ±½ LSB each is added
+/// before rounding, which turns quantization error into plain white noise (no distortion that follows the signal,
+/// no dead zone at low levels). Deterministic from its seed; allocation-free; one per stream.
+public struct TPDFDither: Sendable {
+    private var random: SplitMix64
+
+    public init(seed: UInt64 = 0x7064_6974_6865_7231) { random = SplitMix64(seed: seed) }
+
+    /// `sample` (clamped to [−1, 1], NaN as 0) scaled to Int16 full scale (32768), dithered and rounded.
+    @inline(__always)
+    public mutating func quantize(_ sample: Float) -> Int16 {
+        let r = random.next()
+        // Two 24-bit uniforms in [0, 1): their difference is triangular on (−1, 1) LSB.
+        let u1 = Float(r >> 40) * (1 / 16_777_216), u2 = Float((r >> 16) & 0xFF_FFFF) * (1 / 16_777_216)
+        let x = sample.isNaN ? 0 : min(max(sample, -1), 1)
+        let v = (x * 32768 + (u1 - u2)).rounded()
+        return Int16(min(max(v, -32768), 32767))
     }
 }
 
@@ -214,7 +298,7 @@ public enum AudioPacketError: Error, Equatable, Sendable, CustomStringConvertibl
         case .badMagic: "not an audio packet (bad magic)"
         case .unsupportedVersion(let v): "audio packet version \(v) is not supported (expected 1)"
         case .unknownKind(let k): "unknown audio packet kind \(k)"
-        case .unsupportedFormat: "audio packet format is outside 8–192 kHz, 1–8 channels, Float32LE"
+        case .unsupportedFormat: "audio packet format is outside 8–192 kHz, 1–8 channels, Float32 or Int16 samples"
         case .badFrameCount(let n): "audio packet frame count \(n) is invalid"
         case .lengthMismatch(let e, let a): "audio packet length \(a) does not match the expected \(e)"
         case .tooLarge(let n): "audio packet of \(n) bytes exceeds \(AudioPacket.maximumSize)"

@@ -31,6 +31,11 @@ public final class PacketIngress: Sendable {
         public var ringOverflows: UInt64 = 0
         /// Samples that arrived outside [−1, 1] (clamped) or not finite (zeroed).
         public var sanitizedSamples: UInt64 = 0
+        /// Bytes of the audio packets queued (headers included): the stream's size on the wire, before PeerMesh's
+        /// datagram header and UDP/IP.
+        public var queuedBytes: UInt64 = 0
+        /// The sample encoding of the latest queued packet (nil before the first).
+        public var encoding: SampleEncoding?
         public init() {}
     }
 
@@ -41,6 +46,9 @@ public final class PacketIngress: Sendable {
     private let mismatchCount = Atomic<UInt64>(0)
     private let overflowCount = Atomic<UInt64>(0)
     private let sanitizedCount = Atomic<UInt64>(0)
+    private let queuedBytes = Atomic<UInt64>(0)
+    /// `SampleEncoding.rawValue` of the latest queued packet (0 = none yet).
+    private let latestEncoding = Atomic<UInt8>(0)
     /// The latest other format seen and not yet taken (`PackedFormat`, 0 = none).
     private let pending = Atomic<UInt64>(0)
 
@@ -68,6 +76,8 @@ public final class PacketIngress: Sendable {
         switch ring.push(header: header, payload: datagram, arrivalNanos: arrivalNanos) {
         case .pushed(let sanitized):
             if sanitized > 0 { sanitizedCount.add(UInt64(sanitized), ordering: .relaxed) }
+            queuedBytes.add(UInt64(datagram.count), ordering: .relaxed)
+            latestEncoding.store(header.encoding.rawValue, ordering: .relaxed)
             return .queued(frames: header.frameCount)
         case .full:
             overflowCount.add(1, ordering: .relaxed)
@@ -90,6 +100,8 @@ public final class PacketIngress: Sendable {
         c.formatMismatches = mismatchCount.load(ordering: .relaxed)
         c.ringOverflows = overflowCount.load(ordering: .relaxed)
         c.sanitizedSamples = sanitizedCount.load(ordering: .relaxed)
+        c.queuedBytes = queuedBytes.load(ordering: .relaxed)
+        c.encoding = SampleEncoding(rawValue: latestEncoding.load(ordering: .relaxed))
         return c
     }
 }

@@ -9,6 +9,8 @@ import MeshAudio
 public struct Packetizer: Sendable {
     /// The format of the captured frames.
     public let format: AudioFormat
+    /// How the samples travel.
+    public let encoding: SampleEncoding
     /// Most frames per packet.
     public let maximumFramesPerPacket: Int
     /// Sequence number of the next packet.
@@ -16,15 +18,19 @@ public struct Packetizer: Sendable {
     /// Host report carried in every packet: the capture device's delay in frames (update it from the source's
     /// `stats.delayFrames`).
     public var hostLatencyFrames: UInt32 = 0
+    /// The Int16 encoding's dither, carried across packets.
+    private var dither = TPDFDither()
 
     /// Throws when `format` is unsupported or when not even one frame fits `maximumPacketSize`.
-    public init(format: AudioFormat, firstSequence: UInt32 = 0, maximumPacketSize: Int = AudioPacket.maximumSize)
-        throws(AudioPacketError)
+    public init(format: AudioFormat, encoding: SampleEncoding = .float32, firstSequence: UInt32 = 0,
+                maximumPacketSize: Int = AudioPacket.maximumSize) throws(AudioPacketError)
     {
         do { try format.validate() } catch { throw .unsupportedFormat }
-        let maxFrames = AudioPacket.maximumFrames(for: format, maximumSize: min(maximumPacketSize, AudioPacket.maximumSize))
-        guard maxFrames >= 1 else { throw .tooLarge(AudioPacket.headerSize + format.bytesPerFrame) }
+        let maxFrames = AudioPacket.maximumFrames(for: format, encoding: encoding,
+                                                  maximumSize: min(maximumPacketSize, AudioPacket.maximumSize))
+        guard maxFrames >= 1 else { throw .tooLarge(AudioPacket.encodedSize(frames: 1, format: format, encoding: encoding)) }
         self.format = format
+        self.encoding = encoding
         self.maximumFramesPerPacket = maxFrames
         self.nextSequence = firstSequence
     }
@@ -46,7 +52,7 @@ public struct Packetizer: Sendable {
         let frames = min(chunk.frames, samples.count / channels)
         let count = packetCount(frames: frames)
         guard count > 0 else { return 0 }
-        precondition(scratch.count >= AudioPacket.encodedSize(frames: maximumFramesPerPacket, format: format),
+        precondition(scratch.count >= AudioPacket.encodedSize(frames: maximumFramesPerPacket, format: format, encoding: encoding),
                      "Packetizer scratch buffer too small")
         let base = frames / count, extra = frames % count
         var offset = 0
@@ -55,10 +61,10 @@ public struct Packetizer: Sendable {
             let time = chunk.timestampNanos &+ UInt64(Double(offset) * 1e9 / Double(format.sampleRate))
             let header = AudioPacketHeader(
                 sequence: nextSequence, firstFrameIndex: chunk.firstFrameIndex &+ UInt64(offset), frameCount: n,
-                format: format, captureTimeNanos: time, hostLatencyFrames: hostLatencyFrames)
+                format: format, captureTimeNanos: time, hostLatencyFrames: hostLatencyFrames, encoding: encoding)
             let slice = UnsafeBufferPointer(rebasing: samples[(offset * channels)..<((offset + n) * channels)])
             // Our own invariants (validated format, size within bounds) make encoding infallible here.
-            let size = try! AudioPacket.encode(header, samples: slice, into: scratch)
+            let size = try! AudioPacket.encode(header, samples: slice, into: scratch, dither: &dither)
             nextSequence &+= 1
             offset += n
             try emit(UnsafeRawBufferPointer(rebasing: scratch[0..<size]))

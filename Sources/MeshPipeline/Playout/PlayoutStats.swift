@@ -69,6 +69,8 @@ public struct PlayoutStats: Sendable, Equatable {
     public var heldFrames: UInt64 = 0
     /// Whether playback is held now.
     public var held: Bool = false
+    /// The ingress stage's counters in full (the encoding the host sends, bytes queued…).
+    public var ingress = PacketIngress.Counters()
     public init() {}
 }
 
@@ -134,6 +136,7 @@ final class PublishedStats: Sendable {
         s.malformed = ingress.malformed
         s.formatMismatches = ingress.formatMismatches
         s.ringOverflows = ingress.ringOverflows
+        s.ingress = ingress
         return s
     }
 }
