@@ -81,7 +81,11 @@ public final class PlayoutPipeline: Sendable {
     public func takePendingFormat() -> AudioFormat? { ingress.takePendingFormat() }
 
     /// A snapshot of the counters and levels (any thread).
-    public var stats: PlayoutStats { renderer.stats(ingress: ingress.counters) }
+    public var stats: PlayoutStats {
+        var s = renderer.stats(ingress: ingress.counters)
+        s.wire = ingress.wire
+        return s
+    }
 }
 
 /// The render-thread end of a `PlayoutPipeline`, pulled by its sink. Each pull walks the chain once per block of at

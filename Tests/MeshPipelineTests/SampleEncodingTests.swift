@@ -99,7 +99,7 @@ struct SampleEncodingTests {
     @Test func ingressFollowsTheEncodingPacketByPacketAndCountsWireBytes() throws {
         let ring = PacketRing(capacity: 8)
         let ingress = PacketIngress(format: .default, ring: ring)
-        #expect(ingress.counters.encoding == nil)
+        #expect(ingress.wire.encoding == nil)
         let f32 = try AudioPacket.encode(
             AudioPacketHeader(sequence: 0, firstFrameIndex: 0, frameCount: 128, format: .default),
             samples: [Float](repeating: 0.25, count: 128))
@@ -107,13 +107,13 @@ struct SampleEncodingTests {
             AudioPacketHeader(sequence: 1, firstFrameIndex: 128, frameCount: 128, format: .default, encoding: .int16),
             samples: [Float](repeating: 0.25, count: 128))
         #expect(f32.withUnsafeBytes { ingress.receive($0, arrivalNanos: 1) } == .queued(frames: 128))
-        #expect(ingress.counters.encoding == .float32)
+        #expect(ingress.wire.encoding == .float32)
         #expect(s16.withUnsafeBytes { ingress.receive($0, arrivalNanos: 2) } == .queued(frames: 128))
-        let c = ingress.counters
-        #expect(c.encoding == .int16)
-        #expect(c.queuedBytes == UInt64(f32.count + s16.count))
-        #expect(c.queuedBytes == UInt64(36 + 512 + 36 + 256))
-        #expect(c.formatMismatches == 0 && c.malformed == 0)
+        let w = ingress.wire
+        #expect(w.encoding == .int16)
+        #expect(w.queuedBytes == UInt64(f32.count + s16.count))
+        #expect(w.queuedBytes == UInt64(36 + 512 + 36 + 256))
+        #expect(ingress.counters == PacketIngress.Counters())
         // Both arrive as Float32 in the ring, the Int16 one within an LSB.
         var got: [[Float]] = []
         while let s = ring.pop({ Array($1) }) { got.append(s) }

@@ -273,7 +273,8 @@ def report(raw_path, out_json, out_md, meta_path):
     cpu = sections.get("cpu", [])
     if cpu:
         table(md, "**3. CPU and memory per stream** (same minute, all four running at once; CPU over the steady "
-                  "window scaled to one minute of audio; peak RSS = VmHWM summed over the side's processes)",
+                  "window scaled to one minute of audio; peak RSS = VmHWM summed over the side's processes; mesh-record and "
+                  "mesh-play as `scripts/package` ships them, with the Swift runtime linked statically)",
               ['side', 'processes', 'CPU s / min audio', '% of a core', 'vs baseline CPU', 'peak RSS MB', 'peak RSS excl. JACK shm MB'], "llrrrrr")
         by = {r["side"]: r for r in cpu}
         mb = lambda v: None if v is None else v / 1024

@@ -31,8 +31,13 @@ public final class PacketIngress: Sendable {
         public var ringOverflows: UInt64 = 0
         /// Samples that arrived outside [−1, 1] (clamped) or not finite (zeroed).
         public var sanitizedSamples: UInt64 = 0
-        /// Bytes of the audio packets queued (headers included): the stream's size on the wire, before PeerMesh's
-        /// datagram header and UDP/IP.
+        public init() {}
+    }
+
+    /// What the stream that got through looks like on the wire.
+    public struct WireUsage: Sendable, Equatable {
+        /// Bytes of the audio packets queued (headers included): the stream's size before PeerMesh's datagram
+        /// header and UDP/IP.
         public var queuedBytes: UInt64 = 0
         /// The sample encoding of the latest queued packet (nil before the first).
         public var encoding: SampleEncoding?
@@ -100,9 +105,15 @@ public final class PacketIngress: Sendable {
         c.formatMismatches = mismatchCount.load(ordering: .relaxed)
         c.ringOverflows = overflowCount.load(ordering: .relaxed)
         c.sanitizedSamples = sanitizedCount.load(ordering: .relaxed)
-        c.queuedBytes = queuedBytes.load(ordering: .relaxed)
-        c.encoding = SampleEncoding(rawValue: latestEncoding.load(ordering: .relaxed))
         return c
+    }
+
+    /// A snapshot of the wire usage (any thread).
+    public var wire: WireUsage {
+        var w = WireUsage()
+        w.queuedBytes = queuedBytes.load(ordering: .relaxed)
+        w.encoding = SampleEncoding(rawValue: latestEncoding.load(ordering: .relaxed))
+        return w
     }
 }
 

@@ -69,8 +69,8 @@ public struct PlayoutStats: Sendable, Equatable {
     public var heldFrames: UInt64 = 0
     /// Whether playback is held now.
     public var held: Bool = false
-    /// The ingress stage's counters in full (the encoding the host sends, bytes queued…).
-    public var ingress = PacketIngress.Counters()
+    /// The encoding the host sends, and the bytes of audio packets that got through.
+    public var wire = PacketIngress.WireUsage()
     public init() {}
 }
 
@@ -136,7 +136,6 @@ final class PublishedStats: Sendable {
         s.malformed = ingress.malformed
         s.formatMismatches = ingress.formatMismatches
         s.ringOverflows = ingress.ringOverflows
-        s.ingress = ingress
         return s
     }
 }
