@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import MeshPOSIX
 import MeshRelay
 #if canImport(Glibc)
 import Glibc
@@ -87,7 +88,7 @@ package final class ButtonReader: Sendable {
     /// waits there for its writer, never here. End of input ends the reader.
     package init(path: String, onCommand: @escaping @Sendable (ListenerCommand) -> Void) throws {
         try Self.check(path)
-        let thread = Thread {
+        OSThread.detach(name: "pm-buttons") {
             let fd = open(path, O_RDONLY | O_CLOEXEC)
             guard fd >= 0 else { return }
             var decoder = ButtonDecoder()
@@ -100,8 +101,6 @@ package final class ButtonReader: Sendable {
             }
             close(fd)
         }
-        thread.name = "pm-buttons"
-        thread.start()
     }
 
     /// Throws, with the system's reason and what to do, when `path` cannot be opened for reading.

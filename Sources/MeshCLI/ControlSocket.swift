@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import Synchronization
 import MeshPOSIX
 
@@ -97,12 +98,10 @@ package final class ControlServer: Sendable {
         path = directory.socketPath
         listener = try UnixSocket.listen(path: path)
         self.handler = handler
-        let thread = Thread { [self] in
-            ThreadName.setCurrent("pm-ctl")
+        OSThread.detach(name: "pm-ctl") { [self] in
             serve()
             finished.signal()
         }
-        thread.start()
     }
 
     private func serve() {

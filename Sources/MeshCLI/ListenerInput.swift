@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import MeshPOSIX
 import MeshRelay
 #if canImport(Glibc)
 import Glibc
@@ -95,7 +96,7 @@ package final class StandardInputReader: Sendable {
         isTerminal = isatty(STDIN_FILENO) == 1
         let terminal = isTerminal
         if terminal { RawMode.enter() }
-        let thread = Thread {
+        OSThread.detach(name: "pm-stdin") {
             var pending: [UInt8] = []
             var buffer = [UInt8](repeating: 0, count: 512)
             while true {
@@ -115,8 +116,6 @@ package final class StandardInputReader: Sendable {
             }
             if !pending.isEmpty { line(String(decoding: pending, as: UTF8.self)) }
         }
-        thread.name = "pm-stdin"
-        thread.start()
     }
 
     /// Puts the terminal back as it was.

@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import Glibc
+import MeshPOSIX
 import MeshRelay
 import Synchronization
 
@@ -12,13 +14,11 @@ package final class StandardInput: Sendable {
     /// Starts reading. `commands` receives the lines no question takes.
     package init(commands: @escaping @Sendable (String) -> Void = { _ in }) {
         self.commands = commands
-        let t = Thread { [self] in
+        OSThread.detach(name: "pm-stdin") { [self] in
             while let line = readLine(strippingNewline: true) { deliver(line) }
             let open = questions.withLock { q -> [(id: Int, answer: @Sendable (String?) -> Bool)] in defer { q = [] }; return q }
             for q in open { _ = q.answer(nil) }
         }
-        t.name = "pm-stdin"
-        t.start()
     }
 
     /// Queues a question: `answer` gets the next line that is not for an earlier question (nil at end of input) and
@@ -79,7 +79,7 @@ package final class TerminalApproval: PlayerApproval {
     /// Handles a line for `request`; returns whether it was an answer.
     private func answer(_ request: JoinRequest, _ line: String?) -> Bool {
         let decision: JoinDecision
-        switch line?.trimmingCharacters(in: .whitespaces).lowercased() {
+        switch line.map({ $0.trimmingWhitespace().lowercased() }) {
         case nil: decision = .no
         case "y", "yes": decision = .once
         case "a", "always": decision = .always
@@ -97,5 +97,14 @@ package final class TerminalApproval: PlayerApproval {
         entry?.decide(decision)
         if let next { show(next) }
         return true
+    }
+}
+
+extension StringProtocol {
+    /// The string without leading and trailing white space.
+    fileprivate func trimmingWhitespace() -> String {
+        guard let first = firstIndex(where: { !$0.isWhitespace }), let last = lastIndex(where: { !$0.isWhitespace })
+        else { return "" }
+        return String(self[first...last])
     }
 }

@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import Glibc
+import MeshPOSIX
 import MeshAudio
 import MeshPipeline
 import PeerMesh

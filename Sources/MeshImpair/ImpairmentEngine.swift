@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import MeshPOSIX
 import Synchronization
 #if canImport(Glibc)
@@ -40,7 +40,8 @@ final class ImpairmentEngine: Sendable {
     private let ioWaker: Waker
     private let schedulerWaker: Waker
     private let state: Mutex<State>
-    private let threads = DispatchGroup()
+    /// The I/O and scheduler threads, joined by `stop`.
+    private let threads = Mutex<[OSThread]>([])
 
     /// Binds the UDP and TCP listeners (same port number) and starts the threads.
     init(configuration c: ImpairmentProxy.Configuration) throws(ImpairmentError) {
@@ -79,20 +80,15 @@ final class ImpairmentEngine: Sendable {
         }
         state = Mutex(State(schedule: ImpairmentSchedule(configuration: c), sockets: sockets))
 
-        threads.enter()
-        let io = Thread { [self] in
-            runIO()
-            threads.leave()
+        do {
+            let io = try OSThread(name: "mesh-impair-io", scheduling: .normal) { [self] in runIO() }
+            threads.withLock { $0.append(io) }
+            let scheduler = try OSThread(name: "mesh-impair-sch", scheduling: .normal) { [self] in runScheduler() }
+            threads.withLock { $0.append(scheduler) }
+        } catch {
+            stop()
+            throw .system("\(error)")
         }
-        io.name = "mesh-impair-io"
-        threads.enter()
-        let scheduler = Thread { [self] in
-            runScheduler()
-            threads.leave()
-        }
-        scheduler.name = "mesh-impair-scheduler"
-        io.start()
-        scheduler.start()
     }
 
     var statistics: ImpairmentProxy.Statistics {
@@ -117,7 +113,7 @@ final class ImpairmentEngine: Sendable {
             ioWaker.wake()
             schedulerWaker.wake()
         }
-        threads.wait()
+        for thread in threads.withLock({ $0 }) { thread.join() }
         let leftovers = state.withLock { s in
             s.sockets = nil
             return s.schedule.discardAll()

@@ -1,5 +1,7 @@
 // mesh-play: finds a paired mesh-record host on the LAN (or at an address), joins it and plays; or pairs with one.
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
 import MeshAudio
 import MeshCLI
 import MeshPOSIX
@@ -36,7 +38,7 @@ func listHosts() -> Never {
         let lister = Lister()
         browser.delegate = lister
         try browser.startBrowsingForPeers()
-        Thread.sleep(forTimeInterval: seconds)
+        MonotonicClock.sleep(untilNanos: MonotonicClock.nowNanos() + UInt64(seconds * 1e9))
         browser.stopBrowsingForPeers()
         let hosts = lister.found.withLock { $0 }.sorted { $0.key.displayName < $1.key.displayName }
         if options.json {

@@ -1,6 +1,8 @@
 // mesh-record --host: captures the microphone (or a tone or a sound file) and serves it, encrypted, to the players
 // paired with this host.
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
 import MeshAudio
 import MeshCLI
 import MeshPOSIX

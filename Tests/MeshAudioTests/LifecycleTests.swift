@@ -74,17 +74,17 @@ struct LifecycleTests {
     }
 
     @Test func normalSchedulingIsNeverRealtime() throws {
-        let thread = try RealtimeThread(name: "pm-normal", scheduling: .normal) {}
+        let thread = try OSThread(name: "pm-normal", scheduling: .normal) {}
         thread.join()
         #expect(!thread.isRealtime)
     }
 
     @Test func threadNamesAreCutToFifteenBytes() throws {
-        #expect(RealtimeThread.osName("pm-capture") == "pm-capture")
-        #expect(RealtimeThread.osName("0123456789abcdefgh") == "0123456789abcde")
-        #expect(RealtimeThread.osName("pm-aéééééééé") == "pm-aééééé", "cut on a character boundary (14 bytes)")
+        #expect(OSThread.osName("pm-capture") == "pm-capture")
+        #expect(OSThread.osName("0123456789abcdefgh") == "0123456789abcde")
+        #expect(OSThread.osName("pm-aéééééééé") == "pm-aééééé", "cut on a character boundary (14 bytes)")
         let seen = Box("")
-        let thread = try RealtimeThread(name: "0123456789abcdefgh", scheduling: .normal) { seen.set(currentThreadName()) }
+        let thread = try OSThread(name: "0123456789abcdefgh", scheduling: .normal) { seen.set(currentThreadName()) }
         thread.join()
         #expect(thread.name == "0123456789abcde" && seen.current == "0123456789abcde")
     }

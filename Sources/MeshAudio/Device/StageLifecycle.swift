@@ -1,3 +1,4 @@
+import MeshPOSIX
 import Synchronization
 
 /// The one-shot life of a stage that runs a thread of its own — idle → running → stopped — shared by the devices
@@ -11,18 +12,18 @@ public final class StageLifecycle: Sendable {
     public let stage: String
     /// The OS name of the stage's thread, e.g. `pm-capture` (at most 15 bytes).
     public let threadName: String
-    private let scheduling: RealtimeThread.Scheduling
+    private let scheduling: OSThread.Scheduling
     private let running = Atomic<Bool>(false)
     private let state = Mutex<State>(.idle)
 
     private enum State {
         case idle
-        case running(RealtimeThread)
+        case running(OSThread)
         case stopped
     }
 
     /// A stage not started yet.
-    public init(stage: String, threadName: String, scheduling: RealtimeThread.Scheduling = .realtime) {
+    package init(stage: String, threadName: String, scheduling: OSThread.Scheduling = .realtime) {
         self.stage = stage
         self.threadName = threadName
         self.scheduling = scheduling
@@ -43,7 +44,7 @@ public final class StageLifecycle: Sendable {
                 try prepare()
                 running.store(true, ordering: .releasing)
                 do {
-                    state = .running(try RealtimeThread(name: threadName, scheduling: scheduling, body: body))
+                    state = .running(try OSThread(name: threadName, scheduling: scheduling, body: body))
                 } catch {
                     running.store(false, ordering: .releasing)
                     throw error
@@ -57,7 +58,7 @@ public final class StageLifecycle: Sendable {
     /// thread was running (it has ended now).
     @discardableResult
     public func stop(wake: () -> Void = {}) -> Bool {
-        let thread = state.withLock { state -> RealtimeThread? in
+        let thread = state.withLock { state -> OSThread? in
             defer { state = .stopped }
             if case .running(let thread) = state { return thread }
             return nil

@@ -2,7 +2,8 @@
 // callback) or while holding avahi_threaded_poll_lock; `AvahiCore` documents that invariant.
 import CAvahi
 import Dispatch
-import Foundation
+import FoundationEssentials
+import Glibc
 import MeshPOSIX
 
 /// The error funnel: an avahi error code (negative) becomes a `PeerMeshError.discovery` carrying `avahi_strerror`.

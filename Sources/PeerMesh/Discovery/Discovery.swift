@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 
 /// A network address at which a peer's advertiser accepts invitations (TCP): a host — numeric IPv4 or IPv6 (with
 /// `%scope` when link-local) or a name to resolve — and a port.

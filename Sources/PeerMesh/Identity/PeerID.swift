@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 
 /// A peer's identity in a PeerMesh session, the counterpart of MultipeerConnectivity's `MCPeerID`.
 ///

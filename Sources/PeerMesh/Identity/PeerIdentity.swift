@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import MeshPOSIX
 
 /// A device's long-term identity: its X25519 key pair and display name, as MC's `securityIdentity`.

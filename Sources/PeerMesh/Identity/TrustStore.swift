@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import MeshPOSIX
 
 /// A peer this device trusts: its key, the name it was paired under (and last seen under), and when.

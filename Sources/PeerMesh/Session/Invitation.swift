@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import Synchronization
 
 /// An invitation as an advertiser received it: who asks (with the key its handshake proved), from where, with what

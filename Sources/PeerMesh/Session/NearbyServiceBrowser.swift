@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import Synchronization
 
 /// Receives a browser's events, as MC's `MCNearbyServiceBrowserDelegate`. Called on the browser's queue, in order.

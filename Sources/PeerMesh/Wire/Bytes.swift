@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 
 /// Appends big-endian integers and byte strings to a growing buffer.
 struct ByteWriter {

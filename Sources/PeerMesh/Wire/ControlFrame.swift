@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 
 /// Version of the PeerMesh wire protocol carried in every HELLO and datagram. See docs/PROTOCOL.md.
 public let peerMeshProtocolVersion: UInt8 = 2

@@ -1,33 +1,33 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import MeshPOSIX
+
 import Synchronization
 
-/// A dedicated POSIX thread for an audio loop, named for `top -H` and debuggers, scheduled `SCHED_FIFO` when asked
+/// A dedicated POSIX thread (an audio loop, an I/O loop, a helper), named for `top -H` and debuggers, scheduled `SCHED_FIFO` when asked
 /// and when the system allows it.
 ///
 /// If the process may not use real-time scheduling (`EPERM`), the thread is started with normal scheduling,
 /// quietly; `isRealtime` tells which happened. The body runs once; `join()` waits for it to return.
-public final class RealtimeThread: Sendable {
+package final class OSThread: Sendable {
     /// How the thread is scheduled.
-    public enum Scheduling: Sendable, Equatable {
+    package enum Scheduling: Sendable, Equatable {
         /// `SCHED_FIFO` at `priority` (clamped to the system's range), or normal scheduling where that is refused.
         case fifo(priority: Int32)
         /// The default time-sharing scheduler (a loop that feeds the network, not a device).
         case normal
 
         /// `SCHED_FIFO` at the audio loops' priority.
-        public static let realtime = Scheduling.fifo(priority: 5)
+        package static let realtime = Scheduling.fifo(priority: 5)
     }
 
     /// Longest OS thread name Linux keeps, in bytes (16 with the terminating NUL).
-    public static let maximumNameBytes = 15
+    package static let maximumNameBytes = 15
 
     /// The OS name of the thread (`name` cut to `maximumNameBytes` bytes of UTF-8).
-    public let name: String
+    package let name: String
     /// Whether the thread got `SCHED_FIFO`.
-    public let isRealtime: Bool
+    package let isRealtime: Bool
     private let thread: pthread_t
     private let joined = Atomic<Bool>(false)
 
@@ -42,14 +42,14 @@ public final class RealtimeThread: Sendable {
     }
 
     /// Error starting a thread (`pthread_create` failed even without real-time scheduling).
-    public struct StartError: Error, CustomStringConvertible {
-        public let name: String
-        public let code: Int32
-        public var description: String { "cannot start thread \(name): \(String(cString: strerror(code)))" }
+    package struct StartError: Error, CustomStringConvertible {
+        package let name: String
+        package let code: Int32
+        package var description: String { "cannot start thread \(name): \(String(cString: strerror(code)))" }
     }
 
     /// Starts `body` on a new thread named `name` (cut to 15 bytes), scheduled as `scheduling` asks.
-    public init(name: String, scheduling: Scheduling = .realtime, body: @escaping @Sendable () -> Void) throws {
+    package init(name: String, scheduling: Scheduling = .realtime, body: @escaping @Sendable () -> Void) throws {
         let osName = Self.osName(name)
         self.name = osName
         let context = Unmanaged.passRetained(Body(body, name: osName)).toOpaque()
@@ -66,11 +66,11 @@ public final class RealtimeThread: Sendable {
             let maxPriority = sched_get_priority_max(SCHED_FIFO)
             var param = sched_param(sched_priority: min(max(priority, 1), maxPriority))
             pthread_attr_setschedparam(&attr, &param)
-            result = pthread_create(&tid, &attr, realtimeThreadEntry, context)
+            result = pthread_create(&tid, &attr, osThreadEntry, context)
             realtime = result == 0
         }
         if result != 0 {
-            result = pthread_create(&tid, nil, realtimeThreadEntry, context)
+            result = pthread_create(&tid, nil, osThreadEntry, context)
         }
         guard result == 0 else {
             Unmanaged<Body>.fromOpaque(context).release()
@@ -80,15 +80,25 @@ public final class RealtimeThread: Sendable {
         self.isRealtime = realtime
     }
 
+    /// Starts `body` on a detached thread with normal scheduling (a reader that lives as long as the process).
+    /// Traps when the system cannot create a thread: the process is out of resources.
+    package static func detach(name: String, body: @escaping @Sendable () -> Void) {
+        do {
+            _ = try OSThread(name: name, scheduling: .normal, body: body) // released at once: deinit detaches it
+        } catch {
+            fatalError("\(error)")
+        }
+    }
+
     /// `name` cut to at most `maximumNameBytes` bytes, on a character boundary.
-    static func osName(_ name: String) -> String {
+    package static func osName(_ name: String) -> String {
         var cut = Substring(name)
         while cut.utf8.count > maximumNameBytes { cut = cut.dropLast() }
         return String(cut)
     }
 
     /// Waits for the body to return. Safe to call more than once and from any thread but the audio thread itself.
-    public func join() {
+    package func join() {
         guard !joined.exchange(true, ordering: .acquiringAndReleasing) else { return }
         pthread_join(thread, nil)
     }
@@ -105,8 +115,8 @@ public final class RealtimeThread: Sendable {
     }
 }
 
-/// The C entry point of every `RealtimeThread`.
-private func realtimeThreadEntry(_ context: UnsafeMutableRawPointer?) -> UnsafeMutableRawPointer? {
-    if let context { RealtimeThread.run(context) }
+/// The C entry point of every `OSThread`.
+private func osThreadEntry(_ context: UnsafeMutableRawPointer?) -> UnsafeMutableRawPointer? {
+    if let context { OSThread.run(context) }
     return nil
 }
