@@ -4,8 +4,8 @@ import Glibc
 
 import Synchronization
 
-/// A dedicated POSIX thread (an audio loop, an I/O loop, a helper), named for `top -H` and debuggers, scheduled `SCHED_FIFO` when asked
-/// and when the system allows it.
+/// A dedicated POSIX thread (an audio loop, an I/O loop, a helper), named for `top -H` and debuggers, scheduled
+/// `SCHED_FIFO` when asked and when the system allows it.
 ///
 /// If the process may not use real-time scheduling (`EPERM`), the thread is started with normal scheduling,
 /// quietly; `isRealtime` tells which happened. The body runs once; `join()` waits for it to return.

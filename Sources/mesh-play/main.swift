@@ -38,7 +38,7 @@ func listHosts() -> Never {
         let lister = Lister()
         browser.delegate = lister
         try browser.startBrowsingForPeers()
-        MonotonicClock.sleep(untilNanos: MonotonicClock.nowNanos() + UInt64(seconds * 1e9))
+        MonotonicClock.sleep(untilNanos: MonotonicClock.nowNanos() + UInt64(min(seconds, 1e6) * 1e9))  // (no overflow)
         browser.stopBrowsingForPeers()
         let hosts = lister.found.withLock { $0 }.sorted { $0.key.displayName < $1.key.displayName }
         if options.json {
