@@ -100,14 +100,20 @@ struct RemoteControlTests {
         guard let longest = Self.longestSilence(wa) else { Issue.record("A played nothing"); return }
         #expect(longest >= 50 && longest <= 75, "silence of \(longest) windows of 50 ms (paused for 3 s)")
         #expect(wa[(wa.count - 10)...].allSatisfy { $0 > 0.05 }, "the tone again after resume")
-        // The pause is neither loss nor concealment, and the buffer is where it was (no backlog played).
+        // The pause is neither loss nor concealment, and no backlog is played.
         let final = a.jsonObjects.last { $0["final"] as? Bool == true } ?? [:]
         #expect((final["pausedMs"] as? Double ?? 0) >= 2700, "\(final)")
         #expect(a.stderr.filter { $0.contains("joined ctl-host") }.count == 1, "joined once, never lost: \(a.stderr)")
         #expect((final["lossPercent"] as? Double ?? 1) < 0.5 && (final["concealedMs"] as? Double ?? 999) < 60, "\(final)")
-        let buffers = a.jsonObjects.compactMap { $0["bufferMs"] as? Double }
-        if buffers.count >= 6 {
-            #expect(buffers.suffix(2).allSatisfy { $0 <= buffers.prefix(3).max()! + 6 }, "buffer \(buffers)")
+        // No backlog: after the resume the buffer holds what its target asks, not the paused seconds. (The target
+        // itself may move: one late burst from a loaded machine raises it by ~10 ms, before or after the pause.)
+        let lines = a.jsonObjects.compactMap { o -> (buffer: Double, target: Double)? in
+            guard let b = o["bufferMs"] as? Double, let t = o["targetMs"] as? Double else { return nil }
+            return (b, t)
+        }
+        #expect(lines.count >= 6, "\(a.jsonObjects.count) status lines")
+        for line in lines.suffix(2) {
+            #expect(line.buffer <= line.target + 6 && line.buffer < 100, "buffer/target \(lines)")
         }
         // B never stopped.
         let wb = Self.windows(try readWAV(outB).samples)
