@@ -65,4 +65,37 @@ struct RelayConcealerTests {
         #expect(Self.maxJump(block, channels: 1) < 0.05)
         #expect(c.concealedFrames == 0)
     }
+
+    /// A skip to the opposite phase (a crossfade between two phases), then a lost packet that starts anywhere from
+    /// mid-crossfade to 150 frames after it. The period repeated then holds part of the crossfade, where the
+    /// waveform is not periodic; its loop must still be seamless (before it was, such a loss clicked on each wrap,
+    /// up to 16× the sine's own step).
+    @Test(arguments: [1, 2])
+    func lossJustAfterACrossfadeLoopsSeamlessly(channels: Int) {
+        let natural = Float(0.5 * 2 * Double.pi * 440 / 44_100)
+        var worst: Float = 0, worstAt = 0
+        for lossStart in stride(from: 2_020, to: 2_330, by: 7) {
+            let total = 3_000
+            // Frames 0..<2000 of the sine, then the sine 50 frames (half a period) further on.
+            var out = relaySine(start: 0, count: 2_000, channels: channels) + relaySine(start: 2_050, count: total - 2_000, channels: channels)
+            var marks = [UInt8](repeating: FrameMark.present, count: total)
+            marks[2_000] = FrameMark.discontinuity
+            for f in lossStart..<(lossStart + 128) { marks[f] = FrameMark.missing }
+            var c = Concealer(format: AudioFormat(sampleRate: 44_100, channels: channels))
+            out.withUnsafeMutableBufferPointer { o in
+                marks.withUnsafeBufferPointer { m in
+                    for f in stride(from: 0, to: total, by: 128) {
+                        let n = min(128, total - f)
+                        c.process(UnsafeMutableBufferPointer(rebasing: o[(f * channels)..<((f + n) * channels)]),
+                                  marks: UnsafeBufferPointer(rebasing: m[f..<(f + n)]), frames: n)
+                    }
+                }
+            }
+            let jump = Self.maxJump(out, channels: channels)
+            if jump > worst { (worst, worstAt) = (jump, lossStart) }
+            #expect(c.concealedFrames == 128)
+        }
+        print("loss after a crossfade (\(channels) ch): worst step \(worst / natural)× the sine's, loss at \(worstAt)")
+        #expect(worst < 1.5 * natural)
+    }
 }

@@ -45,6 +45,7 @@ public struct Concealer {
     private var scratchCycle: [Float]
     private var offset: [Float]        // per channel: the gap between the output and the synthetic voice, fading
     private var offsetLeft = 0
+    private var preceding: [Float]     // per channel: the frame before the cycle's first (`makeCycleSeamless`)
     private let offsetFrames: Int
     /// Frames synthesized so far (each missing frame counts once).
     public private(set) var concealedFrames: UInt64 = 0
@@ -69,6 +70,7 @@ public struct Concealer {
         fadeReal = [Float](repeating: 0, count: maxLag * channels)
         scratchCycle = [Float](repeating: 0, count: maxLag * channels)
         offset = [Float](repeating: 0, count: channels)
+        preceding = [Float](repeating: 0, count: channels)
         offsetFrames = max(1, Int(rate * 0.003))
     }
 
@@ -169,7 +171,7 @@ public struct Concealer {
     /// synthetic voice goes on with a fading offset bridging the gap.
     private mutating func interruptCrossfade() {
         let ch = channels
-        guard fadeRealCount >= lag else {
+        guard fadeRealCount > lag else {
             // Less than a period of real frames: go on with the running synthetic voice, bridging the gap
             // between it and the last output with an offset that fades out over `offsetFrames` (continuous in
             // value; the slope changes by at most the blend's).
@@ -199,12 +201,37 @@ public struct Concealer {
             pos += 1
             if pos == lag { pos = 0 }
         }
+        // The mixture one frame before the new cycle, for a seamless loop.
+        var before = fadeRealWrite - lag - 1
+        if before < 0 { before += maxLag }
+        var prevPos = cyclePos - 1
+        if prevPos < 0 { prevPos += lag }
+        for c in 0..<ch {
+            preceding[c] = w * fadeReal[before * ch + c] + (1 - w) * g * cycle[prevPos * ch + c]
+        }
         for i in 0..<(lag * ch) { cycle[i] = scratchCycle[i] }
+        makeCycleSeamless()
         offsetLeft = 0
         cyclePos = 0
         synthFrames = 0
         fadeInLeft = 0
         concealing = true
+    }
+
+    /// Makes the repeated period loop without a step. The cycle is the last `lag` frames played, so its last frame
+    /// is the frame just played, and both the first synthetic frame and every wrap of the loop step from
+    /// `cycle[lag - 1]` to `cycle[0]`. That step is natural only when the waveform was periodic over the cycle; after
+    /// a crossfade between two phases, or with a lag that is a poor fit, it can be most of full scale, a click on
+    /// each wrap. `preceding` holds the frame that came before `cycle[0]`: `cycle[0]` is moved so that it follows
+    /// `cycle[lag - 1]` as it followed `preceding`, and the correction ramps to nothing across the cycle.
+    private mutating func makeCycleSeamless() {
+        let ch = channels
+        let last = (lag - 1) * ch
+        for c in 0..<ch {
+            let d = cycle[last + c] - preceding[c]
+            guard d != 0 else { continue }
+            for j in 0..<lag { cycle[j * ch + c] += d * Float(lag - j) / Float(lag) }
+        }
     }
 
     private func gain() -> Float {
@@ -259,14 +286,18 @@ public struct Concealer {
             }
         }
         lag = bestLag
-        // cycle[j] = output frame (end - lag + j), oldest-first.
+        // cycle[j] = output frame (end - lag + j), oldest-first; `preceding` is the frame before it.
         var src = historyWrite - lag
         if src < 0 { src += historyFrames }
+        var before = src - 1
+        if before < 0 { before += historyFrames }
+        for c in 0..<ch { preceding[c] = history[before * ch + c] }
         for j in 0..<lag {
             for c in 0..<ch { cycle[j * ch + c] = history[src * ch + c] }
             src += 1
             if src == historyFrames { src = 0 }
         }
+        makeCycleSeamless()
         cyclePos = 0
         synthFrames = 0
         offsetLeft = 0
