@@ -121,6 +121,112 @@ struct JitterBufferPartsTests {
         #expect(e.deviationNanos == 10_000_000)
     }
 
+    // MARK: StallFilter
+
+    static let ms: UInt64 = 1_000_000
+
+    @Test func aShortBurstSecondsAfterTheLastIsARareStall() {
+        var f = StallFilter(spacingSeconds: 2.5)
+        #expect(f.classify(offsetNanos: 0, arrivalNanos: 1_000 * Self.ms) == .ordinary, "the stream starts")
+        #expect(f.classify(offsetNanos: 5e6, arrivalNanos: 2_000 * Self.ms) == .ordinary, "too early in the stream")
+        #expect(f.classify(offsetNanos: 0.5e6, arrivalNanos: 5_000 * Self.ms) == .ordinary, "within the margin")
+        #expect(f.classify(offsetNanos: 5e6, arrivalNanos: 2_001 * Self.ms) == .ordinary, "a burst, too early")
+        // 3 s calm since that burst: four held-back packets arriving together are held (the first alone is an
+        // outlier until the second confirms the burst).
+        let verdicts = (0..<4).map { k in
+            f.classify(offsetNanos: 11e6 - Double(k) * 2.9e6, arrivalNanos: (5_000 + UInt64(k)) * Self.ms)
+        }
+        #expect(verdicts == [.ordinary, .holdWithLone, .hold, .hold])
+        #expect(f.classify(offsetNanos: 0, arrivalNanos: 5_010 * Self.ms) == .ordinary, "on time again")
+        #expect(f.classify(offsetNanos: 0, arrivalNanos: 5_040 * Self.ms) == .ordinary)
+        #expect(f.stalls == 1 && f.steps == 0)
+        // A lone outlier does not count as a burst; a burst one second later is too soon: jitter, counted.
+        #expect(f.classify(offsetNanos: 4e6, arrivalNanos: 5_500 * Self.ms) == .ordinary)
+        #expect(f.classify(offsetNanos: 4e6, arrivalNanos: 6_000 * Self.ms) == .ordinary)
+        #expect(f.classify(offsetNanos: 4e6, arrivalNanos: 6_001 * Self.ms) == .ordinary)
+        // 2.5 s after that: held again.
+        #expect(f.classify(offsetNanos: 4e6, arrivalNanos: 8_600 * Self.ms) == .ordinary)
+        #expect(f.classify(offsetNanos: 4e6, arrivalNanos: 8_601 * Self.ms) == .holdWithLone)
+        #expect(f.stalls == 2)
+    }
+
+    @Test func aBurstThatStaysOffTheSameWayIsATimelineStep() {
+        var f = StallFilter(spacingSeconds: 2.5)
+        _ = f.classify(offsetNanos: 0, arrivalNanos: Self.ms)
+        var verdicts: [StallFilter.Verdict] = []
+        for k in 0..<40 { verdicts.append(f.classify(offsetNanos: 5e6, arrivalNanos: (3_000 + UInt64(k) * 3) * Self.ms)) }
+        // 3 ms apart: packets 1…16 are within 50 ms of the burst's start and held; the 18th rebases the window.
+        #expect(verdicts[0] == .ordinary && verdicts[1] == .holdWithLone)
+        #expect(verdicts[2...16].allSatisfy { $0 == .hold })
+        #expect(verdicts[17] == .rebase)
+        #expect(f.stalls == 0 && f.steps == 1)
+        // A step down (transits below the least), seconds later: the same.
+        var down: [StallFilter.Verdict] = []
+        for k in 0..<20 { down.append(f.classify(offsetNanos: -3e6, arrivalNanos: (6_000 + UInt64(k) * 3) * Self.ms)) }
+        #expect(down[1] == .holdWithLone && down[2...16].allSatisfy { $0 == .hold } && down[17] == .rebase)
+        #expect(f.steps == 2)
+    }
+
+    @Test func aHeldBurstThatGoesUpAndDownIsJitter() {
+        var f = StallFilter(spacingSeconds: 2.5)
+        _ = f.classify(offsetNanos: 0, arrivalNanos: Self.ms)
+        var verdicts: [StallFilter.Verdict] = []
+        for k in 0..<40 {
+            verdicts.append(f.classify(offsetNanos: k % 2 == 0 ? 5e6 : 0, arrivalNanos: (3_000 + UInt64(k) * 3) * Self.ms))
+        }
+        #expect(!verdicts.contains(.rebase))
+        #expect(verdicts.suffix(10).allSatisfy { $0 == .ordinary }, "past 50 ms it counts in full")
+        var off = StallFilter(spacingSeconds: 0)
+        _ = off.classify(offsetNanos: 0, arrivalNanos: Self.ms)
+        #expect(off.classify(offsetNanos: 5e6, arrivalNanos: 10_000 * Self.ms) == .ordinary, "0 turns the filter off")
+        off.restart()
+        #expect(off.stalls == 0)
+    }
+
+    @Test func theEstimateHoldsARareStallAtTheCoveredDeviation() {
+        var e = JitterEstimator(windowSeconds: 2, stallSpacingSeconds: 2.5)
+        var arrival: UInt64 = 0
+        func steady(_ n: Int) {
+            for k in 0..<n {
+                arrival += 2_902_494
+                e.note(transitNanos: Double(k % 2) * 100_000, arrivalNanos: arrival)   // 0.1 ms of jitter
+            }
+        }
+        steady(1400)   // 4 s
+        #expect(e.deviationNanos == 100_000)
+        // A 10 ms capture stall: four packets held back arrive together.
+        for k in 0..<4 {
+            e.note(transitNanos: 10_000_000 - Double(k) * 2_902_494, arrivalNanos: arrival + 10_000_000 + UInt64(k) * 20_000)
+        }
+        #expect(e.deviationNanos == 100_000, "a rare stall does not raise the deviation")
+        e.coverWholeWindow(nowNanos: arrival + 10_100_000)
+        #expect(e.deviationNanos == 100_000, "nor does a late run's whole-window cover")
+        #expect(e.rareStalls == 1)
+        arrival += 11_000_000
+        steady(340)    // a second later the same stall is jitter
+        for k in 0..<4 {
+            e.note(transitNanos: 10_000_000 - Double(k) * 2_902_494, arrivalNanos: arrival + 10_000_000 + UInt64(k) * 20_000)
+        }
+        #expect(e.deviationNanos > 4_000_000, "a second burst within 2.5 s raises it at once (all but 2 outliers)")
+        e.coverWholeWindow(nowNanos: arrival + 10_100_000)
+        #expect(e.deviationNanos == 10_000_000, "and a late run covers all of it")
+        #expect(e.rareStalls == 1)
+    }
+
+    @Test func theEstimateStartsOverAfterATimelineStep() {
+        var e = JitterEstimator(windowSeconds: 2, stallSpacingSeconds: 2.5)
+        var arrival: UInt64 = 0
+        var deviations: [Double] = []
+        for k in 0..<3000 {   // 8.7 s; the host's timeline steps 35 ms later at 4 s
+            arrival += 2_902_494
+            let step: Double = k >= 1400 ? 35_000_000 : 0
+            e.note(transitNanos: step + Double(k % 2) * 100_000, arrivalNanos: arrival)
+            if k >= 100 { deviations.append(e.deviationNanos) }
+        }
+        #expect(deviations.allSatisfy { $0 <= 100_000 }, "never covers the step: max \(deviations.max()!)")
+        #expect(e.timelineSteps == 1 && e.rareStalls == 0)
+    }
+
     @Test func jitterEstimatorForgetsTransitsOlderThanTheWindow() {
         var e = JitterEstimator(windowSeconds: 0.5)
         e.note(transitNanos: 5_000_000, arrivalNanos: 1_000_000)
@@ -141,14 +247,14 @@ struct JitterBufferPartsTests {
         #expect(fixed.frames == 600, "never below the structure")
     }
 
-    @Test func autoTargetRisesAtOnceDecaysSlowlyAndIsBounded() {
-        var target = LatencyTarget(configuration: .init(mode: .auto), rate: 44_100)   // decays over 10 s
+    @Test func autoTargetRisesAtOnceDecaysInSecondsAndIsBounded() {
+        var target = LatencyTarget(configuration: .init(mode: .auto), rate: 44_100)   // decays over 5 s
         target.update(nowNanos: 1_000_000_000, structuralFrames: 256, deviationNanos: 0, maximumFrames: 1e6)
         #expect(abs(target.frames - 278.05) < 1e-9)
         target.update(nowNanos: 1_100_000_000, structuralFrames: 256, deviationNanos: 10_000_000, maximumFrames: 1e6)
         #expect(abs(target.frames - 719.05) < 1e-9)
         target.update(nowNanos: 2_100_000_000, structuralFrames: 256, deviationNanos: 0, maximumFrames: 1e6)
-        #expect(abs(target.frames - (719.05 - 44.1)) < 1e-9, "a tenth of the way down after a second")
+        #expect(abs(target.frames - (719.05 - 441 / 5)) < 1e-9, "a fifth of the way down after a second")
         target.update(nowNanos: 2_200_000_000, structuralFrames: 256, deviationNanos: 1e9, maximumFrames: 1000)
         #expect(target.frames == 1000)
     }

@@ -23,7 +23,11 @@ struct RelayRendererSim {
     var beforeRender: ((Int) -> Void)?
 
     init(mode: JitterBuffer.Mode) throws {
-        pipeline = try PlayoutPipeline(format: .default, configuration: .init(mode: mode), sink: VirtualTimeSink())
+        try self.init(configuration: .init(mode: mode))
+    }
+
+    init(configuration: PlayoutPipeline.Configuration) throws {
+        pipeline = try PlayoutPipeline(format: .default, configuration: configuration, sink: VirtualTimeSink())
     }
 
     mutating func run(extra: (Int) -> [UInt8]? = { _ in nil }, network: (Int) -> [UInt64]) throws {

@@ -27,7 +27,9 @@ import MeshAudio
 ///   outlier does not set everyone's latency — minus the least) to the `.low` figure, rises at once when that
 ///   grows (to the full maximum when packets come late several in a row: the delay stepped up), and decays back
 ///   exponentially with `shrinkSeconds` when the link calms. A lost packet (even at the newest end) does not
-///   raise it. RFC 3550 interarrival jitter is reported too.
+///   raise it, and neither does a rare stall (a burst of at most 50 ms, `stallSpacingSeconds` after the last one:
+///   a hiccup on the host, concealed once) nor a step of the host's timeline (every packet off the same way for
+///   50 ms: the jitter window starts over after it). RFC 3550 interarrival jitter is reported too.
 /// - Latency errors are judged on the caller's jitter-free latency (`pipelineFrames` carries the offset), with
 ///   hysteresis, so normal jitter never triggers a correction: more than `max(block, 2 ms)` short → the playout
 ///   point holds and frames are synthesized (`stretchedFrames`); more than 0.5 ms short for 0.25 s → it holds
@@ -60,7 +62,11 @@ public struct JitterBuffer {
         /// Window of the transit deviation quantile (`.auto`).
         public var jitterWindowSeconds: Double = 2
         /// Time constant of the target's decay when jitter falls (`.auto`).
-        public var shrinkSeconds: Double = 10
+        public var shrinkSeconds: Double = 5
+        /// A burst of late (or early) packets this long after the previous one is held for up to 50 ms: a rare
+        /// stall is concealed and does not raise the target, a step of the timeline starts the jitter window over
+        /// (`.auto`; 0: every burst counts).
+        public var stallSpacingSeconds: Double = 2.5
         public init(mode: Mode = .auto) { self.mode = mode }
     }
 
@@ -155,7 +161,8 @@ public struct JitterBuffer {
         rate = Double(format.sampleRate)
         let capacity = max(4096, Int(rate * (configuration.maximumDelayMilliseconds / 1000 + 0.25)))
         frames = FrameStore(channels: format.channels, capacityFrames: capacity)
-        jitter = JitterEstimator(windowSeconds: configuration.jitterWindowSeconds)
+        jitter = JitterEstimator(windowSeconds: configuration.jitterWindowSeconds,
+                                 stallSpacingSeconds: configuration.stallSpacingSeconds)
         target = LatencyTarget(configuration: configuration, rate: rate)
         corrector = LatencyCorrector(rate: rate)
         crossfades = CrossfadeGuard(rate: rate)
@@ -169,6 +176,10 @@ public struct JitterBuffer {
     public var interarrivalJitterNanos: Double { jitter.interarrivalJitterNanos }
     /// Transit deviation over the jitter window (high quantile minus least), nanoseconds.
     public var peakDeviationNanosInWindow: Double { jitter.deviationNanos }
+    /// Bursts of late packets read as rare stalls (concealed, the target not raised) since `init`.
+    public var rareStalls: UInt64 { jitter.rareStalls }
+    /// Steps of the host's timeline (the jitter window started over after them) since `init`.
+    public var timelineSteps: UInt64 { jitter.timelineSteps }
     /// Whether a stream is being played (or primed).
     public var isActive: Bool { cursor != nil }
     /// Whether a stream is being played (priming is over).

@@ -7,6 +7,11 @@
 ///   latency target covers. It is recomputed at most every 20 ms, and at once when a transit goes beyond what it
 ///   covers; a run of late packets (the delay stepped up) can ask for the whole window, outliers included.
 ///
+/// The packets of a burst seconds after the last one (`StallFilter`) are kept at the level already covered, so neither
+/// the quantile nor a late run's whole-window cover grows the target for a rare stall; when the burst turns out to
+/// be a step of the host's timeline, the window is rebased on the packets after it. The RFC 3550 figure sees every
+/// packet as it came.
+///
 /// Pure; preallocated (the window holds at most `transitCapacity` packets, the quantile is a quickselect in place).
 struct JitterEstimator {
     /// Most transits kept for the deviation quantile (the window is shortened beyond that many packets).
@@ -22,6 +27,12 @@ struct JitterEstimator {
     private(set) var interarrivalJitterNanos: Double = 0
     /// Transit deviation over the window (high quantile minus least), nanoseconds.
     private(set) var deviationNanos: Double = 0
+    /// Reads bursts beyond the covered deviation as rare stalls or as jitter.
+    private var stallFilter: StallFilter
+    /// Bursts read as rare stalls (held at the covered level) since `init`.
+    var rareStalls: UInt64 { stallFilter.stalls }
+    /// Steps of the transit (the window rebased after them) since `init`.
+    var timelineSteps: UInt64 { stallFilter.steps }
 
     /// The previous packet's transit, for the RFC 3550 estimate (nil at a stream's start).
     private var previousTransit: Double?
@@ -33,13 +44,17 @@ struct JitterEstimator {
     private var arrivals: [UInt64]
     private var scratch: [Double]
     private var next = 0
+    /// Where the latest off packet (beyond the covered deviation or below the least transit) was recorded.
+    private var loneIndex = 0
     private var count = 0
     /// When the deviation was last recomputed (0: not since the stream started).
     private var lastRecomputeNanos: UInt64 = 0
 
-    /// An estimator over a window of `windowSeconds`.
-    init(windowSeconds: Double) {
+    /// An estimator over a window of `windowSeconds` that holds bursts at least `stallSpacingSeconds` apart at the
+    /// covered deviation (0: every transit counts in full).
+    init(windowSeconds: Double, stallSpacingSeconds: Double = 0) {
         self.windowSeconds = windowSeconds
+        stallFilter = StallFilter(spacingSeconds: stallSpacingSeconds)
         transits = [Double](repeating: 0, count: Self.transitCapacity)
         arrivals = [UInt64](repeating: 0, count: Self.transitCapacity)
         scratch = [Double](repeating: 0, count: Self.transitCapacity)
@@ -51,6 +66,7 @@ struct JitterEstimator {
         next = 0
         count = 0
         lastRecomputeNanos = 0
+        stallFilter.restart()
     }
 
     /// A packet with transit `transitNanos` (any fixed origin, the stream's own) arrived at `arrivalNanos`.
@@ -59,6 +75,23 @@ struct JitterEstimator {
             interarrivalJitterNanos += (abs(transit - previous) - interarrivalJitterNanos) / 16
         }
         previousTransit = transit
+        let covered = leastTransit + deviationNanos
+        let offset = count == 0 ? 0 : transit > covered ? transit - covered : min(0, transit - leastTransit)
+        var transit = transit
+        switch stallFilter.classify(offsetNanos: offset, arrivalNanos: arrivalNanos) {
+        case .ordinary:
+            break
+        case .hold:
+            transit = offset > 0 ? covered : leastTransit
+        case .holdWithLone:
+            transit = offset > 0 ? covered : leastTransit
+            if count > 0 { transits[loneIndex] = transit }
+        case .rebase:
+            next = 0
+            count = 0
+            lastRecomputeNanos = 0
+        }
+        if abs(offset) > stallFilter.marginNanos { loneIndex = next }
         transits[next] = transit
         arrivals[next] = arrivalNanos
         next = (next + 1) % Self.transitCapacity
