@@ -114,6 +114,8 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
     /// The next packet starts a new stream for the drift controller (the first after a hold).
     private var restartPending = false
     private var heldFrames: UInt64 = 0
+    /// The device's clock against the monotonic clock, from the pulls.
+    private var deviceClock: DeviceClockMeter
 
     init(format: AudioFormat, packets: PacketRing, controls: OutputControls, upstream: ConcealedStream,
          drift: DriftController, resampler: DriftResampler) {
@@ -124,6 +126,7 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
         self.drift = drift
         self.resampler = resampler
         meter = LevelMeter(sampleRate: format.sampleRate)
+        deviceClock = DeviceClockMeter(rate: Double(format.sampleRate))
         channels = format.channels
         rate = Double(format.sampleRate)
         maximumBlockFrames = resampler.maximumPeriodFrames
@@ -135,6 +138,9 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
     public func render(into buffer: UnsafeMutableBufferPointer<Float>, context: RenderContext) {
         let total = min(context.frames, buffer.count / channels)
         drift.noteRenderCall(nowNanos: context.nowNanos, deviceDelayFrames: context.deviceDelayFrames)
+        // Feedback: the device's clock against the arrivals' → the jitter estimate.
+        deviceClock.notePull(frames: total, nowNanos: context.nowNanos)
+        upstream.jitterBuffer.deviceClockPPM = deviceClock.ppm
         if controls.held {
             hold(buffer.baseAddress!, frames: total)
         } else {

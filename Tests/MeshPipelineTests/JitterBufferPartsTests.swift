@@ -227,6 +227,35 @@ struct JitterBufferPartsTests {
         #expect(e.timelineSteps == 1 && e.rareStalls == 0)
     }
 
+    @Test func aDeviceClockThatRunsSlowIsNoJitter() {
+        // One JACK graph 2000 ppm slow against the monotonic clock: the sender's transits creep 2 ms a second while
+        // the playout follows them exactly.
+        var e = JitterEstimator(windowSeconds: 2)
+        e.deviceClockPPM = 2000
+        var arrival: UInt64 = 0
+        for k in 0..<2000 {
+            arrival += 2_902_494
+            e.note(transitNanos: Double(arrival) * 0.002 + Double(k % 2) * 100_000, arrivalNanos: arrival)
+        }
+        #expect(abs(e.deviationNanos - 100_000) < 1_000, "the 0.1 ms of jitter, not the 4 ms of creep: \(e.deviationNanos)")
+        e.deviceClockPPM = 0
+        e.coverWholeWindow(nowNanos: arrival)
+        #expect(e.deviationNanos > 3_900_000, "measured on the monotonic clock, the creep would be covered")
+    }
+
+    @Test func theDeviceClockMeterMeasuresPullsAgainstTheClock() {
+        var m = DeviceClockMeter(rate: 44_100)
+        var now: UInt64 = 5_000_000_000
+        var jitter = RelayRNG(seed: 7)
+        for k in 0..<(344 * 60) {   // a minute of 128-frame pulls from a device 1500 ppm slow, ±1 ms late
+            let ideal = Double(k) * 128 / 44_100 * 1e9 * (1 + 1500e-6)
+            now = 5_000_000_000 + UInt64(ideal) + jitter.next() % 1_000_000
+            m.notePull(frames: 128, nowNanos: now)
+            if k == 344 * 2 { #expect(m.ppm == 0, "nothing before 1 s of settling and 3 s of span") }
+        }
+        #expect(abs(m.ppm - 1500) < 40, "measured \(m.ppm)")
+    }
+
     @Test func jitterEstimatorForgetsTransitsOlderThanTheWindow() {
         var e = JitterEstimator(windowSeconds: 0.5)
         e.note(transitNanos: 5_000_000, arrivalNanos: 1_000_000)

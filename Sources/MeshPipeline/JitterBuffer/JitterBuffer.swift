@@ -176,6 +176,12 @@ public struct JitterBuffer {
     public var interarrivalJitterNanos: Double { jitter.interarrivalJitterNanos }
     /// Transit deviation over the jitter window (high quantile minus least), nanoseconds.
     public var peakDeviationNanosInWindow: Double { jitter.deviationNanos }
+    /// How much slower the playout device's clock runs than the monotonic clock that stamps arrivals, ppm (an input
+    /// from the sink's side, `DeviceClockMeter`): the jitter estimate takes that creep out of the transits.
+    public var deviceClockPPM: Double {
+        get { jitter.deviceClockPPM }
+        set { jitter.deviceClockPPM = newValue }
+    }
     /// Bursts of late packets read as rare stalls (concealed, the target not raised) since `init`.
     public var rareStalls: UInt64 { jitter.rareStalls }
     /// Steps of the host's timeline (the jitter window started over after them) since `init`.

@@ -25,8 +25,11 @@ struct JitterEstimator {
     let windowSeconds: Double
     /// RFC 3550 interarrival jitter, nanoseconds.
     private(set) var interarrivalJitterNanos: Double = 0
-    /// Transit deviation over the window (high quantile minus least), nanoseconds.
+    /// Transit deviation over the window (high quantile minus least, the trend taken out), nanoseconds.
     private(set) var deviationNanos: Double = 0
+    /// How much slower the playout device's clock runs than this machine's monotonic clock, ppm (negative:
+    /// faster); set by the jitter buffer from its render calls.
+    var deviceClockPPM: Double = 0
     /// Reads bursts beyond the covered deviation as rare stalls or as jitter.
     private var stallFilter: StallFilter
     /// Bursts read as rare stalls (held at the covered level) since `init`.
@@ -111,21 +114,32 @@ struct JitterEstimator {
     }
 
     /// The transit deviation of the window ending at `nowNanos`: a high quantile of the transits (all but the top
-    /// `outlierFraction` when `droppingOutliers`) minus their least.
+    /// `outlierFraction` when `droppingOutliers`) minus their least, measured on the playout device's clock.
+    ///
+    /// Arrivals are stamped with this machine's monotonic clock. When the playout device runs slow or fast against
+    /// it (`deviceClockPPM`; a JACK dummy graph by up to 0.5 %), and the sender's capture runs on the same clock (one
+    /// JACK graph), every transit creeps at that rate although the playout follows the sender exactly: that creep
+    /// is taken out. What a sender's own clock does against the device stays in (the drift controller's job).
     private mutating func recompute(nowNanos: UInt64, droppingOutliers: Bool) {
         let window = UInt64(max(0.05, windowSeconds) * 1e9)
         var n = 0
-        var least = Double.infinity
         var i = next
         for _ in 0..<count {
             i = i == 0 ? Self.transitCapacity - 1 : i - 1
             let t = arrivals[i]
             if t <= nowNanos && nowNanos - t > window { break }
-            scratch[n] = transits[i]
-            least = min(least, transits[i])
             n += 1
         }
         guard n > 0 else { deviationNanos = 0; return }
+        let slope = deviceClockPPM * 1e-6
+        var least = Double.infinity
+        i = next
+        for j in 0..<n {
+            i = i == 0 ? Self.transitCapacity - 1 : i - 1
+            let residual = transits[i] + slope * Double(Int64(bitPattern: nowNanos &- arrivals[i]))
+            scratch[j] = residual
+            least = min(least, residual)
+        }
         let k = droppingOutliers ? min(n - 1, Int(Double(n) * Self.outlierFraction)) : 0   // drop the k largest
         leastTransit = least
         deviationNanos = selectLargest(rank: k, count: n) - least
