@@ -29,7 +29,9 @@ import MeshAudio
 ///   exponentially with `shrinkSeconds` when the link calms. A lost packet (even at the newest end) does not
 ///   raise it, and neither does a rare stall (a burst of at most 50 ms, `stallSpacingSeconds` after the last one:
 ///   a hiccup on the host, concealed once) nor a step of the host's timeline (every packet off the same way for
-///   50 ms: the jitter window starts over after it). RFC 3550 interarrival jitter is reported too.
+///   50 ms: the jitter window starts over after it). Transits are measured on the playout device's clock
+///   (`deviceClockPPM`, from the sink's pulls), so a sender and player on one slow or fast clock (a JACK graph)
+///   show no creep. RFC 3550 interarrival jitter is reported too.
 /// - Latency errors are judged on the caller's jitter-free latency (`pipelineFrames` carries the offset), with
 ///   hysteresis, so normal jitter never triggers a correction: more than `max(block, 2 ms)` short → the playout
 ///   point holds and frames are synthesized (`stretchedFrames`); more than 0.5 ms short for 0.25 s → it holds
