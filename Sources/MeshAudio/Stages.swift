@@ -1,7 +1,8 @@
 /// The contracts between the stages of the audio path.
 ///
-/// Capture side: an `AudioSource` (ALSA `Recorder`, `ToneSource`, `WAVFileSource`) produces chunks of frames that a
-/// consumer thread reads and hands on (packetize → send). Playback side: an `AudioSink` (ALSA `Player`,
+/// Capture side: an `AudioSource` (ALSA `Recorder`, `ToneSource`, `WAVFileSource`) produces chunks of frames and
+/// hands each to a `CaptureConsumer` on its own thread (packetize → send: one wake-up per period), or, started
+/// without one, through a ring to a consumer thread that `read`s them. Playback side: an `AudioSink` (ALSA `Player`,
 /// `WAVFileSink`) pulls exactly the frames its clock needs from an `AudioRenderer` (jitter buffer → conceal →
 /// resample). MeshPipeline assembles them, one place per direction (`CapturePipeline`, `PlayoutPipeline`).
 
@@ -38,17 +39,32 @@ public struct AudioStats: Sendable, Equatable {
     public init() {}
 }
 
+/// The downstream stage of a source started with `AudioSource.start(consumer:)`: called on the source's own
+/// thread for each chunk, so the path from the device to the network wakes once per period instead of twice.
+///
+/// For a device that thread is the real-time capture thread: the consumer must not allocate, log, sleep or wait on
+/// anything slow. What it may do is finish the chunk's journey: encode it and make non-blocking sends.
+public protocol CaptureConsumer: AnyObject, Sendable {
+    /// Takes one chunk: `samples` holds `info.frames` interleaved frames, the consumer's to modify and valid only
+    /// during the call. `deviceDelayFrames` is the capture delay after it (`AudioStats.delayFrames`).
+    func consume(_ samples: UnsafeMutableBufferPointer<Float>, info: ChunkInfo, deviceDelayFrames: Int)
+}
+
 /// A producer of captured audio, clocked in real time.
 ///
-/// `start()` begins capture on the source's own thread; `read(into:timeoutNanos:)` is called by exactly one
-/// consumer thread and returns the next chunk, or `nil` on timeout or after `stop()`.
+/// Two ways to take its chunks: `start(consumer:)` hands each one to the consumer on the source's own thread (one
+/// wake-up per period, what the relay uses); `start()` pushes them into a preallocated ring instead, from which
+/// exactly one consumer thread `read(into:timeoutNanos:)`s the next chunk, or `nil` on timeout or after `stop()`.
 public protocol AudioSource: AnyObject, Sendable {
-    /// The format of the frames `read` produces.
+    /// The format of the frames the source produces.
     var format: AudioFormat { get }
     /// Frames per chunk (the device period).
     var periodFrames: Int { get }
-    /// Starts the capture thread.
+    /// Starts the capture thread; chunks go to the ring, for `read`.
     func start() throws
+    /// Starts the capture thread with `consumer` called on it for every chunk (the ring and `read` stay unused).
+    /// Calling it while running does nothing.
+    func start(consumer: any CaptureConsumer) throws
     /// Stops capture; a blocked `read` returns `nil`.
     func stop()
     /// Copies the next chunk's interleaved samples into `buffer` (which holds at least

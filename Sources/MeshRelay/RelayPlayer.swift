@@ -174,10 +174,18 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     private let talkCapture: CapturePipeline<[PeerID]>?
     private let talkTarget: TalkTarget
 
-    /// Where the talk input goes, shared with the talk send thread.
+    /// Where the talk input goes, shared with the talk input's capture thread. The host is kept as the
+    /// one-element audience that thread reads, so it allocates nothing per chunk.
     private final class TalkTarget: Sendable {
-        private let peer = Mutex<PeerID?>(nil)
-        func withLock<R: Sendable>(_ body: (inout PeerID?) -> R) -> R { peer.withLock { body(&$0) } }
+        private let audience = Mutex<[PeerID]?>(nil)
+        /// The host while talk is on.
+        var peer: PeerID? { audience.withLock { $0?.first } }
+        /// Where each chunk goes now (the capture thread).
+        var current: [PeerID]? { audience.withLock { $0 } }
+        func set(_ peer: PeerID?) {
+            let new = peer.map { [$0] }
+            audience.withLock { $0 = new }
+        }
     }
 
     /// - Parameters:
@@ -204,7 +212,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         let target = TalkTarget()
         talkTarget = target
         talkCapture = try configuration.talkSource.map { source in
-            try CapturePipeline(source: source, audience: { target.withLock { $0.map { [$0] } } }, send: { bytes, peers in
+            try CapturePipeline(source: source, audience: { target.current }, send: { bytes, peers in
                 (try? session.sendDatagram(bytes, toPeers: peers)) != nil
             })
         }
@@ -227,7 +235,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     /// Says goodbye to the host, stops the sink (a WAV file is finalized) and stops browsing.
     public func stop() {
         ticking.store(false, ordering: .releasing)
-        talkTarget.withLock { $0 = nil }
+        talkTarget.set(nil)
         talkCapture?.stop()
         join.withLock { $0.stop() }
         browser?.stopBrowsingForPeers()
@@ -258,7 +266,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         s.volumeDB = controls.volumeDB
         s.muted = controls.muted
         s.pausedMilliseconds = Double(s.playout.heldFrames) * 1000 / Double(s.format.sampleRate)
-        s.talking = talkTarget.withLock { $0 } != nil
+        s.talking = talkTarget.peer != nil
         s.talkPacketsSent = talkCapture?.statistics.packetsSent ?? 0
         let st = session.statistics
         s.unauthenticDatagrams = st.unauthenticDatagrams
@@ -308,7 +316,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 action = .refused(command, "this player has no talk input (mesh-play --talk-device DEV or --talk-input SRC)")
             } else {
                 // Talk off stops sending at once, before the host answers.
-                if case .talk(false) = command { talkTarget.withLock { $0 = nil } }
+                if case .talk(false) = command { talkTarget.set(nil) }
                 action = remote.withLock { $0.request(command) }
             }
             performControl([action], host: host)
@@ -329,12 +337,12 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
             case .answered(let command, let reply):
                 if case .capture = command, reply == .recording { ownsClip.store(true, ordering: .relaxed) }
                 // Talk on, accepted: the talk input goes to the host from the next chunk.
-                if case .talk(true) = command, reply == .ok, let host { talkTarget.withLock { $0 = host } }
+                if case .talk(true) = command, reply == .ok, let host { talkTarget.set(host) }
                 log("\(command): \(reply)")
             case .stateChanged(let state, let previous):
                 controls.held = state.paused
                 if previous?.paused != state.paused, previous != nil || state.paused {
-                    let talking = talkTarget.withLock { $0 } != nil
+                    let talking = talkTarget.peer != nil
                     log(state.paused ? (talking ? "talking: the host holds its audio meanwhile (half duplex)"
                                                 : "paused (the host holds this player's audio)") : "playing")
                 }
@@ -451,7 +459,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 }
             case .notConnected:
                 let left = self.remote.withLock { $0.left() }
-                self.talkTarget.withLock { $0 = nil }
+                self.talkTarget.set(nil)
                 self.controls.held = false
                 self.ownsClip.store(false, ordering: .relaxed)
                 self.performControl(left, host: nil)

@@ -1,5 +1,6 @@
 import Testing
 import Foundation
+import Synchronization
 @testable import MeshAudio
 
 /// Device errors that need no JACK server: they run everywhere.
@@ -72,6 +73,43 @@ struct DeviceRigTests {
             let frames = Double(last.firstFrameIndex - first.firstFrameIndex) / 44_100
             #expect(abs(span - frames) < 0.3, "timestamp span \(span) s for \(frames) s of frames")
         }
+    }
+
+    /// Push mode (what the relay uses): the capture thread itself hands every period to the consumer — the same
+    /// bytes, in order, with no gap, on `pm-capture`, and no ring in between (nothing can overflow).
+    @Test func pushModeHandsTheKnownSignalToTheConsumerOnTheCaptureThread() throws {
+        final class Collector: CaptureConsumer {
+            struct Taken { var samples: [Float] = []; var chunks: [ChunkInfo] = []; var threads: Set<String> = [] }
+            let taken = Mutex(Taken())
+            func consume(_ samples: UnsafeMutableBufferPointer<Float>, info: ChunkInfo, deviceDelayFrames: Int) {
+                let comm = (try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8)) ?? ""
+                let thread = comm.trimmingCharacters(in: .newlines)
+                taken.withLock {
+                    $0.samples += samples
+                    $0.chunks.append(info)
+                    $0.threads.insert(thread)
+                }
+            }
+        }
+        let known = try JackRig.knownSignal()
+        let recorder = try Recorder(device: "pm_knowncap", periodFrames: 128)
+        let collector = Collector()
+        try recorder.start(consumer: collector)
+        let deadline = Date().addingTimeInterval(5)
+        while collector.taken.withLock({ $0.samples.count }) < 22_050, Date() < deadline { usleep(10_000) }
+        recorder.stop()
+        let taken = collector.taken.withLock { $0 }
+        #expect(taken.samples.count >= 22_050)
+        let n = min(taken.samples.count, 22_050)
+        #expect(bits(taken.samples.prefix(n)) == bits(known.prefix(n)), "the consumer got known.raw's bytes")
+        #expect(taken.threads == ["pm-capture"])
+        #expect(taken.chunks.first?.firstFrameIndex == 0)
+        #expect(zip(taken.chunks, taken.chunks.dropFirst()).allSatisfy { $0.firstFrameIndex + UInt64($0.frames) == $1.firstFrameIndex })
+        let stats = recorder.stats
+        #expect(stats.framesOut == UInt64(taken.samples.count) && stats.overflowFrames == 0 && stats.xruns == 0)
+        // The ring is not used: a reader gets nothing.
+        var buffer = [Float](repeating: 0, count: 128)
+        #expect(buffer.withUnsafeMutableBufferPointer { recorder.read(into: $0, timeoutNanos: 1_000_000) } == nil)
     }
 
     @Test func playedSignalComesBackSampleExact() throws {

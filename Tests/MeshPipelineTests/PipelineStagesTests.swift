@@ -114,6 +114,6 @@ struct PipelineStagesTests {
         #expect(sequences == (0..<UInt32(packets.count)).map { $0 }, "numbered from 0: the unheard chunks took none")
         #expect(stats.framesCaptured >= 128 * 30)
         #expect(abs(stats.peakLevel - 0.5) < 0.01 && stats.rmsLevel > 0.3)
-        #expect(sendThread.current == "pm-send")
+        #expect(sendThread.current == "pm-source", "sent on the source's own thread: one wake-up per chunk")
     }
 }

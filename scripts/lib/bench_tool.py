@@ -24,8 +24,10 @@ HZ = os.sysconf("SC_CLK_TCK")
 
 
 def proc_snapshot(pgids):
-    """utime+stime and VmHWM of every live process in each process group."""
-    out = {str(g): {"cpuSeconds": 0.0, "peakRssKiB": 0, "peakRssExShmKiB": 0, "processes": []} for g in pgids}
+    """utime+stime, VmHWM and context switches (every thread's, voluntary + involuntary) of every live process in
+    each process group."""
+    out = {str(g): {"cpuSeconds": 0.0, "peakRssKiB": 0, "peakRssExShmKiB": 0, "contextSwitches": 0, "processes": []}
+           for g in pgids}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -45,12 +47,22 @@ def proc_snapshot(pgids):
                         hwm = int(line.split()[1])
                     elif line.startswith("RssShmem:"):
                         shm = int(line.split()[1])
+            switches = 0
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/status") as f:
+                        for line in f:
+                            if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")):
+                                switches += int(line.split()[1])
+                except OSError:
+                    continue  # the thread ended between the listing and the read
             o = out[pgrp]
+            o["contextSwitches"] += switches
             o["cpuSeconds"] += cpu
             o["peakRssKiB"] += hwm
             o["peakRssExShmKiB"] += hwm - shm
             o["processes"].append({"pid": int(pid), "comm": comm, "cpuSeconds": cpu, "peakRssKiB": hwm,
-                                   "rssShmemKiB": shm})
+                                   "rssShmemKiB": shm, "contextSwitches": switches})
         except (OSError, ValueError, IndexError):
             continue
     return out
@@ -298,7 +310,8 @@ def report(raw_path, out_json, out_md, meta_path):
         table(md, "**3. CPU and memory per stream** (same minute, all four running at once; CPU over the steady "
                   "window scaled to one minute of audio; peak RSS = VmHWM summed over the side's processes; mesh-record and "
                   "mesh-play as `scripts/package` ships them, with the Swift runtime linked statically)",
-              ['side', 'processes', 'CPU s / min audio', '% of a core', 'vs baseline CPU', 'peak RSS MB', 'peak RSS excl. JACK shm MB'], "llrrrrr")
+              ['side', 'processes', 'CPU s / min audio', '% of a core', 'vs baseline CPU', 'context switches / s',
+               'peak RSS MB', 'peak RSS excl. JACK shm MB'], "llrrrrrr")
         by = {r["side"]: r for r in cpu}
         mb = lambda v: None if v is None else v / 1024
         for side, base in (("mesh-record", "arecord | nc -u"), ("mesh-play", "nc -l | aplay"),
@@ -310,16 +323,20 @@ def report(raw_path, out_json, out_md, meta_path):
             if base and r.get("cpuPerMinute") is not None and by.get(base, {}).get("cpuPerMinute"):
                 ratio = f"{r['cpuPerMinute'] / by[base]['cpuPerMinute']:.2f}×"
             md.append(f"| {side.replace('|', chr(92) + '|')} | {r.get('processes', r.get('note', ''))} | {fmt(r.get('cpuPerMinute'), 2)} | "
-                      f"{fmt(r.get('percentCore'), 2)} | {ratio} | {fmt(mb(r.get('peakRssKiB')))} | {fmt(mb(r.get('peakRssExShmKiB')))} |")
+                      f"{fmt(r.get('percentCore'), 2)} | {ratio} | {fmt(r.get('contextSwitchesPerSecond'), 0)} | "
+                      f"{fmt(mb(r.get('peakRssKiB')))} | {fmt(mb(r.get('peakRssExShmKiB')))} |")
         md.append("")
         md.append("Every ALSA client of the JACK rig maps JACK's shared memory (~100 MB, RssShmem), baselines included; "
                   "the last column (VmHWM − RssShmem) is what the process itself holds, and is what the 16 MB goal is judged on.")
         md.append("")
-        for side in ("mesh-record", "mesh-play"):
+        for side, base in (("mesh-record", "arecord | nc -u"), ("mesh-play", "nc -l | aplay")):
             r = by.get(side)
             if r:
                 goals.append((f"{side} ≤ 1 % of a core", fmt(r.get("percentCore"), 2) + " %",
                               None if r.get("percentCore") is None else r["percentCore"] <= 1.0))
+                b = by.get(base, {}).get("cpuPerMinute")
+                if r.get("cpuPerMinute") is not None and b:
+                    goals.append((f"{side} CPU ≤ 0.8× `{base}`", f"{r['cpuPerMinute'] / b:.2f}×", r["cpuPerMinute"] / b <= 0.8))
                 v = mb(r.get("peakRssExShmKiB"))
                 goals.append((f"{side} ≤ 16 MB RSS (excl. JACK shm)", fmt(v) + " MB", None if v is None else v <= 16.0))
 

@@ -4,8 +4,9 @@ import MeshPOSIX
 /// Captures from an ALSA device on a dedicated real-time thread and hands periods to one consumer.
 ///
 /// The capture thread reads one period at a time (`snd_pcm_readi`, blocking), stamps it with its frame index and
-/// the monotonic time its first frame was captured, and pushes it into a preallocated `ChunkRing`. It never
-/// allocates, locks or logs. Over/underruns are recovered with `snd_pcm_recover` and counted in `stats.xruns`;
+/// the monotonic time its first frame was captured, and hands it to the `CaptureConsumer` on the same thread
+/// (`start(consumer:)`) or pushes it into a preallocated `ChunkRing` (`start()`). It never allocates, locks or logs
+/// itself. Over/underruns are recovered with `snd_pcm_recover` and counted in `stats.xruns`;
 /// chunks that do not fit because the consumer is late are dropped and counted in `stats.overflowFrames`
 /// (the next chunk's `firstFrameIndex` then jumps, so the consumer can see the gap).
 ///
@@ -55,7 +56,14 @@ public final class Recorder: AudioSource {
     /// Starts the device and the capture thread. Calling it while running does nothing.
     public func start() throws {
         let loop = self.loop
-        try lifecycle.start(prepare: { try loop.handle.start() }, body: { loop.run() })
+        try lifecycle.start(prepare: { try loop.handle.start() }, body: { loop.run(consumer: nil) })
+    }
+
+    /// Starts the device and the capture thread, which hands each period to `consumer`. Calling it while running
+    /// does nothing.
+    public func start(consumer: any CaptureConsumer) throws {
+        let loop = self.loop
+        try lifecycle.start(prepare: { try loop.handle.start() }, body: { loop.run(consumer: consumer) })
     }
 
     /// Stops the capture thread (within one period) and the device. A blocked `read` returns `nil` once the
@@ -112,8 +120,9 @@ final class CaptureLoop: @unchecked Sendable {  // `scratch` is used only by the
         return handle.error(call: call, code: Int32(truncatingIfNeeded: code))
     }
 
-    /// The real-time loop. No allocation, locks, logging or Foundation below this line.
-    func run() {
+    /// The real-time loop: each period goes to `consumer` on this thread, or to the ring when there is none.
+    /// No allocation, locks, logging or Foundation below this line.
+    func run(consumer: (any CaptureConsumer)?) {
         let period = handle.periodFrames
         let channels = handle.format.channels
         let rate = UInt64(handle.format.sampleRate)
@@ -135,7 +144,11 @@ final class CaptureLoop: @unchecked Sendable {  // `scratch` is used only by the
             let age = UInt64(waiting + got) &* 1_000_000_000 / rate
             let info = ChunkInfo(firstFrameIndex: frameIndex, frames: got, timestampNanos: now >= age ? now - age : 0)
             AudioCounters.bump(counters.framesIn, by: got)
-            if !ring.push(UnsafeBufferPointer(start: scratch, count: got * channels), info: info) {
+            if let consumer {
+                consumer.consume(UnsafeMutableBufferPointer(start: scratch, count: got * channels), info: info,
+                                 deviceDelayFrames: waiting)
+                AudioCounters.bump(counters.framesOut, by: got)
+            } else if !ring.push(UnsafeBufferPointer(start: scratch, count: got * channels), info: info) {
                 AudioCounters.bump(counters.overflowFrames, by: got)
             }
             frameIndex &+= UInt64(got)

@@ -7,11 +7,11 @@ protocol ChunkProducer: AnyObject, Sendable {
 }
 
 /// The file/synthetic sibling of the device capture loop: a thread that pulls chunks from a `ChunkProducer`
-/// and delivers them through the same `ChunkRing` hand-over as `Recorder`.
+/// and delivers them as `Recorder` does: to a `CaptureConsumer` on the same thread, or through a `ChunkRing`.
 ///
 /// In real-time mode the thread is paced by a `PacingClock`: a chunk is handed over when its last frame
 /// "would have been captured", so one second of audio takes one second. Otherwise it runs as fast as the consumer
-/// reads (waiting for ring space instead of dropping).
+/// takes chunks (a ring reader: waiting for ring space instead of dropping).
 final class PacedSource: @unchecked Sendable {  // `scratch` is used only by the source thread; the rest is Sendable.
     let format: AudioFormat
     let periodFrames: Int
@@ -40,8 +40,8 @@ final class PacedSource: @unchecked Sendable {  // `scratch` is used only by the
         scratch.deallocate()
     }
 
-    func start() throws {
-        try lifecycle.start { [self] in run() }
+    func start(consumer: (any CaptureConsumer)?) throws {
+        try lifecycle.start { [self] in run(consumer: consumer) }
     }
 
     func stop() {
@@ -55,8 +55,8 @@ final class PacedSource: @unchecked Sendable {  // `scratch` is used only by the
         return info
     }
 
-    /// The source thread.
-    private func run() {
+    /// The source thread: each chunk goes to `consumer`, or to the ring when there is none.
+    private func run(consumer: (any CaptureConsumer)?) {
         let channels = format.channels
         let clock = PacingClock(sampleRate: format.sampleRate)
         var frameIndex: UInt64 = 0
@@ -67,6 +67,8 @@ final class PacedSource: @unchecked Sendable {  // `scratch` is used only by the
             if realtime {
                 timestamp = clock.time(ofFrame: frameIndex)
                 clock.sleep(untilFrame: frameIndex + UInt64(frames))
+            } else if consumer != nil {
+                timestamp = MonotonicClock.nowNanos()
             } else {
                 while !ring.waitForSpace(sampleCount: frames * channels,
                                          untilNanos: MonotonicClock.nowNanos() + 50_000_000) {
@@ -76,7 +78,11 @@ final class PacedSource: @unchecked Sendable {  // `scratch` is used only by the
             }
             AudioCounters.bump(counters.framesIn, by: frames)
             let info = ChunkInfo(firstFrameIndex: frameIndex, frames: frames, timestampNanos: timestamp)
-            if !ring.push(UnsafeBufferPointer(start: scratch, count: frames * channels), info: info) {
+            if let consumer {
+                consumer.consume(UnsafeMutableBufferPointer(start: scratch, count: frames * channels), info: info,
+                                 deviceDelayFrames: 0)
+                AudioCounters.bump(counters.framesOut, by: frames)
+            } else if !ring.push(UnsafeBufferPointer(start: scratch, count: frames * channels), info: info) {
                 AudioCounters.bump(counters.overflowFrames, by: frames)
             }
             frameIndex &+= UInt64(frames)
@@ -121,7 +127,8 @@ protocol PacedSourceBacked: AudioSource {
 extension PacedSourceBacked {
     public var format: AudioFormat { source.format }
     public var periodFrames: Int { source.periodFrames }
-    public func start() throws { try source.start() }
+    public func start() throws { try source.start(consumer: nil) }
+    public func start(consumer: any CaptureConsumer) throws { try source.start(consumer: consumer) }
     public func stop() { source.stop() }
     public func read(into buffer: UnsafeMutableBufferPointer<Float>, timeoutNanos: UInt64) -> ChunkInfo? {
         source.read(into: buffer, timeoutNanos: timeoutNanos)
