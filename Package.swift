@@ -6,7 +6,7 @@
 //   mesh-record, mesh-play, mesh-impair, peermesh-probe ──▶ MeshCLI ──▶ MeshRelay ──▶ PeerMesh ──▶ MeshPOSIX
 //                                                             │            └────────▶ MeshPipeline ──▶ MeshAudio ──▶ MeshPOSIX
 //                                                             └──▶ MeshImpair ──▶ MeshPOSIX
-//   C leaves: CALSA, CSndfile (MeshAudio) · CSpeexDSP (MeshPipeline) · CAvahi, CSodium (PeerMesh) · CLinux (MeshPOSIX)
+//   C leaves: CALSA, CSndfile (MeshAudio) · CSpeexDSP, COpus (MeshPipeline) · CAvahi, CSodium (PeerMesh) · CLinux (MeshPOSIX)
 //             · CQRencode, CSystemd (MeshCLI)
 import PackageDescription
 
@@ -30,6 +30,7 @@ let package = Package(
         .systemLibrary(name: "CAvahi", pkgConfig: "avahi-client", providers: [.apt(["libavahi-client-dev"])]),
         .systemLibrary(name: "CSndfile", pkgConfig: "sndfile", providers: [.apt(["libsndfile1-dev"])]),
         .systemLibrary(name: "CSpeexDSP", pkgConfig: "speexdsp", providers: [.apt(["libspeexdsp-dev"])]),
+        .systemLibrary(name: "COpus", pkgConfig: "opus", providers: [.apt(["libopus-dev"])]),
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
         .systemLibrary(name: "CQRencode", pkgConfig: "libqrencode", providers: [.apt(["libqrencode-dev"])]),
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
@@ -41,7 +42,7 @@ let package = Package(
         // Libraries.
         .target(name: "PeerMesh", dependencies: ["MeshPOSIX", "CAvahi", "CSodium"]),
         .target(name: "MeshAudio", dependencies: ["MeshPOSIX", "CALSA", "CSndfile"]),
-        .target(name: "MeshPipeline", dependencies: ["MeshAudio", "MeshPOSIX", "CSpeexDSP"]),
+        .target(name: "MeshPipeline", dependencies: ["MeshAudio", "MeshPOSIX", "CSpeexDSP", "COpus"]),
         .target(name: "MeshRelay", dependencies: ["PeerMesh", "MeshAudio", "MeshPipeline", "MeshPOSIX"]),
 
         // Test tools.

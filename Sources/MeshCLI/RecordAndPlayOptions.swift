@@ -102,6 +102,8 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
     package var channels = 1
     package var period = 128
     package var codec: SampleEncoding = .float32
+    /// `--bitrate`, in bits per second (Opus only).
+    package var opusBitrate: Int = Packetizer.defaultOpusBitrate
     package var port: UInt16 = 0
     package var bind = ""
     package var maxPeers = 32
@@ -146,8 +148,9 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
       --rate HZ           sample rate (default 44100)
       --channels N        channels (default 1)
       --period FRAMES     capture period = packet size (default 128, 2.9 ms)
-      --codec f32|s16     how samples travel: f32 (default, lossless) or s16 (dithered 16-bit, half the bandwidth);
-                          players follow what arrives
+      --codec f32|s16|opus  how samples travel: f32 (default, lossless), s16 (dithered 16-bit, half the bandwidth)
+                          or opus (48 kHz, 2.5 ms frames, --bitrate); players follow what arrives
+      --bitrate KBIT      Opus bitrate in kbit/s, 6-510 (default 96)
       --port N            TCP+UDP port (default: any free port)
       --bind ADDR         listen on this address only (default: every address, IPv4 and IPv6)
       --max-peers N       most players at once (default 32)
@@ -175,7 +178,7 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
         var o = RecordOptions()
         if arguments.first == "ctl" { return try parseControl(Array(arguments.dropFirst())) }
         var cursor = ArgumentCursor(arguments)
-        var sawHost = false, sawDevice = false, sawInput = false, sawPaired = false, forget: String?
+        var sawHost = false, sawDevice = false, sawInput = false, sawPaired = false, sawBitrate = false, forget: String?
         while let a = cursor.next() {
             switch a {
             case "--host": sawHost = true
@@ -200,8 +203,11 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
             case "--period": o.period = try cursor.int(for: a, in: 16...8_192)
             case "--codec":
                 let v = try cursor.value(for: a)
-                guard let codec = SampleEncoding(name: v) else { throw UsageError("--codec takes f32 or s16, got \"\(v)\"") }
+                guard let codec = SampleEncoding(name: v) else { throw UsageError("--codec takes f32, s16 or opus, got \"\(v)\"") }
                 o.codec = codec
+            case "--bitrate":
+                o.opusBitrate = try cursor.int(for: a, in: 6...510) * 1000
+                sawBitrate = true
             case "--port": o.port = UInt16(try cursor.int(for: a, in: 1...65_535))
             case "--bind":
                 o.bind = try cursor.value(for: a)
@@ -246,6 +252,8 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
         if sawPaired { o.action = .listPaired }
         if let forget { o.action = .forget(forget) }
         if sawDevice, sawInput { throw UsageError("--device and --input are exclusive") }
+        if sawBitrate, o.codec != .opus { throw UsageError("--bitrate applies to --codec opus only") }
+        if o.codec == .opus, o.channels > 2 { throw UsageError("--codec opus carries 1 or 2 channels, not \(o.channels)") }
         if case .tone(let hz) = o.input, hz >= Double(o.rate) / 2 {
             throw UsageError("--input tone:\(hz) is at or above the Nyquist frequency, \(o.rate / 2) Hz at --rate \(o.rate)")
         }

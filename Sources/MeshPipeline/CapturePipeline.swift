@@ -32,14 +32,23 @@ public final class CapturePipeline<Audience>: Sendable {
 
     /// Assembles the chain from `source` to the network (not started yet). Throws when the source's format cannot be
     /// packetized. `tap`, when given, sees every captured chunk (after the mute) on the capture thread, before it is
-    /// packetized — the clip recorder's pre-roll; it must not block. `encoding` is how the samples travel.
-    public init(source: any AudioSource, encoding: SampleEncoding = .float32, audience: @escaping @Sendable () -> Audience?,
+    /// packetized — the clip recorder's pre-roll; it must not block. `encoding` is how the samples travel, and
+    /// `opusBitrate` the bitrate of `.opus`.
+    public init(source: any AudioSource, encoding: SampleEncoding = .float32,
+                opusBitrate: Int = Packetizer.defaultOpusBitrate, audience: @escaping @Sendable () -> Audience?,
                 send: @escaping @Sendable (UnsafeRawBufferPointer, Audience) -> Bool,
                 tap: (@Sendable (UnsafeBufferPointer<Float>) -> Void)? = nil) throws {
         self.source = source
-        stage = SendStage(packetizer: try Packetizer(format: source.format, encoding: encoding), audience: audience,
-                          send: send, tap: tap)
+        let packetizer = try Packetizer(format: source.format, encoding: encoding, opusBitrate: opusBitrate)
+        wireFormat = packetizer.wireFormat
+        codecDelayFrames = packetizer.codecDelayFrames
+        stage = SendStage(packetizer: packetizer, audience: audience, send: send, tap: tap)
     }
+
+    /// The format of the packets (48 kHz for Opus, else the source's).
+    public let wireFormat: AudioFormat
+    /// The codec's own delay in `wireFormat` frames, besides the packet's length (Opus: resampler + look-ahead).
+    public let codecDelayFrames: Int
 
     deinit {
         stop()

@@ -82,8 +82,12 @@ public final class PlayoutPipeline: Sendable {
 
     /// A snapshot of the counters and levels (any thread).
     public var stats: PlayoutStats {
-        var s = renderer.stats(ingress: ingress.counters)
+        let counters = ingress.counters
+        var s = renderer.stats(ingress: counters)
         s.wire = ingress.wire
+        // What the Opus decoder concealed is concealment too.
+        s.concealedFrames &+= counters.decoderConcealedFrames
+        s.concealedMilliseconds += Double(counters.decoderConcealedFrames) * 1000 / Double(format.sampleRate)
         return s
     }
 }
@@ -186,9 +190,12 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
         while let _ = packets.pop({ packet, samples in
             hostLatencyFrames = packet.header.hostLatencyFrames
             let stored = upstream.jitterBuffer.insert(packet, samples: samples)
-            drift.notePacket(firstFrame: packet.header.firstFrameIndex, frames: packet.header.frameCount,
-                             arrivalNanos: packet.arrivalNanos, streamRestarted: stored == .resync || restartPending)
-            restartPending = false
+            // Frames the Opus decoder concealed arrived with the next packet: no arrival time of their own.
+            if !packet.concealed || stored == .resync {
+                drift.notePacket(firstFrame: packet.header.firstFrameIndex, frames: packet.header.frameCount,
+                                 arrivalNanos: packet.arrivalNanos, streamRestarted: stored == .resync || restartPending)
+                restartPending = false
+            }
         }) {}
         // Feedback: the latency held here (jitter buffer + resampler queue) → drift controller → steering.
         let measured = upstream.jitterBuffer.latencyFrames(nowNanos: nowNanos) + Double(resampler.stagedFrames)

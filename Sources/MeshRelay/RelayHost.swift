@@ -57,9 +57,11 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         public var clips: ClipRecorder.Configuration?
         /// Talkback (`--talk-output`, `--talk-device`): where a talking player is played; nil takes no talkback.
         public var talk: TalkOutput?
-        /// How the samples travel (`--codec`): Float32 (the default) or dithered Int16, at half the bandwidth.
-        /// Players follow whatever arrives.
+        /// How the samples travel (`--codec`): Float32 (the default), dithered Int16 at half the bandwidth, or Opus
+        /// (48 kHz, 2.5 ms frames, `opusBitrate`). Players follow whatever arrives.
         public var codec: SampleEncoding = .float32
+        /// The Opus bitrate in bits per second (`--bitrate`), for `codec == .opus`.
+        public var opusBitrate: Int = Packetizer.defaultOpusBitrate
 
         public init(identity: PeerIdentity, trust: TrustStore?, serviceType: String = "mesh-audio", port: UInt16 = 0,
                     maximumPeers: Int = 33, accept: AcceptPolicy = .paired, discovery: (any DiscoveryBackend)? = nil) {
@@ -262,7 +264,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         self.clips = clips
         var tap: (@Sendable (UnsafeBufferPointer<Float>) -> Void)?
         if let recorder = clips { tap = { recorder.tap($0) } }
-        capture = try CapturePipeline(source: source, encoding: configuration.codec, audience: { [players] in players.audience }, send: { bytes, peers in
+        capture = try CapturePipeline(source: source, encoding: configuration.codec, opusBitrate: configuration.opusBitrate, audience: { [players] in players.audience }, send: { bytes, peers in
             (try? session.sendDatagram(bytes, toPeers: peers)) != nil
         }, tap: tap)
         session.delegate = self
@@ -284,8 +286,10 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     private static func info(_ configuration: Configuration, source: any AudioSource, pairing: Bool) -> [String: String] {
         var info = configuration.discoveryInfo
         info.merge(HostControl<PeerID>(clips: configuration.clips != nil, talk: configuration.talk != nil).offered.discoveryInfo) { $1 }
-        info["rate"] = String(source.format.sampleRate)
-        info["ch"] = String(source.format.channels)
+        // What players receive: for Opus, 48 kHz.
+        let wire = Packetizer.wireFormat(for: source.format, encoding: configuration.codec)
+        info["rate"] = String(wire.sampleRate)
+        info["ch"] = String(wire.channels)
         info["period"] = String(source.periodFrames)
         if pairing { info["pair"] = "1" }
         return info

@@ -109,6 +109,7 @@ config.discoveryReachesNetwork = dnssd
 config.bindHost = options.bind
 config.maximumPlayersPerAddress = options.maxPerAddress
 config.codec = options.codec
+config.opusBitrate = options.opusBitrate
 if let output = options.talkOutput {
     config.talk = RelayHost.TalkOutput(fullDuplex: options.talkFullDuplex) { format in
         switch output {
@@ -155,7 +156,7 @@ do {
 } catch {
     terminal.fail("\(error)")
 }
-terminal.log("serving \"\(TerminalText.escape(device.identity.displayName))\" (\(source.format), period \(source.periodFrames), codec \(options.codec)) on port \(host.port), "
+terminal.log("serving \"\(TerminalText.escape(device.identity.displayName))\" (\(source.format), period \(source.periodFrames), codec \(options.codec == .opus ? "opus \(options.opusBitrate / 1000) kbit/s" : options.codec.description)) on port \(host.port), "
     + "key \(device.identity.publicKey.shortFingerprint), accepting \(options.accept.rawValue) players")
 
 // `mesh-record ctl` talks to this host through a socket only its user (and root) may use.

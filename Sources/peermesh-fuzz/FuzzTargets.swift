@@ -1,7 +1,7 @@
 // peermesh-fuzz: every decoder of outside bytes, one target each.
 //
 //   Built by scripts/fuzz with `-sanitize=fuzzer,address -DFUZZING`: a libFuzzer binary; the target is chosen by
-//   PEERMESH_FUZZ_TARGET (frames, channel, datagram, txt, pairing, audio, wav, control).
+//   PEERMESH_FUZZ_TARGET (frames, channel, datagram, txt, pairing, audio, opus, wav, control).
 //   Built plainly: `peermesh-fuzz TARGET PATH...` replays files (or directories of them) through the target and
 //   says how many ran; a crash is a failed replay. scripts/test replays fuzz/corpus this way.
 import Foundation
@@ -24,6 +24,8 @@ enum FuzzTarget: String, CaseIterable {
     case pairing
     /// Audio packets: `AudioPacket.decode` and `PacketIngress` (sample clamping, the ring).
     case audio
+    /// Opus audio packets: the header rules, libopus's decoder and its concealment of gaps (`PacketIngress` at 48 kHz).
+    case opus
     /// Sound-file headers and bodies through libsndfile (`SoundFiles.read`).
     case wav
     /// Remote-control messages (`ControlMessage.decode`) through both sides' state machines.
@@ -37,6 +39,7 @@ enum FuzzTarget: String, CaseIterable {
         case .txt: FuzzEntryPoints.txtRecord(input)
         case .pairing: FuzzEntryPoints.pairing(input)
         case .audio: Self.audio(input)
+        case .opus: Self.opus(input)
         case .wav: Self.wav(input)
         case .control: Self.control(input)
         }
@@ -76,6 +79,32 @@ enum FuzzTarget: String, CaseIterable {
         }
         // The render thread's end: what the ring hands on is what was checked.
         while ring.pop({ _, samples in precondition(samples.allSatisfy { $0.isFinite && abs($0) <= 1 }, "the ring holds an unchecked sample") }) != nil {}
+    }
+
+    /// Opus through a 48 kHz ingress, mono and stereo: the input as it is (a whole datagram), and the input as the
+    /// codec bytes of a well-formed header whose sequence number and frame count come from its first bytes (so gaps,
+    /// stale packets, restarts and lying frame counts are all reached). Whatever is queued is finite and in range.
+    private static let opusRings = [PacketRing(capacity: 16), PacketRing(capacity: 16)]
+    private static let opusIngress = [PacketIngress(format: AudioFormat(sampleRate: 48_000, channels: 1), ring: opusRings[0]),
+                                      PacketIngress(format: AudioFormat(sampleRate: 48_000, channels: 2), ring: opusRings[1])]
+    nonisolated(unsafe) private static var opusSequence: UInt32 = 0
+
+    static func opus(_ input: [UInt8]) {
+        let sizes = [120, 240, 480, 960, 1920, 2880]
+        let step = UInt32(input.first ?? 1) % 12  // 0: a duplicate, 1: the next, 2–9: a gap, 10–11: a restart
+        opusSequence &+= step < 10 ? step : 5_000
+        let frames = sizes[Int(input.count > 1 ? input[1] : 0) % sizes.count]
+        for (ingress, ring) in zip(opusIngress, opusRings) {
+            let header = AudioPacketHeader(sequence: opusSequence, firstFrameIndex: UInt64(opusSequence) * 120, frameCount: frames,
+                                           format: ingress.format, encoding: .opus)
+            var datagram = [UInt8](repeating: 0, count: AudioPacket.headerSize)
+            datagram.withUnsafeMutableBytes { AudioPacket.writeHeader(header, into: $0) }
+            datagram += input.dropFirst(2).prefix(AudioPacket.maximumSize - AudioPacket.headerSize)
+            for bytes in [input, datagram] {
+                _ = bytes.withUnsafeBytes { ingress.receive($0, arrivalNanos: UInt64(opusSequence)) }
+            }
+            while ring.pop({ _, samples in precondition(samples.allSatisfy { $0.isFinite && abs($0) <= 1 }, "an Opus sample out of range") }) != nil {}
+        }
     }
 
     /// A file's bytes, read as libsndfile reads a file given to `--input`.
@@ -157,6 +186,14 @@ func seed(into directory: String) -> Never {
         let h = AudioPacketHeader(sequence: UInt32(i), firstFrameIndex: UInt64(i * frames), frameCount: frames, format: f,
                                   encoding: encoding)
         return try? AudioPacket.encode(h, samples: samples)
+    }
+    // Opus packets as a host sends them: a tone at 44.1 kHz, mono and stereo, through the packetizer.
+    seeds["opus"] = [1, 2].flatMap { channels -> [[UInt8]] in
+        guard var p = try? Packetizer(format: AudioFormat(sampleRate: 44_100, channels: channels), encoding: .opus) else { return [] }
+        let samples = (0..<(512 * channels)).map { sin(Float($0 / channels) * 0.0627) * 0.5 }
+        // Each seed starts with the two bytes the target reads (step 1, 120 frames), then the codec bytes.
+        return p.packets(samples, chunk: ChunkInfo(firstFrameIndex: 0, frames: 512, timestampNanos: 1))
+            .map { [1, 0] + $0.dropFirst(AudioPacket.headerSize) }
     }
     // Control messages of every kind.
     seeds["control"] = [

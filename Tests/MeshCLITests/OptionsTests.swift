@@ -15,6 +15,11 @@ struct OptionsTests {
         #expect(d.codec == .float32, "lossless Float32 unless asked")
         guard case .run(let c) = try RecordOptions.parse(["--host", "--codec", "s16"]) else { Issue.record("no config"); return }
         #expect(c.codec == .int16)
+        guard case .run(let op) = try RecordOptions.parse(["--host", "--codec", "opus"]),
+              case .run(let ob) = try RecordOptions.parse(["--host", "--codec", "opus", "--bitrate", "48", "--channels", "2"])
+        else { Issue.record("no config"); return }
+        #expect(op.codec == .opus && op.opusBitrate == 96_000, "96 kbit/s unless asked")
+        #expect(ob.opusBitrate == 48_000 && ob.channels == 2)
         guard case .run(let o) = try RecordOptions.parse(["--host", "--name", "den", "--input", "tone:440", "--port", "7000",
                                                          "--max-peers", "8", "--accept", "ask", "--json", "--quiet", "--pair",
                                                          "--pair-timeout", "12", "--state-dir", "/tmp/s", "--bind", "::1"])
@@ -42,6 +47,8 @@ struct OptionsTests {
     @Test("mesh-record refuses bad flags with a message", arguments: [
         ["--host", "--bogus"], [], ["--host", "--rate", "abc"], ["--host", "--port", "0"], ["--host", "--accept", "maybe"],
         ["--host", "--codec", "mp3"], ["--host", "--codec"],
+        ["--host", "--bitrate", "64"], ["--host", "--codec", "opus", "--bitrate", "5"], ["--host", "--codec", "opus", "--bitrate", "600"],
+        ["--host", "--codec", "opus", "--channels", "3"],
         ["--host", "--input", "tone:-5"], ["--host", "--input", "tone:30000"], ["--host", "--service", "Bad_Type"],
         ["--host", "--name"], ["--host", "--channels", "9"], ["--host", "--input", "mic"], ["--host", "--paired"],
         ["--paired", "--forget", "x"], ["--host", "--bind", "kitchen"], ["--host", "--device", "x", "--input", "tone:440"],

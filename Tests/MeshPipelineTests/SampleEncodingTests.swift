@@ -125,7 +125,8 @@ struct SampleEncodingTests {
     @Test func codecNames() {
         #expect(SampleEncoding(name: "f32") == .float32)
         #expect(SampleEncoding(name: "s16") == .int16)
-        #expect(SampleEncoding(name: "opus") == nil)
-        #expect(SampleEncoding.allCases.map(\.description) == ["f32", "s16"])
+        #expect(SampleEncoding(name: "opus") == .opus)
+        #expect(SampleEncoding(name: "mp3") == nil)
+        #expect(SampleEncoding.allCases.map(\.description) == ["f32", "s16", "opus"])
     }
 }

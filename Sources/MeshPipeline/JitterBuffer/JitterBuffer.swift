@@ -262,21 +262,24 @@ public struct JitterBuffer {
             cursor.playout = f
             state = .priming(cursor)
         }
+        // Frames the Opus decoder concealed stand in for a packet the network lost: played, but neither a
+        // transit (they arrived with the next packet) nor a received packet.
         let newSequence = losses.noteSequence(h.sequence)
-        if newSequence { noteTransit(packet) }
+        let arrived = newSequence && !packet.concealed
+        if arrived { noteTransit(packet) }
         if Int64(bitPattern: cursor.playout &- f) > 0 {
             // Behind the playout point: too late (a late copy of a packet already received is not unique).
             counters.late &+= 1
             // A run of late packets is no isolated outlier (the delay stepped up): cover all of it at once.
-            if resync.packetLate() && newSequence { jitter.coverWholeWindow(nowNanos: packet.arrivalNanos) }
-            if newSequence { losses.countReceived() }
+            if resync.packetLate() && arrived { jitter.coverWholeWindow(nowNanos: packet.arrivalNanos) }
+            if arrived { losses.countReceived() }
             return .late
         }
         if frames.holdsAll(first: f, count: n) {
             counters.duplicates &+= 1
             return .duplicate
         }
-        if newSequence { losses.countReceived() }
+        if arrived { losses.countReceived() }
         resync.packetStored()
         counters.accepted &+= 1
         maxPacketFrames = max(maxPacketFrames, n)
@@ -431,7 +434,7 @@ public struct JitterBuffer {
         losses.startStream(at: h.sequence)
         counters.accepted &+= 1
         maxPacketFrames = max(maxPacketFrames, h.frameCount)
-        noteTransit(packet)
+        if !packet.concealed { noteTransit(packet) }
         frames.store(samples, first: h.firstFrameIndex, count: h.frameCount)
     }
 

@@ -6,8 +6,8 @@ import MeshPOSIX
 /// (`maximumAudioPayload`).
 ///
 /// Wire layout, version 1. Header integers are big-endian (network order); samples are interleaved by channel, in
-/// the packet's `SampleEncoding` (IEEE-754 Float32 little-endian, or signed 16-bit little-endian). The header is 36
-/// bytes:
+/// the packet's `SampleEncoding` (IEEE-754 Float32 little-endian, signed 16-bit little-endian, or one Opus packet).
+/// The header is 36 bytes:
 ///
 /// | offset | size | field                                                                          |
 /// |-------:|-----:|--------------------------------------------------------------------------------|
@@ -18,7 +18,7 @@ import MeshPOSIX
 /// |      8 |    8 | first frame index, UInt64: index in the capture stream of the first frame     |
 /// |     16 |    2 | frame count, UInt16, ≥ 1                                                       |
 /// |     18 |    1 | channels, UInt8, 1–8                                                           |
-/// |     19 |    1 | sample encoding, UInt8: `1` = Float32 LE, `2` = Int16 LE (`SampleEncoding`)     |
+/// |     19 |    1 | sample encoding, UInt8: `1` = Float32 LE, `2` = Int16 LE, `3` = Opus           |
 /// |     20 |    4 | sample rate, UInt32, 8000–192000 Hz                                            |
 /// |     24 |    8 | capture time, UInt64: host `CLOCK_MONOTONIC` ns of the first frame (host clock)|
 /// |     32 |    4 | host report: host capture-device delay in frames at capture (0 = unknown)      |
@@ -26,7 +26,9 @@ import MeshPOSIX
 ///
 /// The total length must be exactly `36 + B × frameCount × channels` (B = 4 for Float32, 2 for Int16) and at most
 /// 1184 bytes, so one packet carries at most 287 Float32 samples (287 mono frames, 143 stereo frames) or 574 Int16
-/// samples. The encoding is per packet: the player decodes whatever arrives, into the same Float32 pipeline. The host report rides in every packet
+/// samples. An Opus packet (encoding 3) carries one Opus packet (RFC 6716) of any length from 1 byte up to the limit
+/// instead; its rate must be 48 kHz and its frame count one of Opus's frame sizes (120, 240, 480, 960, 1920 or 2880),
+/// the number of frames the Opus packet decodes to — which the player checks when it decodes it. The encoding is per packet: the player decodes whatever arrives, into the same Float32 pipeline. The host report rides in every packet
 /// (4 bytes) instead of a separate message, so the player always knows the host's share of the latency.
 /// Decoding never traps: anything malformed, truncated or foreign yields an `AudioPacketError`; samples are clamped.
 public enum AudioPacket {
@@ -42,17 +44,19 @@ public enum AudioPacket {
     /// Kind byte of an audio packet.
     public static let kindAudio: UInt8 = 1
     /// Most samples (frames × channels) one packet can carry, in the most compact encoding.
-    public static let maximumSamples = (maximumSize - headerSize) / SampleEncoding.int16.bytesPerSample
+    public static let maximumSamples = (maximumSize - headerSize) / 2
 
-    /// Most frames of `format` that fit one packet of at most `maximumSize` bytes.
+    /// Most frames of `format` that fit one packet of at most `maximumSize` bytes in a PCM `encoding` (for Opus,
+    /// the frame size is the codec's: `Packetizer.opusFrameSize`).
     public static func maximumFrames(for format: AudioFormat, encoding: SampleEncoding = .float32,
                                      maximumSize: Int = AudioPacket.maximumSize) -> Int {
-        max(0, min(Int(UInt16.max), (maximumSize - headerSize) / (format.channels * encoding.bytesPerSample)))
+        guard let bytes = encoding.bytesPerSample else { return Packetizer.opusFrameSize }
+        return max(0, min(Int(UInt16.max), (maximumSize - headerSize) / (format.channels * bytes)))
     }
 
-    /// Encoded length of a packet with `frames` frames of `format`.
-    public static func encodedSize(frames: Int, format: AudioFormat, encoding: SampleEncoding = .float32) -> Int {
-        headerSize + frames * format.channels * encoding.bytesPerSample
+    /// Encoded length of a PCM packet with `frames` frames of `format` (nil for Opus: it depends on the signal).
+    public static func encodedSize(frames: Int, format: AudioFormat, encoding: SampleEncoding = .float32) -> Int? {
+        encoding.bytesPerSample.map { headerSize + frames * format.channels * $0 }
     }
 
     /// Encodes `header` and `samples` (exactly `header.frameCount × channels` interleaved samples) into `buffer`
@@ -72,23 +76,14 @@ public enum AudioPacket {
     ) throws(AudioPacketError) -> Int {
         do { try header.format.validate() } catch { throw .unsupportedFormat }
         guard header.frameCount >= 1, header.frameCount <= Int(UInt16.max) else { throw .badFrameCount(header.frameCount) }
+        // Opus packets come from the codec (`Packetizer`), not from samples here.
+        guard let bytesPerSample = header.encoding.bytesPerSample else { throw .unsupportedFormat }
         let sampleCount = header.frameCount * header.format.channels
         guard samples.count == sampleCount else { throw .lengthMismatch(expected: sampleCount, actual: samples.count) }
-        let size = headerSize + header.encoding.bytesPerSample * sampleCount
+        let size = headerSize + bytesPerSample * sampleCount
         guard size <= maximumSize else { throw .tooLarge(size) }
         guard buffer.count >= size else { throw .truncated(size) }
-        buffer[0] = magic.0
-        buffer[1] = magic.1
-        buffer[2] = version
-        buffer[3] = kindAudio
-        buffer.storeBytes(of: header.sequence.bigEndian, toByteOffset: 4, as: UInt32.self)
-        buffer.storeBytes(of: header.firstFrameIndex.bigEndian, toByteOffset: 8, as: UInt64.self)
-        buffer.storeBytes(of: UInt16(header.frameCount).bigEndian, toByteOffset: 16, as: UInt16.self)
-        buffer[18] = UInt8(header.format.channels)
-        buffer[19] = header.encoding.rawValue
-        buffer.storeBytes(of: UInt32(header.format.sampleRate).bigEndian, toByteOffset: 20, as: UInt32.self)
-        buffer.storeBytes(of: header.captureTimeNanos.bigEndian, toByteOffset: 24, as: UInt64.self)
-        buffer.storeBytes(of: header.hostLatencyFrames.bigEndian, toByteOffset: 32, as: UInt32.self)
+        writeHeader(header, into: buffer)
         var offset = headerSize
         switch header.encoding {
         case .float32:
@@ -101,8 +96,27 @@ public enum AudioPacket {
                 buffer.storeBytes(of: dither.quantize(s).littleEndian, toByteOffset: offset, as: Int16.self)
                 offset += 2
             }
+        case .opus:
+            preconditionFailure("unreachable: Opus has no bytes per sample")
         }
         return size
+    }
+
+    /// Writes the 36-byte header (the caller checked that `buffer` holds at least `headerSize` bytes).
+    public static func writeHeader(_ header: AudioPacketHeader, into buffer: UnsafeMutableRawBufferPointer) {
+        precondition(buffer.count >= headerSize, "AudioPacket.writeHeader: buffer too small")
+        buffer[0] = magic.0
+        buffer[1] = magic.1
+        buffer[2] = version
+        buffer[3] = kindAudio
+        buffer.storeBytes(of: header.sequence.bigEndian, toByteOffset: 4, as: UInt32.self)
+        buffer.storeBytes(of: header.firstFrameIndex.bigEndian, toByteOffset: 8, as: UInt64.self)
+        buffer.storeBytes(of: UInt16(header.frameCount).bigEndian, toByteOffset: 16, as: UInt16.self)
+        buffer[18] = UInt8(header.format.channels)
+        buffer[19] = header.encoding.rawValue
+        buffer.storeBytes(of: UInt32(header.format.sampleRate).bigEndian, toByteOffset: 20, as: UInt32.self)
+        buffer.storeBytes(of: header.captureTimeNanos.bigEndian, toByteOffset: 24, as: UInt64.self)
+        buffer.storeBytes(of: header.hostLatencyFrames.bigEndian, toByteOffset: 32, as: UInt32.self)
     }
 
     /// Parses and validates the header of `bytes` (including the exact total length). Never traps.
@@ -122,8 +136,14 @@ public enum AudioPacket {
         let format = AudioFormat(sampleRate: rate, channels: channels)
         do { try format.validate() } catch { throw .unsupportedFormat }
         guard frames >= 1 else { throw .badFrameCount(frames) }
-        let expected = encodedSize(frames: frames, format: format, encoding: encoding)
-        guard bytes.count == expected else { throw .lengthMismatch(expected: expected, actual: bytes.count) }
+        if let expected = encodedSize(frames: frames, format: format, encoding: encoding) {
+            guard bytes.count == expected else { throw .lengthMismatch(expected: expected, actual: bytes.count) }
+        } else {
+            // Opus: 48 kHz, one of its frame sizes, and at least one byte (the TOC) of codec data.
+            guard rate == Opus.sampleRate else { throw .unsupportedFormat }
+            guard Opus.frameSizes.contains(frames) else { throw .badFrameCount(frames) }
+            guard bytes.count > headerSize else { throw .truncated(bytes.count) }
+        }
         let capture = UInt64(bigEndian: bytes.loadUnaligned(fromByteOffset: 24, as: UInt64.self))
         let hostLatency = UInt32(bigEndian: bytes.loadUnaligned(fromByteOffset: 32, as: UInt32.self))
         return AudioPacketHeader(
@@ -140,7 +160,9 @@ public enum AudioPacket {
         _ bytes: UnsafeRawBufferPointer, header: AudioPacketHeader, into destination: UnsafeMutableBufferPointer<Float>
     ) throws(AudioPacketError) -> Int {
         let count = header.frameCount * header.format.channels
-        guard destination.count >= count, bytes.count >= headerSize + header.encoding.bytesPerSample * count else {
+        // Opus needs the stream's decoder (`PacketIngress`).
+        guard let bytesPerSample = header.encoding.bytesPerSample else { throw .unsupportedFormat }
+        guard destination.count >= count, bytes.count >= headerSize + bytesPerSample * count else {
             throw .lengthMismatch(expected: count, actual: destination.count)
         }
         var offset = headerSize
@@ -238,19 +260,25 @@ public enum SampleEncoding: UInt8, Sendable, CaseIterable, CustomStringConvertib
     /// Signed 16-bit little-endian, TPDF-dithered by the sender: half the bytes, 96 dB of range.
     case int16 = 2
 
-    /// Bytes one sample takes on the wire.
-    public var bytesPerSample: Int {
+    /// Opus (RFC 6716, libopus) at 48 kHz in its restricted low-delay mode, 2.5 ms frames: a compressed packet
+    /// of 96 kbit/s by default (`Packetizer`), decoded by the player, whose decoder conceals what the network lost.
+    case opus = 3
+
+    /// Bytes one sample takes on the wire; nil for Opus, whose packets are compressed (variable length).
+    public var bytesPerSample: Int? {
         switch self {
         case .float32: 4
         case .int16: 2
+        case .opus: nil
         }
     }
 
-    /// The name on the command line and in status output: `f32`, `s16`.
+    /// The name on the command line and in status output: `f32`, `s16`, `opus`.
     public var description: String {
         switch self {
         case .float32: "f32"
         case .int16: "s16"
+        case .opus: "opus"
         }
     }
 

@@ -7,6 +7,7 @@ import Synchronization
 ///
 /// A packet in another format than the pipeline's is not queued: it is counted (`formatMismatches`) and reported
 /// upward as `pendingFormat`, which the owner polls from its control queue to build a pipeline for that format.
+/// Opus packets (48 kHz pipelines) go through the stream's decoder (`OpusIngress`), which conceals short gaps itself.
 /// One producer thread; lock-free and allocation-free.
 public final class PacketIngress: Sendable {
     /// What became of one datagram.
@@ -19,6 +20,8 @@ public final class PacketIngress: Sendable {
         case formatChanged(AudioFormat)
         /// The render thread is behind: the ring is full (counted as a ring overflow).
         case ringFull
+        /// An Opus packet older than one already decoded: the decoder has moved on (counted as stale).
+        case stale
     }
 
     /// Exact counts of the datagrams dropped here.
@@ -31,6 +34,10 @@ public final class PacketIngress: Sendable {
         public var ringOverflows: UInt64 = 0
         /// Samples that arrived outside [−1, 1] (clamped) or not finite (zeroed).
         public var sanitizedSamples: UInt64 = 0
+        /// Opus packets that arrived after a newer one was decoded (reordered or duplicated): dropped.
+        public var stalePackets: UInt64 = 0
+        /// Frames the Opus decoder synthesized for packets the network lost (played, and counted as concealed).
+        public var decoderConcealedFrames: UInt64 = 0
         public init() {}
     }
 
@@ -51,6 +58,10 @@ public final class PacketIngress: Sendable {
     private let mismatchCount = Atomic<UInt64>(0)
     private let overflowCount = Atomic<UInt64>(0)
     private let sanitizedCount = Atomic<UInt64>(0)
+    private let staleCount = Atomic<UInt64>(0)
+    private let decoderConcealedCount = Atomic<UInt64>(0)
+    /// The Opus decoder, for a 48 kHz pipeline (nil otherwise: only 48 kHz packets can be Opus).
+    private let opus: OpusIngress?
     private let queuedBytes = Atomic<UInt64>(0)
     /// `SampleEncoding.rawValue` of the latest queued packet (0 = none yet).
     private let latestEncoding = Atomic<UInt8>(0)
@@ -61,6 +72,7 @@ public final class PacketIngress: Sendable {
     public init(format: AudioFormat, ring: PacketRing) {
         self.format = format
         self.ring = ring
+        opus = format.sampleRate == Opus.sampleRate && format.channels <= 2 ? try? OpusIngress(channels: format.channels) : nil
     }
 
     /// Producer side (one network thread): takes one datagram that arrived at `arrivalNanos` (receiver clock).
@@ -78,7 +90,24 @@ public final class PacketIngress: Sendable {
             pending.store(PackedFormat.pack(header.format), ordering: .releasing)
             return .formatChanged(header.format)
         }
-        switch ring.push(header: header, payload: datagram, arrivalNanos: arrivalNanos) {
+        let pushed: PacketRing.PushResult
+        if header.encoding == .opus {
+            guard let opus else {
+                malformedCount.add(1, ordering: .relaxed)
+                return .malformed(.unsupportedFormat)
+            }
+            let r = opus.receive(datagram, header: header, arrivalNanos: arrivalNanos, ring: ring)
+            if r.concealedFrames > 0 { decoderConcealedCount.add(UInt64(r.concealedFrames), ordering: .relaxed) }
+            if r.concealedOverflows > 0 { overflowCount.add(UInt64(r.concealedOverflows), ordering: .relaxed) }
+            guard let p = r.push else {
+                staleCount.add(1, ordering: .relaxed)
+                return .stale
+            }
+            pushed = p
+        } else {
+            pushed = ring.push(header: header, payload: datagram, arrivalNanos: arrivalNanos)
+        }
+        switch pushed {
         case .pushed(let sanitized):
             if sanitized > 0 { sanitizedCount.add(UInt64(sanitized), ordering: .relaxed) }
             queuedBytes.add(UInt64(datagram.count), ordering: .relaxed)
@@ -105,6 +134,8 @@ public final class PacketIngress: Sendable {
         c.formatMismatches = mismatchCount.load(ordering: .relaxed)
         c.ringOverflows = overflowCount.load(ordering: .relaxed)
         c.sanitizedSamples = sanitizedCount.load(ordering: .relaxed)
+        c.stalePackets = staleCount.load(ordering: .relaxed)
+        c.decoderConcealedFrames = decoderConcealedCount.load(ordering: .relaxed)
         return c
     }
 

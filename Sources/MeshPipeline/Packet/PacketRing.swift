@@ -7,10 +7,14 @@ public struct ReceivedPacket: Sendable, Equatable {
     public var header: AudioPacketHeader
     /// Receiver `CLOCK_MONOTONIC` nanoseconds at which the datagram arrived.
     public var arrivalNanos: UInt64
+    /// True for frames the Opus decoder synthesized for a packet the network lost (`PacketIngress`): the jitter
+    /// buffer plays them but counts the packet as lost, and takes no transit from it.
+    public var concealed: Bool
 
-    public init(header: AudioPacketHeader, arrivalNanos: UInt64) {
+    public init(header: AudioPacketHeader, arrivalNanos: UInt64, concealed: Bool = false) {
         self.header = header
         self.arrivalNanos = arrivalNanos
+        self.concealed = concealed
     }
 }
 
@@ -67,17 +71,26 @@ public final class PacketRing: @unchecked Sendable {
     /// into the next free slot, sanitized (`AudioPacket.decodeSamples`). A packet too big for a slot is rejected as
     /// `.malformed`, and nothing is stored.
     public func push(header: AudioPacketHeader, payload bytes: UnsafeRawBufferPointer, arrivalNanos: UInt64) -> PushResult {
-        guard header.frameCount * header.format.channels <= samplesPerSlot else { return .malformed(.tooLarge(bytes.count)) }
+        push(ReceivedPacket(header: header, arrivalNanos: arrivalNanos)) { slot throws(AudioPacketError) in
+            try AudioPacket.decodeSamples(bytes, header: header, into: slot)
+        }
+    }
+
+    /// Producer: has `fill` write `packet`'s `frameCount × channels` samples into the next free slot (it returns how
+    /// many it had to sanitize, or throws for a packet that cannot be decoded: nothing is stored then). A packet too
+    /// big for a slot is rejected as `.malformed` before `fill` runs.
+    public func push(_ packet: ReceivedPacket,
+                     fill: (UnsafeMutableBufferPointer<Float>) throws(AudioPacketError) -> Int) -> PushResult {
+        let size = packet.header.frameCount * packet.header.format.channels
+        guard size <= samplesPerSlot else { return .malformed(.tooLarge(size)) }
         let h = head.load(ordering: .relaxed)
         guard h - tail.load(ordering: .acquiring) < capacity else { return .full }
         let slot = h % capacity
         let sanitized: Int
         do {
-            sanitized = try AudioPacket.decodeSamples(
-                bytes, header: header,
-                into: UnsafeMutableBufferPointer(start: samples + slot * samplesPerSlot, count: samplesPerSlot))
+            sanitized = try fill(UnsafeMutableBufferPointer(start: samples + slot * samplesPerSlot, count: samplesPerSlot))
         } catch { return .malformed(error) }
-        headers[slot] = ReceivedPacket(header: header, arrivalNanos: arrivalNanos)
+        headers[slot] = packet
         head.store(h + 1, ordering: .releasing)
         return .pushed(sanitized: sanitized)
     }

@@ -1,0 +1,209 @@
+import Testing
+import Foundation
+import MeshAudio
+@testable import MeshPipeline
+
+/// The decoder's sequence tracker: pure, no libopus.
+@Suite("Opus sequence tracking (pure)")
+struct OpusSequenceTests {
+    @Test func theFirstPacketStartsTheDecoderAndTheNextOnesFollow() {
+        var s = OpusSequence()
+        #expect(s.arrived(10) == .restart)
+        #expect(s.arrived(11) == .decode(concealFirst: 0))
+        #expect(s.arrived(12) == .decode(concealFirst: 0))
+    }
+
+    @Test func aShortGapIsConcealedAndALongOneRestarts() {
+        var s = OpusSequence()
+        _ = s.arrived(100)
+        #expect(s.arrived(102) == .decode(concealFirst: 1))
+        #expect(s.arrived(102 + 9) == .decode(concealFirst: OpusSequence.maximumConcealedPackets))
+        #expect(s.arrived(111 + 10) == .restart, "9 missing: more than the decoder conceals")
+        #expect(s.arrived(122) == .decode(concealFirst: 0))
+    }
+
+    @Test func packetsTheDecoderIsPastAreStaleAndAFarJumpBackIsANewStream() {
+        var s = OpusSequence()
+        _ = s.arrived(500)
+        _ = s.arrived(501)
+        #expect(s.arrived(501) == .stale, "a duplicate")
+        #expect(s.arrived(499) == .stale, "reordered: the decoder moved on")
+        #expect(s.arrived(502) == .decode(concealFirst: 0), "stale packets change nothing")
+        #expect(s.arrived(3) == .restart, "the host restarted from 0")
+        #expect(s.arrived(4) == .decode(concealFirst: 0))
+    }
+
+    @Test func sequenceNumbersWrap() {
+        var s = OpusSequence()
+        _ = s.arrived(UInt32.max - 1)
+        #expect(s.arrived(UInt32.max) == .decode(concealFirst: 0))
+        #expect(s.arrived(1) == .decode(concealFirst: 1), "0 is missing across the wrap")
+        #expect(s.arrived(UInt32.max) == .stale)
+    }
+}
+
+/// `--codec opus` end to end without a network: packetizer → packets → ingress (libopus) → ring.
+@Suite("Opus codec: packets, decoding, concealment, hostile packets")
+struct OpusCodecTests {
+    static let wire48k = AudioFormat(sampleRate: 48_000, channels: 1)
+
+    /// `seconds` of a 440 Hz tone at 44.1 kHz, in 128-frame chunks, through an Opus packetizer.
+    static func tonePackets(seconds: Double = 0.5, bitrate: Int = Packetizer.defaultOpusBitrate) throws -> [[UInt8]] {
+        var p = try Packetizer(format: .default, encoding: .opus, opusBitrate: bitrate)
+        let total = Int(seconds * 44_100) / 128 * 128
+        let tone = (0..<total).map { 0.5 * sinf(2 * .pi * 440 * Float($0) / 44_100) }
+        var packets: [[UInt8]] = []
+        for c in stride(from: 0, to: total, by: 128) {
+            let chunk = ChunkInfo(firstFrameIndex: UInt64(c), frames: 128, timestampNanos: 1_000_000_000 + UInt64(c) * 1_000_000_000 / 44_100)
+            packets += p.packets(Array(tone[c..<(c + 128)]), chunk: chunk)
+        }
+        return packets
+    }
+
+    /// Pops everything in `ring`: the packets and their samples.
+    static func drain(_ ring: PacketRing) -> [(ReceivedPacket, [Float])] {
+        var out: [(ReceivedPacket, [Float])] = []
+        while let p = ring.pop({ ($0, Array($1)) }) { out.append(p) }
+        return out
+    }
+
+    /// Signal-to-noise ratio (dB) of a 440 Hz sine at 48 kHz fitted by least squares over `x`.
+    static func toneSNR(_ x: [Float]) -> Double {
+        var ss = 0.0, sc = 0.0, cc = 0.0, xs = 0.0, xc = 0.0
+        for (i, v) in x.enumerated() {
+            let w = 2 * Double.pi * 440 * Double(i) / 48_000, s = sin(w), c = cos(w)
+            ss += s * s; sc += s * c; cc += c * c; xs += Double(v) * s; xc += Double(v) * c
+        }
+        let det = ss * cc - sc * sc
+        let a = (xs * cc - xc * sc) / det, b = (xc * ss - xs * sc) / det
+        var noise = 0.0
+        for (i, v) in x.enumerated() {
+            let w = 2 * Double.pi * 440 * Double(i) / 48_000
+            let e = Double(v) - a * sin(w) - b * cos(w)
+            noise += e * e
+        }
+        let signal = (a * a + b * b) / 2
+        return 10 * log10(signal / (noise / Double(x.count)))
+    }
+
+    @Test func theHostSends48kHzFramesOf2_5msNumberedAndTimedInOrder() throws {
+        let packets = try Self.tonePackets(seconds: 0.5)
+        let headers = try packets.map { try $0.withUnsafeBytes { try AudioPacket.decodeHeader($0) } }
+        // 0.5 s (22 016 frames at 44.1 kHz) is 23 963 frames at 48 kHz: 199 whole 120-frame packets.
+        #expect(headers.count >= 198 && headers.count <= 200)
+        #expect(headers.allSatisfy { $0.encoding == .opus && $0.format == Self.wire48k && $0.frameCount == 120 })
+        #expect(headers.map(\.sequence) == (0..<UInt32(headers.count)).map { $0 })
+        #expect(headers.map(\.firstFrameIndex) == (0..<UInt64(headers.count)).map { $0 * 120 })
+        let gaps = zip(headers, headers.dropFirst()).map { Int64($1.captureTimeNanos) - Int64($0.captureTimeNanos) }
+        #expect(gaps.allSatisfy { abs($0 - 2_500_000) < 2_000 }, "2.5 ms apart on the host's clock")
+        // The first packet's sound entered the encoder its look-ahead (2.5 ms) before the stream's first frame.
+        #expect(abs(Int64(headers[0].captureTimeNanos) - (1_000_000_000 - 2_500_000)) < 50_000)
+        // Compact: 96 kbit/s is 30 bytes per 2.5 ms frame, give or take the encoder's rate control.
+        let payload = packets.map { $0.count - AudioPacket.headerSize }
+        let mean = Double(payload.reduce(0, +)) / Double(payload.count)
+        #expect(mean > 20 && mean < 40, "mean Opus payload \(mean) B")
+    }
+
+    @Test func thePlayerDecodesTheToneCleanly() throws {
+        let packets = try Self.tonePackets(seconds: 0.5)
+        let ring = PacketRing(capacity: 256)
+        let ingress = PacketIngress(format: Self.wire48k, ring: ring)
+        for (i, p) in packets.enumerated() {
+            #expect(p.withUnsafeBytes { ingress.receive($0, arrivalNanos: UInt64(i)) } == .queued(frames: 120))
+        }
+        let got = Self.drain(ring)
+        #expect(got.count == packets.count && got.allSatisfy { !$0.0.concealed })
+        let audio = got.flatMap(\.1)
+        // Past the codec's start-up (its first frames carry the look-ahead's silence), a clean 440 Hz tone.
+        let snr = Self.toneSNR(Array(audio[4_800...]))
+        #expect(snr > 30, "SNR \(snr) dB")
+        #expect(ingress.counters == PacketIngress.Counters())
+        #expect(ingress.wire.encoding == .opus)
+        #expect(ingress.wire.queuedBytes == UInt64(packets.map(\.count).reduce(0, +)))
+    }
+
+    @Test func aLostPacketIsConcealedByTheDecoderAndStillCountedLost() throws {
+        var packets = try Self.tonePackets(seconds: 0.25)
+        let lost = packets.remove(at: 40)
+        let ring = PacketRing(capacity: 256)
+        let ingress = PacketIngress(format: Self.wire48k, ring: ring)
+        for (i, p) in packets.enumerated() { _ = p.withUnsafeBytes { ingress.receive($0, arrivalNanos: UInt64(i)) } }
+        let got = Self.drain(ring)
+        // In its place, in order: the decoder's 120 frames, with the lost packet's number, index and time.
+        let lostHeader = try lost.withUnsafeBytes { try AudioPacket.decodeHeader($0) }
+        #expect(got.count == packets.count + 1)
+        let filler = got[40].0
+        #expect(filler.concealed)
+        #expect(filler.header.sequence == lostHeader.sequence && filler.header.firstFrameIndex == lostHeader.firstFrameIndex)
+        #expect(abs(Int64(filler.header.captureTimeNanos) - Int64(lostHeader.captureTimeNanos)) < 1_000)
+        #expect(got.filter(\.0.concealed).count == 1)
+        #expect(ingress.counters.decoderConcealedFrames == 120)
+        // The concealment continues the tone: no step at either seam, and a level near the tone's.
+        let audio = got.flatMap(\.1)
+        let seam = 40 * 120
+        let jumps = (seam - 2)..<(seam + 122)
+        let steepest = jumps.map { abs(audio[$0 + 1] - audio[$0]) }.max() ?? 1
+        #expect(steepest < 0.1, "a 440 Hz tone at 0.5 moves at most 0.029 per sample; the seams moved \(steepest)")
+        let rms = sqrt(got[40].1.map { $0 * $0 }.reduce(0, +) / 120)
+        #expect(rms > 0.15 && rms < 0.5, "concealed level \(rms)")
+        // The jitter buffer plays the concealed frames but counts the packet lost, and takes no transit from it.
+        var jb = JitterBuffer(format: Self.wire48k, configuration: .init())
+        for (packet, samples) in got { samples.withUnsafeBufferPointer { _ = jb.insert(packet, samples: $0) } }
+        let c = jb.snapshot
+        #expect(c.lostPackets == 1)
+        #expect(c.accepted == UInt64(got.count))
+    }
+
+    @Test func hostilePacketsAreDroppedAndCountedAndTheStreamGoesOn() throws {
+        let packets = try Self.tonePackets(seconds: 0.1)
+        let ring = PacketRing(capacity: 256)
+        let ingress = PacketIngress(format: Self.wire48k, ring: ring)
+        func send(_ bytes: [UInt8]) -> PacketIngress.Outcome { bytes.withUnsafeBytes { ingress.receive($0, arrivalNanos: 1) } }
+        #expect(send(packets[0]) == .queued(frames: 120))
+        #expect(send(packets[1]) == .queued(frames: 120))
+        // A header that lies about the frame count (240 for a 120-frame Opus packet): malformed, nothing stored.
+        var liar = packets[2]
+        liar.withUnsafeMutableBytes { $0.storeBytes(of: UInt16(240).bigEndian, toByteOffset: 16, as: UInt16.self) }
+        guard case .malformed = send(liar) else { Issue.record("a lying frame count was taken"); return }
+        // A replayed or duplicated packet: the decoder is past it.
+        #expect(send(packets[1]) == .stale)
+        // Garbage codec bytes under a valid header: libopus refuses them or decodes them; nothing out of range.
+        var garbage = Array(packets[3].prefix(AudioPacket.headerSize))
+        var rng = SystemRandomNumberGenerator()
+        garbage += (0..<200).map { _ in UInt8.random(in: 0...255, using: &rng) }
+        _ = send(garbage)
+        // Not 48 kHz, or not one of Opus's frame sizes: refused by the header rules.
+        var at44 = packets[4]
+        at44.withUnsafeMutableBytes { $0.storeBytes(of: UInt32(44_100).bigEndian, toByteOffset: 20, as: UInt32.self) }
+        #expect(throws: AudioPacketError.unsupportedFormat) { try at44.withUnsafeBytes { try AudioPacket.decodeHeader($0) } }
+        var odd = packets[4]
+        odd.withUnsafeMutableBytes { $0.storeBytes(of: UInt16(128).bigEndian, toByteOffset: 16, as: UInt16.self) }
+        #expect(throws: AudioPacketError.badFrameCount(128)) { try odd.withUnsafeBytes { try AudioPacket.decodeHeader($0) } }
+        let empty = Array(packets[4].prefix(AudioPacket.headerSize))
+        #expect(throws: AudioPacketError.truncated(36)) { try empty.withUnsafeBytes { try AudioPacket.decodeHeader($0) } }
+        // An ingress of another rate has no decoder: an Opus packet there is a format change, not a crash.
+        let other = PacketIngress(format: .default, ring: PacketRing(capacity: 4))
+        #expect(packets[5].withUnsafeBytes { other.receive($0, arrivalNanos: 1) } == .formatChanged(Self.wire48k))
+        // The stream goes on.
+        for p in packets[5...] { #expect(send(p) == .queued(frames: 120)) }
+        let c = ingress.counters
+        #expect(c.malformed >= 1 && c.stalePackets == 1)
+        let got = Self.drain(ring)
+        #expect(got.allSatisfy { $0.1.allSatisfy { $0.isFinite && abs($0) <= 1 } })
+        #expect(got.last?.0.header.sequence == UInt32(packets.count - 1))
+    }
+
+    @Test func aFlacOr48kHzSourceNeedsNoResamplingAndStereoWorks() throws {
+        var p = try Packetizer(format: AudioFormat(sampleRate: 48_000, channels: 2), encoding: .opus)
+        #expect(p.wireFormat == AudioFormat(sampleRate: 48_000, channels: 2))
+        #expect(p.codecDelayFrames == 120, "no resampler: only Opus's 2.5 ms look-ahead")
+        let chunk = ChunkInfo(firstFrameIndex: 0, frames: 240, timestampNanos: 0)
+        let packets = p.packets([Float](repeating: 0.1, count: 480), chunk: chunk)
+        #expect(packets.count == 2)
+        #expect(throws: AudioPacketError.unsupportedFormat) {
+            try Packetizer(format: AudioFormat(sampleRate: 44_100, channels: 3), encoding: .opus)
+        }
+        let p44 = try Packetizer(format: .default, encoding: .opus)
+        #expect(p44.codecDelayFrames > 120 && p44.codecDelayFrames < 240, "look-ahead plus the resampler's \(p44.codecDelayFrames - 120) frames")
+    }
+}
