@@ -286,10 +286,9 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     private static func info(_ configuration: Configuration, source: any AudioSource, pairing: Bool) -> [String: String] {
         var info = configuration.discoveryInfo
         info.merge(HostControl<PeerID>(clips: configuration.clips != nil, talk: configuration.talk != nil).offered.discoveryInfo) { $1 }
-        // What players receive: for Opus, 48 kHz.
-        let wire = Packetizer.wireFormat(for: source.format, encoding: configuration.codec)
-        info["rate"] = String(wire.sampleRate)
-        info["ch"] = String(wire.channels)
+        // The format players play: Opus travels at 48 kHz, but players decode it back to the source's rate.
+        info["rate"] = String(source.format.sampleRate)
+        info["ch"] = String(source.format.channels)
         info["period"] = String(source.periodFrames)
         if pairing { info["pair"] = "1" }
         return info

@@ -81,12 +81,13 @@ enum FuzzTarget: String, CaseIterable {
         while ring.pop({ _, samples in precondition(samples.allSatisfy { $0.isFinite && abs($0) <= 1 }, "the ring holds an unchecked sample") }) != nil {}
     }
 
-    /// Opus through a 48 kHz ingress, mono and stereo: the input as it is (a whole datagram), and the input as the
+    /// Opus through ingresses at 48 kHz (mono and stereo) and 44.1 kHz (decoded, then resampled): the input as it is (a whole datagram), and the input as the
     /// codec bytes of a well-formed header whose sequence number and frame count come from its first bytes (so gaps,
     /// stale packets, restarts and lying frame counts are all reached). Whatever is queued is finite and in range.
-    private static let opusRings = [PacketRing(capacity: 16), PacketRing(capacity: 16)]
+    private static let opusRings = [PacketRing(capacity: 16), PacketRing(capacity: 16), PacketRing(capacity: 16)]
     private static let opusIngress = [PacketIngress(format: AudioFormat(sampleRate: 48_000, channels: 1), ring: opusRings[0]),
-                                      PacketIngress(format: AudioFormat(sampleRate: 48_000, channels: 2), ring: opusRings[1])]
+                                      PacketIngress(format: AudioFormat(sampleRate: 48_000, channels: 2), ring: opusRings[1]),
+                                      PacketIngress(format: .default, ring: opusRings[2])]
     nonisolated(unsafe) private static var opusSequence: UInt32 = 0
 
     static func opus(_ input: [UInt8]) {
@@ -96,7 +97,7 @@ enum FuzzTarget: String, CaseIterable {
         let frames = sizes[Int(input.count > 1 ? input[1] : 0) % sizes.count]
         for (ingress, ring) in zip(opusIngress, opusRings) {
             let header = AudioPacketHeader(sequence: opusSequence, firstFrameIndex: UInt64(opusSequence) * 120, frameCount: frames,
-                                           format: ingress.format, encoding: .opus)
+                                           format: AudioFormat(sampleRate: 48_000, channels: ingress.format.channels), encoding: .opus)
             var datagram = [UInt8](repeating: 0, count: AudioPacket.headerSize)
             datagram.withUnsafeMutableBytes { AudioPacket.writeHeader(header, into: $0) }
             datagram += input.dropFirst(2).prefix(AudioPacket.maximumSize - AudioPacket.headerSize)

@@ -2,6 +2,7 @@ import Testing
 import Foundation
 import MeshAudio
 @testable import MeshPipeline
+import MeshTestSupport
 
 /// The decoder's sequence tracker: pure, no libopus.
 @Suite("Opus sequence tracking (pure)")
@@ -67,25 +68,6 @@ struct OpusCodecTests {
         return out
     }
 
-    /// Signal-to-noise ratio (dB) of a 440 Hz sine at 48 kHz fitted by least squares over `x`.
-    static func toneSNR(_ x: [Float]) -> Double {
-        var ss = 0.0, sc = 0.0, cc = 0.0, xs = 0.0, xc = 0.0
-        for (i, v) in x.enumerated() {
-            let w = 2 * Double.pi * 440 * Double(i) / 48_000, s = sin(w), c = cos(w)
-            ss += s * s; sc += s * c; cc += c * c; xs += Double(v) * s; xc += Double(v) * c
-        }
-        let det = ss * cc - sc * sc
-        let a = (xs * cc - xc * sc) / det, b = (xc * ss - xs * sc) / det
-        var noise = 0.0
-        for (i, v) in x.enumerated() {
-            let w = 2 * Double.pi * 440 * Double(i) / 48_000
-            let e = Double(v) - a * sin(w) - b * cos(w)
-            noise += e * e
-        }
-        let signal = (a * a + b * b) / 2
-        return 10 * log10(signal / (noise / Double(x.count)))
-    }
-
     @Test func theHostSends48kHzFramesOf2_5msNumberedAndTimedInOrder() throws {
         let packets = try Self.tonePackets(seconds: 0.5)
         let headers = try packets.map { try $0.withUnsafeBytes { try AudioPacket.decodeHeader($0) } }
@@ -115,7 +97,7 @@ struct OpusCodecTests {
         #expect(got.count == packets.count && got.allSatisfy { !$0.0.concealed })
         let audio = got.flatMap(\.1)
         // Past the codec's start-up (its first frames carry the look-ahead's silence), a clean 440 Hz tone.
-        let snr = Self.toneSNR(Array(audio[4_800...]))
+        let snr = toneSNR(Array(audio[4_800...]), hertz: 440, rate: 48_000)
         #expect(snr > 30, "SNR \(snr) dB")
         #expect(ingress.counters == PacketIngress.Counters())
         #expect(ingress.wire.encoding == .opus)
@@ -181,9 +163,9 @@ struct OpusCodecTests {
         #expect(throws: AudioPacketError.badFrameCount(128)) { try odd.withUnsafeBytes { try AudioPacket.decodeHeader($0) } }
         let empty = Array(packets[4].prefix(AudioPacket.headerSize))
         #expect(throws: AudioPacketError.truncated(36)) { try empty.withUnsafeBytes { try AudioPacket.decodeHeader($0) } }
-        // An ingress of another rate has no decoder: an Opus packet there is a format change, not a crash.
-        let other = PacketIngress(format: .default, ring: PacketRing(capacity: 4))
-        #expect(packets[5].withUnsafeBytes { other.receive($0, arrivalNanos: 1) } == .formatChanged(Self.wire48k))
+        // A stereo pipeline is told the host sends mono (at its own rate: Opus is decoded to the pipeline's rate).
+        let other = PacketIngress(format: AudioFormat(sampleRate: 44_100, channels: 2), ring: PacketRing(capacity: 4))
+        #expect(packets[5].withUnsafeBytes { other.receive($0, arrivalNanos: 1) } == .formatChanged(.default))
         // The stream goes on.
         for p in packets[5...] { #expect(send(p) == .queued(frames: 120)) }
         let c = ingress.counters
@@ -191,6 +173,38 @@ struct OpusCodecTests {
         let got = Self.drain(ring)
         #expect(got.allSatisfy { $0.1.allSatisfy { $0.isFinite && abs($0) <= 1 } })
         #expect(got.last?.0.header.sequence == UInt32(packets.count - 1))
+    }
+
+    @Test func a44_1kHzPlayerGetsTheToneBackAtItsOwnRateContinuousAcrossPacketsAndGaps() throws {
+        var packets = try Self.tonePackets(seconds: 0.5)
+        packets.remove(at: 100)  // one loss, concealed by the decoder before the resampler
+        let ring = PacketRing(capacity: 512)
+        let ingress = PacketIngress(format: .default, ring: ring)
+        var queued = 0
+        for (i, p) in packets.enumerated() {
+            let outcome = p.withUnsafeBytes { ingress.receive($0, arrivalNanos: UInt64(i)) }
+            guard case .queued(let n) = outcome else { Issue.record("packet \(i): \(outcome)"); return }
+            queued += n
+        }
+        let got = Self.drain(ring)
+        #expect(got.allSatisfy { $0.0.header.format == .default })
+        // One stream at 44.1 kHz: each packet starts where the one before ended, 110 or 111 frames each.
+        #expect(got.first?.0.header.firstFrameIndex == 0)
+        #expect(zip(got, got.dropFirst()).allSatisfy { $0.0.header.firstFrameIndex + UInt64($0.0.header.frameCount) == $1.0.header.firstFrameIndex })
+        #expect(got.dropFirst().allSatisfy { (109...112).contains($0.0.header.frameCount) })
+        let frames = got.map(\.0.header.frameCount).reduce(0, +)
+        #expect(queued + 120 * 44_100 / 48_000 >= frames - 1 && queued <= frames, "queued \(queued) of \(frames): the concealed ones count apart")
+        #expect(abs(frames - (packets.count + 1) * 120 * 44_100 / 48_000) < 40, "\(frames) frames: the resampler holds a few back")
+        #expect(got.filter(\.0.concealed).count == 1)
+        // Capture times advance with the frames (2.5 ms a packet) and the tone is clean at 44.1 kHz.
+        let times = got.map { Double($0.0.header.captureTimeNanos) }, index = got.map { Double($0.0.header.firstFrameIndex) }
+        for k in 1..<got.count {
+            let expected = (index[k] - index[k - 1]) * 1e9 / 44_100
+            #expect(abs(times[k] - times[k - 1] - expected) < 25_000, "packet \(k)")
+        }
+        let audio = got.flatMap(\.1)
+        let snr = toneSNR(Array(audio[4_410..<(audio.count - 100)]), hertz: 440, rate: 44_100)
+        #expect(snr > 24, "SNR \(snr) dB at 44.1 kHz, a concealed packet included (30+ without loss)")
     }
 
     @Test func aFlacOr48kHzSourceNeedsNoResamplingAndStereoWorks() throws {

@@ -117,7 +117,7 @@ struct RelayEndToEndTests {
         assertCarries(signal + signal + signal, received: try readWAV(out).samples, final: final, label: "WAV → WAV")
     }
 
-    @Test("--codec opus: a 44.1 kHz tone arrives as 48 kHz Opus of about 30 bytes a 2.5 ms packet, clean and without loss")
+    @Test("--codec opus: a 44.1 kHz tone travels as 48 kHz Opus of about 30 bytes a 2.5 ms packet and plays at 44.1 kHz, clean and without loss")
     func opusCodec() throws {
         let service = Rig.uniqueService()
         let paired = try PairedStates()
@@ -140,39 +140,22 @@ struct RelayEndToEndTests {
         #expect(received > 1_000, "400 packets a second")
         let perPacket = Double(bytes) / Double(received)
         #expect(perPacket > 36 + 20 && perPacket < 36 + 40, "audioBytes \(bytes), datagrams \(received)")
-        // The player followed the host to 48 kHz; past the start, every 100 ms window is a clean 440 Hz tone.
+        // The player decoded the 48 kHz stream back to 44.1 kHz; past the start, every 100 ms window is a clean tone.
         let (played, format) = try readWAV(out)
-        #expect(format.sampleRate == 48_000)
-        let first = (played.firstIndex { $0 != 0 } ?? played.count) + 9_600
+        #expect(format.sampleRate == 44_100)
+        #expect(!player.stderr.contains { $0.contains("reopening playback") }, "no format change: the pipeline stays at 44.1 kHz")
+        let first = (played.firstIndex { $0 != 0 } ?? played.count) + 8_820
         var snrs: [Double] = []
         var at = first
-        while at + 4_800 <= played.count - 9_600 {
-            snrs.append(toneSNR(Array(played[at..<(at + 4_800)]), hertz: 440, rate: 48_000))
-            at += 4_800
+        while at + 4_410 <= played.count - 8_820 {
+            snrs.append(toneSNR(Array(played[at..<(at + 4_410)]), hertz: 440, rate: 44_100))
+            at += 4_410
         }
         #expect(snrs.count >= 20)
         let sorted = snrs.sorted()
         print("opus: \(bytes) audio bytes for \(received) packets; SNR median \(sorted[sorted.count / 2]) dB, worst \(sorted.first ?? 0) dB")
         #expect(sorted[sorted.count / 2] > 28, "median SNR")
         #expect(Double(snrs.filter { $0 > 20 }.count) >= 0.9 * Double(snrs.count))
-    }
-
-    /// Signal-to-noise ratio (dB) of a sine of `hertz` fitted by least squares over `x`.
-    func toneSNR(_ x: [Float], hertz: Double, rate: Double) -> Double {
-        var ss = 0.0, sc = 0.0, cc = 0.0, xs = 0.0, xc = 0.0
-        for (i, v) in x.enumerated() {
-            let w = 2 * Double.pi * hertz * Double(i) / rate, s = sin(w), c = cos(w)
-            ss += s * s; sc += s * c; cc += c * c; xs += Double(v) * s; xc += Double(v) * c
-        }
-        let det = ss * cc - sc * sc
-        let a = (xs * cc - xc * sc) / det, b = (xc * ss - xs * sc) / det
-        var noise = 0.0
-        for (i, v) in x.enumerated() {
-            let w = 2 * Double.pi * hertz * Double(i) / rate
-            let e = Double(v) - a * sin(w) - b * cos(w)
-            noise += e * e
-        }
-        return 10 * log10((a * a + b * b) / 2 / max(noise / Double(x.count), 1e-20))
     }
 
     @Test("--codec s16: half the bytes on the wire, and every sample within 1.5 LSB of 16 bits of the host's")

@@ -49,3 +49,21 @@ package func largestJump(_ s: ArraySlice<Float>) -> Float {
     for v in s { m = max(m, abs(v - prev)); prev = v }
     return m
 }
+
+/// Signal-to-noise ratio (dB) of a sine of `hertz` fitted by least squares over `x`.
+package func toneSNR(_ x: [Float], hertz: Double, rate: Double) -> Double {
+    var ss = 0.0, sc = 0.0, cc = 0.0, xs = 0.0, xc = 0.0
+    for (i, v) in x.enumerated() {
+        let w = 2 * Double.pi * hertz * Double(i) / rate, s = sin(w), c = cos(w)
+        ss += s * s; sc += s * c; cc += c * c; xs += Double(v) * s; xc += Double(v) * c
+    }
+    let det = ss * cc - sc * sc
+    let a = (xs * cc - xc * sc) / det, b = (xc * ss - xs * sc) / det
+    var noise = 0.0
+    for (i, v) in x.enumerated() {
+        let w = 2 * Double.pi * hertz * Double(i) / rate
+        let e = Double(v) - a * sin(w) - b * cos(w)
+        noise += e * e
+    }
+    return 10 * log10((a * a + b * b) / 2 / max(noise / Double(x.count), 1e-20))
+}

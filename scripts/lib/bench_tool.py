@@ -286,6 +286,29 @@ def report(raw_path, out_json, out_md, meta_path):
                     goals.append((f"{what} ≤ {bound:.2f}× the floor at period {period} (median run)", shown,
                                   None if not rs else statistics.median(rs) <= bound))
 
+    # 1c. Wire formats: each codec's run against the f32 default of the same run (run 1, measured just before it).
+    if lat:
+        codec_rows = [r for r in lat if r["path"] in ("mesh-default", "mesh-s16", "mesh-opus") and r.get("run", 1) == 1]
+        if any(r["path"] != "mesh-default" for r in codec_rows):
+            table(md, "**1c. Wire formats** (`mesh-record --codec`, defaults otherwise; run 1 of each period, the codecs "
+                      "right after the f32 default they are compared with; audio = the relay's packets with their 36-byte "
+                      "header; wire adds PeerMesh's 20-byte datagram header, the 16-byte AEAD tag and 28 bytes of UDP/IPv4)",
+                      ['period', 'codec', 'packets/s', 'audio kbit/s', 'wire kbit/s', 'latency frames', 'added vs f32 (frames)', 'note'],
+                      "llrrrrrl")
+            base = {r["period"]: r.get("frames") for r in codec_rows if r["path"] == "mesh-default"}
+            for r in codec_rows:
+                added = ""
+                if r["path"] != "mesh-default" and r.get("frames") and base.get(r["period"]):
+                    added = f"{r['frames'] - base[r['period']]:+.0f}"
+                name = r.get("codec") or {"mesh-default": "f32", "mesh-s16": "s16", "mesh-opus": "opus"}[r["path"]]
+                md.append(f"| {r['period']} | {name} | {fmt(r.get('packetsPerSecond'), 0)} | {fmt(r.get('audioKbps'), 0)} | "
+                          f"{fmt(r.get('wireKbps'), 0)} | {fmt(r.get('frames'), 0)} | {added} | {r.get('note', '')} |")
+                if r["path"] == "mesh-opus" and r.get("audioKbps") is not None:
+                    opus_bits = (r["audioKbps"] * 1000 - r["packetsPerSecond"] * 36 * 8) / 1000
+                    goals.append((f"Opus ≤ 100 kbit/s at the default bitrate (period {r['period']}; codec bits, without headers)",
+                                  f"{opus_bits:.0f} kbit/s", opus_bits <= 100))
+            md.append("")
+
     # 2. Throughput
     th = sections.get("throughput", [])
     if th:

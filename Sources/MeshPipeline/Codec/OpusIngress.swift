@@ -52,25 +52,54 @@ public struct OpusSequence: Sendable, Equatable {
     public mutating func reset() { state = .idle }
 }
 
-/// The player side of `--codec opus`, inside `PacketIngress` on the network thread: decodes each Opus packet into a
-/// `PacketRing` slot, and fills short gaps with the decoder's concealment first (`OpusSequence`), marking those
-/// frames `concealed` so the jitter buffer still counts the packets as lost. Allocation-free after `init`; used by
-/// the ingress's one producer thread only.
-final class OpusIngress: @unchecked Sendable {  // The decoder and tracker: the ingress's producer thread's only.
+/// The player side of `--codec opus`, inside `PacketIngress` on the network thread: decodes each Opus packet,
+/// resamples it from 48 kHz to the pipeline's rate (libspeexdsp; none for a 48 kHz pipeline) and stores it in a
+/// `PacketRing` slot. Short gaps are filled first with the decoder's concealment (`OpusSequence`), marked `concealed`
+/// so the jitter buffer still counts those packets as lost.
+///
+/// The packets that reach the ring are in the pipeline's format: the resampler runs continuously across packets (and
+/// concealed frames), so their frame indices are a count of output frames, started from the first packet's index
+/// scaled to the pipeline's rate; each packet carries the frames its input produced (110 or 111 at 44.1 kHz), and the
+/// capture time of its first one. Allocation-free after `init`; used by the ingress's one producer thread only.
+final class OpusIngress: @unchecked Sendable {  // The decoder, resampler and tracker: the producer thread's only.
     private let decoder: OpusStreamDecoder
+    private let resampler: SpeexResampler?
     private var sequence = OpusSequence()
     private let channels: Int
+    /// The pipeline's rate, which packets leave at.
+    let outputRate: Int
+    /// Decoded 48 kHz frames (the largest Opus frame), and the same resampled.
+    private let decoded: UnsafeMutableBufferPointer<Float>
+    private let staged: UnsafeMutableBufferPointer<Float>
+    /// Index, at `outputRate`, of the next frame the resampler produces.
+    private var nextOutputFrame: UInt64 = 0
 
-    init(channels: Int) throws(OpusError) {
+    /// Throws `OpusError` or `SpeexResamplerError` when libopus or libspeexdsp refuses the arguments.
+    init(channels: Int, outputRate: Int) throws {
         decoder = try OpusStreamDecoder(channels: channels)
         self.channels = channels
+        self.outputRate = outputRate
+        resampler = outputRate == Opus.sampleRate ? nil
+            : try SpeexResampler(channels: channels, inputRate: Opus.sampleRate, outputRate: outputRate, quality: 5,
+                                 maximumCorrectionPPM: 0)
+        decoded = .allocate(capacity: 2_880 * channels)
+        decoded.initialize(repeating: 0)
+        staged = .allocate(capacity: (2_880 * outputRate / Opus.sampleRate + 8) * channels)
+        staged.initialize(repeating: 0)
+    }
+
+    deinit {
+        decoded.deallocate()
+        staged.deallocate()
     }
 
     /// What one Opus packet became.
     struct Result {
         /// The packet's own outcome: pushed (with the samples clamped), full, malformed; nil when it was stale.
         var push: PacketRing.PushResult?
-        /// Frames the decoder synthesized for missing packets, and pushed ahead of it.
+        /// Frames (at the output rate) the packet became (0 while the resampler fills at the stream's start).
+        var frames = 0
+        /// Frames the decoder synthesized for missing packets (at the output rate), pushed ahead of it.
         var concealedFrames = 0
         /// Concealed packets that did not fit the ring.
         var concealedOverflows = 0
@@ -81,47 +110,111 @@ final class OpusIngress: @unchecked Sendable {  // The decoder and tracker: the 
     func receive(_ datagram: UnsafeRawBufferPointer, header: AudioPacketHeader, arrivalNanos: UInt64,
                  ring: PacketRing) -> Result {
         var result = Result()
+        // A packet whose frames would not fit one slot once resampled is refused before anything is decoded.
+        let most = header.frameCount * outputRate / Opus.sampleRate + 2
+        guard most * channels <= ring.samplesPerSlot else {
+            result.push = .malformed(.tooLarge(header.frameCount))
+            return result
+        }
         switch sequence.arrived(header.sequence) {
         case .stale:
             return result
         case .restart:
-            decoder.reset()
+            restart(at: header)
         case .decode(let missing):
             let n = header.frameCount
-            let frameNanos = Double(n) * 1e9 / Double(header.format.sampleRate)
             for k in stride(from: missing, to: 0, by: -1) {
                 var h = header
                 h.sequence = header.sequence &- UInt32(k)
                 h.firstFrameIndex = header.firstFrameIndex &- UInt64(k * n)
-                let back = UInt64(Double(k) * frameNanos)
+                let back = UInt64(Double(k * n) * 1e9 / Double(Opus.sampleRate))
                 h.captureTimeNanos = header.captureTimeNanos > back ? header.captureTimeNanos - back : 0
-                let pushed = ring.push(ReceivedPacket(header: h, arrivalNanos: arrivalNanos, concealed: true)) { slot throws(AudioPacketError) in
-                    do { _ = try decoder.conceal(into: slot, frames: n) } catch { throw .unsupportedFormat }
-                    return Self.clamp(slot, count: n * channels)
+                let frames: Int
+                do { frames = try decoder.conceal(into: decoded, frames: n) } catch {
+                    result.concealedOverflows += 1
+                    continue
                 }
-                switch pushed {
-                case .pushed: result.concealedFrames += n
+                switch store(frames: frames, of: h, concealed: true, arrivalNanos: arrivalNanos, ring: ring) {
+                case .pushed: result.concealedFrames += lastStored
                 case .full, .malformed: result.concealedOverflows += 1
+                case nil: break
                 }
             }
         }
         let payload = UnsafeRawBufferPointer(rebasing: datagram[AudioPacket.headerSize...])
-        let expected = header.frameCount
-        result.push = ring.push(ReceivedPacket(header: header, arrivalNanos: arrivalNanos)) { slot throws(AudioPacketError) in
-            let frames: Int
-            do {
-                // The packet must decode to exactly the frames its header claims (a lying header is malformed).
-                guard try Opus.frames(in: payload) == expected else { throw AudioPacketError.badFrameCount(expected) }
-                frames = try decoder.decode(payload, into: slot, maximumFrames: slot.count / channels)
-            } catch let error as AudioPacketError {
-                throw error
-            } catch {
-                throw .unsupportedFormat
+        let frames: Int
+        do {
+            // The packet must decode to exactly the frames its header claims (a lying header is malformed).
+            guard try Opus.frames(in: payload) == header.frameCount else {
+                result.push = .malformed(.badFrameCount(header.frameCount))
+                return result
             }
-            guard frames == expected else { throw .badFrameCount(frames) }
-            return Self.clamp(slot, count: frames * channels)
+            frames = try decoder.decode(payload, into: decoded, maximumFrames: 2_880)
+        } catch {
+            result.push = .malformed(.unsupportedFormat)
+            return result
         }
+        guard frames == header.frameCount else {
+            result.push = .malformed(.badFrameCount(frames))
+            return result
+        }
+        // Nothing to store yet (the resampler's first input fills its filter): the packet was taken all the same.
+        result.push = store(frames: frames, of: header, concealed: false, arrivalNanos: arrivalNanos, ring: ring) ?? .pushed(sanitized: 0)
+        result.frames = lastStored
         return result
+    }
+
+    /// Frames the latest `store` put in the ring.
+    private var lastStored = 0
+
+    /// A new stream: the decoder and resampler start afresh, and output indices from the packet's, scaled.
+    private func restart(at header: AudioPacketHeader) {
+        decoder.reset()
+        if let resampler {
+            try? resampler.reset()
+            try? resampler.skipZeros()
+        }
+        nextOutputFrame = header.firstFrameIndex * UInt64(outputRate) / UInt64(Opus.sampleRate)
+    }
+
+    /// Resamples `frames` decoded frames of the packet `header` and stores them in the next ring slot as one packet
+    /// at the output rate. The resampler runs even when the ring is full, so the stream's indices stay true (the
+    /// frames dropped are a gap the jitter buffer sees). Returns nil when it produced nothing (nothing is stored).
+    private func store(frames: Int, of header: AudioPacketHeader, concealed: Bool, arrivalNanos: UInt64,
+                       ring: PacketRing) -> PacketRing.PushResult? {
+        lastStored = 0
+        var out = UnsafeBufferPointer(rebasing: decoded[0..<(frames * channels)])
+        var produced = frames
+        if let resampler {
+            produced = 0
+            var consumed = 0
+            while consumed < frames {
+                let from = UnsafeBufferPointer(rebasing: out[(consumed * channels)...])
+                let to = UnsafeMutableBufferPointer(rebasing: staged[(produced * channels)...])
+                guard let step = try? resampler.process(input: from, output: to), step.consumed + step.produced > 0 else { break }
+                consumed += step.consumed
+                produced += step.produced
+            }
+            out = UnsafeBufferPointer(rebasing: staged[0..<(produced * channels)])
+        }
+        guard produced > 0 else { return nil }
+        var h = header
+        h.format = AudioFormat(sampleRate: outputRate, channels: channels)
+        h.firstFrameIndex = nextOutputFrame
+        h.frameCount = produced
+        // Output frame j is input frame j·48000/rate (the resampler skipped its leading zeros): the first one's
+        // capture time follows from the packet's.
+        let inputFrame = Double(nextOutputFrame) * Double(Opus.sampleRate) / Double(outputRate)
+        let time = Double(header.captureTimeNanos) + (inputFrame - Double(header.firstFrameIndex)) * 1e9 / Double(Opus.sampleRate)
+        h.captureTimeNanos = time > 0 ? UInt64(time) : 0
+        nextOutputFrame &+= UInt64(produced)
+        let samples = out
+        let r = ring.push(ReceivedPacket(header: h, arrivalNanos: arrivalNanos, concealed: concealed)) { slot throws(AudioPacketError) in
+            _ = slot.update(fromContentsOf: samples)
+            return Self.clamp(slot, count: samples.count)
+        }
+        if case .pushed = r { lastStored = produced }
+        return r
     }
 
     /// Clamps decoded samples to [−1, 1] (Opus may overshoot a little; a hostile stream may do more). Returns how

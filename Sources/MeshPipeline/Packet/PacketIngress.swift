@@ -60,7 +60,7 @@ public final class PacketIngress: Sendable {
     private let sanitizedCount = Atomic<UInt64>(0)
     private let staleCount = Atomic<UInt64>(0)
     private let decoderConcealedCount = Atomic<UInt64>(0)
-    /// The Opus decoder, for a 48 kHz pipeline (nil otherwise: only 48 kHz packets can be Opus).
+    /// The Opus decoder, resampling to this pipeline's rate (nil for more than two channels, which Opus does not carry).
     private let opus: OpusIngress?
     private let queuedBytes = Atomic<UInt64>(0)
     /// `SampleEncoding.rawValue` of the latest queued packet (0 = none yet).
@@ -72,7 +72,7 @@ public final class PacketIngress: Sendable {
     public init(format: AudioFormat, ring: PacketRing) {
         self.format = format
         self.ring = ring
-        opus = format.sampleRate == Opus.sampleRate && format.channels <= 2 ? try? OpusIngress(channels: format.channels) : nil
+        opus = format.channels <= 2 ? try? OpusIngress(channels: format.channels, outputRate: format.sampleRate) : nil
     }
 
     /// Producer side (one network thread): takes one datagram that arrived at `arrivalNanos` (receiver clock).
@@ -85,10 +85,12 @@ public final class PacketIngress: Sendable {
             malformedCount.add(1, ordering: .relaxed)
             return .malformed(error)
         }
-        guard header.format == format else {
+        // Opus is always 48 kHz on the wire and decoded to this pipeline's rate: only its channels must match.
+        let wanted = header.encoding == .opus ? AudioFormat(sampleRate: format.sampleRate, channels: header.format.channels) : header.format
+        guard wanted == format else {
             mismatchCount.add(1, ordering: .relaxed)
-            pending.store(PackedFormat.pack(header.format), ordering: .releasing)
-            return .formatChanged(header.format)
+            pending.store(PackedFormat.pack(wanted), ordering: .releasing)
+            return .formatChanged(wanted)
         }
         let pushed: PacketRing.PushResult
         if header.encoding == .opus {
@@ -102,6 +104,13 @@ public final class PacketIngress: Sendable {
             guard let p = r.push else {
                 staleCount.add(1, ordering: .relaxed)
                 return .stale
+            }
+            if case .pushed(let sanitized) = p {
+                // Queued at this pipeline's rate (possibly no frames yet: the resampler's filter was filling).
+                if sanitized > 0 { sanitizedCount.add(UInt64(sanitized), ordering: .relaxed) }
+                queuedBytes.add(UInt64(datagram.count), ordering: .relaxed)
+                latestEncoding.store(header.encoding.rawValue, ordering: .relaxed)
+                return .queued(frames: r.frames)
             }
             pushed = p
         } else {
