@@ -4,14 +4,20 @@ import Synchronization
 /// The send direction of the relay, assembled in one place. Read it top to bottom:
 ///
 ///     source ─▶ (mute) ─▶ tap ─▶ Packetizer ─▶ send
-///     all on the source's own thread (`pm-capture` for a device): one wake-up per period — the device's — carries
-///     a chunk from capture to the network; the tap (clips' pre-roll) takes a copy without waiting
+///     its own    the pm-send thread (`SendThread.own`, the default) or the source's own (`.source`): one read,
+///     thread     one packetize, one send per packet; the tap (clips' pre-roll) takes a copy without waiting
+///
+/// `.source` wakes the host once per period instead of twice (measured: the host's own threads 804 → 366 context
+/// switches a second, about 45 % less CPU), but it is not the default: on one JACK graph shared with the player, a
+/// packet sent from the capture callback lands on the player's render instant, half the time just after it, and the
+/// auto jitter target cannot hold the floor (`scripts/bench`: the defaults path locked in 3 of 20 runs against 8 of
+/// 10 with the send thread). See issue 15.
 ///
 /// The source (a `Recorder`, a `ToneSource`, a `WAVFileSource`) and the network are inputs: once per captured chunk
 /// `audience` says who listens now (nil: nobody — the chunk is then not packetized, so sequence numbers count the
 /// packets that went out), and `send` sends one packet to them. `RelayHost` passes a PeerMesh session's, so this
-/// module does not depend on PeerMesh. Both run on the capture thread: they must not allocate or wait (a snapshot
-/// under a short lock and a non-blocking `sendto` are what they do).
+/// module does not depend on PeerMesh. With `.source` both run on the capture thread: they must not allocate or wait
+/// (a snapshot under a short lock and a non-blocking `sendto` are what they do).
 public final class CapturePipeline<Audience>: Sendable {
     /// Counters and levels, readable from any thread.
     public struct Statistics: Sendable, Equatable {
@@ -26,19 +32,33 @@ public final class CapturePipeline<Audience>: Sendable {
         public init() {}
     }
 
+    /// Which thread packetizes and sends.
+    public enum SendThread: Sendable, Equatable {
+        /// A thread of the pipeline's own (`pm-send`), reading the source's ring: two wake-ups per period.
+        case own
+        /// The source's thread itself (`AudioSource.start(consumer:)`): one wake-up per period.
+        case source
+    }
+
     /// Where the audio comes from.
     public let source: any AudioSource
+    /// Which thread sends.
+    public let sendThread: SendThread
     private let stage: SendStage<Audience>
+    private let lifecycle: StageLifecycle
 
     /// Assembles the chain from `source` to the network (not started yet). Throws when the source's format cannot be
     /// packetized. `tap`, when given, sees every captured chunk (after the mute) on the capture thread, before it is
     /// packetized — the clip recorder's pre-roll; it must not block. `encoding` is how the samples travel, and
     /// `opusBitrate` the bitrate of `.opus`.
     public init(source: any AudioSource, encoding: SampleEncoding = .float32,
-                opusBitrate: Int = Packetizer.defaultOpusBitrate, audience: @escaping @Sendable () -> Audience?,
+                opusBitrate: Int = Packetizer.defaultOpusBitrate, sendThread: SendThread = .own,
+                audience: @escaping @Sendable () -> Audience?,
                 send: @escaping @Sendable (UnsafeRawBufferPointer, Audience) -> Bool,
                 tap: (@Sendable (UnsafeBufferPointer<Float>) -> Void)? = nil) throws {
         self.source = source
+        self.sendThread = sendThread
+        lifecycle = StageLifecycle(stage: "CapturePipeline", threadName: "pm-send", scheduling: .normal)
         let packetizer = try Packetizer(format: source.format, encoding: encoding, opusBitrate: opusBitrate)
         wireFormat = packetizer.wireFormat
         codecDelayFrames = packetizer.codecDelayFrames
@@ -54,14 +74,22 @@ public final class CapturePipeline<Audience>: Sendable {
         stop()
     }
 
-    /// Starts the source, with the rest of the chain on its thread.
+    /// Starts the source, and the send thread unless the source's thread sends.
     public func start() throws {
-        try source.start(consumer: stage)
+        switch sendThread {
+        case .source:
+            try source.start(consumer: stage)
+        case .own:
+            let source = self.source, stage = self.stage, lifecycle = self.lifecycle
+            try lifecycle.start(prepare: { try source.start() }, body: { stage.run(reading: source, while: lifecycle) })
+        }
     }
 
-    /// Stops the source (its thread has ended when this returns). Safe to call more than once.
+    /// Stops the send thread and the source (a blocked read returns at once; every thread has ended when this
+    /// returns). Safe to call more than once.
     public func stop() {
-        source.stop()
+        let source = self.source
+        lifecycle.stop(wake: { source.stop() })  // `wake` runs whether or not the send thread ever started
     }
 
     /// A snapshot of the counters and levels.
@@ -75,8 +103,8 @@ public final class CapturePipeline<Audience>: Sendable {
     }
 }
 
-/// Mute → tap → packetize → send for one chunk, on the source's thread; the source holds it, not the pipeline.
-final class SendStage<Audience>: CaptureConsumer, @unchecked Sendable {  // The packetizer and scratch: the source thread's only.
+/// Mute → tap → packetize → send for one chunk, on whichever thread sends (`SendThread`), which holds it.
+final class SendStage<Audience>: CaptureConsumer, @unchecked Sendable {  // The packetizer and scratch: the sending thread's only.
     private var packetizer: Packetizer
     private let audience: @Sendable () -> Audience?
     private let send: @Sendable (UnsafeRawBufferPointer, Audience) -> Bool
@@ -110,6 +138,19 @@ final class SendStage<Audience>: CaptureConsumer, @unchecked Sendable {  // The 
         s.peakLevel = Float(bitPattern: peakLevel.load(ordering: .relaxed))
         s.rmsLevel = Float(bitPattern: rmsLevel.load(ordering: .relaxed))
         return s
+    }
+
+    /// The `pm-send` thread (`SendThread.own`): reads the source's ring, one chunk at a time, into a buffer of its own.
+    func run(reading source: any AudioSource, while lifecycle: StageLifecycle) {
+        let samples = UnsafeMutableBufferPointer<Float>.allocate(capacity: source.periodFrames * source.format.channels)
+        samples.initialize(repeating: 0)
+        defer { samples.deallocate() }
+        let channels = source.format.channels
+        while lifecycle.isRunning {
+            guard let chunk = source.read(into: samples, timeoutNanos: 100_000_000) else { continue }
+            consume(UnsafeMutableBufferPointer(rebasing: samples[0..<(chunk.frames * channels)]), info: chunk,
+                    deviceDelayFrames: source.stats.delayFrames)
+        }
     }
 
     /// One chunk: levels, mute, tap, then packetize → send to whoever listens now.

@@ -10,7 +10,7 @@ import Synchronization
 /// players by its accept policy (paired only, by default), and sends each captured period to every connected player
 /// at once (fan-out) as sealed datagrams. It also holds the pairing window (`openPairingWindow`).
 ///
-/// The chain is MeshPipeline's `CapturePipeline` (source → packetize → send, all on the source's thread); the host
+/// The chain is MeshPipeline's `CapturePipeline` (source → packetize → send, on the `pm-send` thread); the host
 /// gives it the source and the network end: the connected players, and `Session.sendDatagram`.
 public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, Sendable {
     /// How the host answers players who want to join.
