@@ -207,6 +207,25 @@ struct OpusCodecTests {
         #expect(snr > 24, "SNR \(snr) dB at 44.1 kHz, a concealed packet included (30+ without loss)")
     }
 
+    /// Found by the audio fuzz target: a peer's frame index and capture time at the top of their range must not trap
+    /// the resampling ingress (they did, in the scaling of the index).
+    @Test func extremeIndicesAndTimesFromAPeerDoNotTrap() throws {
+        let packets = try Self.tonePackets(seconds: 0.05)
+        for format in [AudioFormat.default, Self.wire48k] {
+            let ring = PacketRing(capacity: 64)
+            let ingress = PacketIngress(format: format, ring: ring)
+            for (i, value) in [UInt64.max, UInt64.max - 1, 1 << 63, 0].enumerated() {
+                var p = packets[i]
+                p.withUnsafeMutableBytes {
+                    $0.storeBytes(of: value.bigEndian, toByteOffset: 8, as: UInt64.self)   // first frame index
+                    $0.storeBytes(of: value.bigEndian, toByteOffset: 24, as: UInt64.self)  // capture time
+                }
+                if case .malformed = p.withUnsafeBytes({ ingress.receive($0, arrivalNanos: 1) }) { Issue.record("packet \(i) refused") }
+            }
+            #expect(Self.drain(ring).allSatisfy { $0.1.allSatisfy { $0.isFinite && abs($0) <= 1 } })
+        }
+    }
+
     @Test func aFlacOr48kHzSourceNeedsNoResamplingAndStereoWorks() throws {
         var p = try Packetizer(format: AudioFormat(sampleRate: 48_000, channels: 2), encoding: .opus)
         #expect(p.wireFormat == AudioFormat(sampleRate: 48_000, channels: 2))

@@ -174,7 +174,15 @@ final class OpusIngress: @unchecked Sendable {  // The decoder, resampler and tr
             try? resampler.reset()
             try? resampler.skipZeros()
         }
-        nextOutputFrame = header.firstFrameIndex * UInt64(outputRate) / UInt64(Opus.sampleRate)
+        // Scaled without overflow whatever index a peer sends (only the top of the range wraps).
+        let first = header.firstFrameIndex, rate = UInt64(outputRate), wire = UInt64(Opus.sampleRate)
+        nextOutputFrame = (first / wire) &* rate &+ (first % wire) * rate / wire
+    }
+
+    /// A time computed in Double as a UInt64 nanosecond count, clamped (a peer's capture time can be anything).
+    private static func nanos(_ time: Double) -> UInt64 {
+        guard time.isFinite, time > 0 else { return 0 }
+        return time >= 18_446_744_073_709_549_568 ? UInt64.max : UInt64(time)
     }
 
     /// Resamples `frames` decoded frames of the packet `header` and stores them in the next ring slot as one packet
@@ -206,32 +214,15 @@ final class OpusIngress: @unchecked Sendable {  // The decoder, resampler and tr
         // capture time follows from the packet's.
         let inputFrame = Double(nextOutputFrame) * Double(Opus.sampleRate) / Double(outputRate)
         let time = Double(header.captureTimeNanos) + (inputFrame - Double(header.firstFrameIndex)) * 1e9 / Double(Opus.sampleRate)
-        h.captureTimeNanos = time > 0 ? UInt64(time) : 0
+        h.captureTimeNanos = Self.nanos(time)
         nextOutputFrame &+= UInt64(produced)
         let samples = out
         let r = ring.push(ReceivedPacket(header: h, arrivalNanos: arrivalNanos, concealed: concealed)) { slot throws(AudioPacketError) in
             _ = slot.update(fromContentsOf: samples)
-            return Self.clamp(slot, count: samples.count)
+            // Opus may overshoot full scale a little; a hostile stream may do more.
+            return AudioPacket.sanitize(UnsafeMutableBufferPointer(rebasing: slot[0..<samples.count]))
         }
         if case .pushed = r { lastStored = produced }
         return r
-    }
-
-    /// Clamps decoded samples to [−1, 1] (Opus may overshoot a little; a hostile stream may do more). Returns how
-    /// many were changed.
-    @inline(__always)
-    private static func clamp(_ slot: UnsafeMutableBufferPointer<Float>, count: Int) -> Int {
-        var changed = 0
-        for i in 0..<count {
-            let v = slot[i]
-            if !v.isFinite {
-                slot[i] = 0
-                changed += 1
-            } else if v > 1 || v < -1 {
-                slot[i] = v > 1 ? 1 : -1
-                changed += 1
-            }
-        }
-        return changed
     }
 }

@@ -174,20 +174,29 @@ public enum AudioPacket {
             }
             return 0
         }
-        var sanitized = 0
         for i in 0..<count {
-            var v = Float(bitPattern: UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: offset, as: UInt32.self)))
-            if !v.isFinite {
-                v = 0
-                sanitized += 1
-            } else if v > 1 || v < -1 {
-                v = v > 1 ? 1 : -1
-                sanitized += 1
-            }
-            destination[i] = v
+            destination[i] = Float(bitPattern: UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: offset, as: UInt32.self)))
             offset += 4
         }
-        return sanitized
+        return sanitize(UnsafeMutableBufferPointer(rebasing: destination[0..<count]))
+    }
+
+    /// Clamps `samples` to [−1, 1] and zeroes NaN and ±∞, in place; returns how many it changed. Every decoder of
+    /// samples from the network (Float32 here, Opus in `PacketIngress`) ends with it.
+    @inline(__always)
+    static func sanitize(_ samples: UnsafeMutableBufferPointer<Float>) -> Int {
+        var changed = 0
+        for i in samples.indices {
+            let v = samples[i]
+            if !v.isFinite {
+                samples[i] = 0
+                changed += 1
+            } else if v > 1 || v < -1 {
+                samples[i] = v > 1 ? 1 : -1
+                changed += 1
+            }
+        }
+        return changed
     }
 
     /// Convenience (allocating) encoder for tests and tools.

@@ -93,6 +93,8 @@ public final class PacketIngress: Sendable {
             return .formatChanged(wanted)
         }
         let pushed: PacketRing.PushResult
+        // Frames queued at this pipeline's rate (Opus: what the resampler made of it, possibly none yet).
+        var queuedFrames = header.frameCount
         if header.encoding == .opus {
             guard let opus else {
                 malformedCount.add(1, ordering: .relaxed)
@@ -105,14 +107,8 @@ public final class PacketIngress: Sendable {
                 staleCount.add(1, ordering: .relaxed)
                 return .stale
             }
-            if case .pushed(let sanitized) = p {
-                // Queued at this pipeline's rate (possibly no frames yet: the resampler's filter was filling).
-                if sanitized > 0 { sanitizedCount.add(UInt64(sanitized), ordering: .relaxed) }
-                queuedBytes.add(UInt64(datagram.count), ordering: .relaxed)
-                latestEncoding.store(header.encoding.rawValue, ordering: .relaxed)
-                return .queued(frames: r.frames)
-            }
             pushed = p
+            queuedFrames = r.frames
         } else {
             pushed = ring.push(header: header, payload: datagram, arrivalNanos: arrivalNanos)
         }
@@ -121,7 +117,7 @@ public final class PacketIngress: Sendable {
             if sanitized > 0 { sanitizedCount.add(UInt64(sanitized), ordering: .relaxed) }
             queuedBytes.add(UInt64(datagram.count), ordering: .relaxed)
             latestEncoding.store(header.encoding.rawValue, ordering: .relaxed)
-            return .queued(frames: header.frameCount)
+            return .queued(frames: queuedFrames)
         case .full:
             overflowCount.add(1, ordering: .relaxed)
             return .ringFull
