@@ -60,15 +60,9 @@ public final class CapturePipeline<Audience>: Sendable {
         self.sendThread = sendThread
         lifecycle = StageLifecycle(stage: "CapturePipeline", threadName: "pm-send", scheduling: .normal)
         let packetizer = try Packetizer(format: source.format, encoding: encoding, opusBitrate: opusBitrate)
-        wireFormat = packetizer.wireFormat
-        codecDelayFrames = packetizer.codecDelayFrames
         stage = SendStage(packetizer: packetizer, audience: audience, send: send, tap: tap)
     }
 
-    /// The format of the packets (48 kHz for Opus, else the source's).
-    public let wireFormat: AudioFormat
-    /// The codec's own delay in `wireFormat` frames, besides the packet's length (Opus: resampler + look-ahead).
-    public let codecDelayFrames: Int
 
     deinit {
         stop()

@@ -117,20 +117,30 @@ struct RelayEndToEndTests {
         assertCarries(signal + signal + signal, received: try readWAV(out).samples, final: final, label: "WAV → WAV")
     }
 
-    @Test("--codec opus: a 44.1 kHz tone travels as 48 kHz Opus of about 30 bytes a 2.5 ms packet and plays at 44.1 kHz, clean and without loss")
-    func opusCodec() throws {
+    /// mesh-record `--codec CODEC --input INPUT` → mesh-play `--output` a Float32 WAV for `seconds`, with a fixed
+    /// 20 ms target (these tests are about the wire format, not the adaptive buffer). Checks that mesh-play exited 0;
+    /// returns both processes, the player's final status and the WAV's path.
+    func relayWithCodec(_ codec: String, input: String, seconds: Int) throws
+        -> (host: CLIProcess, player: CLIProcess, final: [String: Any], out: String) {
         let service = Rig.uniqueService()
         let paired = try PairedStates()
-        let out = Rig.tempPath("opus-\(service).wav")
-        let host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "opus-host", "--service", service,
-                                                                    "--input", "tone:440", "--codec", "opus", "--json"])
+        let out = Rig.tempPath("\(codec)-\(service).wav")
+        let host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "\(codec)-host", "--service", service,
+                                                                    "--input", input, "--codec", codec, "--json"])
         let player = try CLIProcess("mesh-play", paired.playerArgs() + ["--find", "--service", service, "--output", out,
-                                                    "--sample-format", "f32", "--duration", "4", "--json", "--latency", "20"])
+                                                    "--sample-format", "f32", "--duration", String(seconds), "--json",
+                                                    "--latency", "20"])
         let code = player.waitForExit(seconds: 20)
         host.kill(SIGINT)
         _ = host.waitForExit(seconds: 5)
         #expect(code == 0, "mesh-play: \(player.stderr)")
         let final = try #require(player.jsonObjects.last { $0["final"] as? Bool == true })
+        return (host, player, final, out)
+    }
+
+    @Test("--codec opus: a 44.1 kHz tone travels as 48 kHz Opus of about 30 bytes a 2.5 ms packet and plays at 44.1 kHz, clean and without loss")
+    func opusCodec() throws {
+        let (host, player, final, out) = try relayWithCodec("opus", input: "tone:440", seconds: 4)
         #expect(final["codec"] as? String == "opus")
         #expect(host.jsonObjects.last?["codec"] as? String == "opus")
         #expect(host.stderr.contains { $0.contains("codec opus 96 kbit/s") })
@@ -161,18 +171,7 @@ struct RelayEndToEndTests {
     @Test("--codec s16: half the bytes on the wire, and every sample within 1.5 LSB of 16 bits of the host's")
     func int16Codec() throws {
         let (signal, input) = try signalFile("input-s16.wav")
-        let service = Rig.uniqueService()
-        let paired = try PairedStates()
-        let out = Rig.tempPath("s16-\(service).wav")
-        let host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "s16-host", "--service", service,
-                                                                    "--input", input, "--codec", "s16", "--json"])
-        let player = try CLIProcess("mesh-play", paired.playerArgs() + ["--find", "--service", service, "--output", out,
-                                                    "--sample-format", "f32", "--duration", "5", "--json", "--latency", "20"])
-        let code = player.waitForExit(seconds: 20)
-        host.kill(SIGINT)
-        _ = host.waitForExit(seconds: 5)
-        #expect(code == 0, "mesh-play: \(player.stderr)")
-        let final = try #require(player.jsonObjects.last { $0["final"] as? Bool == true })
+        let (host, _, final, out) = try relayWithCodec("s16", input: input, seconds: 5)
         #expect(final["codec"] as? String == "s16")
         #expect(host.jsonObjects.last?["codec"] as? String == "s16")
         #expect(host.stderr.contains { $0.contains("codec s16") })

@@ -26,14 +26,11 @@ enum Opus {
         return Int(rc)
     }
 
-    /// Frames (per channel, at 48 kHz) that `packet` decodes to, from its table-of-contents byte and frame count
-    /// (`opus_packet_get_nb_samples`); throws for a packet libopus would refuse to parse.
-    static func frames(in packet: UnsafeRawBufferPointer) throws(OpusError) -> Int {
-        guard let base = packet.baseAddress, !packet.isEmpty, packet.count <= Int(Int32.max) else {
-            throw OpusError(code: OPUS_INVALID_PACKET)
-        }
-        return try check(opus_packet_get_nb_samples(base.assumingMemoryBound(to: UInt8.self), Int32(packet.count),
-                                                    Int32(sampleRate)))
+    /// A time computed in Double as UInt64 nanoseconds, clamped to the type's range (a peer's capture time can be
+    /// anything; so can the arithmetic on it).
+    static func nanos(_ time: Double) -> UInt64 {
+        guard time.isFinite, time > 0 else { return 0 }
+        return time >= 18_446_744_073_709_549_568 ? UInt64.max : UInt64(time)
     }
 }
 

@@ -91,7 +91,7 @@ final class OpusFramer: @unchecked Sendable {  // Owned by one Packetizer, which
                 let sourceFrame = (Double(first) - Double(encoder.lookahead)) * inRate / Double(Opus.sampleRate)
                 let time = anchorTime + (sourceFrame - anchorIndex) * 1e9 / inRate
                 let h = AudioPacketHeader(sequence: sequence, firstFrameIndex: first, frameCount: frameSize, format: wireFormat,
-                                          captureTimeNanos: time > 0 ? UInt64(time) : 0,
+                                          captureTimeNanos: Opus.nanos(time),
                                           hostLatencyFrames: hostLatencyFrames, encoding: .opus)
                 let body = UnsafeMutableRawBufferPointer(rebasing: scratch[AudioPacket.headerSize...])
                 // Our own invariants (a valid encoder, a whole frame, room for the largest packet) make this

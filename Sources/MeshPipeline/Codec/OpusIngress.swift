@@ -144,16 +144,12 @@ final class OpusIngress: @unchecked Sendable {  // The decoder, resampler and tr
         let payload = UnsafeRawBufferPointer(rebasing: datagram[AudioPacket.headerSize...])
         let frames: Int
         do {
-            // The packet must decode to exactly the frames its header claims (a lying header is malformed).
-            guard try Opus.frames(in: payload) == header.frameCount else {
-                result.push = .malformed(.badFrameCount(header.frameCount))
-                return result
-            }
             frames = try decoder.decode(payload, into: decoded, maximumFrames: 2_880)
         } catch {
             result.push = .malformed(.unsupportedFormat)
             return result
         }
+        // The packet must decode to exactly the frames its header claims (a lying header is malformed).
         guard frames == header.frameCount else {
             result.push = .malformed(.badFrameCount(frames))
             return result
@@ -177,12 +173,6 @@ final class OpusIngress: @unchecked Sendable {  // The decoder, resampler and tr
         // Scaled without overflow whatever index a peer sends (only the top of the range wraps).
         let first = header.firstFrameIndex, rate = UInt64(outputRate), wire = UInt64(Opus.sampleRate)
         nextOutputFrame = (first / wire) &* rate &+ (first % wire) * rate / wire
-    }
-
-    /// A time computed in Double as a UInt64 nanosecond count, clamped (a peer's capture time can be anything).
-    private static func nanos(_ time: Double) -> UInt64 {
-        guard time.isFinite, time > 0 else { return 0 }
-        return time >= 18_446_744_073_709_549_568 ? UInt64.max : UInt64(time)
     }
 
     /// Resamples `frames` decoded frames of the packet `header` and stores them in the next ring slot as one packet
@@ -214,7 +204,7 @@ final class OpusIngress: @unchecked Sendable {  // The decoder, resampler and tr
         // capture time follows from the packet's.
         let inputFrame = Double(nextOutputFrame) * Double(Opus.sampleRate) / Double(outputRate)
         let time = Double(header.captureTimeNanos) + (inputFrame - Double(header.firstFrameIndex)) * 1e9 / Double(Opus.sampleRate)
-        h.captureTimeNanos = Self.nanos(time)
+        h.captureTimeNanos = Opus.nanos(time)
         nextOutputFrame &+= UInt64(produced)
         let samples = out
         let r = ring.push(ReceivedPacket(header: h, arrivalNanos: arrivalNanos, concealed: concealed)) { slot throws(AudioPacketError) in

@@ -17,11 +17,6 @@ public struct Packetizer: Sendable {
     /// 440 Hz tone comes out about 34 dB above the coding noise at 96 kbit/s, 27 dB at 64).
     public static let defaultOpusBitrate = 96_000
 
-    /// The format packets of `encoding` carry for captured frames of `format`: Opus runs at 48 kHz.
-    public static func wireFormat(for format: AudioFormat, encoding: SampleEncoding) -> AudioFormat {
-        encoding == .opus ? AudioFormat(sampleRate: Opus.sampleRate, channels: format.channels) : format
-    }
-
     /// The format of the captured frames.
     public let format: AudioFormat
     /// The format of the packets: `format`, or 48 kHz with the same channels for Opus.
