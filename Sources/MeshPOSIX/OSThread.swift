@@ -76,6 +76,9 @@ package final class OSThread: Sendable {
             Unmanaged<Body>.fromOpaque(context).release()
             throw StartError(name: name, code: result)
         }
+        // Named twice: by the thread before its body runs, and here, so the name is also in place for everyone
+        // else when `init` returns (the new thread may not have been scheduled yet).
+        ThreadName.set(tid, osName)
         self.thread = tid
         self.isRealtime = realtime
     }

@@ -8,11 +8,14 @@ import CLinux
 /// Operating-system thread names, so `top -H`, `ps -L` and `perf` show what each thread is.
 package enum ThreadName {
     /// Names the calling thread (`pthread_setname_np`; the kernel keeps 15 bytes).
-    package static func setCurrent(_ name: String) {
+    package static func setCurrent(_ name: String) { set(pthread_self(), name) }
+
+    /// Names `thread`, which may be another thread of this process.
+    package static func set(_ thread: pthread_t, _ name: String) {
         var bytes = Array(name.utf8.prefix(15))
         bytes.append(0)
         bytes.withUnsafeBufferPointer { p in
-            p.withMemoryRebound(to: CChar.self) { _ = pthread_setname_np(pthread_self(), $0.baseAddress!) }
+            p.withMemoryRebound(to: CChar.self) { _ = pthread_setname_np(thread, $0.baseAddress!) }
         }
     }
 
