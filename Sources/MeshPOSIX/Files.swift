@@ -111,3 +111,95 @@ package final class FileLock: Sendable {
 
     deinit { unlock() }
 }
+
+/// A regular file read or written front to back (resource transfers): owned, closed on release.
+package final class SequentialFile: Sendable {
+    /// Where it is.
+    package let path: String
+    private let descriptor: FileDescriptor
+
+    private init(path: String, fd: Int32) {
+        self.path = path
+        descriptor = FileDescriptor(fd)
+    }
+
+    /// Opens `path` for reading; it must be a regular file (not a directory, device or FIFO).
+    package static func openForReading(_ path: String) throws(SyscallError) -> SequentialFile {
+        let fd = try Sys.call("open(\(path))") { open(path, O_RDONLY | O_CLOEXEC) }
+        let file = SequentialFile(path: path, fd: fd)
+        var st = stat()
+        try Sys.call("stat(\(path))") { fstat(fd, &st) }
+        guard st.st_mode & S_IFMT == S_IFREG else { throw SyscallError(call: "open(\(path)) (not a regular file)", code: EINVAL) }
+        return file
+    }
+
+    /// Creates `path`, which must not exist, for writing with mode 0600.
+    package static func create(_ path: String) throws(SyscallError) -> SequentialFile {
+        let fd = try Sys.call("create(\(path))") { open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600) }
+        return SequentialFile(path: path, fd: fd)
+    }
+
+    /// The file's size now.
+    package func size() throws(SyscallError) -> UInt64 {
+        var st = stat()
+        try Sys.call("stat(\(path))") { fstat(descriptor.fd, &st) }
+        return UInt64(st.st_size)
+    }
+
+    /// Reads up to `buffer.count` bytes; 0 means the end of the file.
+    package func read(into buffer: UnsafeMutableRawBufferPointer) throws(SyscallError) -> Int {
+        try Sys.call("read(\(path))") { Glibc.read(descriptor.fd, buffer.baseAddress, buffer.count) }
+    }
+
+    /// Writes all of `bytes`.
+    package func write(_ bytes: UnsafeRawBufferPointer) throws(SyscallError) {
+        var offset = 0
+        while offset < bytes.count {
+            let n = try Sys.call("write(\(path))") { Glibc.write(descriptor.fd, bytes.baseAddress! + offset, bytes.count - offset) }
+            guard n > 0 else { throw SyscallError(call: "write(\(path))", code: EIO) }
+            offset += n
+        }
+    }
+
+    /// Renames `from` to `to` (replacing it), atomically.
+    package static func rename(_ from: String, to: String) throws(SyscallError) {
+        try Sys.call("rename(\(from), \(to))") { Glibc.rename(from, to) }
+    }
+
+    /// Flushes the file to the disk.
+    package func sync() throws(SyscallError) { try Sys.call("fsync(\(path))") { fsync(descriptor.fd) } }
+
+    /// Closes it now (release does the same).
+    package func close() { descriptor.close() }
+}
+
+/// Directories of one's own for files that arrive.
+package enum TemporaryDirectory {
+    /// The system's temporary directory: `$TMPDIR`, else `/tmp`.
+    package static var system: String {
+        if let t = getenv("TMPDIR"), t.pointee != 0 { return String(cString: t) }
+        return "/tmp"
+    }
+
+    /// Creates a new directory with mode 0700 in `parent`, named `prefix` and six random characters (`mkdtemp`).
+    package static func make(in parent: String, prefix: String) throws(SyscallError) -> String {
+        var template = Array("\(parent)/\(prefix)XXXXXX".utf8CString)
+        let made = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }
+        guard made != nil else { throw SyscallError(call: "mkdtemp(\(parent)/\(prefix)…)", code: errno) }
+        return String(cString: template)
+    }
+
+    /// Removes `directory` with the files directly in it (no recursion: it only ever holds files we wrote).
+    package static func remove(_ directory: String) {
+        if let dir = opendir(directory) {
+            while let entry = readdir(dir) {
+                let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                    String(cString: raw.bindMemory(to: CChar.self).baseAddress!)
+                }
+                if name != ".", name != ".." { unlink("\(directory)/\(name)") }
+            }
+            closedir(dir)
+        }
+        rmdir(directory)
+    }
+}

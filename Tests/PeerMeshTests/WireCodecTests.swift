@@ -68,6 +68,14 @@ private let sampleFrames: [ControlFrame] = [
     .data((0..<5000).map { UInt8(truncatingIfNeeded: $0 * 7) }),
     .heartbeat,
     .goodbye,
+    .resource(.start(id: 1, size: 0, name: "a")),
+    .resource(.start(id: .max, size: .max, name: String(repeating: "é", count: 127))),
+    .resource(.chunk(id: 2, bytes: [0])),
+    .resource(.chunk(id: 3, bytes: (0..<ResourceFrame.maximumChunk).map { UInt8(truncatingIfNeeded: $0 * 13) })),
+    .resource(.end(id: 4, sha256: (0..<32).map { UInt8($0) })),
+    .resource(.cancel(id: 5)),
+    .resource(.result(id: 6, .delivered, "")),
+    .resource(.result(id: 7, .storageFailed, "write(/tmp/x): No space left on device")),
 ]
 
 @Suite struct WireCodecTests {
@@ -175,7 +183,7 @@ private let sampleFrames: [ControlFrame] = [
 
     @Test func otherFrameFailures() {
         #expect(decode([]) == .failure(.truncated))
-        for t: UInt8 in [0, 8, 9, 0x80, 0xff] { #expect(decode([t]) == .failure(.unknownType(t))) }
+        for t: UInt8 in [0, 13, 14, 0x80, 0xff] { #expect(decode([t]) == .failure(.unknownType(t))) }
         #expect(decode([6, 0]) == .failure(.trailingBytes))
         #expect(decode([7, 1, 2]) == .failure(.trailingBytes))
         #expect(decode([3, 0, 1] + be64(1) + [0]) == .failure(.trailingBytes))
@@ -188,6 +196,36 @@ private let sampleFrames: [ControlFrame] = [
         #expect(decode([4, 1, 0, 3, 0x61]) == .failure(.truncated))
         #expect(decode([4, 1, 0, 1, 0x61, 0x62]) == .failure(.trailingBytes))
         #expect(decode([5]) == .success(.data([])))
+    }
+
+    @Test func resourceGoldenEncodings() {
+        #expect(ControlFrame.resource(.start(id: 1, size: 2, name: "a")).encoded()
+                == [0, 0, 0, 15, 8, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 1, 0x61])
+        #expect(ControlFrame.resource(.chunk(id: 0x0102_0304, bytes: [9])).encoded() == [0, 0, 0, 6, 9, 1, 2, 3, 4, 9])
+        #expect(ControlFrame.resource(.cancel(id: 2)).encoded() == [0, 0, 0, 5, 11, 0, 0, 0, 2])
+        #expect(ControlFrame.resource(.result(id: 2, .refused, "no")).encoded() == [0, 0, 0, 10, 12, 0, 0, 0, 2, 4, 0, 2, 0x6e, 0x6f])
+    }
+
+    /// A resource name becomes a file name on the receiver: anything but one plain path component is refused.
+    @Test(arguments: [".", "..", "a/b", "/etc", "x\u{0}y", "tab\there", "del\u{7f}", ""])
+    func resourceNamesThatAreNotOnePathComponentDoNotDecode(_ name: String) {
+        let n = Array(name.utf8)
+        let body: [UInt8] = [8, 0, 0, 0, 1] + [UInt8](repeating: 0, count: 8) + [UInt8(n.count)] + n
+        #expect(decode(body) == .failure(.badField("resource name")))
+        #expect(!ResourceName.isValid(name))
+    }
+
+    @Test func resourceFrameFailures() {
+        #expect(decode([9, 0, 0, 0, 1]) == .failure(.badField("resource chunk length")), "an empty chunk")
+        #expect(decode([9, 0, 0, 0, 1] + [UInt8](repeating: 0, count: ResourceFrame.maximumChunk + 1))
+                == .failure(.badField("resource chunk length")))
+        #expect(decode([10, 0, 0, 0, 1] + [UInt8](repeating: 0, count: 31)) == .failure(.truncated))
+        #expect(decode([10, 0, 0, 0, 1] + [UInt8](repeating: 0, count: 33)) == .failure(.trailingBytes))
+        #expect(decode([11, 0, 0]) == .failure(.truncated))
+        #expect(decode([12, 0, 0, 0, 1, 99, 0, 0]) == .failure(.badField("resource outcome")))
+        #expect(decode([12, 0, 0, 0, 1, 0, 0, 2, 0xff, 0xfe]) == .failure(.badField("resource text")))
+        #expect(decode([8, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 3, 0x61]) == .failure(.truncated))
+        #expect(decode([8, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0xc3]) == .failure(.badField("resource name")), "broken UTF-8")
     }
 
     /// Decline text is cut to 1024 bytes on a character boundary, so the frame always decodes.

@@ -152,13 +152,31 @@ enum Sodium {
 
     /// SHA-256 of the concatenation of `parts`.
     static func sha256(_ parts: [[UInt8]]) -> [UInt8] {
-        ready()
-        var state = crypto_hash_sha256_state()
-        crypto_hash_sha256_init(&state)
-        for p in parts { p.withUnsafeBufferPointer { _ = crypto_hash_sha256_update(&state, $0.baseAddress ?? nonEmpty, UInt64($0.count)) } }
-        var out = [UInt8](repeating: 0, count: 32)
-        crypto_hash_sha256_final(&state, &out)
-        return out
+        var hasher = SHA256()
+        for p in parts { p.withUnsafeBytes { hasher.update($0) } }
+        return hasher.finish()
+    }
+
+    /// SHA-256 fed in pieces (a resource is hashed chunk by chunk as it is sent or written).
+    struct SHA256: Sendable {
+        private var state = crypto_hash_sha256_state()
+
+        init() {
+            Sodium.ready()
+            crypto_hash_sha256_init(&state)
+        }
+
+        mutating func update(_ bytes: UnsafeRawBufferPointer) {
+            guard let base = bytes.baseAddress, !bytes.isEmpty else { return }
+            crypto_hash_sha256_update(&state, base.assumingMemoryBound(to: UInt8.self), UInt64(bytes.count))
+        }
+
+        /// The digest (32 bytes). The hasher is spent afterwards.
+        mutating func finish() -> [UInt8] {
+            var out = [UInt8](repeating: 0, count: 32)
+            crypto_hash_sha256_final(&state, &out)
+            return out
+        }
     }
 
     /// SHA-512 of the concatenation of `parts`.

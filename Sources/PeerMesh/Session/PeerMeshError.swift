@@ -24,12 +24,17 @@ public enum PeerMeshError: Error, Equatable, Sendable, CustomStringConvertible {
     case busy(String)
     /// The session was already shut down.
     case sessionClosed
+    /// A resource transfer was cancelled, by this side or the peer (the text says which).
+    case cancelled(String)
+    /// A resource transfer failed: the file could not be read or stored, its hash did not match, or the receiver
+    /// refused it. The text says which.
+    case resource(String)
 
     public var description: String {
         switch self {
         case .invalidDisplayName(let s), .invalidServiceType(let s), .invalidDiscoveryInfo(let s),
              .invalidParameter(let s), .notConnected(let s), .transport(let s), .discovery(let s),
-             .identity(let s), .trust(let s), .busy(let s), .unresolvable(let s):
+             .identity(let s), .trust(let s), .busy(let s), .unresolvable(let s), .cancelled(let s), .resource(let s):
             return s
         case .sessionClosed:
             return "the session has been shut down"

@@ -30,6 +30,14 @@ public protocol SessionDelegate: AnyObject, Sendable {
     /// Until then the peer stays `connecting` (bounded by the invitation's timeout). The default accepts.
     func session(_ session: Session, didReceiveCertificate certificate: PeerCertificate, fromPeer peer: PeerID,
                  certificateHandler: @escaping @Sendable (Bool) -> Void)
+    /// `peer` started sending a resource (`sendResource`); `progress` follows it and can cancel it.
+    func session(_ session: Session, didStartReceivingResourceWithName name: String, fromPeer peer: PeerID,
+                 with progress: ResourceProgress)
+    /// A resource from `peer` ended. On success `localURL` is the received file, its SHA-256 verified: move it
+    /// during this call (as in MC, what is left there is deleted when the call returns). On failure `localURL` is
+    /// nil, nothing of it is left on disk, and `error` says why (`.cancelled`, `.resource`, `.notConnected`).
+    func session(_ session: Session, didFinishReceivingResourceWithName name: String, fromPeer peer: PeerID,
+                 at localURL: URL?, withError error: PeerMeshError?)
 }
 
 /// What an encrypted handshake proved about a peer: the key it holds, and the short authentication string both
@@ -47,6 +55,10 @@ public struct PeerCertificate: Sendable, Equatable {
 
 public extension SessionDelegate {
     func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {}
+    func session(_ session: Session, didStartReceivingResourceWithName name: String, fromPeer peer: PeerID,
+                 with progress: ResourceProgress) {}
+    func session(_ session: Session, didFinishReceivingResourceWithName name: String, fromPeer peer: PeerID,
+                 at localURL: URL?, withError error: PeerMeshError?) {}
     func session(_ session: Session, didReceiveDatagram data: Data, fromPeer peer: PeerID) {}
     func session(_ session: Session, didReceiveDatagramBytes bytes: UnsafeRawBufferPointer, fromPeer peer: PeerID) {
         self.session(session, didReceiveDatagram: Data(bytes), fromPeer: peer)
@@ -109,10 +121,16 @@ public final class Session: Sendable {
         public var maximumPeersPerHost: Int = 4
         /// Most bytes queued towards one peer before `send` refuses with `.busy` (default 8 MiB).
         public var maximumQueuedBytes: Int = 8 << 20
+        /// Where incoming resources are written, each in a new directory of its own with mode 0700 (default `""`:
+        /// `$TMPDIR`, else `/tmp`).
+        public var resourceDirectory: String = ""
+        /// Largest resource accepted from a peer, in bytes (default 64 GiB); a larger one is refused.
+        public var maximumResourceSize: UInt64 = 1 << 36
 
         public init(maximumPeers: Int = 8, peerTimeout: Duration = .seconds(2), heartbeatInterval: Duration? = nil,
                     udpPort: UInt16 = 0, bindHost: String = "", maximumMessageSize: Int = 1 << 20,
-                    maximumPeersPerHost: Int = 4, maximumQueuedBytes: Int = 8 << 20) {
+                    maximumPeersPerHost: Int = 4, maximumQueuedBytes: Int = 8 << 20, resourceDirectory: String = "",
+                    maximumResourceSize: UInt64 = 1 << 36) {
             self.maximumPeers = maximumPeers
             self.peerTimeout = peerTimeout
             self.heartbeatInterval = heartbeatInterval
@@ -121,6 +139,8 @@ public final class Session: Sendable {
             self.maximumMessageSize = maximumMessageSize
             self.maximumPeersPerHost = maximumPeersPerHost
             self.maximumQueuedBytes = maximumQueuedBytes
+            self.resourceDirectory = resourceDirectory
+            self.maximumResourceSize = maximumResourceSize
         }
     }
 
@@ -241,6 +261,25 @@ public final class Session: Sendable {
             throw .invalidParameter("send: \(bytes.count) bytes exceeds maximumDatagramSize (\(Session.maximumDatagramSize)) for unreliable mode")
         }
         try core.sendDatagram(bytes, to: peers)
+    }
+
+    /// Sends the file at `url` to `peer` as a resource named `name`, as MC's
+    /// `sendResource(at:withName:toPeer:withCompletionHandler:)`. It goes in 64 KiB chunks over the peer's reliable
+    /// connection, taking turns with messages, and is hashed (SHA-256) on both sides; the peer gets it only whole
+    /// and verified.
+    ///
+    /// - Parameters:
+    ///   - name: what the peer's app sees, and its file name there: one path component of 1–255 bytes.
+    ///   - completion: called once on the session's I/O thread: nil when the peer has the verified file, else why
+    ///     not (`.cancelled`, `.resource`, `.notConnected`).
+    /// - Returns: the transfer's progress, which also cancels it.
+    /// - Throws: `invalidParameter` for a bad name or a URL that is not a file URL, `notConnected`, or `resource`
+    ///   when the file cannot be opened; then nothing was sent.
+    @discardableResult
+    public func sendResource(at url: URL, withName name: String, toPeer peer: PeerID,
+                             withCompletionHandler completion: (@Sendable (PeerMeshError?) -> Void)? = nil) throws(PeerMeshError) -> ResourceProgress {
+        guard url.isFileURL else { throw .invalidParameter("sendResource: \(url) is not a file URL") }
+        return try core.sendResource(at: url.path, name: name, to: peer, completion: completion)
     }
 
     /// Invites the advertiser at `endpoint` without discovery (`--connect host:port`). The peer is learned from

@@ -97,6 +97,9 @@ final class SessionCore: Sendable {
         var udpRegistration: EventLoop.Registration?
         var timer = DeadlineTimer()
         var nextPing: Nanos = 0
+        var resources: ResourceStateMachine
+        var outgoingResources: [ResourceKey: OutgoingResource] = [:]
+        var incomingResources: [ResourceKey: IncomingResource] = [:]
     }
 
     let peer: PeerID
@@ -114,7 +117,9 @@ final class SessionCore: Sendable {
     let counters = SessionCounters()
     let delegate = Mutex(WeakDelegate(nil))
     let owner = Mutex(WeakSession(nil))
-    private let io: LoopBound<IO>
+    let io: LoopBound<IO>
+    /// Where incoming resources are written (each in a directory of its own).
+    let resourceDirectory: String
     /// Connected peers' send routes (a peer with two links uses its oldest).
     private let sendTable = Mutex<[PeerID: SendRoute]>([:])
 
@@ -124,6 +129,7 @@ final class SessionCore: Sendable {
         maximumMessageSize = c.maximumMessageSize
         maximumPeersPerHost = c.maximumPeersPerHost
         maximumQueuedBytes = c.maximumQueuedBytes
+        resourceDirectory = c.resourceDirectory.isEmpty ? TemporaryDirectory.system : c.resourceDirectory
         Sys.raiseFileLimit()
         let timeout = c.peerTimeout.nanoseconds
         var beat = timeout / 4
@@ -146,13 +152,15 @@ final class SessionCore: Sendable {
         let machine = SessionStateMachine(configuration: .init(localPeer: peer, maximumPeers: c.maximumPeers,
                                                                peerTimeout: timeout, heartbeatInterval: beat))
         shared = Mutex(Shared(machine: machine))
-        io = LoopBound(IO(), loop: loop)
+        var limits = ResourceStateMachine.Limits()
+        limits.maximumSize = c.maximumResourceSize
+        io = LoopBound(IO(resources: ResourceStateMachine(limits: limits)), loop: loop)
     }
 
     /// The security layer's settings for a link of this session.
     func channelConfiguration(_ role: SecureChannel.Role) -> SecureChannel.Configuration {
         SecureChannel.Configuration(role: role, preference: preference, localPeer: peer,
-                                    maximumFrameLength: maximumMessageSize + 1)
+                                    maximumFrameLength: max(maximumMessageSize + 1, ResourceFrame.maximumFrameLength))
     }
 
     /// Starts reading the UDP socket.
@@ -233,7 +241,7 @@ final class SessionCore: Sendable {
         if sameHost >= maximumPeersPerHost {
             return decline(.peerLimit, "too many peers from \(connection.remote?.host ?? "one address") (at most \(maximumPeersPerHost))")
         }
-        connection.setMaximumFrameLength(maximumMessageSize + 1)
+        connection.setMaximumFrameLength(max(maximumMessageSize + 1, ResourceFrame.maximumFrameLength))
         guard connection.isEncrypted, let key = peer.publicKey else {
             return admit(connection, from: peer, invite: invite, listenerPort: listenerPort)
         }
@@ -318,7 +326,7 @@ final class SessionCore: Sendable {
     }
 
     /// The peer on `link` broke the protocol: count it, say so, close the link.
-    private func faulted(_ link: LinkID, _ fault: PeerFault) {
+    func faulted(_ link: LinkID, _ fault: PeerFault) {
         SessionCounters.bump(counters.peerFaults)
         io.value.failureDetail[link] = fault.description
         let actions = shared.withLock { $0.machine.linkClosed(link) }
@@ -376,7 +384,7 @@ final class SessionCore: Sendable {
     /// Bytes not yet written, by link, for `send`'s backpressure (refreshed by the loop after each write).
     private let queuedBytes = Mutex<[LinkID: Int]>([:])
 
-    private func noteQueue(_ link: LinkID) {
+    func noteQueue(_ link: LinkID) {
         let n = io.value.connections[link]?.queuedBytes ?? 0
         queuedBytes.withLock { if n == 0 { $0[link] = nil } else { $0[link] = n } }
     }
@@ -441,6 +449,7 @@ final class SessionCore: Sendable {
     private func ended(_ link: LinkID, _ why: ConnectionEnd) {
         io.value.connections[link] = nil
         queuedBytes.withLock { $0[link] = nil }
+        performResources(io.value.resources.linkClosed(link))
         switch why {
         case .closedByPeer: break
         case .failed(let text):
@@ -486,6 +495,7 @@ final class SessionCore: Sendable {
                 io.value.localTokens[l] = nil
                 io.value.expectedKeys[l] = nil
                 queuedBytes.withLock { $0[l] = nil }
+                performResources(io.value.resources.linkClosed(l))
             case .linkUp(let l, let p, let port, let token):
                 guard let c = io.value.connections[l], let local = io.value.localTokens[l],
                       var remote = c.socket.peerAddress() ?? c.remote else { continue }
@@ -502,6 +512,8 @@ final class SessionCore: Sendable {
                 // The inviter learns last that the link is up: it pings at once, so the far side latches its
                 // address and both measure the RTT early. (An invitee's ping could outrun its ACCEPT.)
                 if c.isOutgoing { sendPing(to: remote, token: token, counters: lc, key: c.datagramKeys?.send, now: now) }
+            case .resource(let l, let p, let frame):
+                performResources(io.value.resources.received(frame, on: l, from: p))
             case .linkDown(let l):
                 io.value.router.routeDown(link: l)
                 io.value.counters[l] = nil

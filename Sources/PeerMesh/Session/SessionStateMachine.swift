@@ -30,6 +30,8 @@ struct SessionStateMachine: Sendable {
         case invitationFailed(LinkID, PeerID?, DeclineReason)
         /// The peer on `link` broke the protocol (its link is closed by the actions that follow): count it.
         case fault(LinkID, PeerFault)
+        /// A resource-transfer frame from `peer` on `link`, for the resource machine.
+        case resource(LinkID, PeerID, ResourceFrame)
     }
 
     /// Timing and limits.
@@ -169,6 +171,9 @@ struct SessionStateMachine: Sendable {
         case (.connected(let peer, _, let next), .data(let bytes)):
             links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
             return [.deliver(peer, bytes)]
+        case (.connected(let peer, _, let next), .resource(let r)):
+            links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
+            return [.resource(link, peer, r)]
         case (.connected(let peer, _, let next), .heartbeat):
             links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
             return []

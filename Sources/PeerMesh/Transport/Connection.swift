@@ -38,6 +38,14 @@ final class Connection {
     private var paused = false
     /// Called once, when the first bytes arrive (the advertiser tells idle connections from live ones).
     var onFirstBytes: (() -> Void)?
+    /// Called when the socket is writable and fewer than `sendSpaceMark` bytes are queued, while set: resource
+    /// transfers top the queue up from it. While it is set the connection watches for writability even with an
+    /// empty queue, so a queue drained by any write (a heartbeat's, a message's) still leads here.
+    var onSendSpace: (() -> Void)? {
+        didSet { if (oldValue == nil) != (onSendSpace == nil) { updateInterest() } }
+    }
+    /// See `onSendSpace`.
+    static let sendSpaceMark = 128 << 10
     private var onFrame: (ControlFrame) -> Void = { _ in }
     private var onApproval: (PeerID) -> Void = { _ in }
     private var onEnd: (ConnectionEnd) -> Void = { _ in }
@@ -129,7 +137,7 @@ final class Connection {
 
     private var interest: EventLoop.Readiness {
         var r: EventLoop.Readiness = paused ? [] : [.readable]
-        if !connected || sent < outbound.count { r.insert(.writable) }
+        if !connected || sent < outbound.count || onSendSpace != nil { r.insert(.writable) }
         return r
     }
 
@@ -151,6 +159,10 @@ final class Connection {
         if ready.contains(.writable) || sent < outbound.count {
             flush()
             if ended { return }
+            if let more = onSendSpace, queuedBytes < Self.sendSpaceMark {
+                more()
+                if ended { return }
+            }
         }
         if !paused, ready.contains(.readable) || ready.contains(.failed) { read() }
         if !ended { updateInterest() }

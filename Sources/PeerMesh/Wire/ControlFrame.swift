@@ -60,6 +60,8 @@ enum ControlFrame: Equatable, Sendable {
     case heartbeat
     /// Clean departure; the peer is `notConnected` at once.
     case goodbye
+    /// A resource transfer's frame (`Session.sendResource`).
+    case resource(ResourceFrame)
 
     struct InviteBody: Equatable, Sendable {
         var context: [UInt8]
@@ -70,6 +72,7 @@ enum ControlFrame: Equatable, Sendable {
 
     enum Kind: UInt8 {
         case hello = 1, invite = 2, accept = 3, decline = 4, data = 5, heartbeat = 6, goodbye = 7
+        case resourceStart = 8, resourceChunk = 9, resourceEnd = 10, resourceCancel = 11, resourceResult = 12
     }
 
     /// The frame's name, for diagnostics.
@@ -82,6 +85,7 @@ enum ControlFrame: Equatable, Sendable {
         case .data: "DATA"
         case .heartbeat: "HEARTBEAT"
         case .goodbye: "GOODBYE"
+        case .resource(let r): r.name
         }
     }
 
@@ -123,13 +127,8 @@ enum ControlFrame: Equatable, Sendable {
         case .decline(let reason, let text):
             w.u8(Kind.decline.rawValue)
             w.u8(reason.rawValue)
-            var t = Array(text.utf8.prefix(Self.maximumDeclineText + 1))
-            if t.count > Self.maximumDeclineText {
-                // Cut on a character boundary: a split UTF-8 sequence would make the frame undecodable.
-                var cut = Self.maximumDeclineText
-                while cut > 0, t[cut] & 0xc0 == 0x80 { cut -= 1 }
-                t.removeSubrange(cut...)
-            }
+            // Cut on a character boundary: a split UTF-8 sequence would make the frame undecodable.
+            let t = Array(text.utf8.prefix(Self.maximumDeclineText)).cutToCharacterBoundary()
             w.u16(UInt16(t.count))
             w.raw(t)
         case .data(let payload):
@@ -139,6 +138,8 @@ enum ControlFrame: Equatable, Sendable {
             w.u8(Kind.heartbeat.rawValue)
         case .goodbye:
             w.u8(Kind.goodbye.rawValue)
+        case .resource(let r):
+            r.encode(into: &w)
         }
         var out = w.bytes
         let length = UInt32(out.count - 4)
@@ -205,6 +206,11 @@ enum ControlFrame: Equatable, Sendable {
             frame = .heartbeat
         case .goodbye:
             frame = .goodbye
+        case .resourceStart, .resourceChunk, .resourceEnd, .resourceCancel, .resourceResult:
+            switch ResourceFrame.decode(kind, &r) {
+            case .success(let f): frame = .resource(f)
+            case .failure(let e): return .failure(e)
+            }
         }
         guard r.remaining == 0 else { return .failure(.trailingBytes) }
         return .success(frame)

@@ -18,9 +18,13 @@ package enum FuzzEntryPoints {
     }
 
     /// Control and data frames from a TCP stream: the frame assembler, then each frame's decoder. Every frame
-    /// that decodes must encode back to itself.
+    /// that decodes must encode back to itself. Resource frames also drive a receiver's resource machine, whose
+    /// transfers in flight must stay within its limits whatever the peer sends.
     package static func controlFrames(_ input: [UInt8]) {
         var assembler = FrameAssembler(maximumFrameLength: 4_096)
+        var resources = ResourceStateMachine()
+        let bound = resources.limits.maximumIncomingPerLink + resources.limits.maximumDiscardingPerLink
+        var faulted = false
         for piece in chunks(input) {
             piece.withUnsafeBytes { assembler.append($0) }
             while let result = assembler.next() {
@@ -30,6 +34,16 @@ package enum FuzzEntryPoints {
                 again.withUnsafeBytes { check.append($0) }
                 guard case .success(let same)? = check.next(), same == frame else {
                     preconditionFailure("a decoded frame does not re-encode to itself: \(frame)")
+                }
+                if case .resource(let r) = frame, !faulted {
+                    for action in resources.received(r, on: 1, from: fixtures.initiator) {
+                        switch action {
+                        case .fault: faulted = true
+                        case .verify(let key, _): _ = resources.verified(key, outcome: .delivered, text: "")
+                        default: break
+                        }
+                    }
+                    precondition(resources.counts.incoming <= bound, "a peer grew the resource table past its limits")
                 }
             }
         }
@@ -133,6 +147,9 @@ package enum FuzzEntryPoints {
             .invite(.init(context: Array("PMPAIR1".utf8), timeoutMillis: 5_000, udpPort: 7_000, token: 42)),
             .accept(udpPort: 7_001, token: 43), .decline(.notTrusted, "not paired"), .data(Array("hello".utf8)),
             .heartbeat, .goodbye,
+            .resource(.start(id: 1, size: 5, name: "a.wav")), .resource(.chunk(id: 1, bytes: [1, 2, 3, 4, 5])),
+            .resource(.end(id: 1, sha256: Sodium.sha256([[1, 2, 3, 4, 5]]))), .resource(.cancel(id: 2)),
+            .resource(.result(id: 3, .refused, "too many")),
         ]
         let stream = frames.flatMap { $0.encoded() }
         // A handshake's first messages, as an initiator writes them.

@@ -14,7 +14,16 @@ final class MeshEventLog: SessionDelegate, NearbyServiceAdvertiserDelegate, Near
         var lost: [PeerID] = []
         var invitations: [(PeerID, Data?)] = []
         var eventThreads: Set<UInt> = []
+        /// Resources a peer started sending us, in order, with their progress.
+        var resourcesStarted: [(PeerID, String, ResourceProgress)] = []
+        /// Resources that ended: the path the file was moved to (nil on failure) and the error.
+        var resourcesFinished: [(PeerID, String, String?, PeerMeshError?)] = []
+        /// Everything in the order it happened, for tests of interleaving ("msg", "resource").
+        var order: [String] = []
     }
+
+    /// Where received resources are moved during the delegate call (nil: left to be deleted).
+    let keepResourcesIn = Mutex<String?>(nil)
 
     let state = Mutex(Snapshot())
     /// How to answer invitations: the session to join, or nil to decline.
@@ -26,7 +35,20 @@ final class MeshEventLog: SessionDelegate, NearbyServiceAdvertiserDelegate, Near
         state.withLock { $0.states.append((peer, s)); $0.eventThreads.insert(UInt(pthread_self())) }
     }
     func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {
-        state.withLock { $0.reliable.append((peer, data)) }
+        state.withLock { $0.reliable.append((peer, data)); $0.order.append("msg") }
+    }
+    func session(_ session: Session, didStartReceivingResourceWithName name: String, fromPeer peer: PeerID,
+                 with progress: ResourceProgress) {
+        state.withLock { $0.resourcesStarted.append((peer, name, progress)) }
+    }
+    func session(_ session: Session, didFinishReceivingResourceWithName name: String, fromPeer peer: PeerID,
+                 at localURL: URL?, withError error: PeerMeshError?) {
+        var kept: String?
+        if let localURL, let dir = keepResourcesIn.withLock({ $0 }) {
+            let target = "\(dir)/\(name)"
+            if (try? FileManager.default.moveItem(atPath: localURL.path, toPath: target)) != nil { kept = target }
+        }
+        state.withLock { $0.resourcesFinished.append((peer, name, kept, error)); $0.order.append("resource") }
     }
     func session(_ session: Session, didReceiveDatagram data: Data, fromPeer peer: PeerID) {
         state.withLock { $0.datagrams.append((peer, data)) }

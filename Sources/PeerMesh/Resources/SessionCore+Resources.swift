@@ -1,0 +1,247 @@
+import FoundationEssentials
+import MeshPOSIX
+import Synchronization
+
+/// An outgoing transfer's file and hash (loop thread only).
+final class OutgoingResource {
+    let file: SequentialFile
+    var hasher = Sodium.SHA256()
+    let progress: ResourceProgress
+    let completion: (@Sendable (PeerMeshError?) -> Void)?
+
+    init(file: SequentialFile, progress: ResourceProgress, completion: (@Sendable (PeerMeshError?) -> Void)?) {
+        self.file = file
+        self.progress = progress
+        self.completion = completion
+    }
+}
+
+/// An incoming transfer's partial file, in a directory of its own (mode 0700), and its hash (loop thread only).
+final class IncomingResource {
+    let name: String
+    let peer: PeerID
+    let directory: String
+    let file: SequentialFile
+    var hasher = Sodium.SHA256()
+    let progress: ResourceProgress
+
+    /// Where the bytes go until the hash is verified.
+    var partialPath: String { file.path }
+    /// Where the verified file is handed to the app.
+    var finalPath: String { "\(directory)/\(name)" }
+
+    init(name: String, peer: PeerID, directory: String, file: SequentialFile, progress: ResourceProgress) {
+        self.name = name
+        self.peer = peer
+        self.directory = directory
+        self.file = file
+        self.progress = progress
+    }
+}
+
+/// Resource transfers: the driver of `ResourceStateMachine`. Files are read and written on the loop thread, one
+/// chunk (≤ 64 KiB) at a time, and a link's queue is kept under `highWater` so other messages never wait long.
+extension SessionCore {
+    /// A link's outbound queue is topped up with chunks to this many bytes, no more.
+    static let resourceHighWater = 256 << 10
+
+    // MARK: Commands from the app (any thread)
+
+    func sendResource(at path: String, name: String, to peer: PeerID,
+                      completion: (@Sendable (PeerMeshError?) -> Void)?) throws(PeerMeshError) -> ResourceProgress {
+        guard ResourceName.isValid(name) else {
+            throw .invalidParameter("sendResource: the name must be 1–255 bytes of one path component (no '/', no control characters)")
+        }
+        guard let link = shared.withLock({ $0.machine.primaryLink(for: peer) }) else {
+            throw .notConnected("sendResource: peer \(peer) is not connected; nothing was sent")
+        }
+        let file: SequentialFile
+        let size: UInt64
+        do {
+            file = try SequentialFile.openForReading(path)
+            size = try file.size()
+        } catch {
+            throw .resource("sendResource: cannot read \(path): \(error.description)")
+        }
+        let key = Mutex<ResourceKey?>(nil)
+        let progress = ResourceProgress(totalUnitCount: Int64(size)) { [weak self] in
+            guard let self else { return }
+            loop.execute { [self] in
+                guard let k = key.withLock({ $0 }) else { return }
+                performResources(io.value.resources.cancelOutgoing(k, error: .cancelled("the resource transfer was cancelled")))
+            }
+        }
+        loop.execute { [self] in
+            guard io.value.connections[link] != nil else {
+                let error = PeerMeshError.notConnected("the connection closed before the resource was sent")
+                progress.finish(error)
+                completion?(error)
+                return
+            }
+            let (k, actions) = io.value.resources.begin(on: link, size: size, name: name)
+            key.withLock { $0 = k }
+            io.value.outgoingResources[k] = OutgoingResource(file: file, progress: progress, completion: completion)
+            performResources(actions)
+        }
+        return progress
+    }
+
+    // MARK: Loop
+
+    /// Carries out the resource machine's actions, in order. Loop thread only; no lock is held.
+    func performResources(_ actions: [ResourceStateMachine.Action]) {
+        for action in actions {
+            switch action {
+            case .send(let link, let frame):
+                io.value.connections[link]?.send(.resource(frame))
+                noteQueue(link)
+            case .pump(let link): pumpResources(on: link)
+            case .sendEnd(let key): sendEnd(key)
+            case .complete(let key, let error): completeOutgoing(key, error)
+            case .open(let key, let peer, let name, let size): openIncoming(key, from: peer, name: name, size: size)
+            case .write(let key, let bytes): writeIncoming(key, bytes)
+            case .verify(let key, let hash): verifyIncoming(key, hash)
+            case .deliver(let key): deliverIncoming(key)
+            case .discard(let key, let error): discardIncoming(key, error)
+            case .fault(let link, let fault): faulted(link, fault)
+            }
+        }
+    }
+
+    private func sendEnd(_ key: ResourceKey) {
+        guard let out = io.value.outgoingResources[key] else { return }
+        let hash = out.hasher.finish()
+        io.value.connections[key.link]?.send(.resource(.end(id: key.id, sha256: hash)))
+    }
+
+    private func completeOutgoing(_ key: ResourceKey, _ error: PeerMeshError?) {
+        guard let out = io.value.outgoingResources.removeValue(forKey: key) else { return }
+        out.file.close()
+        out.progress.finish(error)
+        out.completion?(error)
+    }
+
+    private func writeIncoming(_ key: ResourceKey, _ bytes: [UInt8]) {
+        guard let incoming = io.value.incomingResources[key] else { return }
+        let failure: SyscallError? = bytes.withUnsafeBytes { raw -> SyscallError? in
+            do throws(SyscallError) {
+                try incoming.file.write(raw)
+            } catch {
+                return error
+            }
+            incoming.hasher.update(raw)
+            return nil
+        }
+        if let failure {
+            return performResources(io.value.resources.cancelIncoming(key, outcome: .storageFailed, text: failure.description))
+        }
+        incoming.progress.advance(by: bytes.count)
+    }
+
+    /// Compares the hashes and, when they match, moves the file into place; then tells the machine.
+    private func verifyIncoming(_ key: ResourceKey, _ hash: [UInt8]) {
+        guard let incoming = io.value.incomingResources[key] else { return }
+        var outcome = ResourceOutcome.delivered
+        var text = ""
+        if incoming.hasher.finish() != hash {
+            outcome = .hashMismatch
+        } else {
+            incoming.file.close()
+            do {
+                try SequentialFile.rename(incoming.partialPath, to: incoming.finalPath)
+            } catch {
+                outcome = .storageFailed
+                text = error.description
+            }
+        }
+        performResources(io.value.resources.verified(key, outcome: outcome, text: text))
+    }
+
+    private func deliverIncoming(_ key: ResourceKey) {
+        guard let incoming = io.value.incomingResources.removeValue(forKey: key) else { return }
+        incoming.progress.finish(nil)
+        if let s = owner.withLock({ $0.value }), let d = delegate.withLock({ $0.value }) {
+            d.session(s, didFinishReceivingResourceWithName: incoming.name, fromPeer: incoming.peer,
+                      at: URL(fileURLWithPath: incoming.finalPath), withError: nil)
+        }
+        // As in MC the file is the delegate's to move during the call; what is left is removed.
+        TemporaryDirectory.remove(incoming.directory)
+    }
+
+    private func discardIncoming(_ key: ResourceKey, _ error: PeerMeshError) {
+        guard let incoming = io.value.incomingResources.removeValue(forKey: key) else { return }
+        incoming.file.close()
+        TemporaryDirectory.remove(incoming.directory)
+        incoming.progress.finish(error)
+        if let s = owner.withLock({ $0.value }), let d = delegate.withLock({ $0.value }) {
+            d.session(s, didFinishReceivingResourceWithName: incoming.name, fromPeer: incoming.peer, at: nil, withError: error)
+        }
+    }
+
+    /// A peer starts a transfer: a directory of its own with the partial file, then the app hears of it.
+    private func openIncoming(_ key: ResourceKey, from peer: PeerID, name: String, size: UInt64) {
+        let incoming: IncomingResource
+        do {
+            let directory = try TemporaryDirectory.make(in: resourceDirectory, prefix: "peermesh-resource-")
+            do {
+                let file = try SequentialFile.create("\(directory)/.partial")
+                let progress = ResourceProgress(totalUnitCount: Int64(size)) { [weak self] in
+                    guard let self else { return }
+                    loop.execute { [self] in
+                        performResources(io.value.resources.cancelIncoming(key, outcome: .cancelled, text: ""))
+                    }
+                }
+                incoming = IncomingResource(name: name, peer: peer, directory: directory, file: file, progress: progress)
+            } catch {
+                TemporaryDirectory.remove(directory)
+                throw error
+            }
+        } catch {
+            // No file, no delegate call: the sender hears why.
+            let actions = io.value.resources.cancelIncoming(key, outcome: .storageFailed, text: String(describing: error))
+            return performResources(actions.filter { if case .discard = $0 { false } else { true } })
+        }
+        io.value.incomingResources[key] = incoming
+        if let s = owner.withLock({ $0.value }), let d = delegate.withLock({ $0.value }) {
+            d.session(s, didStartReceivingResourceWithName: name, fromPeer: peer, with: incoming.progress)
+        }
+    }
+
+    /// Tops `link`'s queue up with chunks of its outgoing transfers, taking turns, up to the high-water mark.
+    func pumpResources(on link: LinkID) {
+        guard let connection = io.value.connections[link] else { return }
+        var keys = io.value.resources.sending(on: link)
+        while !keys.isEmpty, connection.queuedBytes < Self.resourceHighWater {
+            for key in keys {
+                guard let out = io.value.outgoingResources[key], let remaining = io.value.resources.remaining(key) else { continue }
+                let want = Int(min(remaining, UInt64(ResourceFrame.maximumChunk)))
+                var chunk = [UInt8](repeating: 0, count: want)
+                var got = 0
+                do {
+                    while got < want {
+                        let n = try chunk.withUnsafeMutableBytes { (raw) throws(SyscallError) in
+                            try out.file.read(into: UnsafeMutableRawBufferPointer(rebasing: raw[got...]))
+                        }
+                        guard n > 0 else { break }
+                        got += n
+                    }
+                } catch {
+                    performResources(io.value.resources.cancelOutgoing(key, error: .resource("reading \(out.file.path): \(String(describing: error))")))
+                    continue
+                }
+                guard got == want else {
+                    performResources(io.value.resources.cancelOutgoing(key, error: .resource("\(out.file.path) shrank while it was being sent")))
+                    continue
+                }
+                chunk.withUnsafeBytes { out.hasher.update($0) }
+                connection.send(.resource(.chunk(id: key.id, bytes: chunk)))
+                out.progress.advance(by: want)
+                performResources(io.value.resources.sent(want, of: key))
+            }
+            keys = io.value.resources.sending(on: link)
+        }
+        // Written on, the connection asks for more when its queue drains; with nothing left to send it stops asking.
+        connection.onSendSpace = keys.isEmpty ? nil : { [unowned self] in pumpResources(on: link) }
+        noteQueue(link)
+    }
+}

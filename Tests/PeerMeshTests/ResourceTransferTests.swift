@@ -1,0 +1,229 @@
+import Foundation
+import Testing
+import Synchronization
+import MeshPOSIX
+import MeshTestSupport
+@testable import PeerMesh
+
+/// A directory of this test's own, removed at the end.
+private final class Scratch {
+    let path: String
+    init(_ tag: String) throws {
+        path = try TemporaryDirectory.make(in: TemporaryDirectory.system, prefix: "pm-res-\(tag)-")
+    }
+    /// What is in `sub` (default: the directory itself).
+    func contents(_ sub: String? = nil) -> [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: sub.map { "\(path)/\($0)" } ?? path)) ?? []).sorted()
+    }
+    deinit { try? FileManager.default.removeItem(atPath: path) }
+}
+
+/// `count` seeded pseudo-random bytes written to `path`.
+@discardableResult
+private func writeRandomFile(_ path: String, count: Int, seed: UInt64) throws -> [UInt8] {
+    var rng = SeededRandom(seed: seed)
+    var bytes = [UInt8](repeating: 0, count: count)
+    bytes.withUnsafeMutableBytes { raw in
+        let words = raw.bindMemory(to: UInt64.self)
+        for i in words.indices { words[i] = rng.next() }
+    }
+    try Data(bytes).write(to: URL(fileURLWithPath: path))
+    return bytes
+}
+
+/// What a completion handler was called with, and how often.
+private final class Completion: Sendable {
+    let calls = Mutex<[PeerMeshError?]>([])
+    var handler: @Sendable (PeerMeshError?) -> Void { { e in self.calls.withLock { $0.append(e) } } }
+    /// The one call's error (`.some(nil)`: success), or `.none` until exactly one call was made.
+    var only: PeerMeshError?? { calls.withLock { c -> PeerMeshError?? in c.count == 1 ? .some(c[0]) : .none } }
+}
+
+@Suite("Resources over real sockets on 127.0.0.1, encrypted", .serialized)
+struct ResourceTransferTests {
+    /// A pair whose host writes incoming resources under `scratch/inbox` and keeps them in `scratch/kept`.
+    private func pair(_ scratch: Scratch) throws -> Pair {
+        try FileManager.default.createDirectory(atPath: "\(scratch.path)/inbox", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: "\(scratch.path)/kept", withIntermediateDirectories: true)
+        var config = Session.Configuration()
+        config.resourceDirectory = "\(scratch.path)/inbox"
+        let pair = try Pair(hostConfig: config)
+        pair.hostLog.keepResourcesIn.withLock { $0 = "\(scratch.path)/kept" }
+        #expect(pair.host.isEncrypted(pair.guestPeer))
+        return pair
+    }
+
+    @Test("A 24 MB file arrives with an equal SHA-256 while messages on the same link keep arriving")
+    func aResourceArrivesWholeWhileMessagesFlow() throws {
+        let scratch = try Scratch("whole")
+        let pair = try pair(scratch)
+        let size = 24 << 20
+        let bytes = try writeRandomFile("\(scratch.path)/song.raw", count: size, seed: 42)
+        let done = Completion()
+        let progress = try pair.guest.sendResource(at: URL(fileURLWithPath: "\(scratch.path)/song.raw"), withName: "song.raw",
+                                                   toPeer: pair.hostPeer, withCompletionHandler: done.handler)
+        #expect(progress.totalUnitCount == Int64(size))
+        // Messages sent after the transfer started do not wait for it: each one lands before the resource does.
+        for i in 0..<50 { try pair.guest.send(Data("line \(i)".utf8), toPeers: [pair.hostPeer], with: .reliable) }
+        #expect(pair.hostLog.wait(30) { $0.resourcesFinished.count == 1 })
+        #expect(eventually(5) { done.only != nil })
+
+        let log = pair.hostLog.snapshot
+        #expect(log.reliable.map { String(decoding: $0.1, as: UTF8.self) } == (0..<50).map { "line \($0)" })
+        #expect(log.order.firstIndex(of: "resource") == 50, "all 50 messages arrived before the 24 MB resource: \(log.order.count)")
+        #expect(log.resourcesStarted.count == 1 && log.resourcesStarted.first?.1 == "song.raw")
+        #expect(log.resourcesStarted.first?.2.totalUnitCount == Int64(size))
+        let finished = try #require(log.resourcesFinished.first)
+        #expect(finished.0 == pair.guestPeer && finished.1 == "song.raw" && finished.3 == nil)
+        let received = try Data(contentsOf: URL(fileURLWithPath: try #require(finished.2)))
+        #expect(Sodium.sha256([Array(received)]) == Sodium.sha256([bytes]))
+        #expect(received.count == size && Array(received) == bytes)
+
+        #expect(done.only == .some(nil), "the sender is told the peer has it")
+        #expect(progress.isFinished && !progress.isCancelled && progress.fractionCompleted == 1 && progress.error == nil)
+        #expect(log.resourcesStarted.first?.2.completedUnitCount == Int64(size))
+        #expect(scratch.contents("inbox").isEmpty, "nothing left behind in the inbox")
+        #expect(pair.host.statistics.peerFaults == 0)
+    }
+
+    enum Canceller: String, CaseIterable { case sender, receiver, disconnect }
+
+    @Test("Cancelling midway, from either side or by leaving, leaves no partial file and tells both apps", arguments: Canceller.allCases)
+    func cancellingMidwayLeavesNothing(_ who: Canceller) throws {
+        let scratch = try Scratch("cancel-\(who)")
+        let pair = try pair(scratch)
+        try writeRandomFile("\(scratch.path)/big.raw", count: 48 << 20, seed: 7)
+        let done = Completion()
+        let cutAt: Int64 = 2 << 20
+        let progress = try pair.guest.sendResource(at: URL(fileURLWithPath: "\(scratch.path)/big.raw"), withName: "big.raw",
+                                                   toPeer: pair.hostPeer, withCompletionHandler: done.handler)
+        switch who {
+        case .sender:
+            progress.setUpdateHandler { p in if p.completedUnitCount >= cutAt { p.cancel() } }
+        case .receiver:
+            #expect(pair.hostLog.wait(10) { !$0.resourcesStarted.isEmpty })
+            pair.hostLog.snapshot.resourcesStarted.first?.2.setUpdateHandler { p in if p.completedUnitCount >= cutAt { p.cancel() } }
+        case .disconnect:
+            let guest = pair.guest
+            progress.setUpdateHandler { p in if p.completedUnitCount >= cutAt { guest.disconnect() } }
+        }
+        #expect(pair.hostLog.wait(30) { $0.resourcesFinished.count == 1 })
+        #expect(eventually(10) { done.only != nil })
+
+        let finished = try #require(pair.hostLog.snapshot.resourcesFinished.first)
+        #expect(finished.2 == nil, "no file handed over")
+        switch (who, finished.3, done.only) {
+        case (.sender, .cancelled?, .some(.cancelled?)), (.receiver, .cancelled?, .some(.cancelled?)),
+             (.disconnect, .notConnected?, .some(.notConnected?)):
+            break
+        default:
+            Issue.record("\(who): receiver saw \(String(describing: finished.3)), sender \(String(describing: done.only))")
+        }
+        #expect(progress.isFinished && progress.fractionCompleted < 1)
+        #expect(eventually(5) { scratch.contents("inbox").isEmpty }, "no partial file: \(scratch.contents("inbox"))")
+        #expect(scratch.contents("kept").isEmpty)
+        #expect(pair.host.statistics.peerFaults == 0 && pair.guest.statistics.peerFaults == 0)
+        if who != .disconnect {
+            // The link is unharmed: messages still flow both ways.
+            try pair.host.send(Data("still here".utf8), toPeers: [pair.guestPeer], with: .reliable)
+            #expect(pair.guestLog.wait(5) { $0.reliable.contains { $0.1 == Data("still here".utf8) } })
+            #expect(pair.host.connectedPeers == [pair.guestPeer])
+        }
+    }
+
+    @Test("Several resources at once, both ways, each arrives whole")
+    func severalAtOnceBothWays() throws {
+        let scratch = try Scratch("several")
+        let pair = try pair(scratch)
+        var expected: [String: [UInt8]] = [:]
+        let done = Completion()
+        for i in 0..<4 {
+            let name = "part\(i).bin"
+            expected[name] = try writeRandomFile("\(scratch.path)/\(name)", count: 300_000 * (i + 1) + i, seed: UInt64(i))
+            try pair.guest.sendResource(at: URL(fileURLWithPath: "\(scratch.path)/\(name)"), withName: name, toPeer: pair.hostPeer,
+                                        withCompletionHandler: done.handler)
+        }
+        // The other way at the same time; the guest's log does not keep files, so it is only told.
+        try writeRandomFile("\(scratch.path)/back.bin", count: 1_000_000, seed: 99)
+        let back = try pair.host.sendResource(at: URL(fileURLWithPath: "\(scratch.path)/back.bin"), withName: "back.bin",
+                                              toPeer: pair.guestPeer)
+        #expect(pair.hostLog.wait(30) { $0.resourcesFinished.count == 4 })
+        #expect(pair.guestLog.wait(30) { $0.resourcesFinished.count == 1 })
+        #expect(eventually(5) { done.calls.withLock { $0.count } == 4 && back.isFinished })
+        #expect(done.calls.withLock { $0.allSatisfy { $0 == nil } })
+        #expect(back.error == nil && pair.guestLog.snapshot.resourcesFinished.first?.3 == nil)
+        for (_, name, path, error) in pair.hostLog.snapshot.resourcesFinished {
+            #expect(error == nil)
+            let got = try Data(contentsOf: URL(fileURLWithPath: try #require(path)))
+            #expect(Array(got) == expected[name], "\(name) arrived whole")
+        }
+    }
+
+    @Test("Bad calls throw and send nothing")
+    func badCallsThrow() throws {
+        let scratch = try Scratch("bad")
+        let pair = try pair(scratch)
+        try writeRandomFile("\(scratch.path)/f", count: 10, seed: 1)
+        let url = URL(fileURLWithPath: "\(scratch.path)/f")
+        for name in ["", "..", "a/b", String(repeating: "x", count: 256)] {
+            #expect(throws: PeerMeshError.self) { try pair.guest.sendResource(at: url, withName: name, toPeer: pair.hostPeer) }
+        }
+        let stranger = try PeerID(displayName: "stranger")
+        #expect { try pair.guest.sendResource(at: url, withName: "f", toPeer: stranger) } throws: { e in
+            if case PeerMeshError.notConnected = e { true } else { false }
+        }
+        #expect { try pair.guest.sendResource(at: URL(fileURLWithPath: "\(scratch.path)/missing"), withName: "f", toPeer: pair.hostPeer) } throws: { e in
+            guard case PeerMeshError.resource(let text) = e else { return false }
+            return text.contains("No such file")
+        }
+        #expect(throws: PeerMeshError.self) {
+            try pair.guest.sendResource(at: URL(fileURLWithPath: scratch.path), withName: "dir", toPeer: pair.hostPeer)
+        }
+        #expect(throws: PeerMeshError.self) {
+            try pair.guest.sendResource(at: URL(string: "https://example.invalid/x")!, withName: "x", toPeer: pair.hostPeer)
+        }
+        usleep(200_000)
+        #expect(pair.hostLog.snapshot.resourcesStarted.isEmpty)
+    }
+}
+
+/// Peers that lie about resources, over the real encrypted link: the guest's own session is made to send frames
+/// its driver never would.
+@Suite("Resource attacks", .serialized)
+struct ResourceAttackOverTheLinkTests {
+    private func inject(_ frames: [ResourceFrame], from session: Session, to peer: PeerID) {
+        let core = session.core
+        core.loop.execute {
+            guard let link = core.shared.withLock({ $0.machine.primaryLink(for: peer) }) else { return }
+            for f in frames { core.io.value.connections[link]?.send(.resource(f)) }
+        }
+    }
+
+    @Test("A peer that sends more bytes than it announced is cut off, and nothing of it stays on disk")
+    func moreBytesThanAnnounced() throws {
+        let scratch = try Scratch("liar")
+        let pair = try Pair(hostConfig: Session.Configuration(resourceDirectory: scratch.path))
+        inject([.start(id: 1, size: 10, name: "x"), .chunk(id: 1, bytes: [UInt8](repeating: 1, count: 8)),
+                .chunk(id: 1, bytes: [UInt8](repeating: 1, count: 8))], from: pair.guest, to: pair.hostPeer)
+        #expect(pair.hostLog.wait(5) { $0.resourcesFinished.count == 1 })
+        #expect(eventually(5) { pair.host.statistics.peerFaults == 1 })
+        #expect(eventually(5) { pair.host.state(of: pair.guestPeer) == .notConnected })
+        #expect(pair.hostLog.snapshot.resourcesFinished.first?.2 == nil)
+        #expect(scratch.contents().isEmpty)
+    }
+
+    @Test("A flood of transfer starts is refused and then cut off; the host's memory and disk stay bounded")
+    func floodOfStarts() throws {
+        let scratch = try Scratch("flood")
+        let pair = try Pair(hostConfig: Session.Configuration(resourceDirectory: scratch.path))
+        inject((1...2_000).map { .start(id: UInt32($0), size: 1 << 30, name: "f\($0)") }, from: pair.guest, to: pair.hostPeer)
+        #expect(eventually(5) { pair.host.statistics.peerFaults == 1 })
+        #expect(eventually(5) { pair.host.state(of: pair.guestPeer) == .notConnected })
+        // Eight were accepted (and told to the app), then failed when the link was cut; none left a directory.
+        #expect(pair.hostLog.wait(5) { $0.resourcesFinished.count == 8 })
+        #expect(pair.hostLog.snapshot.resourcesStarted.count == 8)
+        #expect(eventually(5) { scratch.contents().isEmpty })
+        let counts = pair.host.core.loop.submitAndWait { pair.host.core.io.value.resources.counts }
+        #expect(counts == (0, 0))
+    }
+}
