@@ -253,3 +253,27 @@ extension SocketAddress {
         return out.filter { $0.family == .v4 } + out.filter { $0.family == .v6 }
     }
 }
+
+extension SocketAddress {
+    /// The addresses of this machine's interfaces that are up (`getifaddrs`), with `port`: IPv4 first, then IPv6
+    /// (link-local ones with their scope id); loopback last.
+    package static func localInterfaceAddresses(port: UInt16) -> [SocketAddress] {
+        var list: UnsafeMutablePointer<ifaddrs>?
+        guard getifaddrs(&list) == 0 else { return [] }
+        defer { freeifaddrs(list) }
+        var out: [SocketAddress] = []
+        var node = list
+        while let n = node {
+            defer { node = n.pointee.ifa_next }
+            guard n.pointee.ifa_flags & UInt32(IFF_UP) != 0, let a = n.pointee.ifa_addr else { continue }
+            let family = Int32(a.pointee.sa_family)
+            guard family == AF_INET || family == AF_INET6 else { continue }
+            let length = socklen_t(family == AF_INET ? MemoryLayout<sockaddr_in>.size : MemoryLayout<sockaddr_in6>.size)
+            guard var s = SocketAddress(UnsafeRawPointer(a), length: length), !out.contains(s) else { continue }
+            s.port = port
+            out.append(s)
+        }
+        let remote = out.filter { !$0.isLoopback }
+        return remote.filter { $0.family == .v4 } + remote.filter { $0.family == .v6 } + out.filter(\.isLoopback)
+    }
+}

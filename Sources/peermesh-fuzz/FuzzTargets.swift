@@ -1,7 +1,7 @@
 // peermesh-fuzz: every decoder of outside bytes, one target each.
 //
 //   Built by scripts/fuzz with `-sanitize=fuzzer,address -DFUZZING`: a libFuzzer binary; the target is chosen by
-//   PEERMESH_FUZZ_TARGET (frames, channel, datagram, txt, pairing, audio, opus, wav, control).
+//   PEERMESH_FUZZ_TARGET (frames, channel, datagram, txt, pairing, audio, opus, wav, control, nearby).
 //   Built plainly: `peermesh-fuzz TARGET PATH...` replays files (or directories of them) through the target and
 //   says how many ran; a crash is a failed replay. scripts/test replays fuzz/corpus this way.
 import Foundation
@@ -30,6 +30,8 @@ enum FuzzTarget: String, CaseIterable {
     case wav
     /// Remote-control messages (`ControlMessage.decode`) through both sides' state machines.
     case control
+    /// Out-of-band connection data (`NearbyConnectionData.decode`), as `connectPeer` reads it.
+    case nearby
 
     func run(_ input: [UInt8]) {
         switch self {
@@ -42,6 +44,7 @@ enum FuzzTarget: String, CaseIterable {
         case .opus: Self.opus(input)
         case .wav: Self.wav(input)
         case .control: Self.control(input)
+        case .nearby: FuzzEntryPoints.nearbyConnectionData(input)
         }
     }
 

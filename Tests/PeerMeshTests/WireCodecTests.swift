@@ -76,6 +76,11 @@ private let sampleFrames: [ControlFrame] = [
     .resource(.cancel(id: 5)),
     .resource(.result(id: 6, .delivered, "")),
     .resource(.result(id: 7, .storageFailed, "write(/tmp/x): No space left on device")),
+    .stream(.open(id: 1, name: "mic")),
+    .stream(.data(id: 2, bytes: (0..<StreamFrame.maximumData).map { UInt8(truncatingIfNeeded: $0) })),
+    .stream(.credit(id: 3, bytes: UInt32(StreamFrame.window))),
+    .stream(.close(id: 4, byWriter: true, .finished)),
+    .stream(.close(id: 5, byWriter: false, .refused)),
 ]
 
 @Suite struct WireCodecTests {
@@ -183,7 +188,7 @@ private let sampleFrames: [ControlFrame] = [
 
     @Test func otherFrameFailures() {
         #expect(decode([]) == .failure(.truncated))
-        for t: UInt8 in [0, 13, 14, 0x80, 0xff] { #expect(decode([t]) == .failure(.unknownType(t))) }
+        for t: UInt8 in [0, 17, 18, 0x80, 0xff] { #expect(decode([t]) == .failure(.unknownType(t))) }
         #expect(decode([6, 0]) == .failure(.trailingBytes))
         #expect(decode([7, 1, 2]) == .failure(.trailingBytes))
         #expect(decode([3, 0, 1] + be64(1) + [0]) == .failure(.trailingBytes))
@@ -204,6 +209,19 @@ private let sampleFrames: [ControlFrame] = [
         #expect(ControlFrame.resource(.chunk(id: 0x0102_0304, bytes: [9])).encoded() == [0, 0, 0, 6, 9, 1, 2, 3, 4, 9])
         #expect(ControlFrame.resource(.cancel(id: 2)).encoded() == [0, 0, 0, 5, 11, 0, 0, 0, 2])
         #expect(ControlFrame.resource(.result(id: 2, .refused, "no")).encoded() == [0, 0, 0, 10, 12, 0, 0, 0, 2, 4, 0, 2, 0x6e, 0x6f])
+    }
+
+    @Test func streamFrameEncodingsAndFailures() {
+        #expect(ControlFrame.stream(.open(id: 1, name: "a")).encoded() == [0, 0, 0, 7, 13, 0, 0, 0, 1, 1, 0x61])
+        #expect(ControlFrame.stream(.credit(id: 1, bytes: 2)).encoded() == [0, 0, 0, 9, 15, 0, 0, 0, 1, 0, 0, 0, 2])
+        #expect(ControlFrame.stream(.close(id: 1, byWriter: false, .cancelled)).encoded() == [0, 0, 0, 7, 16, 0, 0, 0, 1, 1, 1])
+        #expect(decode([13, 0, 0, 0, 1, 0]) == .failure(.badField("stream name")), "an empty name")
+        #expect(decode([14, 0, 0, 0, 1]) == .failure(.badField("stream data length")))
+        #expect(decode([15, 0, 0, 0, 1, 0, 0, 0, 0]) == .failure(.badField("stream credit")), "zero credit")
+        #expect(decode([15, 0, 0, 0, 1, 0, 4, 0, 1]) == .failure(.badField("stream credit")), "credit past the window")
+        #expect(decode([16, 0, 0, 0, 1, 2, 0]) == .failure(.badField("stream side")))
+        #expect(decode([16, 0, 0, 0, 1, 0, 9]) == .failure(.badField("stream end")))
+        #expect(decode([16, 0, 0, 0, 1, 0]) == .failure(.truncated))
     }
 
     /// A resource name becomes a file name on the receiver: anything but one plain path component is refused.

@@ -29,12 +29,14 @@ public enum PeerMeshError: Error, Equatable, Sendable, CustomStringConvertible {
     /// A resource transfer failed: the file could not be read or stored, its hash did not match, or the receiver
     /// refused it. The text says which.
     case resource(String)
+    /// A stream's `read` or `write` waited longer than its timeout.
+    case timedOut(String)
 
     public var description: String {
         switch self {
         case .invalidDisplayName(let s), .invalidServiceType(let s), .invalidDiscoveryInfo(let s),
              .invalidParameter(let s), .notConnected(let s), .transport(let s), .discovery(let s),
-             .identity(let s), .trust(let s), .busy(let s), .unresolvable(let s), .cancelled(let s), .resource(let s):
+             .identity(let s), .trust(let s), .busy(let s), .unresolvable(let s), .cancelled(let s), .resource(let s), .timedOut(let s):
             return s
         case .sessionClosed:
             return "the session has been shut down"

@@ -38,6 +38,8 @@ public protocol SessionDelegate: AnyObject, Sendable {
     /// nil, nothing of it is left on disk, and `error` says why (`.cancelled`, `.resource`, `.notConnected`).
     func session(_ session: Session, didFinishReceivingResourceWithName name: String, fromPeer peer: PeerID,
                  at localURL: URL?, withError error: PeerMeshError?)
+    /// `peer` opened a byte stream to us (`startStream`). Read it from an app thread; the default closes it.
+    func session(_ session: Session, didReceive stream: InputByteStream, withName name: String, fromPeer peer: PeerID)
 }
 
 /// What an encrypted handshake proved about a peer: the key it holds, and the short authentication string both
@@ -59,6 +61,9 @@ public extension SessionDelegate {
                  with progress: ResourceProgress) {}
     func session(_ session: Session, didFinishReceivingResourceWithName name: String, fromPeer peer: PeerID,
                  at localURL: URL?, withError error: PeerMeshError?) {}
+    func session(_ session: Session, didReceive stream: InputByteStream, withName name: String, fromPeer peer: PeerID) {
+        stream.close()
+    }
     func session(_ session: Session, didReceiveDatagram data: Data, fromPeer peer: PeerID) {}
     func session(_ session: Session, didReceiveDatagramBytes bytes: UnsafeRawBufferPointer, fromPeer peer: PeerID) {
         self.session(session, didReceiveDatagram: Data(bytes), fromPeer: peer)
@@ -158,6 +163,8 @@ public final class Session: Sendable {
     /// How much this session insists on encryption.
     public let encryptionPreference: EncryptionPreference
     let core: SessionCore
+    /// The listener behind `nearbyConnectionData`, once used.
+    let direct = Mutex<DirectAcceptor?>(nil)
 
     /// Opens the session's UDP socket and joins the process's I/O loop, as MC's
     /// `MCSession(peer:securityIdentity:encryptionPreference:)`.
@@ -280,6 +287,16 @@ public final class Session: Sendable {
                              withCompletionHandler completion: (@Sendable (PeerMeshError?) -> Void)? = nil) throws(PeerMeshError) -> ResourceProgress {
         guard url.isFileURL else { throw .invalidParameter("sendResource: \(url) is not a file URL") }
         return try core.sendResource(at: url.path, name: name, to: peer, completion: completion)
+    }
+
+    /// Opens a byte stream named `name` to `peer`, as MC's `startStream(withName:toPeer:)`; the peer's delegate
+    /// gets its reading end in `didReceive stream…withName`. Bytes arrive in order, exactly once, over the peer's
+    /// encrypted connection; the reader's window (256 KiB) holds the writer back when the reader's app is slow, and
+    /// closing either end reaches the other.
+    ///
+    /// - Throws: `invalidParameter` for a name outside 1–255 bytes, `notConnected`.
+    public func startStream(withName name: String, toPeer peer: PeerID) throws(PeerMeshError) -> OutputByteStream {
+        try core.startStream(name: name, to: peer)
     }
 
     /// Invites the advertiser at `endpoint` without discovery (`--connect host:port`). The peer is learned from

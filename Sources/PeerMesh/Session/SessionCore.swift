@@ -100,6 +100,9 @@ final class SessionCore: Sendable {
         var resources: ResourceStateMachine
         var outgoingResources: [ResourceKey: OutgoingResource] = [:]
         var incomingResources: [ResourceKey: IncomingResource] = [:]
+        var streams = StreamStateMachine()
+        var outputStreams: [StreamKey: OutputByteStream] = [:]
+        var inputStreams: [StreamKey: InputByteStream] = [:]
     }
 
     let peer: PeerID
@@ -113,6 +116,8 @@ final class SessionCore: Sendable {
     let maximumQueuedBytes: Int
     /// The configured local address (outgoing connections leave from it too).
     let bindAddress: SocketAddress
+    /// The configured local address as given (`""`: every address).
+    let bindHost: String
     let shared: Mutex<Shared>
     let counters = SessionCounters()
     let delegate = Mutex(WeakDelegate(nil))
@@ -142,6 +147,7 @@ final class SessionCore: Sendable {
             throw .invalidParameter("bindHost \"\(c.bindHost)\" is not a numeric IPv4 or IPv6 address (or \"\" for all)")
         }
         bindAddress = bind
+        bindHost = c.bindHost
         do {
             loop = try EventLoop.shared()
             udp = try FileDescriptor.udpSocket(bind)
@@ -450,6 +456,7 @@ final class SessionCore: Sendable {
         io.value.connections[link] = nil
         queuedBytes.withLock { $0[link] = nil }
         performResources(io.value.resources.linkClosed(link))
+        performStreams(io.value.streams.linkClosed(link))
         switch why {
         case .closedByPeer: break
         case .failed(let text):
@@ -496,6 +503,7 @@ final class SessionCore: Sendable {
                 io.value.expectedKeys[l] = nil
                 queuedBytes.withLock { $0[l] = nil }
                 performResources(io.value.resources.linkClosed(l))
+                performStreams(io.value.streams.linkClosed(l))
             case .linkUp(let l, let p, let port, let token):
                 guard let c = io.value.connections[l], let local = io.value.localTokens[l],
                       var remote = c.socket.peerAddress() ?? c.remote else { continue }
@@ -514,6 +522,8 @@ final class SessionCore: Sendable {
                 if c.isOutgoing { sendPing(to: remote, token: token, counters: lc, key: c.datagramKeys?.send, now: now) }
             case .resource(let l, let p, let frame):
                 performResources(io.value.resources.received(frame, on: l, from: p))
+            case .stream(let l, let p, let frame):
+                performStreams(io.value.streams.received(frame, on: l, from: p))
             case .linkDown(let l):
                 io.value.router.routeDown(link: l)
                 io.value.counters[l] = nil

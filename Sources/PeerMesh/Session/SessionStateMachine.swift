@@ -32,6 +32,8 @@ struct SessionStateMachine: Sendable {
         case fault(LinkID, PeerFault)
         /// A resource-transfer frame from `peer` on `link`, for the resource machine.
         case resource(LinkID, PeerID, ResourceFrame)
+        /// A byte-stream frame from `peer` on `link`, for the stream machine.
+        case stream(LinkID, PeerID, StreamFrame)
     }
 
     /// Timing and limits.
@@ -174,6 +176,9 @@ struct SessionStateMachine: Sendable {
         case (.connected(let peer, _, let next), .resource(let r)):
             links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
             return [.resource(link, peer, r)]
+        case (.connected(let peer, _, let next), .stream(let f)):
+            links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
+            return [.stream(link, peer, f)]
         case (.connected(let peer, _, let next), .heartbeat):
             links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
             return []

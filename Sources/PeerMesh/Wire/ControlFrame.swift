@@ -62,6 +62,8 @@ enum ControlFrame: Equatable, Sendable {
     case goodbye
     /// A resource transfer's frame (`Session.sendResource`).
     case resource(ResourceFrame)
+    /// A byte stream's frame (`Session.startStream`).
+    case stream(StreamFrame)
 
     struct InviteBody: Equatable, Sendable {
         var context: [UInt8]
@@ -73,6 +75,7 @@ enum ControlFrame: Equatable, Sendable {
     enum Kind: UInt8 {
         case hello = 1, invite = 2, accept = 3, decline = 4, data = 5, heartbeat = 6, goodbye = 7
         case resourceStart = 8, resourceChunk = 9, resourceEnd = 10, resourceCancel = 11, resourceResult = 12
+        case streamOpen = 13, streamData = 14, streamCredit = 15, streamClose = 16
     }
 
     /// The frame's name, for diagnostics.
@@ -86,6 +89,7 @@ enum ControlFrame: Equatable, Sendable {
         case .heartbeat: "HEARTBEAT"
         case .goodbye: "GOODBYE"
         case .resource(let r): r.name
+        case .stream(let f): f.name
         }
     }
 
@@ -140,6 +144,8 @@ enum ControlFrame: Equatable, Sendable {
             w.u8(Kind.goodbye.rawValue)
         case .resource(let r):
             r.encode(into: &w)
+        case .stream(let f):
+            f.encode(into: &w)
         }
         var out = w.bytes
         let length = UInt32(out.count - 4)
@@ -209,6 +215,11 @@ enum ControlFrame: Equatable, Sendable {
         case .resourceStart, .resourceChunk, .resourceEnd, .resourceCancel, .resourceResult:
             switch ResourceFrame.decode(kind, &r) {
             case .success(let f): frame = .resource(f)
+            case .failure(let e): return .failure(e)
+            }
+        case .streamOpen, .streamData, .streamCredit, .streamClose:
+            switch StreamFrame.decode(kind, &r) {
+            case .success(let f): frame = .stream(f)
             case .failure(let e): return .failure(e)
             }
         }

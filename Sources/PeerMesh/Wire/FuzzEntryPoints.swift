@@ -18,12 +18,14 @@ package enum FuzzEntryPoints {
     }
 
     /// Control and data frames from a TCP stream: the frame assembler, then each frame's decoder. Every frame
-    /// that decodes must encode back to itself. Resource frames also drive a receiver's resource machine, whose
-    /// transfers in flight must stay within its limits whatever the peer sends.
+    /// that decodes must encode back to itself. Resource and stream frames also drive a receiver's machines, whose
+    /// transfers and streams in flight must stay within their limits whatever the peer sends.
     package static func controlFrames(_ input: [UInt8]) {
         var assembler = FrameAssembler(maximumFrameLength: 4_096)
         var resources = ResourceStateMachine()
         let bound = resources.limits.maximumIncomingPerLink + resources.limits.maximumDiscardingPerLink
+        var streams = StreamStateMachine()
+        let streamBound = streams.limits.maximumIncomingPerLink + streams.limits.maximumClosingPerLink
         var faulted = false
         for piece in chunks(input) {
             piece.withUnsafeBytes { assembler.append($0) }
@@ -45,8 +47,18 @@ package enum FuzzEntryPoints {
                     }
                     precondition(resources.counts.incoming <= bound, "a peer grew the resource table past its limits")
                 }
+                if case .stream(let f) = frame, !faulted {
+                    for case .fault in streams.received(f, on: 1, from: fixtures.initiator) { faulted = true }
+                    precondition(streams.counts.incoming <= streamBound, "a peer grew the stream table past its limits")
+                }
             }
         }
+    }
+
+    /// Out-of-band connection data: what decodes must encode back to the same bytes (the format is canonical).
+    package static func nearbyConnectionData(_ input: [UInt8]) {
+        guard case .success(let data) = NearbyConnectionData.decode(input) else { return }
+        precondition(data.encoded() == input, "connection data does not re-encode to its own bytes")
     }
 
     /// A responder and an initiator in Noise mode fed the bytes as the peer's (preamble, handshake messages…), and
@@ -150,6 +162,8 @@ package enum FuzzEntryPoints {
             .resource(.start(id: 1, size: 5, name: "a.wav")), .resource(.chunk(id: 1, bytes: [1, 2, 3, 4, 5])),
             .resource(.end(id: 1, sha256: Sodium.sha256([[1, 2, 3, 4, 5]]))), .resource(.cancel(id: 2)),
             .resource(.result(id: 3, .refused, "too many")),
+            .stream(.open(id: 1, name: "mic")), .stream(.data(id: 1, bytes: [9, 9])), .stream(.credit(id: 1, bytes: 2)),
+            .stream(.close(id: 1, byWriter: true, .finished)),
         ]
         let stream = frames.flatMap { $0.encoded() }
         // A handshake's first messages, as an initiator writes them.
@@ -177,6 +191,10 @@ package enum FuzzEntryPoints {
                          datagram(.data, sequence: 3, body: [1, 2, 3], sealed: false)],
             "txt": [txtBytes],
             "pairing": [pairingFirst, Array(pairingFirst.dropLast(3))],
+            "nearby": [NearbyConnectionData(peer: fixtures.responder, forIdentity: peer.identity, ticket: Array(0..<16),
+                                            port: 7_000, addresses: ["192.168.1.2", "fe80::1%1", "127.0.0.1"]).encoded(),
+                       NearbyConnectionData(peer: fixtures.responder, forIdentity: 1, ticket: Array(repeating: 9, count: 16),
+                                            port: 1, addresses: ["::1"]).encoded()],
         ]
     }
 

@@ -18,6 +18,8 @@ final class MeshEventLog: SessionDelegate, NearbyServiceAdvertiserDelegate, Near
         var resourcesStarted: [(PeerID, String, ResourceProgress)] = []
         /// Resources that ended: the path the file was moved to (nil on failure) and the error.
         var resourcesFinished: [(PeerID, String, String?, PeerMeshError?)] = []
+        /// Byte streams peers opened to us, in order.
+        var streams: [(PeerID, String, InputByteStream)] = []
         /// Everything in the order it happened, for tests of interleaving ("msg", "resource").
         var order: [String] = []
     }
@@ -36,6 +38,9 @@ final class MeshEventLog: SessionDelegate, NearbyServiceAdvertiserDelegate, Near
     }
     func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {
         state.withLock { $0.reliable.append((peer, data)); $0.order.append("msg") }
+    }
+    func session(_ session: Session, didReceive stream: InputByteStream, withName name: String, fromPeer peer: PeerID) {
+        state.withLock { $0.streams.append((peer, name, stream)) }
     }
     func session(_ session: Session, didStartReceivingResourceWithName name: String, fromPeer peer: PeerID,
                  with progress: ResourceProgress) {

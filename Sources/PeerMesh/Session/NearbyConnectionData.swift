@@ -1,0 +1,234 @@
+import FoundationEssentials
+import MeshPOSIX
+import Synchronization
+
+/// What `Session.nearbyConnectionData(forPeer:)` hands out so that one peer can connect to another without DNS-SD
+/// (a QR code, a chat message, a file): where this session takes connections, the key it will prove, whom the data
+/// is for, and a one-time ticket that lets that peer in without an invitation prompt. See docs/PROTOCOL.md §3.7.
+///
+/// Wire: `"PMNC"` · version u8 (1) · protocol u8 · name length u8 · name · public key (32) · for-identity u64 ·
+/// ticket (16) · TCP port u16 · address count u8 (1–16) · each: length u8 · a numeric IPv4 or IPv6 address.
+struct NearbyConnectionData: Equatable, Sendable {
+    /// The peer the data leads to, with the key its handshake must prove.
+    var peer: PeerID
+    /// The identity of the only peer the data lets in.
+    var forIdentity: UInt64
+    /// The one-time ticket, presented in the invitation's context.
+    var ticket: [UInt8]
+    /// The TCP port connections go to.
+    var port: UInt16
+    /// Numeric addresses to try, in order (IPv4 first, loopback last).
+    var addresses: [String]
+
+    static let magic: [UInt8] = Array("PMNC".utf8)
+    static let version: UInt8 = 1
+    static let ticketSize = 16
+    static let maximumAddresses = 16
+    /// The invitation context that carries a ticket: this prefix, then the ticket.
+    static let contextPrefix: [UInt8] = Array("PMOOB1".utf8)
+
+    func encoded() -> [UInt8] {
+        var w = ByteWriter(capacity: 128)
+        w.raw(Self.magic)
+        w.u8(Self.version)
+        w.u8(peerMeshProtocolVersion)
+        let name = Array(peer.displayName.utf8)
+        w.u8(UInt8(name.count))
+        w.raw(name)
+        w.raw(peer.publicKey?.bytes ?? [UInt8](repeating: 0, count: 32))
+        w.u64(forIdentity)
+        w.raw(ticket)
+        w.u16(port)
+        w.u8(UInt8(addresses.count))
+        for a in addresses {
+            let b = Array(a.utf8)
+            w.u8(UInt8(b.count))
+            w.raw(b)
+        }
+        return w.bytes
+    }
+
+    /// Why connection data was refused.
+    enum DecodeError: Error, Equatable, CustomStringConvertible {
+        case notConnectionData
+        case unsupportedVersion(UInt8, protocol: UInt8)
+        case truncated
+        case badField(String)
+        case trailingBytes
+
+        var description: String {
+            switch self {
+            case .notConnectionData: "not PeerMesh connection data"
+            case .unsupportedVersion(let v, let p): "connection data version \(v), protocol \(p) (this build reads 1 and \(peerMeshProtocolVersion))"
+            case .truncated: "the connection data is cut short"
+            case .badField(let f): "the connection data has a bad \(f)"
+            case .trailingBytes: "the connection data has bytes after its end"
+            }
+        }
+    }
+
+    /// Decodes connection data from outside. Pure; never traps.
+    static func decode(_ bytes: [UInt8]) -> Result<NearbyConnectionData, DecodeError> {
+        bytes.withUnsafeBytes { raw in
+            var r = ByteReader(raw)
+            guard let m = r.bytes(4), Array(m) == magic else { return .failure(.notConnectionData) }
+            guard let v = r.u8(), let p = r.u8() else { return .failure(.truncated) }
+            guard v == version, p == peerMeshProtocolVersion else { return .failure(.unsupportedVersion(v, protocol: p)) }
+            guard let n = r.u8(), let nameBytes = r.bytes(Int(n)), let keyBytes = r.bytes(32), let forIdentity = r.u64(),
+                  let ticket = r.bytes(ticketSize), let port = r.u16(), let count = r.u8() else { return .failure(.truncated) }
+            guard let name = String(validating: nameBytes, as: UTF8.self), let key = PublicKey(bytes: Array(keyBytes)),
+                  let peer = try? PeerID(displayName: name, publicKey: key) else { return .failure(.badField("peer")) }
+            guard port != 0 else { return .failure(.badField("port")) }
+            guard (1...maximumAddresses).contains(Int(count)) else { return .failure(.badField("address count")) }
+            var addresses: [String] = []
+            for _ in 0..<count {
+                guard let len = r.u8(), let a = r.bytes(Int(len)) else { return .failure(.truncated) }
+                guard let text = String(validating: a, as: UTF8.self), SocketAddress(numericHost: text, port: port) != nil else {
+                    return .failure(.badField("address"))
+                }
+                addresses.append(text)
+            }
+            guard r.remaining == 0 else { return .failure(.trailingBytes) }
+            return .success(NearbyConnectionData(peer: peer, forIdentity: forIdentity, ticket: Array(ticket), port: port,
+                                                 addresses: addresses))
+        }
+    }
+}
+
+/// Takes the connections that `NearbyConnectionData` leads to: a listener with no DNS-SD publication (an advertiser
+/// over a private in-process discovery) that lets in only a peer presenting a live ticket made for it, proving the
+/// key the ticket was made for, straight into its session: the app consented when it made the data.
+final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
+    private struct Ticket {
+        var forPeer: PeerID
+        var expires: Nanos
+    }
+
+    /// How long connection data stays good.
+    static let lifetime: Nanos = 600_000_000_000
+
+    let advertiser: NearbyServiceAdvertiser
+    private weak let session: Session?
+    private let tickets = Mutex<[[UInt8]: Ticket]>([:])
+
+    init(session: Session, bindHost: String) throws(PeerMeshError) {
+        self.session = session
+        advertiser = try NearbyServiceAdvertiser(peer: session.myPeerID, discoveryInfo: nil, serviceType: "pm-direct",
+                                                 discovery: InProcessDiscovery(), bindHost: bindHost,
+                                                 encryptionPreference: session.encryptionPreference)
+        advertiser.delegate = self
+        try advertiser.startAdvertisingPeer()
+    }
+
+    deinit { advertiser.stopAdvertisingPeer() }
+
+    /// A new ticket for `peer`.
+    func issue(for peer: PeerID) -> [UInt8] {
+        let ticket = Sodium.randomBytes(NearbyConnectionData.ticketSize)
+        let now = MonotonicClock.nowNanos()
+        tickets.withLock { t in
+            t = t.filter { $0.value.expires > now }
+            t[ticket] = Ticket(forPeer: peer, expires: now + Self.lifetime)
+        }
+        return ticket
+    }
+
+    /// Withdraws every ticket made for `peer`.
+    func revoke(for peer: PeerID) { tickets.withLock { t in t = t.filter { $0.value.forPeer != peer } } }
+
+    func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceiveInvitationFromPeer peer: PeerID, withContext context: Data?,
+                    invitationHandler: @escaping @Sendable (Bool, Session?) -> Void) {
+        invitationHandler(false, nil) // not used: `didReceive invitation` below answers every invitation
+    }
+
+    func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceive invitation: Invitation) {
+        let context = Array(invitation.context ?? Data())
+        let prefix = NearbyConnectionData.contextPrefix
+        let now = MonotonicClock.nowNanos()
+        let ticket = Array(context.dropFirst(prefix.count))
+        let admitted = tickets.withLock { t -> Bool in
+            guard context.starts(with: prefix), let entry = t[ticket], entry.expires > now,
+                  entry.forPeer.identity == invitation.peer.identity,
+                  entry.forPeer.publicKey == nil || entry.forPeer.publicKey == invitation.certificate?.publicKey
+            else { return false }
+            t[ticket] = nil  // one use
+            return true
+        }
+        guard admitted, let session else {
+            return invitation.decline(.notTrusted, message: "no valid connection data for \(invitation.peer.displayName)")
+        }
+        invitation.accept(into: session)
+    }
+}
+
+extension Session {
+    /// Data that lets `peer` connect to this session directly, with `connectPeer(_:withNearbyConnectionData:)`
+    /// and no DNS-SD, as MC's `nearbyConnectionData(forPeer:withCompletionHandler:)`. Send it over any channel
+    /// (a QR code, a message): it holds this session's addresses and port, its public key (the connecting side
+    /// refuses any other), and a one-time ticket good for 10 minutes that only `peer`, proving its own key, can
+    /// use; it lets that peer in without an invitation prompt. The session listens for such connections from the
+    /// first call on (on `bindHost`, or every interface).
+    ///
+    /// - Throws: `invalidParameter` on a session without encryption (the data pins keys); `transport` if the
+    ///   listener cannot be opened.
+    public func nearbyConnectionData(forPeer peer: PeerID) throws(PeerMeshError) -> Data {
+        guard encryptionPreference != .none, myPeerID.publicKey != nil else {
+            throw .invalidParameter("nearbyConnectionData needs an encrypted session (the data pins the keys)")
+        }
+        let acceptor = try directAcceptor()
+        guard let port = acceptor.advertiser.port else { throw .transport("the direct listener is not running") }
+        let addresses: [String]
+        if core.bindHost.isEmpty {
+            addresses = SocketAddress.localInterfaceAddresses(port: port).prefix(NearbyConnectionData.maximumAddresses).map(\.host)
+        } else {
+            addresses = [core.bindHost]
+        }
+        guard !addresses.isEmpty else { throw .transport("this machine has no address to give") }
+        let data = NearbyConnectionData(peer: myPeerID, forIdentity: peer.identity, ticket: acceptor.issue(for: peer),
+                                        port: port, addresses: addresses)
+        return Data(data.encoded())
+    }
+
+    /// Connects to `peer` with the data its session made for this one (`nearbyConnectionData(forPeer:)`), with no
+    /// DNS-SD, as MC's `connectPeer(_:withNearbyConnectionData:)`. The peer goes `connecting`, then `connected`
+    /// or, with `invitationTo…failedWith` saying why, `notConnected`. The handshake must prove the key in the data.
+    ///
+    /// - Throws: `invalidParameter` when the data does not decode, is `peer`'s for another peer, or is not `peer`'s.
+    public func connectPeer(_ peer: PeerID, withNearbyConnectionData data: Data) throws(PeerMeshError) {
+        let blob: NearbyConnectionData
+        switch NearbyConnectionData.decode(Array(data)) {
+        case .success(let b): blob = b
+        case .failure(let e): throw .invalidParameter("connectPeer: \(e)")
+        }
+        guard blob.peer.identity == peer.identity, peer.publicKey == nil || peer.publicKey == blob.peer.publicKey else {
+            throw .invalidParameter("connectPeer: the connection data is \(blob.peer)'s, not \(peer)'s")
+        }
+        guard blob.forIdentity == myPeerID.identity else {
+            throw .invalidParameter("connectPeer: the connection data was made for another peer, not \(myPeerID)")
+        }
+        guard encryptionPreference != .none else {
+            throw .invalidParameter("connectPeer: connection data needs an encrypted session (it pins the keys)")
+        }
+        try core.invite(expected: blob.peer, endpoint: PeerEndpoint(host: blob.addresses[0], port: blob.port),
+                        context: Data(NearbyConnectionData.contextPrefix + blob.ticket), timeout: .seconds(30))
+    }
+
+    /// Cancels a connection to `peer` in progress or made, on both sides, as MC's `cancelConnectPeer(_:)`: the
+    /// invitation is withdrawn (or the link closed with GOODBYE) and any connection data made for `peer` stops
+    /// working.
+    public func cancelConnectPeer(_ peer: PeerID) {
+        direct.withLock { $0 }?.revoke(for: peer)
+        disconnect(peer)
+    }
+
+    /// The listener behind `nearbyConnectionData`, started on first use.
+    private func directAcceptor() throws(PeerMeshError) -> DirectAcceptor {
+        if let existing = direct.withLock({ $0 }) { return existing }
+        let made = try DirectAcceptor(session: self, bindHost: core.bindHost)
+        return direct.withLock { d in
+            if let existing = d { return existing }
+            d = made
+            return made
+        }
+    }
+}

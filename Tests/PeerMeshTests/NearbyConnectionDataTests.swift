@@ -1,0 +1,147 @@
+import Foundation
+import Testing
+import MeshPOSIX
+import MeshTestSupport
+@testable import PeerMesh
+
+@Suite("Out-of-band connection data: the codec")
+struct NearbyConnectionDataCodecTests {
+    let sample = NearbyConnectionData(peer: try! PeerID(displayName: "kitchen"), forIdentity: 0x0102_0304_0506_0708,
+                                      ticket: Array(1...16), port: 7_000, addresses: ["192.168.1.20", "fe80::1%1", "127.0.0.1"])
+
+    @Test func roundTrips() {
+        #expect(NearbyConnectionData.decode(sample.encoded()) == .success(sample))
+        let bytes = sample.encoded()
+        #expect(Array(bytes.prefix(6)) == Array("PMNC".utf8) + [1, peerMeshProtocolVersion])
+    }
+
+    @Test func refusesWhatIsNotWellFormed() {
+        let good = sample.encoded()
+        func decode(_ b: [UInt8]) -> NearbyConnectionData.DecodeError? {
+            if case .failure(let e) = NearbyConnectionData.decode(b) { e } else { nil }
+        }
+        #expect(decode([]) == .notConnectionData)
+        #expect(decode(Array("PMNX".utf8) + good.dropFirst(4)) == .notConnectionData)
+        #expect(decode(Array(good.prefix(4)) + [2] + good.dropFirst(5)) == .unsupportedVersion(2, protocol: peerMeshProtocolVersion))
+        for cut in [5, 7, 20, 60, good.count - 1] { #expect(decode(Array(good.prefix(cut))) == .truncated, "cut at \(cut)") }
+        #expect(decode(good + [0]) == .trailingBytes)
+        var empty = sample
+        empty.addresses = []
+        #expect(decode(empty.encoded()) == .badField("address count"))
+        var many = sample
+        many.addresses = Array(repeating: "10.0.0.1", count: 17)
+        #expect(decode(many.encoded()) == .badField("address count"))
+        var named = sample
+        named.addresses = ["example.com"]
+        #expect(decode(named.encoded()) == .badField("address"), "names would go to a resolver: numeric only")
+        var noPort = sample
+        noPort.port = 0
+        #expect(decode(noPort.encoded()) == .badField("port"))
+        var badName = good
+        badName[7] = 0xff  // first byte of the display name
+        #expect(decode(badName) == .badField("peer"))
+    }
+}
+
+@Suite("Out-of-band connection data: sessions on 127.0.0.1 with no discovery", .serialized)
+struct NearbyConnectionTests {
+    struct Peers {
+        let host: Session, guest: Session
+        let hostLog = MeshEventLog(), guestLog = MeshEventLog()
+        var hostPeer: PeerID { host.myPeerID }
+        var guestPeer: PeerID { guest.myPeerID }
+
+        init() throws {
+            host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
+            guest = try Session(peer: try PeerID(displayName: "guest"), configuration: .init(bindHost: "127.0.0.1"))
+            host.delegate = hostLog
+            guest.delegate = guestLog
+        }
+
+        func bothConnected() -> Bool {
+            host.connectedPeers == [guestPeer] && guest.connectedPeers == [hostPeer]
+        }
+    }
+
+    @Test("The data connects two sessions directly, encrypted, with no prompt; a message flows")
+    func connects() throws {
+        let p = try Peers()
+        let data = try p.host.nearbyConnectionData(forPeer: p.guestPeer)
+        let blob = try NearbyConnectionData.decode(Array(data)).get()
+        #expect(blob.addresses == ["127.0.0.1"] && blob.peer.publicKey == p.hostPeer.publicKey)
+        try p.guest.connectPeer(p.hostPeer, withNearbyConnectionData: data)
+        #expect(eventually(5) { p.bothConnected() })
+        #expect(p.host.isEncrypted(p.guestPeer) && p.guest.isEncrypted(p.hostPeer))
+        #expect(p.host.shortAuthenticationString(for: p.guestPeer) == p.guest.shortAuthenticationString(for: p.hostPeer))
+        try p.guest.send(Data("over the direct link".utf8), toPeers: [p.hostPeer], with: .reliable)
+        #expect(p.hostLog.wait(5) { $0.reliable.first?.1 == Data("over the direct link".utf8) })
+        #expect(p.guestLog.states(of: p.hostPeer) == [.connecting, .connected])
+    }
+
+    @Test("A ticket works once; cancelConnectPeer closes on both sides and withdraws unused data")
+    func oneUseAndCancel() throws {
+        let p = try Peers()
+        let data = try p.host.nearbyConnectionData(forPeer: p.guestPeer)
+        try p.guest.connectPeer(p.hostPeer, withNearbyConnectionData: data)
+        #expect(eventually(5) { p.bothConnected() })
+        p.guest.cancelConnectPeer(p.hostPeer)
+        #expect(eventually(5) { p.host.connectedPeers.isEmpty && p.guest.connectedPeers.isEmpty })
+
+        try p.guest.connectPeer(p.hostPeer, withNearbyConnectionData: data)
+        #expect(p.guestLog.wait(5) { $0.failures.contains { $0.1 == .notTrusted } }, "a used ticket is refused")
+        #expect(p.host.connectedPeers.isEmpty)
+
+        let unused = try p.host.nearbyConnectionData(forPeer: p.guestPeer)
+        p.host.cancelConnectPeer(p.guestPeer)
+        try p.guest.connectPeer(p.hostPeer, withNearbyConnectionData: unused)
+        #expect(p.guestLog.wait(5) { $0.failures.filter { $0.1 == .notTrusted }.count == 2 }, "withdrawn data is refused")
+        #expect(p.host.connectedPeers.isEmpty)
+
+        let fresh = try p.host.nearbyConnectionData(forPeer: p.guestPeer)
+        try p.guest.connectPeer(p.hostPeer, withNearbyConnectionData: fresh)
+        #expect(eventually(5) { p.bothConnected() })
+    }
+
+    @Test("Data made for one peer lets no other peer in, even one that skips the local checks")
+    func onlyTheNamedPeer() throws {
+        let p = try Peers()
+        let data = try p.host.nearbyConnectionData(forPeer: p.guestPeer)
+        let mallory = try Session(peer: try PeerID(displayName: "mallory"), configuration: .init(bindHost: "127.0.0.1"))
+        let malloryLog = MeshEventLog()
+        mallory.delegate = malloryLog
+        #expect { try mallory.connectPeer(p.hostPeer, withNearbyConnectionData: data) } throws: { e in
+            guard case PeerMeshError.invalidParameter(let text) = e else { return false }
+            return text.contains("made for another peer")
+        }
+        // Past the local check, with the stolen ticket: the host's acceptor refuses it.
+        let blob = try NearbyConnectionData.decode(Array(data)).get()
+        try mallory.core.invite(expected: blob.peer, endpoint: PeerEndpoint(host: "127.0.0.1", port: blob.port),
+                                context: Data(NearbyConnectionData.contextPrefix + blob.ticket), timeout: .seconds(5))
+        #expect(malloryLog.wait(5) { $0.failures.contains { $0.1 == .notTrusted } })
+        #expect(p.host.connectedPeers.isEmpty)
+        // The ticket was not spent on mallory: the guest still gets in.
+        try p.guest.connectPeer(p.hostPeer, withNearbyConnectionData: data)
+        #expect(eventually(5) { p.bothConnected() })
+        #expect(throws: PeerMeshError.self) { try p.guest.connectPeer(mallory.myPeerID, withNearbyConnectionData: data) }
+    }
+
+    @Test("Data whose key was swapped (a listener that is not the peer) fails the handshake check")
+    func swappedKeyIsRefused() throws {
+        let p = try Peers()
+        var blob = try NearbyConnectionData.decode(Array(try p.host.nearbyConnectionData(forPeer: p.guestPeer))).get()
+        let impostor = try PeerID(displayName: "host")
+        blob.peer = try PeerID(displayName: "host", publicKey: try #require(impostor.publicKey))
+        try p.guest.connectPeer(blob.peer, withNearbyConnectionData: Data(blob.encoded()))
+        #expect(p.guestLog.wait(5) { !$0.failures.isEmpty })
+        #expect(p.guest.connectedPeers.isEmpty && p.host.connectedPeers.isEmpty)
+        #expect(eventually(5) { p.guest.statistics.peerFaults == 1 }, "the wrong key is a fault of that peer")
+    }
+
+    @Test("An unencrypted session cannot make or use connection data")
+    func needsEncryption() throws {
+        let plain = try Session(peer: try PeerID(displayName: "plain"), encryptionPreference: .none,
+                                configuration: .init(bindHost: "127.0.0.1"))
+        #expect(throws: PeerMeshError.self) { try plain.nearbyConnectionData(forPeer: try PeerID(displayName: "x")) }
+        #expect(throws: PeerMeshError.self) { try plain.connectPeer(try PeerID(displayName: "x"), withNearbyConnectionData: Data([1, 2])) }
+    }
+}
