@@ -3,7 +3,7 @@
 //
 // Module graph (each arrow: "depends on"):
 //
-//   mesh-record, mesh-play, mesh-impair, peermesh-probe ──▶ MeshCLI ──▶ MeshRelay ──▶ PeerMesh ──▶ MeshPOSIX
+//   mesh-record, mesh-play, mesh-chat, mesh-impair, peermesh-probe ──▶ MeshCLI ──▶ MeshRelay ──▶ PeerMesh ──▶ MeshPOSIX
 //                                                             │            └────────▶ MeshPipeline ──▶ MeshAudio ──▶ MeshPOSIX
 //                                                             └──▶ MeshImpair ──▶ MeshPOSIX
 //   C leaves: CALSA, CSndfile (MeshAudio) · CSpeexDSP, COpus (MeshPipeline) · CAvahi, CSodium (PeerMesh) · CLinux (MeshPOSIX)
@@ -21,6 +21,7 @@ let package = Package(
         .executable(name: "mesh-play", targets: ["mesh-play"]),
         .executable(name: "mesh-impair", targets: ["mesh-impair"]),
         .executable(name: "peermesh-probe", targets: ["peermesh-probe"]),
+        .executable(name: "mesh-chat", targets: ["mesh-chat"]),
         .executable(name: "mesh-bench", targets: ["mesh-bench"]),
         .executable(name: "peermesh-fuzz", targets: ["peermesh-fuzz"]),
     ],
@@ -56,10 +57,11 @@ let package = Package(
         .executableTarget(name: "mesh-play", dependencies: ["MeshCLI"]),
         .executableTarget(name: "mesh-impair", dependencies: ["MeshCLI"]),
         .executableTarget(name: "peermesh-probe", dependencies: ["MeshCLI"]),
+        .executableTarget(name: "mesh-chat", dependencies: ["MeshCLI"]),
         .executableTarget(name: "mesh-bench", dependencies: ["MeshCLI"]),
         // Every decoder of outside bytes, as a libFuzzer target (scripts/fuzz builds it with -sanitize=fuzzer and
         // -DFUZZING) or, in a plain build, a replayer of the corpus in fuzz/corpus.
-        .executableTarget(name: "peermesh-fuzz", dependencies: ["PeerMesh", "MeshPipeline", "MeshAudio", "MeshRelay"]),
+        .executableTarget(name: "peermesh-fuzz", dependencies: ["PeerMesh", "MeshPipeline", "MeshAudio", "MeshRelay", "MeshCLI"]),
 
         // Tests, and what they share (package-internal).
         .target(name: "MeshTestSupport", dependencies: ["MeshPOSIX", "MeshAudio"], path: "Tests/MeshTestSupport"),

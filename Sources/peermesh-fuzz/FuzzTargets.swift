@@ -1,12 +1,13 @@
 // peermesh-fuzz: every decoder of outside bytes, one target each.
 //
 //   Built by scripts/fuzz with `-sanitize=fuzzer,address -DFUZZING`: a libFuzzer binary; the target is chosen by
-//   PEERMESH_FUZZ_TARGET (frames, channel, datagram, txt, pairing, audio, opus, wav, control, nearby).
+//   PEERMESH_FUZZ_TARGET (frames, channel, datagram, txt, pairing, audio, opus, wav, control, nearby, chat).
 //   Built plainly: `peermesh-fuzz TARGET PATH...` replays files (or directories of them) through the target and
 //   says how many ran; a crash is a failed replay. scripts/test replays fuzz/corpus this way.
 import Foundation
 import MeshAudio
 import MeshPipeline
+import MeshCLI
 import MeshRelay
 import PeerMesh
 
@@ -32,6 +33,8 @@ enum FuzzTarget: String, CaseIterable {
     case control
     /// Out-of-band connection data (`NearbyConnectionData.decode`), as `connectPeer` reads it.
     case nearby
+    /// mesh-chat messages from members (`ChatMessage.decode`): only printable text gets through.
+    case chat
 
     func run(_ input: [UInt8]) {
         switch self {
@@ -45,7 +48,19 @@ enum FuzzTarget: String, CaseIterable {
         case .wav: Self.wav(input)
         case .control: Self.control(input)
         case .nearby: FuzzEntryPoints.nearbyConnectionData(input)
+        case .chat: Self.chat(input)
         }
+    }
+
+    /// What decodes is text a terminal shows as it is, and encodes back to the same bytes.
+    static func chat(_ input: [UInt8]) {
+        guard let message = ChatMessage.decode(Data(input)) else { return }
+        let text: String
+        switch message {
+        case .room(let t), .direct(let t): text = t
+        }
+        precondition(!text.unicodeScalars.contains { $0.value < 0x20 && $0 != "\t" }, "a control character got through")
+        precondition(Array(message.encoded()) == input, "a chat message does not re-encode to its bytes")
     }
 
     /// A control message from a peer: what decodes re-encodes to the same bytes; the host answers every message
@@ -200,6 +215,7 @@ func seed(into directory: String) -> Never {
             .map { [1, 0] + $0.dropFirst(AudioPacket.headerSize) }
     }
     // Control messages of every kind.
+    seeds["chat"] = [ChatMessage.room("hello, room").encoded(), ChatMessage.direct("hé 🎧\tx").encoded()].map { Array($0) }
     seeds["control"] = [
         ControlMessage.command(id: 1, .pause), .command(id: 2, .resume), .command(id: 3, .capture(.begin, .primary)),
         .command(id: 4, .capture(.single, .secondary)), .command(id: 5, .talk(true)), .reply(id: 1, .ok),

@@ -145,3 +145,40 @@ struct NearbyConnectionTests {
         #expect(throws: PeerMeshError.self) { try plain.connectPeer(try PeerID(displayName: "x"), withNearbyConnectionData: Data([1, 2])) }
     }
 }
+
+@Suite("IPv6 and dual stack on loopback", .serialized)
+struct IPv6SessionTests {
+    /// A host whose advertiser and session listen on every address, IPv4 and IPv6, and two guests that reach it
+    /// over `127.0.0.1` and `[::1]`: both join, and reliable messages and datagrams flow on each.
+    @Test(arguments: ["127.0.0.1", "::1"])
+    func guestsReachADualStackHostOverEitherFamily(_ address: String) throws {
+        let hostPeer = try PeerID(displayName: "host")
+        let host = try Session(peer: hostPeer)
+        let hostLog = MeshEventLog()
+        host.delegate = hostLog
+        hostLog.acceptInto.withLock { $0 = host }
+        let advertiser = try NearbyServiceAdvertiser(peer: hostPeer, discoveryInfo: nil, serviceType: "pm-v6",
+                                                     discovery: InProcessDiscovery())
+        advertiser.delegate = hostLog
+        try advertiser.startAdvertisingPeer()
+        let port = try #require(advertiser.port)
+
+        let guest = try Session(peer: try PeerID(displayName: "guest"), configuration: .init(bindHost: address))
+        let guestLog = MeshEventLog()
+        guest.delegate = guestLog
+        try guest.connect(to: PeerEndpoint(host: address, port: port))
+        #expect(eventually(5) { guest.connectedPeers == [hostPeer] && host.connectedPeers.count == 1 })
+        #expect(guest.isEncrypted(hostPeer))
+        try guest.send(Data("over \(address)".utf8), toPeers: [hostPeer], with: .reliable)
+        #expect(hostLog.wait(5) { $0.reliable.first?.1 == Data("over \(address)".utf8) })
+        let guestPeer = try #require(host.connectedPeers.first)
+        for i in 0..<20 { try host.send(Data([UInt8(i)]), toPeers: [guestPeer], with: .unreliable) }
+        #expect(guestLog.wait(5) { $0.datagrams.count >= 18 }, "datagrams over \(address)")
+        withExtendedLifetime(advertiser) {}
+    }
+
+    @Test func aLinkLocalAddressKeepsItsScope() throws {
+        let a = try #require(SocketAddress(numericHost: "fe80::1%lo", port: 9))
+        #expect(a.scopeID == if_nametoindex("lo") && a.host.hasSuffix("%lo"))
+    }
+}

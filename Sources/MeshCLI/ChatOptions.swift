@@ -1,0 +1,137 @@
+import FoundationEssentials
+import PeerMesh
+
+/// `mesh-chat` options: the MultipeerConnectivity demo app, a chat room over PeerMesh.
+package struct ChatOptions: CommandLineTool, Sendable, Equatable {
+    package static let program = "mesh-chat"
+
+    /// Who may join the room and be joined.
+    package enum Accept: String, Sendable, Equatable {
+        /// Only members whose keys are in the trust store (`paired.json` in the state directory).
+        case paired
+        /// Anyone on the network: an open room.
+        case all
+    }
+
+    package var name: String?
+    package var service = "mesh-chat"
+    package var accept: Accept = .paired
+    package var state = StateDirectory.default
+    /// Where received files are put.
+    package var receiveDirectory = "."
+    package var bind = ""
+    package var peerTimeout: Double = 2
+
+    package static let usage = """
+        usage: mesh-chat --name NAME [--service TYPE] [--accept paired|all] [--state-dir DIR] [--receive-dir DIR]
+          Joins the chat room of a service (default mesh-chat): every member found on the LAN is connected directly,
+          so each line goes straight to every member. Members are printed as they come and go.
+          Lines typed on stdin go to every member. Commands:
+            /to NAME text    to one member          /who          the members connected now
+            /send PATH       a file to every member (a progress bar on a terminal; the receivers print where it went)
+            /quit            leave (so does the end of input)
+          --accept MODE       paired (default): only members in the state directory's trust store; all: an open room
+          --state-dir DIR     identity and paired devices, as mesh-record and mesh-play (default ~/.config/peermesh)
+          --receive-dir DIR   where received files go (default: the current directory)
+          --bind ADDR         listen and connect on this address only
+          --peer-timeout S    a silent member is gone after S seconds (default 2)
+          Chat lines go to stdout; events and errors to stderr. Bad flags exit 2.
+        """
+
+    package static func parse(_ arguments: [String]) throws(UsageError) -> ParsedCommand<ChatOptions> {
+        var cursor = ArgumentCursor(arguments)
+        var o = ChatOptions()
+        while let flag = cursor.next() {
+            switch flag {
+            case "--help", "-h": return .help
+            case "--version": return .version
+            case "--name":
+                let name = try cursor.value(for: flag)
+                do { try PeerID.validate(displayName: name) } catch { throw UsageError("--name: \(error)") }
+                o.name = name
+            case "--service":
+                o.service = try cursor.value(for: flag)
+                do { try DiscoveryValidation.validate(serviceType: o.service) } catch { throw UsageError("--service: \(error)") }
+            case "--accept":
+                let v = try cursor.value(for: flag)
+                guard let mode = Accept(rawValue: v) else { throw UsageError("--accept takes paired or all, got \"\(v)\"") }
+                o.accept = mode
+            case "--state-dir": o.state = StateDirectory(try cursor.value(for: flag))
+            case "--receive-dir": o.receiveDirectory = try cursor.value(for: flag)
+            case "--bind": o.bind = try cursor.value(for: flag)
+            case "--peer-timeout": o.peerTimeout = try cursor.number(for: flag, in: 0.2...3_600)
+            default: throw UsageError("unknown option \"\(flag)\"")
+            }
+        }
+        guard o.name != nil else { throw UsageError("say who you are: --name NAME") }
+        return .run(o)
+    }
+}
+
+/// One line of `mesh-chat` input.
+package enum ChatInput: Equatable, Sendable {
+    /// Text for every member.
+    case say(String)
+    /// Text for the members named `name`.
+    case tell(name: String, text: String)
+    /// Send a file to every member.
+    case send(path: String)
+    /// List the members.
+    case who
+    /// Leave.
+    case quit
+    /// Nothing to do (an empty line).
+    case nothing
+    /// A command line that is not right; the text says how to write it.
+    case invalid(String)
+
+    package init(line raw: String) {
+        let line = raw.hasSuffix("\r") ? String(raw.dropLast()) : raw
+        guard line.hasPrefix("/") else {
+            self = line.isEmpty ? .nothing : .say(line)
+            return
+        }
+        let parts = line.split(separator: " ", maxSplits: 2, omittingEmptySubsequences: true)
+        switch parts.first {
+        case "/who": self = .who
+        case "/quit": self = .quit
+        case "/to":
+            guard parts.count == 3 else { self = .invalid("usage: /to NAME text"); return }
+            self = .tell(name: String(parts[1]), text: String(parts[2]))
+        case "/send":
+            // The path is the rest of the line, spaces inside it kept.
+            let path = line.dropFirst("/send".count).drop { $0 == " " }
+            self = path.isEmpty ? .invalid("usage: /send PATH") : .send(path: String(path))
+        default:
+            self = .invalid("unknown command \(parts.first ?? ""); the commands are /to, /send, /who and /quit")
+        }
+    }
+}
+
+/// A chat message on the wire (a reliable PeerMesh message): a kind byte, then UTF-8 text.
+package enum ChatMessage: Equatable, Sendable {
+    /// A line for the whole room.
+    case room(String)
+    /// A line for the receiver only.
+    case direct(String)
+
+    package func encoded() -> Data {
+        switch self {
+        case .room(let t): Data([1] + Array(t.utf8))
+        case .direct(let t): Data([2] + Array(t.utf8))
+        }
+    }
+
+    /// Decodes a message from a member; nil for anything else (counted and dropped by the app).
+    package static func decode(_ data: Data) -> ChatMessage? {
+        guard let kind = data.first, let text = String(validating: data.dropFirst(), as: UTF8.self) else { return nil }
+        // Control characters other than tab would let a member rewrite the receiver's terminal.
+        guard !text.unicodeScalars.contains(where: { ($0.value < 0x20 && $0 != "\t") || $0.value == 0x7f || (0x80...0x9f).contains($0.value) })
+        else { return nil }
+        switch kind {
+        case 1: return .room(text)
+        case 2: return .direct(text)
+        default: return nil
+        }
+    }
+}

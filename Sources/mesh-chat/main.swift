@@ -1,0 +1,253 @@
+// mesh-chat: the MultipeerConnectivity demo, on PeerMesh. Every process advertises and browses one service; each
+// pair of members found connects directly (the lower identity invites), so the room is a full mesh and a line goes
+// straight to every member. Chat lines and member events go to stdout, diagnostics to stderr.
+import Dispatch
+import FoundationEssentials
+import Glibc
+import MeshCLI
+import MeshPOSIX
+import PeerMesh
+import Synchronization
+
+let options = ChatOptions.configurationFromCommandLine()
+let terminal = Terminal(program: ChatOptions.program, quiet: false)
+let device = DeviceState.open(options.state, name: options.name, terminal: terminal)
+
+/// The room: the session, advertiser and browser delegate. Decides under its lock, acts after it.
+final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServiceBrowserDelegate, Sendable {
+    private struct State {
+        /// Members the browser sees now.
+        var found: Set<PeerID> = []
+        /// Members connected now (each joined and left line is printed once).
+        var connected: Set<PeerID> = []
+        /// Files being sent, and how far each is.
+        var sending: [ResourceProgress] = []
+    }
+
+    let me: PeerID
+    let session: Session
+    private let state = Mutex(State())
+
+    init(me: PeerID, session: Session) {
+        self.me = me
+        self.session = session
+    }
+
+    /// Whether `peer`'s key may be in the room.
+    func admits(_ key: PublicKey?) -> Bool {
+        if options.accept == .all { return true }
+        guard let key else { return false }
+        return (try? device.trust.contains(key)) ?? false
+    }
+
+    /// The lower identity of a pair invites, so two members never invite each other at once.
+    private func invite(_ peer: PeerID, browser: NearbyServiceBrowser) {
+        guard me.identity < peer.identity, state.withLock({ $0.found.contains(peer) }),
+              session.state(of: peer) == .notConnected else { return }
+        do { try browser.invitePeer(peer, to: session, withContext: nil, timeout: .seconds(10)) } catch {
+            terminal.error("cannot invite \(peer.displayName): \(error)")
+        }
+    }
+
+    // MARK: Browser
+
+    let browser = Mutex<NearbyServiceBrowser?>(nil)
+
+    func browser(_ browser: NearbyServiceBrowser, foundPeer peer: PeerID, withDiscoveryInfo info: [String: String]?) {
+        guard peer != me, admits(peer.publicKey) else { return }
+        state.withLock { _ = $0.found.insert(peer) }
+        invite(peer, browser: browser)
+    }
+
+    func browser(_ browser: NearbyServiceBrowser, lostPeer peer: PeerID) {
+        state.withLock { _ = $0.found.remove(peer) }
+    }
+
+    // MARK: Advertiser
+
+    func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceiveInvitationFromPeer peer: PeerID, withContext context: Data?,
+                    invitationHandler: @escaping @Sendable (Bool, Session?) -> Void) {
+        let ok = admits(peer.publicKey)
+        if !ok { terminal.log("\(peer.displayName) is not paired with this device; not letting it in (--accept all opens the room)") }
+        invitationHandler(ok, ok ? session : nil)
+    }
+
+    // MARK: Session
+
+    func session(_ session: Session, didReceiveCertificate certificate: PeerCertificate, fromPeer peer: PeerID,
+                 certificateHandler: @escaping @Sendable (Bool) -> Void) {
+        certificateHandler(admits(certificate.publicKey))
+    }
+
+    func session(_ session: Session, peer: PeerID, didChange state: SessionState) {
+        switch state {
+        case .connected:
+            if self.state.withLock({ $0.connected.insert(peer).inserted }) { terminal.stdout("* \(peer.displayName) joined") }
+        case .notConnected:
+            if self.state.withLock({ $0.connected.remove(peer) }) != nil { terminal.stdout("* \(peer.displayName) left") }
+            // Still advertised: try again shortly (it may have restarted).
+            DispatchQueue.global().asyncAfter(deadline: .now() + 1) { [self] in
+                if let b = browser.withLock({ $0 }) { invite(peer, browser: b) }
+            }
+        case .connecting: break
+        }
+    }
+
+    func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {
+        switch ChatMessage.decode(data) {
+        case .room(let text): terminal.stdout("<\(peer.displayName)> \(text)")
+        case .direct(let text): terminal.stdout("<\(peer.displayName) to you> \(text)")
+        case nil: terminal.error("dropped a message from \(peer.displayName) that is not chat text")
+        }
+    }
+
+    func session(_ session: Session, invitationTo peer: PeerID?, failedWith reason: DeclineReason, detail: String) {
+        if reason != .simultaneousInvite, reason != .alreadyConnected {
+            terminal.log("could not join \(peer?.displayName ?? "a member"): \(detail)")
+        }
+    }
+
+    func session(_ session: Session, didStartReceivingResourceWithName name: String, fromPeer peer: PeerID,
+                 with progress: ResourceProgress) {
+        terminal.log("receiving \(name) (\(progress.totalUnitCount) bytes) from \(peer.displayName)")
+    }
+
+    func session(_ session: Session, didFinishReceivingResourceWithName name: String, fromPeer peer: PeerID,
+                 at localURL: URL?, withError error: PeerMeshError?) {
+        guard let localURL else {
+            return terminal.error("\(name) from \(peer.displayName) did not arrive: \(error.map(String.init(describing:)) ?? "?")")
+        }
+        let target = Self.freePath(in: options.receiveDirectory, for: name)
+        do {
+            try FileManager.default.moveItem(atPath: localURL.path, toPath: target)
+            terminal.stdout("* received \(name) from \(peer.displayName): \(target)")
+        } catch {
+            terminal.error("cannot keep \(name) from \(peer.displayName) in \(options.receiveDirectory): \(error)")
+        }
+    }
+
+    /// `directory/name`, or `directory/name.1`, `.2`… if taken.
+    static func freePath(in directory: String, for name: String) -> String {
+        var path = "\(directory)/\(name)"
+        var n = 1
+        while FileManager.default.fileExists(atPath: path) {
+            path = "\(directory)/\(name).\(n)"
+            n += 1
+        }
+        return path
+    }
+
+    // MARK: Input
+
+    /// Members now, by name.
+    var members: [PeerID] { session.connectedPeers.sorted { ($0.displayName, $0.identity) < ($1.displayName, $1.identity) } }
+
+    func handle(_ input: ChatInput) {
+        switch input {
+        case .nothing: break
+        case .invalid(let text): terminal.error(text)
+        case .who: terminal.stdout("* members: \(members.map(\.displayName).joined(separator: ", "))")
+        case .say(let text): send(.room(text), to: members)
+        case .tell(let name, let text):
+            let to = members.filter { $0.displayName == name }
+            if to.isEmpty { terminal.error("no member named \(name) (/who lists them)") } else { send(.direct(text), to: to) }
+        case .send(let path): sendFile(path)
+        case .quit: break
+        }
+    }
+
+    private func send(_ message: ChatMessage, to peers: [PeerID]) {
+        guard !peers.isEmpty else { return terminal.error("nobody is here yet: the line was not sent") }
+        do { try session.send(message.encoded(), toPeers: peers, with: .reliable) } catch {
+            terminal.error("not sent: \(error)")
+        }
+    }
+
+    private func sendFile(_ path: String) {
+        let peers = members
+        guard !peers.isEmpty else { return terminal.error("nobody is here yet: \(path) was not sent") }
+        let name = String(path.split(separator: "/").last ?? Substring(path))
+        for peer in peers {
+            do {
+                let progress = try session.sendResource(at: URL(fileURLWithPath: path), withName: name, toPeer: peer) { error in
+                    if let error { terminal.error("\(name) to \(peer.displayName) failed: \(error)") } else {
+                        terminal.log("sent \(name) to \(peer.displayName)")
+                    }
+                }
+                progress.setUpdateHandler { [self] _ in drawProgress() }
+                state.withLock { $0.sending.append(progress) }
+            } catch {
+                return terminal.error("cannot send \(path): \(error)")
+            }
+        }
+    }
+
+    /// The progress bar of every file being sent (terminals only).
+    private func drawProgress() {
+        guard terminal.isTTY else { return }
+        let (done, total) = state.withLock { s -> (Int64, Int64) in
+            s.sending.removeAll { $0.isFinished }
+            return (s.sending.reduce(0) { $0 + $1.completedUnitCount }, s.sending.reduce(0) { $0 + $1.totalUnitCount })
+        }
+        guard total > 0 else { return terminal.status("") }
+        let width = 30, filled = Int(Double(width) * Double(done) / Double(total))
+        terminal.status("sending [\(String(repeating: "#", count: filled))\(String(repeating: ".", count: width - filled))] \(done * 100 / total)%")
+    }
+
+    /// Waits (up to `seconds`) for the files being sent to finish.
+    func waitForSends(seconds: Double) {
+        let deadline = MonotonicClock.nowNanos() + UInt64(seconds * 1e9)
+        while MonotonicClock.nowNanos() < deadline, state.withLock({ s in s.sending.contains { !$0.isFinished } }) {
+            usleep(20_000)
+        }
+    }
+}
+
+let me = device.identity.peerID
+let session: Session
+let advertiser: NearbyServiceAdvertiser
+let browser: NearbyServiceBrowser
+do {
+    session = try Session(securityIdentity: device.identity,
+                          configuration: .init(peerTimeout: .milliseconds(Int64(options.peerTimeout * 1000)), bindHost: options.bind))
+    advertiser = try NearbyServiceAdvertiser(peer: me, discoveryInfo: nil, serviceType: options.service, bindHost: options.bind)
+    browser = try NearbyServiceBrowser(peer: me, serviceType: options.service)
+} catch {
+    terminal.fail("\(error)")
+}
+let room = Room(me: me, session: session)
+session.delegate = room
+advertiser.delegate = room
+browser.delegate = room
+room.browser.withLock { $0 = browser }
+do {
+    try advertiser.startAdvertisingPeer()
+    try browser.startBrowsingForPeers()
+} catch {
+    terminal.fail("\(error)")
+}
+terminal.log("in the room \(options.service) as \(me.displayName) (key \(device.identity.publicKey.shortFingerprint))"
+             + (options.accept == .all ? ", open to anyone" : ", paired members only (--accept all opens the room)"))
+
+/// Leaves the room (GOODBYE to every member) and exits 0.
+func leave() -> Never {
+    room.waitForSends(seconds: 600)
+    advertiser.stopAdvertisingPeer()
+    browser.stopBrowsingForPeers()
+    session.disconnect()
+    usleep(200_000)  // let the GOODBYEs go out
+    terminal.finish()
+    exit(0)
+}
+
+let signals = SignalTrap { _ in leave() }
+// stdin on its own thread: the main queue stays free for signals.
+OSThread.detach(name: "pm-stdin") {
+    while let line = readLine(strippingNewline: true) {
+        let input = ChatInput(line: line)
+        if input == .quit { break }
+        room.handle(input)
+    }
+    leave()
+}
+withExtendedLifetime(signals) { dispatchMain() }

@@ -1,0 +1,165 @@
+import Foundation
+import Testing
+import MeshCLI
+import MeshTestSupport
+@testable import PeerMesh
+
+/// `mesh-chat` members as real processes over the Avahi rig on lo, each with its own state directory and stdin.
+private final class Member {
+    let name: String
+    let directory: String
+    let input = Pipe()
+    let process: ChildProcess
+
+    init(_ name: String, service: String, root: String, extra: [String] = ["--accept", "all"]) throws {
+        self.name = name
+        directory = "\(root)/\(name)"
+        try FileManager.default.createDirectory(atPath: directory + "/inbox", withIntermediateDirectories: true)
+        process = try ChildProcess(product: "mesh-chat", ["--name", name, "--service", service, "--state-dir", directory + "/state",
+                                                         "--receive-dir", directory + "/inbox", "--peer-timeout", "2"] + extra,
+                                   stdin: input.fileHandleForReading)
+    }
+
+    func type(_ line: String) { input.fileHandleForWriting.write(Data((line + "\n").utf8)) }
+    func endInput() { try? input.fileHandleForWriting.close() }
+    var lines: [String] { process.stdout }
+    func count(_ line: String) -> Int { lines.filter { $0 == line }.count }
+
+    /// The last `/who` answer, as names.
+    func who() -> [String]? {
+        guard let l = lines.last(where: { $0.hasPrefix("* members:") }) else { return nil }
+        return l.dropFirst("* members:".count).split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+    }
+}
+
+@Suite("mesh-chat: a full-mesh room of real processes over Avahi on lo", .serialized,
+       .enabled(if: Rig.avahi, "needs MESH_AVAHI_RIG=1 (scripts/lib/avahi-rig.sh)"))
+struct MeshChatTests {
+    private func room(_ n: Int) throws -> [Member] {
+        let service = Rig.uniqueService()
+        let root = Rig.tempPath("chat-\(UUID().uuidString)")
+        let members = try (0..<n).map { try Member("m\($0)", service: service, root: root) }
+        // Everyone is connected to everyone: each member saw each other one join.
+        let joined = eventually(30) { members.allSatisfy { m in members.allSatisfy { $0 === m || m.count("* \($0.name) joined") == 1 } } }
+        #expect(joined, "not all joined: \(members.map { "\($0.name): \($0.lines)" })")
+        return members
+    }
+
+    @Test("Every line reaches every other member exactly once, /who agrees, and a killed member leaves everyone", arguments: [3, 5])
+    func linesWhoAndDeparture(_ n: Int) throws {
+        let members = try room(n)
+        for m in members { m.type("hello from \(m.name)") }
+        for m in members { m.type("/to \(members[0].name) only for \(members[0].name) from \(m.name)") }
+        #expect(eventually(10) { members.allSatisfy { m in members.allSatisfy { $0 === m || m.count("<\($0.name)> hello from \($0.name)") == 1 } } })
+        usleep(300_000)
+        for m in members {
+            for other in members where other !== m {
+                #expect(m.count("<\(other.name)> hello from \(other.name)") == 1, "\(m.name) heard \(other.name) once")
+            }
+            #expect(!m.lines.contains("<\(m.name)> hello from \(m.name)"), "nobody hears itself")
+        }
+        // A direct line reaches only the member it names.
+        #expect(eventually(5) { members[0].lines.filter { $0.contains("to you> only for m0") }.count == n - 1 })
+        for m in members.dropFirst() { #expect(!m.lines.contains { $0.contains("only for m0") }) }
+
+        for m in members { m.type("/who") }
+        #expect(eventually(5) { members.allSatisfy { $0.who() != nil } })
+        for m in members {
+            #expect(m.who() == members.filter { $0 !== m }.map(\.name).sorted(), "\(m.name)'s /who")
+        }
+
+        // kill -9 of the last: everyone else says it left, within the peer timeout (2 s) and some slack.
+        let gone = members[n - 1]
+        let start = Date()
+        gone.process.stop()
+        #expect(eventually(6) { members.dropLast().allSatisfy { $0.count("* \(gone.name) left") == 1 } })
+        #expect(Date().timeIntervalSince(start) < 4.5, "left after \(Date().timeIntervalSince(start)) s")
+
+        // End of input leaves the room and exits 0.
+        for m in members.dropLast() { m.endInput() }
+        for m in members.dropLast() { #expect(m.process.waitForExit(seconds: 10) == 0, "\(m.name) exit status") }
+    }
+
+    @Test("A 50 MB file arrives at every member with an equal SHA-256 while another member's lines keep arriving")
+    func fileWhileChatting() throws {
+        let members = try room(3)
+        let (a, b, c) = (members[0], members[1], members[2])
+        let path = a.directory + "/big.bin"
+        var rng = SeededRandom(seed: 50)
+        var bytes = [UInt8](repeating: 0, count: 50 << 20)
+        bytes.withUnsafeMutableBytes { raw in for i in raw.bindMemory(to: UInt64.self).indices { raw.bindMemory(to: UInt64.self)[i] = rng.next() } }
+        try Data(bytes).write(to: URL(fileURLWithPath: path))
+        a.type("/send \(path)")
+        for i in 0..<20 {
+            b.type("chat \(i)")
+            usleep(20_000)
+        }
+        #expect(eventually(60) { [b, c].allSatisfy { m in m.lines.contains { $0.hasPrefix("* received big.bin from m0: ") } } })
+        #expect(eventually(5) { (0..<20).allSatisfy { c.count("<m1> chat \($0)") == 1 } })
+        let digest = Sodium.sha256([bytes])
+        for m in [b, c] {
+            let line = try #require(m.lines.first { $0.hasPrefix("* received big.bin from m0: ") })
+            let got = try Data(contentsOf: URL(fileURLWithPath: String(line.dropFirst("* received big.bin from m0: ".count))))
+            #expect(Sodium.sha256([Array(got)]) == digest, "\(m.name)'s copy")
+        }
+        // The lines were not held up behind the file: c had some before the file was in.
+        let cLines = c.lines
+        if let fileAt = cLines.firstIndex(where: { $0.hasPrefix("* received big.bin") }),
+           let firstChat = cLines.firstIndex(of: "<m1> chat 0") {
+            #expect(firstChat < fileAt, "chat waited for the 50 MB file")
+        }
+        for m in members { m.endInput() }
+        for m in members { #expect(m.process.waitForExit(seconds: 20) == 0) }
+    }
+
+    @Test("By default only paired members get in: two strangers stay apart")
+    func pairedOnlyByDefault() throws {
+        let service = Rig.uniqueService()
+        let root = Rig.tempPath("chat-\(UUID().uuidString)")
+        let x = try Member("x", service: service, root: root, extra: [])
+        let y = try Member("y", service: service, root: root, extra: [])
+        usleep(3_000_000)
+        #expect(!x.lines.contains { $0.contains("joined") } && !y.lines.contains { $0.contains("joined") })
+        #expect(x.process.stderr.contains { $0.contains("paired members only") })
+        x.endInput(); y.endInput()
+        #expect(x.process.waitForExit(seconds: 10) == 0 && y.process.waitForExit(seconds: 10) == 0)
+    }
+}
+
+@Suite("mesh-chat: command lines and wire text (pure)")
+struct ChatParsingTests {
+    @Test func inputLines() {
+        #expect(ChatInput(line: "hi there") == .say("hi there"))
+        #expect(ChatInput(line: "") == .nothing)
+        #expect(ChatInput(line: "/who") == .who)
+        #expect(ChatInput(line: "/quit") == .quit)
+        #expect(ChatInput(line: "/to ann see you") == .tell(name: "ann", text: "see you"))
+        #expect(ChatInput(line: "/send /tmp/a b.wav") == .send(path: "/tmp/a b.wav"))
+        #expect(ChatInput(line: "hello\r") == .say("hello"))
+        guard case .invalid = ChatInput(line: "/to ann") else { Issue.record("/to without text"); return }
+        guard case .invalid = ChatInput(line: "/send") else { Issue.record("/send without a path"); return }
+        guard case .invalid = ChatInput(line: "/dance") else { Issue.record("unknown command"); return }
+    }
+
+    @Test func messagesRoundTripAndHostileTextIsDropped() {
+        #expect(ChatMessage.decode(ChatMessage.room("hé 🎧").encoded()) == .room("hé 🎧"))
+        #expect(ChatMessage.decode(ChatMessage.direct("x\ty").encoded()) == .direct("x\ty"))
+        #expect(ChatMessage.decode(Data()) == nil)
+        #expect(ChatMessage.decode(Data([3, 0x61])) == nil, "unknown kind")
+        #expect(ChatMessage.decode(Data([1, 0xff])) == nil, "not UTF-8")
+        #expect(ChatMessage.decode(Data([1] + Array("\u{1B}[2Jowned".utf8))) == nil, "terminal escapes")
+        #expect(ChatMessage.decode(Data([1] + Array("a\nb".utf8))) == nil, "a second line")
+    }
+
+    @Test func options() throws {
+        guard case .run(let o) = try ChatOptions.parse(["--name", "ann", "--accept", "all", "--service", "room-1"]) else {
+            Issue.record("not a run"); return
+        }
+        #expect(o.name == "ann" && o.accept == .all && o.service == "room-1")
+        #expect(throws: UsageError.self) { try ChatOptions.parse([]) }
+        #expect(throws: UsageError.self) { try ChatOptions.parse(["--name", "ann", "--accept", "some"]) }
+        #expect(throws: UsageError.self) { try ChatOptions.parse(["--name", "ann", "--service", "Not_Valid"]) }
+        #expect(throws: UsageError.self) { try ChatOptions.parse(["--name", ""]) }
+        #expect(try ChatOptions.parse(["--help"]) == .help)
+    }
+}
