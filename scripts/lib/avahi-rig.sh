@@ -31,9 +31,12 @@ avahi_rig__daemon_running() {
     2>/dev/null | grep -q 'int32 2'
 }
 
-# avahi_rig__write_conf FILE IFACE [HOSTNAME] — an avahi-daemon config pinned to one interface, IPv4 only, nothing
-# published beyond what clients ask for. The two-host rig (netns-rig.sh) names each namespace's host with HOSTNAME.
+# avahi_rig__write_conf FILE IFACE [HOSTNAME [ipv6]] — an avahi-daemon config pinned to one interface, IPv4 only
+# (IPv4 and IPv6 with `ipv6`), nothing published beyond what clients ask for. The two-host rig (netns-rig.sh)
+# names each namespace's host with HOSTNAME and turns IPv6 on for its veth (lo has no IPv6 multicast).
 avahi_rig__write_conf() {
+  local ipv6=no
+  [[ ${4:-} == ipv6 ]] && ipv6=yes
   {
     echo "# Written by scripts/lib/avahi-rig.sh — mDNS stays on $2 only."
     echo "[server]"
@@ -41,7 +44,7 @@ avahi_rig__write_conf() {
     cat <<EOF
 allow-interfaces=$2
 use-ipv4=yes
-use-ipv6=no
+use-ipv6=$ipv6
 disallow-other-stacks=yes
 ratelimit-interval-usec=1000000
 ratelimit-burst=1000

@@ -6,8 +6,10 @@
 #                         (A: 198.18.0.1/30 on pma<sfx>, B: 198.18.0.2/30 on pmb<sfx>; 198.18.0.0/15 is the
 #                         benchmarking range, never routed here). Each host gets a private mount namespace with
 #                         a tmpfs on /run, its own `dbus-daemon --system` and its own avahi-daemon whose config
-#                         names only that host's veth. Exports MESH_NETNS_RIG=DIR, MESH_NETNS_A_ADDR,
-#                         MESH_NETNS_B_ADDR.
+#                         names only that host's veth (IPv4 and IPv6). The veth also carries the IPv6 ULAs
+#                         fd00:6::1/64 (A) and fd00:6::2/64 (B), and each end's link-local address. Exports
+#                         MESH_NETNS_RIG=DIR, MESH_NETNS_A_ADDR, MESH_NETNS_B_ADDR, MESH_NETNS_A_ADDR6,
+#                         MESH_NETNS_B_ADDR6, MESH_NETNS_A_IF, MESH_NETNS_B_IF.
 #   netns_rig_stop DIR    stops every process in both namespaces (by PID), then deletes the namespaces (which
 #                         deletes the veth). Safe to call twice and after a failed start.
 #   scripts/on-host A|B CMD…  runs CMD on a host (its network and mount namespaces, so it sees that host's bus).
@@ -17,6 +19,8 @@
 
 NETNS_RIG_A_ADDR=198.18.0.1
 NETNS_RIG_B_ADDR=198.18.0.2
+NETNS_RIG_A_ADDR6=fd00:6::1
+NETNS_RIG_B_ADDR6=fd00:6::2
 
 # The avahi-daemon config writer is shared with the loopback rig.
 # shellcheck source=avahi-rig.sh
@@ -60,7 +64,7 @@ netns_rig__start_host() {
     { netns_rig__log "host $host: dbus-daemon failed"; return 1; }
   echo "$pid" >"$dir/$host.dbus.pid"
 
-  avahi_rig__write_conf "$dir/$host.avahi-daemon.conf" "$iface" "pm-$lower"
+  avahi_rig__write_conf "$dir/$host.avahi-daemon.conf" "$iface" "pm-$lower" ipv6
   # exec, so that $! is avahi-daemon itself (nsenter without a PID namespace execs, it does not fork).
   (exec nsenter -t "$(cat "$dir/$host.holder")" -m -n -- avahi-daemon --no-drop-root --no-chroot --no-rlimits \
     -f "$dir/$host.avahi-daemon.conf" </dev/null >"$dir/$host.avahi.log" 2>&1) &
@@ -91,6 +95,8 @@ netns_rig_start() {
          ip link add "$ifA" type veth peer name "$ifB" &&
          ip link set "$ifA" netns "$nsA" && ip link set "$ifB" netns "$nsB" &&
          ip -n "$nsA" addr add "$NETNS_RIG_A_ADDR/30" dev "$ifA" && ip -n "$nsB" addr add "$NETNS_RIG_B_ADDR/30" dev "$ifB" &&
+         ip -n "$nsA" addr add "$NETNS_RIG_A_ADDR6/64" dev "$ifA" nodad &&
+         ip -n "$nsB" addr add "$NETNS_RIG_B_ADDR6/64" dev "$ifB" nodad &&
          ip -n "$nsA" link set lo up && ip -n "$nsB" link set lo up &&
          ip -n "$nsA" link set "$ifA" multicast on up && ip -n "$nsB" link set "$ifB" multicast on up; }; then
     netns_rig__log "could not create the namespaces and veth pair"
@@ -102,7 +108,8 @@ netns_rig_start() {
     netns_rig_stop "$dir"
     return 1
   fi
-  export MESH_NETNS_RIG=$dir MESH_NETNS_A_ADDR=$NETNS_RIG_A_ADDR MESH_NETNS_B_ADDR=$NETNS_RIG_B_ADDR
+  export MESH_NETNS_RIG=$dir MESH_NETNS_A_ADDR=$NETNS_RIG_A_ADDR MESH_NETNS_B_ADDR=$NETNS_RIG_B_ADDR \
+    MESH_NETNS_A_ADDR6=$NETNS_RIG_A_ADDR6 MESH_NETNS_B_ADDR6=$NETNS_RIG_B_ADDR6 MESH_NETNS_A_IF=$ifA MESH_NETNS_B_IF=$ifB
   netns_rig__log "ready: host A = $nsA ($NETNS_RIG_A_ADDR on $ifA), host B = $nsB ($NETNS_RIG_B_ADDR on $ifB)"
 }
 
@@ -146,6 +153,7 @@ netns_rig_stop() {
   # A veth that never reached its namespace lives in the root namespace.
   ip link show "$IF_A" >/dev/null 2>&1 && { ip link del "$IF_A" || true; }
   rm -f "$dir/names"
-  [[ ${MESH_NETNS_RIG:-} == "$dir" ]] && unset MESH_NETNS_RIG MESH_NETNS_A_ADDR MESH_NETNS_B_ADDR
+  [[ ${MESH_NETNS_RIG:-} == "$dir" ]] &&
+    unset MESH_NETNS_RIG MESH_NETNS_A_ADDR MESH_NETNS_B_ADDR MESH_NETNS_A_ADDR6 MESH_NETNS_B_ADDR6 MESH_NETNS_A_IF MESH_NETNS_B_IF
   return 0
 }
