@@ -58,7 +58,7 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
         self.configuration = configuration
         self.log = log
         session = try Session(securityIdentity: configuration.identity,
-                              configuration: .init(bindHost: configuration.bindHost, maximumMessageSize: 4096))
+                              configuration: .init(bindHost: configuration.bindHost, maximumMessageSize: 4096, topology: .star))
         if case .discover = configuration.target {
             browser = try NearbyServiceBrowser(peer: configuration.identity.peerID, serviceType: configuration.serviceType,
                                                discovery: configuration.discovery)

@@ -223,7 +223,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         advertisedChanged = advertised
         let sessionConfig = Session.Configuration(maximumPeers: configuration.maximumPeers, peerTimeout: configuration.peerTimeout,
                                                   udpPort: configuration.port, bindHost: configuration.bindHost,
-                                                  maximumPeersPerHost: configuration.maximumPlayersPerAddress)
+                                                  maximumPeersPerHost: configuration.maximumPlayersPerAddress, topology: .star)
         // One port number for UDP and TCP. With no port asked for, the session's free UDP port may be taken for TCP
         // (by any connection's local port): then try another.
         var attempt = 0
@@ -247,7 +247,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         pairingSession = try Session(securityIdentity: configuration.identity,
                                      configuration: .init(maximumPeers: 4, peerTimeout: configuration.peerTimeout,
                                                           bindHost: configuration.bindHost, maximumMessageSize: 4096,
-                                                          maximumPeersPerHost: 2))
+                                                          maximumPeersPerHost: 2, topology: .star))
         let players = Players()
         self.players = players
         control = Mutex(HostControl(clips: configuration.clips != nil, talk: configuration.talk != nil,

@@ -201,7 +201,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         self.onGiveUp = onGiveUp
         peer = configuration.identity.peerID
         let session = try Session(securityIdentity: configuration.identity, encryptionPreference: configuration.encryption,
-                                  configuration: .init(peerTimeout: configuration.peerTimeout, bindHost: configuration.bindHost))
+                                  configuration: .init(peerTimeout: configuration.peerTimeout, bindHost: configuration.bindHost, topology: .star))
         self.session = session
         if case .discover = configuration.target {
             browser = try NearbyServiceBrowser(peer: peer, serviceType: configuration.serviceType, discovery: configuration.discovery)

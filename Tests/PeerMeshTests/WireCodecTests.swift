@@ -81,6 +81,10 @@ private let sampleFrames: [ControlFrame] = [
     .stream(.credit(id: 3, bytes: UInt32(StreamFrame.window))),
     .stream(.close(id: 4, byWriter: true, .finished)),
     .stream(.close(id: 5, byWriter: false, .refused)),
+    .mesh(.introRequest(peer: try! PeerID(displayName: "newcomer"))),
+    .mesh(.introData(forIdentity: 7, data: [])),
+    .mesh(.introData(forIdentity: .max, data: [UInt8](repeating: 3, count: MeshFrame.maximumData))),
+    .mesh(.introduce(peer: try! PeerID(displayName: "member"), data: [1, 2, 3])),
 ]
 
 @Suite struct WireCodecTests {
@@ -188,7 +192,7 @@ private let sampleFrames: [ControlFrame] = [
 
     @Test func otherFrameFailures() {
         #expect(decode([]) == .failure(.truncated))
-        for t: UInt8 in [0, 17, 18, 0x80, 0xff] { #expect(decode([t]) == .failure(.unknownType(t))) }
+        for t: UInt8 in [0, 20, 21, 0x80, 0xff] { #expect(decode([t]) == .failure(.unknownType(t))) }
         #expect(decode([6, 0]) == .failure(.trailingBytes))
         #expect(decode([7, 1, 2]) == .failure(.trailingBytes))
         #expect(decode([3, 0, 1] + be64(1) + [0]) == .failure(.trailingBytes))
@@ -209,6 +213,14 @@ private let sampleFrames: [ControlFrame] = [
         #expect(ControlFrame.resource(.chunk(id: 0x0102_0304, bytes: [9])).encoded() == [0, 0, 0, 6, 9, 1, 2, 3, 4, 9])
         #expect(ControlFrame.resource(.cancel(id: 2)).encoded() == [0, 0, 0, 5, 11, 0, 0, 0, 2])
         #expect(ControlFrame.resource(.result(id: 2, .refused, "no")).encoded() == [0, 0, 0, 10, 12, 0, 0, 0, 2, 4, 0, 2, 0x6e, 0x6f])
+    }
+
+    @Test func meshFrameFailures() {
+        #expect(decode([17, 0]) == .failure(.truncated))
+        #expect(decode([17, 0] + [UInt8](repeating: 1, count: 32)) == .failure(.badField("mesh peer")), "an empty name")
+        #expect(decode([18, 0, 0, 0, 0, 0, 0, 0, 1] + [UInt8](repeating: 0, count: MeshFrame.maximumData + 1))
+                == .failure(.badField("mesh data length")))
+        #expect(decode([19, 1, 0x61] + [UInt8](repeating: 1, count: 32)) == .failure(.badField("mesh data length")), "no data")
     }
 
     @Test func streamFrameEncodingsAndFailures() {

@@ -122,12 +122,16 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
 
     deinit { advertiser.stopAdvertisingPeer() }
 
+    /// Live tickets at most; past it the oldest goes (a member that asks for introductions without end).
+    static let maximumTickets = 256
+
     /// A new ticket for `peer`.
     func issue(for peer: PeerID) -> [UInt8] {
         let ticket = Sodium.randomBytes(NearbyConnectionData.ticketSize)
         let now = MonotonicClock.nowNanos()
         tickets.withLock { t in
             t = t.filter { $0.value.expires > now }
+            if t.count >= Self.maximumTickets, let oldest = t.min(by: { $0.value.expires < $1.value.expires }) { t[oldest.key] = nil }
             t[ticket] = Ticket(forPeer: peer, expires: now + Self.lifetime)
         }
         return ticket
@@ -172,17 +176,28 @@ extension Session {
     /// - Throws: `invalidParameter` on a session without encryption (the data pins keys); `transport` if the
     ///   listener cannot be opened.
     public func nearbyConnectionData(forPeer peer: PeerID) throws(PeerMeshError) -> Data {
+        try nearbyConnectionData(forPeer: peer, preferring: nil)
+    }
+
+    /// The same, listing `preferred` (an address this session is reached at, such as the local end of the link an
+    /// introduction came over) first.
+    func nearbyConnectionData(forPeer peer: PeerID, preferring preferred: String?) throws(PeerMeshError) -> Data {
         guard encryptionPreference != .none, myPeerID.publicKey != nil else {
             throw .invalidParameter("nearbyConnectionData needs an encrypted session (the data pins the keys)")
         }
         let acceptor = try directAcceptor()
         guard let port = acceptor.advertiser.port else { throw .transport("the direct listener is not running") }
-        let addresses: [String]
+        var addresses: [String]
         if core.bindHost.isEmpty {
-            addresses = SocketAddress.localInterfaceAddresses(port: port).prefix(NearbyConnectionData.maximumAddresses).map(\.host)
+            addresses = SocketAddress.localInterfaceAddresses(port: port).map(\.host)
         } else {
             addresses = [core.bindHost]
         }
+        if let preferred {
+            addresses.removeAll { $0 == preferred }
+            addresses.insert(preferred, at: 0)
+        }
+        addresses = Array(addresses.prefix(NearbyConnectionData.maximumAddresses))
         guard !addresses.isEmpty else { throw .transport("this machine has no address to give") }
         let data = NearbyConnectionData(peer: myPeerID, forIdentity: peer.identity, ticket: acceptor.issue(for: peer),
                                         port: port, addresses: addresses)

@@ -106,7 +106,16 @@ public struct SessionStatistics: Sendable, Equatable {
 /// `NearbyServiceAdvertiser` hands the invitation to its app, and the app accepts into a session. `connect(to:)`
 /// invites an advertiser at a known address without discovery.
 public final class Session: Sendable {
-    /// Limits and timing.
+    /// Whether members connect to each other (as in MC) or only to the peer they joined.
+    public enum Topology: Sendable, Equatable {
+        /// A peer that joins is introduced to every member, and they connect directly: every member's
+        /// `connectedPeers` lists all the others (the default, as MC).
+        case mesh
+        /// Peers are connected only to whom they invited or accepted (the relay: players never see each other).
+        case star
+    }
+
+    /// Limits, timing and topology.
     public struct Configuration: Sendable {
         /// Peers in the session, ourselves included (MC's default is 8).
         public var maximumPeers: Int = 8
@@ -131,11 +140,13 @@ public final class Session: Sendable {
         public var resourceDirectory: String = ""
         /// Largest resource accepted from a peer, in bytes (default 64 GiB); a larger one is refused.
         public var maximumResourceSize: UInt64 = 1 << 36
+        /// `.mesh` (default) or `.star`. A session without encryption is always a star (introductions pin keys).
+        public var topology: Topology = .mesh
 
         public init(maximumPeers: Int = 8, peerTimeout: Duration = .seconds(2), heartbeatInterval: Duration? = nil,
                     udpPort: UInt16 = 0, bindHost: String = "", maximumMessageSize: Int = 1 << 20,
                     maximumPeersPerHost: Int = 4, maximumQueuedBytes: Int = 8 << 20, resourceDirectory: String = "",
-                    maximumResourceSize: UInt64 = 1 << 36) {
+                    maximumResourceSize: UInt64 = 1 << 36, topology: Topology = .mesh) {
             self.maximumPeers = maximumPeers
             self.peerTimeout = peerTimeout
             self.heartbeatInterval = heartbeatInterval
@@ -146,6 +157,7 @@ public final class Session: Sendable {
             self.maximumQueuedBytes = maximumQueuedBytes
             self.resourceDirectory = resourceDirectory
             self.maximumResourceSize = maximumResourceSize
+            self.topology = topology
         }
     }
 

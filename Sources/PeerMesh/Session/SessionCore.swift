@@ -101,6 +101,7 @@ final class SessionCore: Sendable {
         var outgoingResources: [ResourceKey: OutgoingResource] = [:]
         var incomingResources: [ResourceKey: IncomingResource] = [:]
         var streams = StreamStateMachine()
+        var membership: MembershipStateMachine
         var outputStreams: [StreamKey: OutputByteStream] = [:]
         var inputStreams: [StreamKey: InputByteStream] = [:]
     }
@@ -160,7 +161,9 @@ final class SessionCore: Sendable {
         shared = Mutex(Shared(machine: machine))
         var limits = ResourceStateMachine.Limits()
         limits.maximumSize = c.maximumResourceSize
-        io = LoopBound(IO(resources: ResourceStateMachine(limits: limits)), loop: loop)
+        let topology: Session.Topology = preference == .none ? .star : c.topology
+        io = LoopBound(IO(resources: ResourceStateMachine(limits: limits),
+                          membership: MembershipStateMachine(me: peer, topology: topology, maximumPeers: c.maximumPeers)), loop: loop)
     }
 
     /// The security layer's settings for a link of this session.
@@ -485,6 +488,11 @@ final class SessionCore: Sendable {
             switch a {
             case .report(let p, let st):
                 if let s = receiver.0, let d = receiver.1 { d.session(s, peer: p, didChange: st) }
+                switch st {
+                case .connected: performMembership(io.value.membership.connected(p))
+                case .notConnected: performMembership(io.value.membership.disconnected(p))
+                case .connecting: break
+                }
             case .deliver(let p, let bytes):
                 if let s = receiver.0, let d = receiver.1 { d.session(s, didReceive: Data(bytes), fromPeer: p) }
             case .invitationFailed(let l, let p, let r):
@@ -524,6 +532,8 @@ final class SessionCore: Sendable {
                 performResources(io.value.resources.received(frame, on: l, from: p))
             case .stream(let l, let p, let frame):
                 performStreams(io.value.streams.received(frame, on: l, from: p))
+            case .mesh(let p, let frame):
+                performMembership(io.value.membership.received(frame, from: p))
             case .linkDown(let l):
                 io.value.router.routeDown(link: l)
                 io.value.counters[l] = nil

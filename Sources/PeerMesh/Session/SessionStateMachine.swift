@@ -34,6 +34,8 @@ struct SessionStateMachine: Sendable {
         case resource(LinkID, PeerID, ResourceFrame)
         /// A byte-stream frame from `peer` on `link`, for the stream machine.
         case stream(LinkID, PeerID, StreamFrame)
+        /// A full-mesh frame from `peer`, for the membership machine.
+        case mesh(PeerID, MeshFrame)
     }
 
     /// Timing and limits.
@@ -179,6 +181,9 @@ struct SessionStateMachine: Sendable {
         case (.connected(let peer, _, let next), .stream(let f)):
             links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
             return [.stream(link, peer, f)]
+        case (.connected(let peer, _, let next), .mesh(let f)):
+            links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
+            return [.mesh(peer, f)]
         case (.connected(let peer, _, let next), .heartbeat):
             links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
             return []

@@ -64,6 +64,8 @@ enum ControlFrame: Equatable, Sendable {
     case resource(ResourceFrame)
     /// A byte stream's frame (`Session.startStream`).
     case stream(StreamFrame)
+    /// A full-mesh introduction's frame.
+    case mesh(MeshFrame)
 
     struct InviteBody: Equatable, Sendable {
         var context: [UInt8]
@@ -76,6 +78,7 @@ enum ControlFrame: Equatable, Sendable {
         case hello = 1, invite = 2, accept = 3, decline = 4, data = 5, heartbeat = 6, goodbye = 7
         case resourceStart = 8, resourceChunk = 9, resourceEnd = 10, resourceCancel = 11, resourceResult = 12
         case streamOpen = 13, streamData = 14, streamCredit = 15, streamClose = 16
+        case meshIntroRequest = 17, meshIntroData = 18, meshIntroduce = 19
     }
 
     /// The frame's name, for diagnostics.
@@ -90,6 +93,7 @@ enum ControlFrame: Equatable, Sendable {
         case .goodbye: "GOODBYE"
         case .resource(let r): r.name
         case .stream(let f): f.name
+        case .mesh(let f): f.name
         }
     }
 
@@ -145,6 +149,8 @@ enum ControlFrame: Equatable, Sendable {
         case .resource(let r):
             r.encode(into: &w)
         case .stream(let f):
+            f.encode(into: &w)
+        case .mesh(let f):
             f.encode(into: &w)
         }
         var out = w.bytes
@@ -220,6 +226,11 @@ enum ControlFrame: Equatable, Sendable {
         case .streamOpen, .streamData, .streamCredit, .streamClose:
             switch StreamFrame.decode(kind, &r) {
             case .success(let f): frame = .stream(f)
+            case .failure(let e): return .failure(e)
+            }
+        case .meshIntroRequest, .meshIntroData, .meshIntroduce:
+            switch MeshFrame.decode(kind, &r) {
+            case .success(let f): frame = .mesh(f)
             case .failure(let e): return .failure(e)
             }
         }

@@ -164,6 +164,8 @@ package enum FuzzEntryPoints {
             .resource(.result(id: 3, .refused, "too many")),
             .stream(.open(id: 1, name: "mic")), .stream(.data(id: 1, bytes: [9, 9])), .stream(.credit(id: 1, bytes: 2)),
             .stream(.close(id: 1, byWriter: true, .finished)),
+            .mesh(.introRequest(peer: fixtures.responder)), .mesh(.introData(forIdentity: 9, data: [1, 2])),
+            .mesh(.introduce(peer: fixtures.responder, data: [3])),
         ]
         let stream = frames.flatMap { $0.encoded() }
         // A handshake's first messages, as an initiator writes them.

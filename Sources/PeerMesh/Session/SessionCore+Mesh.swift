@@ -1,0 +1,30 @@
+import FoundationEssentials
+import MeshPOSIX
+
+/// Full-mesh introductions: the driver of `MembershipStateMachine` (loop thread only).
+extension SessionCore {
+    func performMembership(_ actions: [MembershipStateMachine.Action]) {
+        for action in actions {
+            switch action {
+            case .send(let peer, let frame):
+                guard let link = shared.withLock({ $0.machine.primaryLink(for: peer) }) else { continue }
+                io.value.connections[link]?.send(.mesh(frame))
+            case .makeData(let newcomer, let introducer):
+                guard let link = shared.withLock({ $0.machine.primaryLink(for: introducer) }),
+                      let connection = io.value.connections[link], let session = owner.withLock({ $0.value }) else { continue }
+                // The address the introducer reaches us at is the one the newcomer most likely can reach too.
+                let local = try? connection.socket.localAddress()
+                let preferred = local.map { $0.host.hasPrefix("::ffff:") ? String($0.host.dropFirst(7)) : $0.host }
+                let data = (try? session.nearbyConnectionData(forPeer: newcomer, preferring: preferred)).map(Array.init) ?? []
+                connection.send(.mesh(.introData(forIdentity: newcomer.identity, data: data)))
+            case .connect(let peer, let data):
+                guard let session = owner.withLock({ $0.value }) else { continue }
+                // A failure shows as a failed invitation, like any other.
+                try? session.connectPeer(peer, withNearbyConnectionData: Data(data))
+            case .fault(let peer, let fault):
+                guard let link = shared.withLock({ $0.machine.primaryLink(for: peer) }) else { continue }
+                faulted(link, fault)
+            }
+        }
+    }
+}

@@ -1,0 +1,75 @@
+/// The frames that make a session a full mesh: a member introduces a newcomer to the others through the session,
+/// and they connect directly with connection data (`NearbyConnectionData`) that pins their keys. See
+/// docs/PROTOCOL.md §3.8.
+enum MeshFrame: Equatable, Sendable {
+    /// Introducer → member: `peer` joined me; make connection data that lets it connect to you.
+    case introRequest(peer: PeerID)
+    /// Member → introducer: connection data for the peer with identity `forIdentity` (empty: not needed).
+    case introData(forIdentity: UInt64, data: [UInt8])
+    /// Introducer → newcomer: connect to `peer` with `data`.
+    case introduce(peer: PeerID, data: [UInt8])
+
+    /// Longest connection data carried.
+    static let maximumData = 1_024
+
+    var name: String {
+        switch self {
+        case .introRequest: "MESH_INTRO_REQUEST"
+        case .introData: "MESH_INTRO_DATA"
+        case .introduce: "MESH_INTRODUCE"
+        }
+    }
+
+    func encode(into w: inout ByteWriter) {
+        switch self {
+        case .introRequest(let peer):
+            w.u8(ControlFrame.Kind.meshIntroRequest.rawValue)
+            Self.write(peer, into: &w)
+        case .introData(let id, let data):
+            w.u8(ControlFrame.Kind.meshIntroData.rawValue)
+            w.u64(id)
+            w.raw(data)
+        case .introduce(let peer, let data):
+            w.u8(ControlFrame.Kind.meshIntroduce.rawValue)
+            Self.write(peer, into: &w)
+            w.raw(data)
+        }
+    }
+
+    private static func write(_ peer: PeerID, into w: inout ByteWriter) {
+        let name = Array(peer.displayName.utf8)
+        w.u8(UInt8(name.count))
+        w.raw(name)
+        w.raw(peer.publicKey?.bytes ?? [UInt8](repeating: 0, count: 32))
+    }
+
+    private static func readPeer(_ r: inout ByteReader) -> Result<PeerID, ControlFrame.DecodeError> {
+        guard let n = r.u8(), let nameBytes = r.bytes(Int(n)), let keyBytes = r.bytes(32) else { return .failure(.truncated) }
+        guard let name = String(validating: nameBytes, as: UTF8.self), let key = PublicKey(bytes: Array(keyBytes)),
+              let peer = try? PeerID(displayName: name, publicKey: key) else { return .failure(.badField("mesh peer")) }
+        return .success(peer)
+    }
+
+    /// Decodes the body of a mesh frame of kind `kind` (the reader is past the type byte). Pure; never traps.
+    static func decode(_ kind: ControlFrame.Kind, _ r: inout ByteReader) -> Result<MeshFrame, ControlFrame.DecodeError> {
+        switch kind {
+        case .meshIntroRequest:
+            return readPeer(&r).map { .introRequest(peer: $0) }
+        case .meshIntroData:
+            guard let id = r.u64() else { return .failure(.truncated) }
+            let data = r.rest()
+            guard data.count <= maximumData else { return .failure(.badField("mesh data length")) }
+            return .success(.introData(forIdentity: id, data: Array(data)))
+        case .meshIntroduce:
+            switch readPeer(&r) {
+            case .failure(let e): return .failure(e)
+            case .success(let peer):
+                let data = r.rest()
+                guard (1...maximumData).contains(data.count) else { return .failure(.badField("mesh data length")) }
+                return .success(.introduce(peer: peer, data: Array(data)))
+            }
+        default:
+            return .failure(.unknownType(kind.rawValue))
+        }
+    }
+}

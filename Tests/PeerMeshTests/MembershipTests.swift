@@ -1,0 +1,244 @@
+import Foundation
+import Testing
+import MeshPOSIX
+import MeshTestSupport
+@testable import PeerMesh
+
+@Suite("Full-mesh membership state machine (pure)")
+struct MembershipStateMachineTests {
+    /// A little world of members: each joins by an invitation to one member, and the machines' actions are
+    /// carried out at once (frames delivered, data made, connections made when both sides have room).
+    struct World {
+        var peers: [PeerID] = []
+        var machines: [UInt64: MembershipStateMachine] = [:]
+        var links: Set<[UInt64]> = []
+        let maximumPeers: Int
+        /// Pairs that cannot reach each other directly.
+        var unreachable: Set<[UInt64]> = []
+
+        init(maximumPeers: Int = 8) { self.maximumPeers = maximumPeers }
+
+        static func pair(_ a: UInt64, _ b: UInt64) -> [UInt64] { a < b ? [a, b] : [b, a] }
+
+        func peer(_ id: UInt64) -> PeerID { peers.first { $0.identity == id }! }
+
+        mutating func add(_ p: PeerID) {
+            peers.append(p)
+            machines[p.identity] = MembershipStateMachine(me: p, topology: .mesh, maximumPeers: maximumPeers)
+        }
+
+        /// A link comes up between `a` and `b` (an invitation or an introduced connection).
+        mutating func link(_ a: PeerID, _ b: PeerID) {
+            let key = Self.pair(a.identity, b.identity)
+            guard a != b, !links.contains(key), machines[a.identity] != nil, machines[b.identity] != nil,
+                  degree(a) + 1 < maximumPeers, degree(b) + 1 < maximumPeers else { return }
+            links.insert(key)
+            let first = machines[a.identity]!.connected(b)
+            let second = machines[b.identity]!.connected(a)
+            run(first, at: a)
+            run(second, at: b)
+        }
+
+        mutating func leave(_ p: PeerID) {
+            machines[p.identity] = nil
+            peers.removeAll { $0 == p }
+            for key in links where key.contains(p.identity) {
+                links.remove(key)
+                let other = key[0] == p.identity ? key[1] : key[0]
+                _ = machines[other]?.disconnected(p)
+            }
+        }
+
+        func degree(_ p: PeerID) -> Int { links.filter { $0.contains(p.identity) }.count }
+
+        mutating func run(_ actions: [MembershipStateMachine.Action], at node: PeerID) {
+            for a in actions {
+                switch a {
+                case .send(let to, let frame):
+                    guard links.contains(Self.pair(node.identity, to.identity)), machines[to.identity] != nil else { continue }
+                    let answer = machines[to.identity]!.received(frame, from: node)
+                    run(answer, at: to)
+                case .makeData(let newcomer, let introducer):
+                    // The data names who made it; the newcomer "connects" by it.
+                    let data = withUnsafeBytes(of: node.identity.bigEndian) { Array($0) }
+                    let reply = MeshFrame.introData(forIdentity: newcomer.identity, data: data)
+                    guard machines[introducer.identity] != nil else { continue }
+                    run(machines[introducer.identity]!.received(reply, from: node), at: introducer)
+                case .connect(let other, let data):
+                    #expect(data == withUnsafeBytes(of: other.identity.bigEndian) { Array($0) }, "data from the member it names")
+                    guard !unreachable.contains(Self.pair(node.identity, other.identity)) else { continue }
+                    link(node, other)
+                case .fault(let p, let f):
+                    Issue.record("\(node) faulted \(p): \(f)")
+                }
+            }
+        }
+
+        /// Every live member's view, checked against the links.
+        func checkViews() {
+            for p in peers {
+                let view = machines[p.identity]!.members
+                let linked = Set(peers.filter { links.contains(Self.pair(p.identity, $0.identity)) })
+                #expect(view == linked, "\(p.displayName)'s view matches its links")
+            }
+        }
+    }
+
+    @Test func threeJoinOneAndEveryoneEndsUpConnectedToEveryone() throws {
+        var w = World()
+        let peers = try (0..<4).map { try PeerID(displayName: "p\($0)") }
+        peers.forEach { w.add($0) }
+        for p in peers.dropFirst() { w.link(p, peers[0]) }
+        #expect(w.links.count == 6, "4 members, 6 links")
+        w.checkViews()
+    }
+
+    @Test func aStarIntroducesNoOne() throws {
+        let a = try PeerID(displayName: "a"), b = try PeerID(displayName: "b"), c = try PeerID(displayName: "c")
+        var m = MembershipStateMachine(me: a, topology: .star, maximumPeers: 8)
+        #expect(m.connected(b).isEmpty && m.connected(c).isEmpty)
+        #expect(m.received(.introRequest(peer: c), from: b) == [.send(b, .introData(forIdentity: c.identity, data: []))])
+        #expect(m.received(.introduce(peer: c, data: [1]), from: b).isEmpty)
+    }
+
+    @Test func unsolicitedDataIsAFaultAndAFullMemberMakesNone() throws {
+        let a = try PeerID(displayName: "a"), b = try PeerID(displayName: "b"), c = try PeerID(displayName: "c")
+        var m = MembershipStateMachine(me: a, topology: .mesh, maximumPeers: 3)
+        _ = m.connected(b)
+        #expect(m.received(.introData(forIdentity: 99, data: [1]), from: b) == [.fault(b, .unexpectedFrame("MESH_INTRO_DATA that was not asked for"))])
+        _ = m.connected(c)
+        // Full (a, b, c = 3): no data for a fourth, and no connection to one either.
+        let d = try PeerID(displayName: "d")
+        #expect(m.received(.introRequest(peer: d), from: b) == [.send(b, .introData(forIdentity: d.identity, data: []))])
+        #expect(m.received(.introduce(peer: d, data: [1]), from: b).isEmpty)
+        #expect(m.received(.introRequest(peer: a), from: b) == [.send(b, .introData(forIdentity: a.identity, data: []))], "not about ourselves")
+    }
+
+    /// Random joins (each to a random member) and leaves: the views always match the links, no peer appears twice,
+    /// and with everyone reachable and room for all, every member is connected to every other one.
+    @Test(arguments: [1, 2, 3, 4, 5, 6, 7, 8] as [UInt64])
+    func randomJoinsAndLeavesConverge(_ seed: UInt64) throws {
+        var rng = SeededRandom(seed: seed)
+        var w = World()
+        var serial = 0
+        for _ in 0..<60 {
+            let live = w.peers
+            if live.count < 7, live.isEmpty || rng.next() % 3 != 0 {
+                serial += 1
+                let p = try PeerID(displayName: "p\(serial)")
+                w.add(p)
+                if let host = live.randomElement(using: &rng) { w.link(p, host) }
+            } else if let gone = live.randomElement(using: &rng) {
+                w.leave(gone)
+            }
+            w.checkViews()
+        }
+        // A fresh round of joins into whoever is left.
+        for _ in 0..<3 {
+            serial += 1
+            let p = try PeerID(displayName: "p\(serial)")
+            let host = w.peers.randomElement(using: &rng)
+            w.add(p)
+            if let host { w.link(p, host) }
+        }
+        w.checkViews()
+        // Those who joined into a connected group are connected to all of it.
+        let n = w.peers.count
+        for p in w.peers where w.degree(p) > 0 {
+            let group = w.peers.filter { w.degree($0) > 0 }.count
+            #expect(w.degree(p) == group - 1, "\(p.displayName) has \(w.degree(p)) links in a group of \(group) (of \(n))")
+        }
+    }
+
+    @Test func anUnreachablePairStaysApartAndNothingElseBreaks() throws {
+        var w = World()
+        let peers = try (0..<3).map { try PeerID(displayName: "p\($0)") }
+        peers.forEach { w.add($0) }
+        w.unreachable.insert(World.pair(peers[1].identity, peers[2].identity))
+        w.link(peers[1], peers[0])
+        w.link(peers[2], peers[0])
+        #expect(w.links.count == 2)
+        w.checkViews()
+    }
+}
+
+@Suite("Full-mesh sessions over real sockets on 127.0.0.1", .serialized)
+struct MeshSessionTests {
+    /// `n` sessions on 127.0.0.1; every one after the first joins the first (through its advertiser).
+    struct Group {
+        let sessions: [Session]
+        let logs: [MeshEventLog]
+        let advertiser: NearbyServiceAdvertiser
+        var peers: [PeerID] { sessions.map(\.myPeerID) }
+
+        init(_ n: Int, topology: Session.Topology = .mesh, peerTimeout: Duration = .seconds(2)) throws {
+            let config = Session.Configuration(peerTimeout: peerTimeout, bindHost: "127.0.0.1", topology: topology)
+            let made = try (0..<n).map { try Session(peer: try PeerID(displayName: "m\($0)"), configuration: config) }
+            let madeLogs = made.map { _ in MeshEventLog() }
+            for (s, l) in zip(made, madeLogs) { s.delegate = l }
+            let first = made[0]
+            madeLogs[0].acceptInto.withLock { $0 = first }
+            let ad = try NearbyServiceAdvertiser(peer: first.myPeerID, discoveryInfo: nil, serviceType: "pm-mesh",
+                                                 discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
+            ad.delegate = madeLogs[0]
+            try ad.startAdvertisingPeer()
+            for s in made.dropFirst() {
+                try s.connect(to: PeerEndpoint(host: "127.0.0.1", port: ad.port!))
+            }
+            sessions = made
+            logs = madeLogs
+            advertiser = ad
+        }
+
+        func converged(_ expected: (Int) -> Set<PeerID>) -> Bool {
+            sessions.indices.allSatisfy { Set(sessions[$0].connectedPeers) == expected($0) && sessions[$0].connectedPeers.count == expected($0).count }
+        }
+    }
+
+    @Test("Five sessions: every member's connectedPeers converges on the other four; data goes member to member directly")
+    func fiveConverge() throws {
+        let g = try Group(5)
+        let all = Set(g.peers)
+        #expect(eventually(10) { g.converged { all.subtracting([g.peers[$0]]) } },
+                "views: \(g.sessions.map { $0.connectedPeers.map(\.displayName).sorted() })")
+        for s in g.sessions { for p in s.connectedPeers { #expect(s.isEncrypted(p)) } }
+        // m1 → m4 directly (never through m0): m0 sees nothing.
+        try g.sessions[1].send(Data("direct".utf8), toPeers: [g.peers[4]], with: .reliable)
+        try g.sessions[1].send(Data("dgram".utf8), toPeers: [g.peers[4]], with: .unreliable)
+        #expect(g.logs[4].wait(5) { $0.reliable.contains { $0.0 == g.peers[1] && $0.1 == Data("direct".utf8) } })
+        #expect(g.logs[0].snapshot.reliable.isEmpty)
+        // Nobody was asked anything: no invitation reached any app but the first member's four.
+        #expect(g.logs[0].snapshot.invitations.count == 4)
+        for l in g.logs.dropFirst() { #expect(l.snapshot.invitations.isEmpty) }
+        // One leaves: it leaves every view.
+        g.sessions[2].disconnect()
+        #expect(eventually(5) { g.converged { $0 == 2 ? [] : all.subtracting([g.peers[$0], g.peers[2]]) } })
+        for s in g.sessions { #expect(s.statistics.peerFaults == 0) }
+    }
+
+    @Test("A member that dies leaves everyone's connectedPeers within peerTimeout")
+    func deathLeavesEveryView() throws {
+        var g: Group? = try Group(3, peerTimeout: .milliseconds(800))
+        let peers = g!.peers
+        #expect(eventually(10) { g!.converged { Set(peers).subtracting([peers[$0]]) } })
+        let survivors = Array(g!.sessions.prefix(2))
+        // m2 dies: its sockets close under it with no GOODBYE, as when its process is killed (a frozen peer's
+        // links time out after peerTimeout, as VanishingPeerTests shows for any link).
+        let victim = g!.sessions[2]
+        victim.core.loop.submitAndWait {
+            for c in victim.core.io.value.connections.values { c.close() }
+            victim.core.io.value.connections.removeAll()
+        }
+        g = nil
+        #expect(eventually(3) { survivors.allSatisfy { !$0.connectedPeers.contains(peers[2]) } })
+        withExtendedLifetime(victim) {}
+    }
+
+    @Test("A star stays a star: guests see only the host")
+    func starStaysAStar() throws {
+        let g = try Group(4, topology: .star)
+        #expect(eventually(5) { g.sessions[0].connectedPeers.count == 3 })
+        usleep(300_000)
+        for s in g.sessions.dropFirst() { #expect(s.connectedPeers == [g.peers[0]]) }
+    }
+}
