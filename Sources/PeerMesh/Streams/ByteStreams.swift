@@ -2,6 +2,29 @@ import FoundationEssentials
 import MeshPOSIX
 import Synchronization
 
+/// What both ends of a stream hold: its key, the session's driver (weakly: a stream never keeps a session alive),
+/// and the signal the app's waiting thread sleeps on.
+struct StreamLink: Sendable {
+    let key: StreamKey
+    weak let core: SessionCore?
+    let wake = WakeSignal()
+
+    /// The driver, for a call that may wait: never on the session's own I/O thread, which would wait on itself.
+    func coreForWaiting(_ call: String) throws(PeerMeshError) -> SessionCore {
+        guard let core, !core.loop.inLoop else {
+            throw .invalidParameter("\(call): not on the session's I/O thread (it would wait on itself), and not after the session is gone")
+        }
+        return core
+    }
+
+    /// Runs `work` on the session's I/O thread, if the session is still there.
+    func onLoop(_ work: @escaping @Sendable (SessionCore, StreamKey) -> Void) {
+        guard let core else { return }
+        let key = key
+        core.loop.execute { [weak core] in if let core { work(core, key) } }
+    }
+}
+
 /// The writing end of a byte stream to a peer, as the `OutputStream` MC's `startStream(withName:toPeer:)` returns.
 ///
 /// `write` blocks while the reader's window is full (the reader's app has not consumed what was sent), so a slow
@@ -18,16 +41,13 @@ public final class OutputByteStream: Sendable {
     public let name: String
     /// The peer reading it.
     public let peer: PeerID
-    let key: StreamKey
-    private weak let core: SessionCore?
+    let link: StreamLink
     private let state = Mutex(State())
-    private let wake = WakeSignal()
 
     init(name: String, peer: PeerID, key: StreamKey, core: SessionCore) {
         self.name = name
         self.peer = peer
-        self.key = key
-        self.core = core
+        link = StreamLink(key: key, core: core)
     }
 
     /// Sends all of `data`, waiting for the reader's window as needed.
@@ -36,9 +56,7 @@ public final class OutputByteStream: Sendable {
     ///   reader took nothing for `timeout` (the bytes before were sent), `invalidParameter` after `close()` or on the
     ///   session's I/O thread.
     public func write(_ data: Data, timeout: Duration = .seconds(30)) throws(PeerMeshError) {
-        guard let core, !core.loop.inLoop else {
-            throw .invalidParameter("write: not on the session's I/O thread (it would wait on itself), and not after the session is gone")
-        }
+        _ = try link.coreForWaiting("write")
         let bytes = [UInt8](data)
         var offset = 0
         var deadline = MonotonicClock.nowNanos() + timeout.nanoseconds
@@ -51,7 +69,7 @@ public final class OutputByteStream: Sendable {
                 return n
             }
             guard grant > 0 else {
-                if !wake.wait(untilNanos: deadline) {
+                if !link.wake.wait(untilNanos: deadline) {
                     throw .timedOut("write: the reader took nothing for \(timeout); \(offset) of \(bytes.count) bytes were sent")
                 }
                 continue
@@ -59,8 +77,7 @@ public final class OutputByteStream: Sendable {
             let chunk = Array(bytes[offset..<(offset + grant)])
             offset += grant
             deadline = MonotonicClock.nowNanos() + timeout.nanoseconds
-            let key = key
-            core.loop.execute { [weak core] in core?.writeStream(key, chunk) }
+            link.onLoop { core, key in core.writeStream(key, chunk) }
         }
     }
 
@@ -70,9 +87,7 @@ public final class OutputByteStream: Sendable {
             defer { s.closed = true }
             return !s.closed && s.ended == nil
         }
-        guard first, let core else { return }
-        let key = key
-        core.loop.execute { [weak core] in core?.closeStream(writer: key) }
+        if first { link.onLoop { core, key in core.closeStream(writer: key) } }
     }
 
     /// Whether the stream can no longer be written (closed here, by the reader, or with its link).
@@ -82,12 +97,12 @@ public final class OutputByteStream: Sendable {
 
     func addCredit(_ n: Int) {
         state.withLock { $0.credit += n }
-        wake.signal()
+        link.wake.signal()
     }
 
     func end(_ error: PeerMeshError) {
         state.withLock { if $0.ended == nil { $0.ended = error } }
-        wake.signal()
+        link.wake.signal()
     }
 }
 
@@ -109,16 +124,13 @@ public final class InputByteStream: Sendable {
     public let name: String
     /// The peer writing it.
     public let peer: PeerID
-    let key: StreamKey
-    private weak let core: SessionCore?
+    let link: StreamLink
     private let state = Mutex(State())
-    private let wake = WakeSignal()
 
     init(name: String, peer: PeerID, key: StreamKey, core: SessionCore) {
         self.name = name
         self.peer = peer
-        self.key = key
-        self.core = core
+        link = StreamLink(key: key, core: core)
     }
 
     /// Up to `maxLength` bytes, waiting up to `timeout` for some to arrive; nil at the end of the stream.
@@ -127,9 +139,7 @@ public final class InputByteStream: Sendable {
     ///   within `timeout`, `invalidParameter` after `close()` or on the session's I/O thread.
     public func read(maxLength: Int = 65_536, timeout: Duration = .seconds(30)) throws(PeerMeshError) -> Data? {
         guard maxLength > 0 else { throw .invalidParameter("read: maxLength must be positive") }
-        guard let core, !core.loop.inLoop else {
-            throw .invalidParameter("read: not on the session's I/O thread (it would wait on itself), and not after the session is gone")
-        }
+        _ = try link.coreForWaiting("read")
         let deadline = MonotonicClock.nowNanos() + timeout.nanoseconds
         while true {
             let taken = try state.withLock { (s) throws(PeerMeshError) -> [UInt8]? in
@@ -147,11 +157,10 @@ public final class InputByteStream: Sendable {
             }
             if let taken {
                 if taken.isEmpty { return nil }
-                let key = key
-                core.loop.execute { [weak core] in core?.consumedStream(key, taken.count) }
+                link.onLoop { core, key in core.consumedStream(key, taken.count) }
                 return Data(taken)
             }
-            if !wake.wait(untilNanos: deadline) { throw .timedOut("read: nothing arrived within \(timeout)") }
+            if !link.wake.wait(untilNanos: deadline) { throw .timedOut("read: nothing arrived within \(timeout)") }
         }
     }
 
@@ -161,9 +170,7 @@ public final class InputByteStream: Sendable {
             defer { s.closed = true }
             return !s.closed
         }
-        guard first, let core else { return }
-        let key = key
-        core.loop.execute { [weak core] in core?.closeStream(reader: key) }
+        if first { link.onLoop { core, key in core.closeStream(reader: key) } }
     }
 
     // Driver side (loop thread).
@@ -173,7 +180,7 @@ public final class InputByteStream: Sendable {
             if s.start > 0, s.start == s.buffer.count { s.buffer.removeAll(keepingCapacity: true); s.start = 0 }
             s.buffer.append(contentsOf: bytes)
         }
-        wake.signal()
+        link.wake.signal()
     }
 
     func finish(_ error: PeerMeshError?) {
@@ -181,7 +188,7 @@ public final class InputByteStream: Sendable {
             s.finished = true
             if s.error == nil { s.error = error }
         }
-        wake.signal()
+        link.wake.signal()
     }
 }
 
