@@ -128,8 +128,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     public let configuration: Configuration
     /// The audio session (players join it).
     public let session: Session
-    /// The pairing session (players that pair join it, exchange the PAKE, and leave).
-    let pairingSession: Session
+    /// The pairing window (players that pair join its own session); nil without a trust store.
+    let pairing: PairingResponder?
     private let advertiser: NearbyServiceAdvertiser
     private let source: any AudioSource
     private let players: Players
@@ -155,17 +155,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         var addresses: [PeerID: String] = [:]
         /// Addresses with a question open to the operator (`.ask`): one at a time per address.
         var asking: Set<String> = []
-        var pairing: PairingWindow?
-        var pairingPeers: [PeerID: Pairing.Responder] = [:]
         var advertised = false
-    }
-
-    /// An open pairing window.
-    struct PairingWindow {
-        let code: String
-        let deadline: Nanos
-        var failures = 0
-        let maximumFailures: Int
     }
 
     /// The connected players, shared with the send thread; a paused player is connected but not in the audience.
@@ -244,10 +234,13 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         let (session, advertiser) = made!
         self.session = session
         self.advertiser = advertiser
-        pairingSession = try Session(securityIdentity: configuration.identity,
-                                     configuration: .init(maximumPeers: 4, peerTimeout: configuration.peerTimeout,
-                                                          bindHost: configuration.bindHost, maximumMessageSize: 4096,
-                                                          maximumPeersPerHost: 2, topology: .star))
+        let notices = notice ?? log
+        pairing = try configuration.trust.map { trust in
+            try PairingResponder(identity: configuration.identity, trust: trust, peerTimeout: configuration.peerTimeout,
+                                 bindHost: configuration.bindHost, notices: notices) { [advertiser] open in
+                try? advertiser.updateDiscoveryInfo(Self.info(configuration, source: source, pairing: open))
+            }
+        }
         let players = Players()
         self.players = players
         control = Mutex(HostControl(clips: configuration.clips != nil, talk: configuration.talk != nil,
@@ -268,7 +261,6 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             (try? session.sendDatagram(bytes, toPeers: peers)) != nil
         }, tap: tap)
         session.delegate = self
-        pairingSession.delegate = self
         advertiser.delegate = self
         outcomes.withLock { $0 = { [weak self] outcome in self?.clipEnded(outcome) } }
     }
@@ -335,14 +327,14 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         talkback?.stop()
         advertiser.stopAdvertisingPeer()
         session.disconnect()
-        pairingSession.disconnect()
+        pairing?.stop()
     }
 
     /// A snapshot of the counters.
     public var statistics: Statistics {
         var s = Statistics()
         s.codec = configuration.codec
-        let (addresses, pairing, advertised) = state.withLock { ($0.addresses, $0.pairing != nil, $0.advertised) }
+        let (addresses, advertised) = state.withLock { ($0.addresses, $0.advertised) }
         let paused = players.paused
         s.players = players.all.map {
             PlayerInfo(peer: $0, address: addresses[$0], fingerprint: $0.publicKey?.shortFingerprint, paused: paused.contains($0),
@@ -352,7 +344,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         s.capture = clip
         s.controlCommands = counters.commands
         s.malformedControl = counters.malformed
-        s.pairing = pairing
+        s.pairing = pairing?.isOpen ?? false
         s.advertised = advertised
         s.muted = capture.isMuted
         let c = capture.statistics
@@ -374,90 +366,12 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     @discardableResult
     public func openPairingWindow(code: String = Pairing.newCode(), timeout: Duration = .seconds(30),
                                   maximumFailures: Int = 3) throws -> String {
-        guard configuration.trust != nil else { throw PeerMeshError.trust("pairing needs a trust store") }
-        state.withLock {
-            $0.pairing = PairingWindow(code: code, deadline: MonotonicClock.nowNanos() + timeout.nanoseconds,
-                                       maximumFailures: maximumFailures)
-        }
-        try advertiser.updateDiscoveryInfo(Self.info(configuration, source: source, pairing: true))
-        timers.asyncAfter(deadline: .now() + .nanoseconds(Int(timeout.nanoseconds))) { [weak self] in
-            guard let self else { return }
-            let expired = self.state.withLock { s -> Bool in
-                guard let w = s.pairing, w.code == code, MonotonicClock.nowNanos() >= w.deadline else { return false }
-                s.pairing = nil
-                return true
-            }
-            if expired { self.closePairing(why: "timed out") }
-        }
-        return code
+        guard let pairing else { throw PeerMeshError.trust("pairing needs a trust store") }
+        return pairing.open(code: code, timeout: timeout, maximumFailures: maximumFailures)
     }
 
     /// Whether the pairing window is open.
-    public var isPairing: Bool { state.withLock { $0.pairing != nil } }
-
-    private func closePairing(why: String) {
-        notices("pairing window closed (\(why))")
-        try? advertiser.updateDiscoveryInfo(Self.info(configuration, source: source, pairing: false))
-        pairingSession.disconnect()
-    }
-
-    /// A pairing message from `peer` on the pairing session.
-    private func pairingMessage(_ m: [UInt8], from peer: PeerID) {
-        enum Next { case reply([UInt8]), paired, failed(closedAfter: Int?), ignore }
-        let binding = pairingSession.channelBinding(for: peer)
-        let next = state.withLock { s -> Next in
-            guard let window = s.pairing else { return .failed(closedAfter: nil) }
-            if s.pairingPeers[peer] == nil {
-                guard let binding else { return .ignore }
-                var responder = Pairing.Responder(code: window.code, binding: binding)
-                guard let m2 = try? responder.answer(m) else { return .ignore }
-                s.pairingPeers[peer] = responder
-                return .reply(m2)
-            }
-            let responder = s.pairingPeers.removeValue(forKey: peer)!
-            do {
-                try responder.verify(m)
-                return .paired
-            } catch {
-                s.pairing!.failures += 1
-                if s.pairing!.failures >= window.maximumFailures {
-                    s.pairing = nil
-                    return .failed(closedAfter: window.maximumFailures)
-                }
-                return .failed(closedAfter: nil)
-            }
-        }
-        switch next {
-        case .ignore:
-            pairingSession.disconnect(peer)
-        case .reply(let m2):
-            try? pairingSession.send(Data(m2), toPeers: [peer], with: .reliable)
-        case .paired:
-            if let key = peer.publicKey { try? configuration.trust?.add(key, name: peer.displayName) }
-            try? pairingSession.send(Data(Pairing.resultMessage(.paired)), toPeers: [peer], with: .reliable)
-            notices("paired \(peer.displayName) (\(peer.publicKey?.shortFingerprint ?? "?"))")
-        case .failed(let closedAfter):
-            try? pairingSession.send(Data(Pairing.resultMessage(.wrongCode)), toPeers: [peer], with: .reliable)
-            notices("pairing attempt by \(peer.displayName) failed: wrong code")
-            if let n = closedAfter { closePairing(why: "\(n) wrong codes") }
-        }
-    }
-
-    /// A pairing peer left: if it saw our answer but never proved the code, that was a failed guess.
-    private func pairingPeerLeft(_ peer: PeerID) {
-        let outcome = state.withLock { s -> Int?? in
-            guard s.pairingPeers.removeValue(forKey: peer) != nil, let window = s.pairing else { return nil }
-            s.pairing!.failures += 1
-            if s.pairing!.failures >= window.maximumFailures {
-                s.pairing = nil
-                return .some(window.maximumFailures)
-            }
-            return .some(nil)
-        }
-        guard let closedAfter = outcome else { return }
-        notices("pairing attempt by \(peer.displayName) failed: wrong code")
-        if let n = closedAfter { closePairing(why: "\(n) wrong codes") }
-    }
+    public var isPairing: Bool { pairing?.isOpen ?? false }
 
     // MARK: Control (controlQueue only)
 
@@ -534,10 +448,6 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     // MARK: Delegates
 
     public func session(_ session: Session, peer: PeerID, didChange state: SessionState) {
-        if session === pairingSession {
-            if state == .notConnected { pairingPeerLeft(peer) }
-            return
-        }
         players.update(peer, connected: state == .connected)
         switch state {
         case .connected:
@@ -564,20 +474,16 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     }
 
     public func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {
-        guard session === pairingSession else {
-            let bytes = Array(data)
-            return controlQueue.async { [self] in perform(control.withLock { $0.received(bytes, from: peer) }) }
-        }
-        pairingMessage(Array(data), from: peer)
+        let bytes = Array(data)
+        controlQueue.async { [self] in perform(control.withLock { $0.received(bytes, from: peer) }) }
     }
 
     public func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceive invitation: Invitation) {
         let peer = invitation.peer
         if invitation.context == Self.pairingContext {
-            guard state.withLock({ $0.pairing != nil }) else {
-                return invitation.decline(.declined, message: "the pairing window is closed; open it with mesh-record --pair")
-            }
-            return invitation.accept(into: pairingSession)
+            let closed = "the pairing window is closed; open it with mesh-record --pair"
+            if pairing?.take(invitation, closedMessage: closed) != true { invitation.decline(.declined, message: closed) }
+            return
         }
         guard let key = invitation.certificate?.publicKey else {
             // No proven key: only a plaintext host that admits all (the bench's baseline) lets it in.
@@ -665,7 +571,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     }
 
     /// The invitation context a player sends to pair.
-    public static let pairingContext = Data("PMPAIR1".utf8)
+    public static let pairingContext = PairingResponder.context
 }
 
 /// A player asking to join a host whose policy is `.ask`: what the operator sees, and how to answer.
