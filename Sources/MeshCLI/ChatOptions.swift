@@ -21,9 +21,21 @@ package struct ChatOptions: CommandLineTool, Sendable, Equatable {
     package var receiveDirectory = "."
     package var bind = ""
     package var peerTimeout: Double = 2
+    /// `--pair` (open a pairing window in the room) or `--pair CODE` (pair with the member showing it, then exit).
+    package var pair: Pair?
+    package var pairTimeout: Double = 30
+
+    /// What `--pair` asks for.
+    package enum Pair: Sendable, Equatable {
+        /// Show a code; members that type it (`mesh-chat --pair CODE`) are paired, both ways.
+        case window
+        /// Pair with the member showing this code, then exit.
+        case code(String)
+    }
 
     package static let usage = """
         usage: mesh-chat --name NAME [--service TYPE] [--accept paired|all] [--state-dir DIR] [--receive-dir DIR]
+               mesh-chat --name NAME --pair [CODE] [--pair-timeout S]
           Joins the chat room of a service (default mesh-chat): every member found on the LAN is connected directly,
           so each line goes straight to every member. Members are printed as they come and go.
           Lines typed on stdin go to every member. Commands:
@@ -31,11 +43,14 @@ package struct ChatOptions: CommandLineTool, Sendable, Equatable {
             /send PATH       a file to every member (a progress bar on a terminal; the receivers print where it went)
             /quit            leave (so does the end of input)
           --accept MODE       paired (default): only members in the state directory's trust store; all: an open room
+          --pair              in the room, open a pairing window: prints a code; a member that types it is paired
+          --pair CODE         pair with the member showing CODE (both trust each other from then on), then exit
+          --pair-timeout S    how long the window stays open (default 30)
           --state-dir DIR     identity and paired devices, as mesh-record and mesh-play (default ~/.config/peermesh)
           --receive-dir DIR   where received files go (default: the current directory)
           --bind ADDR         listen and connect on this address only
           --peer-timeout S    a silent member is gone after S seconds (default 2)
-          Chat lines go to stdout; events and errors to stderr. Bad flags exit 2.
+          Chat lines and members coming and going go to stdout; events and errors to stderr. Bad flags exit 2.
         """
 
     package static func parse(_ arguments: [String]) throws(UsageError) -> ParsedCommand<ChatOptions> {
@@ -60,6 +75,16 @@ package struct ChatOptions: CommandLineTool, Sendable, Equatable {
             case "--receive-dir": o.receiveDirectory = try cursor.value(for: flag)
             case "--bind": o.bind = try cursor.value(for: flag)
             case "--peer-timeout": o.peerTimeout = try cursor.number(for: flag, in: 0.2...3_600)
+            case "--pair":
+                if let code = cursor.optionalValue() {
+                    guard Pairing.normalize(code).count == 8 else {
+                        throw UsageError("--pair takes the 8-digit code the other member shows (like 4821-0937), got \"\(code)\"")
+                    }
+                    o.pair = .code(code)
+                } else {
+                    o.pair = .window
+                }
+            case "--pair-timeout": o.pairTimeout = try cursor.number(for: flag, in: 1...3_600)
             default: throw UsageError("unknown option \"\(flag)\"")
             }
         }

@@ -92,6 +92,17 @@ package struct ArgumentCursor {
         return args[i]
     }
 
+    /// The flag's value if one follows (`--flag=value`, or a next argument that is not a flag), else nil.
+    package mutating func optionalValue() -> String? {
+        if let v = inline {
+            inline = nil
+            return v
+        }
+        guard i < args.count, !args[i].hasPrefix("--") else { return nil }
+        defer { i += 1 }
+        return args[i]
+    }
+
     /// An integer value in `range`.
     package mutating func int(for flag: String, in range: ClosedRange<Int>) throws(UsageError) -> Int {
         let v = try value(for: flag)

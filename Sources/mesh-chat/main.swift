@@ -6,12 +6,32 @@ import FoundationEssentials
 import Glibc
 import MeshCLI
 import MeshPOSIX
+import MeshRelay
 import PeerMesh
 import Synchronization
 
 let options = ChatOptions.configurationFromCommandLine()
 let terminal = Terminal(program: ChatOptions.program, quiet: false)
 let device = DeviceState.open(options.state, name: options.name, terminal: terminal)
+
+// `--pair CODE`: pair with the member showing the code (each side trusts the other from then on), then exit.
+if case .code(let code) = options.pair {
+    var config = PairingClient.Configuration(identity: device.identity, trust: device.trust, code: code, target: .discover(hostName: nil))
+    config.serviceType = options.service
+    config.bindHost = options.bind
+    do {
+        config.discovery = try AvahiDiscovery(log: { terminal.log(TerminalText.escape($0)) })
+        switch try PairingClient(configuration: config, log: { terminal.log(TerminalText.escape($0)) }).run() {
+        case .paired(let member):
+            terminal.error("paired with \(TerminalText.escape(member.displayName)) (\(member.publicKey?.shortFingerprint ?? "?"))")
+            exit(0)
+        case .failed(let why):
+            terminal.fail("pairing failed: \(TerminalText.escape(why))")
+        }
+    } catch {
+        terminal.fail("\(error)")
+    }
+}
 
 /// The room: the session, advertiser and browser delegate. Decides under its lock, acts after it.
 final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServiceBrowserDelegate, Sendable {
@@ -26,11 +46,14 @@ final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServic
 
     let me: PeerID
     let session: Session
+    /// The pairing window (`--pair`).
+    let pairing: PairingResponder
     private let state = Mutex(State())
 
-    init(me: PeerID, session: Session) {
+    init(me: PeerID, session: Session, pairing: PairingResponder) {
         self.me = me
         self.session = session
+        self.pairing = pairing
     }
 
     /// Whether `peer`'s key may be in the room.
@@ -45,7 +68,7 @@ final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServic
         guard me.identity < peer.identity, state.withLock({ $0.found.contains(peer) }),
               session.state(of: peer) == .notConnected else { return }
         do { try browser.invitePeer(peer, to: session, withContext: nil, timeout: .seconds(10)) } catch {
-            terminal.error("cannot invite \(peer.displayName): \(error)")
+            terminal.error("cannot invite \(TerminalText.escape(peer.displayName)): \(error)")
         }
     }
 
@@ -67,9 +90,17 @@ final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServic
 
     func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceiveInvitationFromPeer peer: PeerID, withContext context: Data?,
                     invitationHandler: @escaping @Sendable (Bool, Session?) -> Void) {
-        let ok = admits(peer.publicKey)
-        if !ok { terminal.log("\(peer.displayName) is not paired with this device; not letting it in (--accept all opens the room)") }
-        invitationHandler(ok, ok ? session : nil)
+        invitationHandler(false, nil)  // not used: `didReceive invitation` below answers every invitation
+    }
+
+    func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceive invitation: Invitation) {
+        if pairing.take(invitation, closedMessage: "no pairing window is open; open one with mesh-chat --pair") { return }
+        let peer = invitation.peer
+        guard admits(invitation.certificate?.publicKey) else {
+            terminal.log("\(TerminalText.escape(peer.displayName)) is not paired with this device; not letting it in (mesh-chat --pair pairs; --accept all opens the room)")
+            return invitation.decline(.notTrusted, message: "not paired with \(me.displayName): pair with mesh-chat --pair CODE")
+        }
+        invitation.accept(into: session)
     }
 
     // MARK: Session
@@ -82,9 +113,9 @@ final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServic
     func session(_ session: Session, peer: PeerID, didChange state: SessionState) {
         switch state {
         case .connected:
-            if self.state.withLock({ $0.connected.insert(peer).inserted }) { terminal.stdout("* \(peer.displayName) joined") }
+            if self.state.withLock({ $0.connected.insert(peer).inserted }) { terminal.stdout("* \(TerminalText.escape(peer.displayName)) joined") }
         case .notConnected:
-            if self.state.withLock({ $0.connected.remove(peer) }) != nil { terminal.stdout("* \(peer.displayName) left") }
+            if self.state.withLock({ $0.connected.remove(peer) }) != nil { terminal.stdout("* \(TerminalText.escape(peer.displayName)) left") }
             // Still advertised: try again shortly (it may have restarted).
             DispatchQueue.global().asyncAfter(deadline: .now() + 1) { [self] in
                 if let b = browser.withLock({ $0 }) { invite(peer, browser: b) }
@@ -95,34 +126,34 @@ final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServic
 
     func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {
         switch ChatMessage.decode(data) {
-        case .room(let text): terminal.stdout("<\(peer.displayName)> \(text)")
-        case .direct(let text): terminal.stdout("<\(peer.displayName) to you> \(text)")
-        case nil: terminal.error("dropped a message from \(peer.displayName) that is not chat text")
+        case .room(let text): terminal.stdout("<\(TerminalText.escape(peer.displayName))> \(text)")
+        case .direct(let text): terminal.stdout("<\(TerminalText.escape(peer.displayName)) to you> \(text)")
+        case nil: terminal.error("dropped a message from \(TerminalText.escape(peer.displayName)) that is not chat text")
         }
     }
 
     func session(_ session: Session, invitationTo peer: PeerID?, failedWith reason: DeclineReason, detail: String) {
         if reason != .simultaneousInvite, reason != .alreadyConnected {
-            terminal.log("could not join \(peer?.displayName ?? "a member"): \(detail)")
+            terminal.log("could not join \(TerminalText.escape(peer?.displayName ?? "a member")): \(detail)")
         }
     }
 
     func session(_ session: Session, didStartReceivingResourceWithName name: String, fromPeer peer: PeerID,
                  with progress: ResourceProgress) {
-        terminal.log("receiving \(name) (\(progress.totalUnitCount) bytes) from \(peer.displayName)")
+        terminal.log("receiving \(name) (\(progress.totalUnitCount) bytes) from \(TerminalText.escape(peer.displayName))")
     }
 
     func session(_ session: Session, didFinishReceivingResourceWithName name: String, fromPeer peer: PeerID,
                  at localURL: URL?, withError error: PeerMeshError?) {
         guard let localURL else {
-            return terminal.error("\(name) from \(peer.displayName) did not arrive: \(error.map(String.init(describing:)) ?? "?")")
+            return terminal.error("\(name) from \(TerminalText.escape(peer.displayName)) did not arrive: \(error.map(String.init(describing:)) ?? "?")")
         }
         let target = Self.freePath(in: options.receiveDirectory, for: name)
         do {
             try FileManager.default.moveItem(atPath: localURL.path, toPath: target)
-            terminal.stdout("* received \(name) from \(peer.displayName): \(target)")
+            terminal.stdout("* received \(name) from \(TerminalText.escape(peer.displayName)): \(target)")
         } catch {
-            terminal.error("cannot keep \(name) from \(peer.displayName) in \(options.receiveDirectory): \(error)")
+            terminal.error("cannot keep \(name) from \(TerminalText.escape(peer.displayName)) in \(options.receiveDirectory): \(error)")
         }
     }
 
@@ -146,7 +177,7 @@ final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServic
         switch input {
         case .nothing: break
         case .invalid(let text): terminal.error(text)
-        case .who: terminal.stdout("* members: \(members.map(\.displayName).joined(separator: ", "))")
+        case .who: terminal.stdout("* members: \(members.map { TerminalText.escape($0.displayName) }.joined(separator: ", "))")
         case .say(let text): send(.room(text), to: members)
         case .tell(let name, let text):
             let to = members.filter { $0.displayName == name }
@@ -170,8 +201,8 @@ final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServic
         for peer in peers {
             do {
                 let progress = try session.sendResource(at: URL(fileURLWithPath: path), withName: name, toPeer: peer) { error in
-                    if let error { terminal.error("\(name) to \(peer.displayName) failed: \(error)") } else {
-                        terminal.log("sent \(name) to \(peer.displayName)")
+                    if let error { terminal.error("\(name) to \(TerminalText.escape(peer.displayName)) failed: \(error)") } else {
+                        terminal.log("sent \(name) to \(TerminalText.escape(peer.displayName))")
                     }
                 }
                 progress.setUpdateHandler { [self] _ in drawProgress() }
@@ -215,7 +246,16 @@ do {
 } catch {
     terminal.fail("\(error)")
 }
-let room = Room(me: me, session: session)
+let pairing: PairingResponder
+do {
+    pairing = try PairingResponder(identity: device.identity, trust: device.trust, bindHost: options.bind,
+                                   notices: { terminal.error(TerminalText.escape($0)) }) { open in
+        try? advertiser.updateDiscoveryInfo(open ? ["pair": "1"] : nil)
+    }
+} catch {
+    terminal.fail("\(error)")
+}
+let room = Room(me: me, session: session, pairing: pairing)
 session.delegate = room
 advertiser.delegate = room
 browser.delegate = room
@@ -228,12 +268,17 @@ do {
 }
 terminal.log("in the room \(options.service) as \(me.displayName) (key \(device.identity.publicKey.shortFingerprint))"
              + (options.accept == .all ? ", open to anyone" : ", paired members only (--accept all opens the room)"))
+if options.pair == .window {
+    let code = pairing.open(timeout: .milliseconds(Int64(options.pairTimeout * 1000)))
+    terminal.error("pairing code: \(code) (type it on the other member: mesh-chat --name NAME --pair \(code))")
+}
 
 /// Leaves the room (GOODBYE to every member) and exits 0.
 func leave() -> Never {
     room.waitForSends(seconds: 600)
     advertiser.stopAdvertisingPeer()
     browser.stopBrowsingForPeers()
+    pairing.stop()
     session.disconnect()
     usleep(200_000)  // let the GOODBYEs go out
     terminal.finish()

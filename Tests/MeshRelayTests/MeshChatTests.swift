@@ -112,6 +112,35 @@ struct MeshChatTests {
         for m in members { #expect(m.process.waitForExit(seconds: 20) == 0) }
     }
 
+    @Test("--pair shows a code, --pair CODE pairs both ways and exits 0; then the two meet in a paired-only room")
+    func pairThenMeet() throws {
+        let service = Rig.uniqueService()
+        let root = Rig.tempPath("chat-\(UUID().uuidString)")
+        let x = try Member("x", service: service, root: root, extra: ["--pair", "--pair-timeout", "20"])
+        #expect(eventually(10) { x.process.stderr.contains { $0.contains("pairing code: ") } })
+        let line = try #require(x.process.stderr.first { $0.contains("pairing code: ") })
+        let code = String(try #require(line.split(separator: " ").first { $0.count == 9 && $0.contains("-") }))
+
+        let wrongState = root + "/w/state"
+        let wrong = try ChildProcess(product: "mesh-chat", ["--name", "w", "--service", service, "--state-dir", wrongState,
+                                                           "--pair", code == "1111-1111" ? "2222-2222" : "1111-1111"])
+        #expect(wrong.waitForExit(seconds: 20) == 1, "a wrong code fails")
+
+        let yState = root + "/y/state"
+        let pairing = try ChildProcess(product: "mesh-chat", ["--name", "y", "--service", service, "--state-dir", yState, "--pair", code])
+        #expect(pairing.waitForExit(seconds: 20) == 0, "stderr: \(pairing.stderr)")
+        #expect(pairing.stderr.contains { $0.contains("paired with x") })
+        #expect(x.process.stderr.contains { $0.contains("paired y") })
+
+        // Now y comes in without --accept all: the room is paired-only on both sides, and they meet.
+        let y = try Member("y", service: service, root: root, extra: [])
+        #expect(eventually(15) { x.count("* y joined") == 1 && y.count("* x joined") == 1 }, "x: \(x.lines) y: \(y.lines)")
+        y.type("hi x")
+        #expect(eventually(5) { x.count("<y> hi x") == 1 })
+        x.endInput(); y.endInput()
+        #expect(x.process.waitForExit(seconds: 10) == 0 && y.process.waitForExit(seconds: 10) == 0)
+    }
+
     @Test("By default only paired members get in: two strangers stay apart")
     func pairedOnlyByDefault() throws {
         let service = Rig.uniqueService()
@@ -160,6 +189,10 @@ struct ChatParsingTests {
         #expect(throws: UsageError.self) { try ChatOptions.parse(["--name", "ann", "--accept", "some"]) }
         #expect(throws: UsageError.self) { try ChatOptions.parse(["--name", "ann", "--service", "Not_Valid"]) }
         #expect(throws: UsageError.self) { try ChatOptions.parse(["--name", ""]) }
+        #expect(throws: UsageError.self) { try ChatOptions.parse(["--name", "ann", "--pair", "12"]) }
+        guard case .run(let w) = try ChatOptions.parse(["--name", "ann", "--pair", "--accept", "all"]),
+              case .run(let c) = try ChatOptions.parse(["--name", "ann", "--pair", "4821-0937"]) else { Issue.record("not runs"); return }
+        #expect(w.pair == .window && w.accept == .all && c.pair == .code("4821-0937"))
         #expect(try ChatOptions.parse(["--help"]) == .help)
     }
 }
