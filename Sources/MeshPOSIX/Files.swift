@@ -186,7 +186,7 @@ package enum TemporaryDirectory {
         var template = Array("\(parent)/\(prefix)XXXXXX".utf8CString)
         let made = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }
         guard made != nil else { throw SyscallError(call: "mkdtemp(\(parent)/\(prefix)…)", code: errno) }
-        return String(cString: template)
+        return String(decoding: template.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     /// Removes `directory` with the files directly in it (no recursion: it only ever holds files we wrote).

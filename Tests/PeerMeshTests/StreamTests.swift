@@ -80,6 +80,13 @@ struct StreamStateMachineTests {
 
 @Suite("Byte streams over real sockets on 127.0.0.1, encrypted", .serialized)
 struct StreamIntegrationTests {
+    /// Opens a stream named `name` from the pair's guest to its host; both ends.
+    private func open(_ pair: Pair, _ name: String) throws -> (OutputByteStream, InputByteStream) {
+        let out = try pair.guest.startStream(withName: name, toPeer: pair.hostPeer)
+        #expect(pair.hostLog.wait(5) { $0.streams.count == 1 })
+        return (out, try #require(pair.hostLog.snapshot.streams.first?.2))
+    }
+
     /// Reads `stream` to its end on this thread, `chunk` bytes at most per read.
     private func readAll(_ stream: InputByteStream, chunk: Int) throws -> [UInt8] {
         var out: [UInt8] = []
@@ -117,9 +124,7 @@ struct StreamIntegrationTests {
     @Test("A reader that does not read holds the writer back to one window; reading lets it finish")
     func backpressureHolds() throws {
         let pair = try Pair()
-        let out = try pair.guest.startStream(withName: "slow", toPeer: pair.hostPeer)
-        #expect(pair.hostLog.wait(5) { $0.streams.count == 1 })
-        let input = pair.hostLog.snapshot.streams[0].2
+        let (out, input) = try open(pair, "slow")
         let written = Mutex(0)
         let finished = Mutex(false)
         let writer = Thread {
@@ -143,9 +148,7 @@ struct StreamIntegrationTests {
     @Test("The reader closing makes the writer's next write fail; the link stays up")
     func readerCloses() throws {
         let pair = try Pair()
-        let out = try pair.guest.startStream(withName: "s", toPeer: pair.hostPeer)
-        #expect(pair.hostLog.wait(5) { $0.streams.count == 1 })
-        let input = pair.hostLog.snapshot.streams[0].2
+        let (out, input) = try open(pair, "s")
         try out.write(Data("hello".utf8))
         #expect(try input.read() == Data("hello".utf8))
         input.close()
@@ -163,9 +166,7 @@ struct StreamIntegrationTests {
     @Test("A link that goes ends both ends with notConnected; a stream nobody takes is closed for the writer")
     func linkLossAndUnhandled() throws {
         let pair = try Pair()
-        let out = try pair.guest.startStream(withName: "s", toPeer: pair.hostPeer)
-        #expect(pair.hostLog.wait(5) { $0.streams.count == 1 })
-        let input = pair.hostLog.snapshot.streams[0].2
+        let (out, input) = try open(pair, "s")
         pair.guest.disconnect()
         #expect { _ = try input.read(timeout: .seconds(5)) } throws: { e in
             if case PeerMeshError.notConnected = e { true } else { false }

@@ -211,7 +211,9 @@ extension SessionCore {
     func pumpResources(on link: LinkID) {
         guard let connection = io.value.connections[link] else { return }
         var keys = io.value.resources.sending(on: link)
-        while !keys.isEmpty, connection.queuedBytes < Self.resourceHighWater {
+        var progressed = true
+        while !keys.isEmpty, progressed, connection.queuedBytes < Self.resourceHighWater {
+            progressed = false
             for key in keys {
                 guard let out = io.value.outgoingResources[key], let remaining = io.value.resources.remaining(key) else { continue }
                 let want = Int(min(remaining, UInt64(ResourceFrame.maximumChunk)))
@@ -237,10 +239,14 @@ extension SessionCore {
                 connection.send(.resource(.chunk(id: key.id, bytes: chunk)))
                 out.progress.advance(by: want)
                 performResources(io.value.resources.sent(want, of: key))
+                progressed = true
             }
             keys = io.value.resources.sending(on: link)
         }
         // Written on, the connection asks for more when its queue drains; with nothing left to send it stops asking.
+        // (A pass that moved nothing means the machine and the files disagree: our bug, never a peer's.)
+        precondition(progressed || keys.isEmpty || connection.queuedBytes >= Self.resourceHighWater,
+                     "resource transfers on link \(link) are sending but have no file")
         connection.onSendSpace = keys.isEmpty ? nil : { [unowned self] in pumpResources(on: link) }
         noteQueue(link)
     }
