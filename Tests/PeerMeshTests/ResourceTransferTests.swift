@@ -187,16 +187,47 @@ struct ResourceTransferTests {
     }
 }
 
-/// Peers that lie about resources, over the real encrypted link: the guest's own session is made to send frames
-/// its driver never would.
-@Suite("Resource attacks", .serialized)
+/// Peers that lie about resources, streams and introductions, over the real encrypted link: the guest's own
+/// session is made to send frames its driver never would.
+@Suite("Resource, stream and mesh attacks", .serialized)
 struct ResourceAttackOverTheLinkTests {
     private func inject(_ frames: [ResourceFrame], from session: Session, to peer: PeerID) {
+        inject(frames.map { .resource($0) }, from: session, to: peer)
+    }
+
+    private func inject(_ frames: [ControlFrame], from session: Session, to peer: PeerID) {
         let core = session.core
         core.loop.execute {
             guard let link = core.shared.withLock({ $0.machine.primaryLink(for: peer) }) else { return }
-            for f in frames { core.io.value.connections[link]?.send(.resource(f)) }
+            for f in frames { core.io.value.connections[link]?.send(f) }
         }
+    }
+
+    @Test("A stream writer that sends past the reader's window is cut off; the reader sees the stream fail")
+    func streamPastTheWindow() throws {
+        let pair = try Pair()
+        let chunk = [UInt8](repeating: 1, count: StreamFrame.maximumData)
+        inject([.stream(.open(id: 1, name: "flood"))] + (0..<5).map { _ in .stream(.data(id: 1, bytes: chunk)) },
+               from: pair.guest, to: pair.hostPeer)
+        #expect(pair.hostLog.wait(5) { $0.streams.count == 1 })
+        #expect(eventually(5) { pair.host.statistics.peerFaults == 1 })
+        #expect(eventually(5) { pair.host.state(of: pair.guestPeer) == .notConnected })
+        let input = try #require(pair.hostLog.snapshot.streams.first?.2)
+        var got = 0
+        var failure: PeerMeshError?
+        do throws(PeerMeshError) {
+            while let d = try input.read(timeout: .seconds(5)) { got += d.count }
+        } catch { failure = error }
+        #expect(got <= StreamFrame.window, "no more than one window was ever buffered (\(got) bytes)")
+        guard case .notConnected? = failure else { Issue.record("reader saw \(String(describing: failure))"); return }
+    }
+
+    @Test("A member that pushes introductions nobody asked for is cut off, and nobody connects anywhere")
+    func unsolicitedIntroductionData() throws {
+        let pair = try Pair()
+        inject([.mesh(.introData(forIdentity: 42, data: [1, 2, 3]))], from: pair.guest, to: pair.hostPeer)
+        #expect(eventually(5) { pair.host.statistics.peerFaults == 1 })
+        #expect(eventually(5) { pair.host.connectedPeers.isEmpty })
     }
 
     @Test("A peer that sends more bytes than it announced is cut off, and nothing of it stays on disk")
