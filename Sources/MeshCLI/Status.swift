@@ -158,6 +158,7 @@ package enum StatusReport {
         o.add("concealedFrames", s.concealedFrames)
         o.add("underruns", p.underruns)
         o.add("malformed", p.malformed)
+        o.add("stalePackets", p.stalePackets)
         o.add("sanitizedSamples", s.sanitizedSamples)
         o.add("stretchedFrames", p.stretchedFrames)
         o.add("skippedFrames", p.skippedFrames)

@@ -146,6 +146,7 @@ struct RelayEndToEndTests {
         #expect(host.stderr.contains { $0.contains("codec opus 96 kbit/s") })
         #expect((final["lostPackets"] as? Int) == 0)
         #expect((final["malformed"] as? Int) == 0)
+        #expect((final["stalePackets"] as? Int) == 0, "nothing reordered on loopback")
         let bytes = try #require(final["audioBytes"] as? Int), received = try #require(final["datagrams"] as? Int)
         #expect(received > 1_000, "400 packets a second")
         let perPacket = Double(bytes) / Double(received)

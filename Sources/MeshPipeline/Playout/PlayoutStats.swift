@@ -50,6 +50,8 @@ public struct PlayoutStats: Sendable, Equatable {
     public var malformed: UInt64 = 0
     /// Datagrams dropped because the packet ring was full.
     public var ringOverflows: UInt64 = 0
+    /// Opus packets that arrived after a newer one was decoded (reordered or duplicated): dropped.
+    public var stalePackets: UInt64 = 0
     /// Samples that arrived outside [−1, 1] (clamped) or not finite (zeroed).
     public var sanitizedSamples: UInt64 = 0
     /// Packets of a format other than the pipeline's (each one reported upward, for a new pipeline).
@@ -136,6 +138,7 @@ final class PublishedStats: Sendable {
         s.malformed = ingress.malformed
         s.formatMismatches = ingress.formatMismatches
         s.ringOverflows = ingress.ringOverflows
+        s.stalePackets = ingress.stalePackets
         return s
     }
 }
