@@ -11,7 +11,7 @@ private final class Member {
     let input = Pipe()
     let process: ChildProcess
 
-    init(_ name: String, service: String, root: String, extra: [String] = ["--accept", "all"]) throws {
+    init(_ name: String, service: String, root: String, extra: [String] = []) throws {
         self.name = name
         directory = "\(root)/\(name)"
         try FileManager.default.createDirectory(atPath: directory + "/inbox", withIntermediateDirectories: true)
@@ -32,13 +32,27 @@ private final class Member {
     }
 }
 
+/// State directories for `names` under `root` in which every member has paired with every other one (as
+/// `mesh-chat --pair` leaves them), so the rooms run as users run them: paired-only, encrypted.
+private func pairEveryone(_ names: [String], root: String) throws {
+    let identities = try names.map { try PeerIdentity.generate(displayName: $0) }
+    for (i, me) in identities.enumerated() {
+        try me.save(to: "\(root)/\(names[i])/state/identity.json")
+        let trust = TrustStore(path: "\(root)/\(names[i])/state/paired.json")
+        for other in identities where other.publicKey != me.publicKey { try trust.add(other.publicKey, name: other.displayName) }
+    }
+}
+
 @Suite("mesh-chat: a full-mesh room of real processes over Avahi on lo", .serialized,
        .enabled(if: Rig.avahi, "needs MESH_AVAHI_RIG=1 (scripts/lib/avahi-rig.sh)"))
 struct MeshChatTests {
-    private func room(_ n: Int) throws -> [Member] {
+    /// `n` members who have all paired with each other, in a room of their own; returns once each saw the others join.
+    private func room(_ n: Int, open: Bool = false) throws -> [Member] {
         let service = Rig.uniqueService()
         let root = Rig.tempPath("chat-\(UUID().uuidString)")
-        let members = try (0..<n).map { try Member("m\($0)", service: service, root: root) }
+        let names = (0..<n).map { "m\($0)" }
+        if !open { try pairEveryone(names, root: root) }
+        let members = try names.map { try Member($0, service: service, root: root, extra: open ? ["--accept", "all"] : []) }
         // Everyone is connected to everyone: each member saw each other one join.
         let joined = eventually(30) { members.allSatisfy { m in members.allSatisfy { $0 === m || m.count("* \($0.name) joined") == 1 } } }
         #expect(joined, "not all joined: \(members.map { "\($0.name): \($0.lines)" })")
@@ -132,13 +146,22 @@ struct MeshChatTests {
         #expect(pairing.stderr.contains { $0.contains("paired with x") })
         #expect(x.process.stderr.contains { $0.contains("paired y") })
 
-        // Now y comes in without --accept all: the room is paired-only on both sides, and they meet.
+        // Now y comes in like x, paired-only: the two meet.
         let y = try Member("y", service: service, root: root, extra: [])
         #expect(eventually(15) { x.count("* y joined") == 1 && y.count("* x joined") == 1 }, "x: \(x.lines) y: \(y.lines)")
         y.type("hi x")
         #expect(eventually(5) { x.count("<y> hi x") == 1 })
         x.endInput(); y.endInput()
         #expect(x.process.waitForExit(seconds: 10) == 0 && y.process.waitForExit(seconds: 10) == 0)
+    }
+
+    @Test("An open room (the one mode that lets anyone in): unpaired members meet and talk")
+    func openRoom() throws {
+        let members = try room(3, open: true)
+        members[0].type("anyone here?")
+        #expect(eventually(5) { members.dropFirst().allSatisfy { $0.count("<m0> anyone here?") == 1 } })
+        for m in members { m.endInput() }
+        for m in members { #expect(m.process.waitForExit(seconds: 10) == 0) }
     }
 
     @Test("By default only paired members get in: two strangers stay apart")
