@@ -1,10 +1,5 @@
 /// A resource transfer, named by its link and the sending side's id.
-struct ResourceKey: Hashable, Sendable, Comparable {
-    var link: LinkID
-    var id: UInt32
-
-    static func < (a: ResourceKey, b: ResourceKey) -> Bool { (a.link, a.id) < (b.link, b.id) }
-}
+typealias ResourceKey = LinkScopedID
 
 /// The resource-transfer protocol of one session as a pure state machine: which transfers are in flight each way,
 /// how many bytes each still owes, and what a peer's frame means in the transfer's state. Peers that lie (more

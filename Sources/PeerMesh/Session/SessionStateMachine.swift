@@ -1,6 +1,14 @@
 /// Identifies one TCP connection inside a session. Assigned by the driver.
 typealias LinkID = Int
 
+/// Something one side of a link numbers for itself (a resource transfer, a byte stream): the link and that side's id.
+struct LinkScopedID: Hashable, Sendable, Comparable {
+    var link: LinkID
+    var id: UInt32
+
+    static func < (a: LinkScopedID, b: LinkScopedID) -> Bool { (a.link, a.id) < (b.link, b.id) }
+}
+
 /// Monotonic time in nanoseconds. The state machine never reads a clock: time is passed in, so tests run on
 /// virtual time.
 typealias Nanos = UInt64

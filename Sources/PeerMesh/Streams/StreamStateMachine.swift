@@ -1,10 +1,5 @@
 /// A byte stream, named by its link and the writer's id.
-struct StreamKey: Hashable, Sendable, Comparable {
-    var link: LinkID
-    var id: UInt32
-
-    static func < (a: StreamKey, b: StreamKey) -> Bool { (a.link, a.id) < (b.link, b.id) }
-}
+typealias StreamKey = LinkScopedID
 
 /// The byte-stream protocol of one session as a pure state machine: each stream's credit (how much the writer may
 /// still send) and window (how much the reader still lets in), and what a peer's frame means in the stream's
