@@ -101,6 +101,52 @@ package final class FileDescriptor: Sendable {
         return s
     }
 
+    /// A connected pair of non-blocking, close-on-exec Unix stream sockets: a byte pipe both ways that looks like a
+    /// TCP connection to whoever reads and writes it (a relayed PeerMesh link runs its connection over one).
+    package static func streamPair() throws(SyscallError) -> (FileDescriptor, FileDescriptor) {
+        var fds: [Int32] = [-1, -1]
+        _ = try Sys.call("socketpair(AF_UNIX)") {
+            socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue),
+                       0, &fds)
+        }
+        return (FileDescriptor(fds[0]), FileDescriptor(fds[1]))
+    }
+
+    /// What one non-blocking read or write of a stream socket did.
+    package enum StreamIO: Equatable, Sendable {
+        /// This many bytes moved (never 0).
+        case moved(Int)
+        /// Nothing now: wait for readiness.
+        case wouldBlock
+        /// The other end closed (reads only).
+        case endOfStream
+        /// The socket failed; the system's text.
+        case failed(String)
+    }
+
+    /// Reads what is there, up to `buffer.count` bytes, retrying on EINTR.
+    package func readSome(into buffer: UnsafeMutableRawBufferPointer) -> StreamIO {
+        while true {
+            let n = recv(fd, buffer.baseAddress, buffer.count, 0)
+            if n > 0 { return .moved(n) }
+            if n == 0 { return .endOfStream }
+            if errno == EINTR { continue }
+            if errno == EAGAIN || errno == EWOULDBLOCK { return .wouldBlock }
+            return .failed(Sys.errorText(errno))
+        }
+    }
+
+    /// Writes what the socket takes of `bytes` now, retrying on EINTR; never raises SIGPIPE.
+    package func writeSome(_ bytes: UnsafeRawBufferPointer) -> StreamIO {
+        while true {
+            let n = Glibc.send(fd, bytes.baseAddress, bytes.count, Int32(MSG_NOSIGNAL))
+            if n > 0 { return .moved(n) }
+            if n < 0, errno == EINTR { continue }
+            if n < 0, errno == EAGAIN || errno == EWOULDBLOCK { return .wouldBlock }
+            return .failed(Sys.errorText(n < 0 ? errno : EPIPE))
+        }
+    }
+
     /// Accepts one pending connection (non-blocking, close-on-exec, `TCP_NODELAY`), or `nil` when none waits.
     package func accept() throws(SyscallError) -> (FileDescriptor, SocketAddress?)? {
         var storage = sockaddr_storage()

@@ -257,6 +257,12 @@ extension SocketAddress {
 extension SocketAddress {
     /// The addresses of this machine's interfaces that are up (`getifaddrs`), with `port`: IPv4 first, then IPv6
     /// (link-local ones with their scope id); loopback last.
+    /// Whether this is an IPv6 link-local address (fe80::/10), meaningful only with its interface.
+    package var isLinkLocalV6: Bool {
+        guard case .v6(var a) = raw else { return false }
+        return withUnsafeBytes(of: &a.sin6_addr) { $0[0] == 0xfe && ($0[1] & 0xc0) == 0x80 }
+    }
+
     package static func localInterfaceAddresses(port: UInt16) -> [SocketAddress] {
         var list: UnsafeMutablePointer<ifaddrs>?
         guard getifaddrs(&list) == 0 else { return [] }

@@ -177,7 +177,10 @@ final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServic
         switch input {
         case .nothing: break
         case .invalid(let text): terminal.error(text)
-        case .who: terminal.stdout("* members: \(members.map { TerminalText.escape($0.displayName) }.joined(separator: ", "))")
+        case .who:
+            // A member reached only through another is marked: its link is relayed (still encrypted end to end).
+            let names = members.map { TerminalText.escape($0.displayName) + (session.isRelayed($0) ? " (relayed)" : "") }
+            terminal.stdout("* members: \(names.joined(separator: ", "))")
         case .say(let text): send(.room(text), to: members)
         case .tell(let name, let text):
             let to = members.filter { $0.displayName == name }

@@ -64,7 +64,8 @@ struct MembershipStateMachineTests {
                     let reply = MeshFrame.introData(forIdentity: newcomer.identity, data: data)
                     guard machines[introducer.identity] != nil else { continue }
                     run(machines[introducer.identity]!.received(reply, from: node), at: introducer)
-                case .connect(let other, let data):
+                case .connect(let other, let data, let introducer):
+                    #expect(links.contains(Self.pair(node.identity, introducer.identity)), "introduced by a member it is linked to")
                     #expect(data == withUnsafeBytes(of: other.identity.bigEndian) { Array($0) }, "data from the member it names")
                     guard !unreachable.contains(Self.pair(node.identity, other.identity)) else { continue }
                     link(node, other)

@@ -549,7 +549,7 @@ typealias SeededRNG = SeededRandom
                 case .linkDown(let l):
                     #expect(up.contains(l), "\(ctx): link \(l) down without up")
                     up.remove(l)
-                case .deliver, .resource, .stream, .mesh:
+                case .deliver, .resource, .stream, .mesh, .relay, .deliverDatagram:
                     break
                 case .fault(let l, _):
                     #expect(!closed.contains(l), "\(ctx): fault on closed link \(l)")
@@ -632,7 +632,7 @@ private struct TwoPeerSim {
                 conns[conn(side, l).0].connectedOn[side] = true
             case .linkDown(let l):
                 conns[conn(side, l).0].connectedOn[side] = false
-            case .deliver, .fault, .resource, .stream, .mesh:
+            case .deliver, .fault, .resource, .stream, .mesh, .relay, .deliverDatagram:
                 break
             case .invitationFailed(_, _, let r):
                 failures.append((side, r))

@@ -85,6 +85,13 @@ private let sampleFrames: [ControlFrame] = [
     .mesh(.introData(forIdentity: 7, data: [])),
     .mesh(.introData(forIdentity: .max, data: [UInt8](repeating: 3, count: MeshFrame.maximumData))),
     .mesh(.introduce(peer: try! PeerID(displayName: "member"), data: [1, 2, 3])),
+    .relay(.request(pipe: 1, peer: try! PeerID(displayName: "far member"))),
+    .relay(.incoming(pipe: .max, peer: try! PeerID(displayName: "caller"))),
+    .relay(.data(pipe: 3, opener: true, bytes: [UInt8](repeating: 9, count: RelayFrame.maximumData))),
+    .relay(.data(pipe: 3, opener: false, bytes: [1])),
+    .relay(.credit(pipe: 4, opener: false, bytes: UInt32(RelayFrame.window))),
+    .relay(.close(pipe: 5, opener: true)),
+    .datagram([1, 2, 3]),
 ]
 
 @Suite struct WireCodecTests {
@@ -192,7 +199,7 @@ private let sampleFrames: [ControlFrame] = [
 
     @Test func otherFrameFailures() {
         #expect(decode([]) == .failure(.truncated))
-        for t: UInt8 in [0, 20, 21, 0x80, 0xff] { #expect(decode([t]) == .failure(.unknownType(t))) }
+        for t: UInt8 in [0, 26, 27, 0x80, 0xff] { #expect(decode([t]) == .failure(.unknownType(t))) }
         #expect(decode([6, 0]) == .failure(.trailingBytes))
         #expect(decode([7, 1, 2]) == .failure(.trailingBytes))
         #expect(decode([3, 0, 1] + be64(1) + [0]) == .failure(.trailingBytes))
@@ -221,6 +228,25 @@ private let sampleFrames: [ControlFrame] = [
         #expect(decode([18, 0, 0, 0, 0, 0, 0, 0, 1] + [UInt8](repeating: 0, count: MeshFrame.maximumData + 1))
                 == .failure(.badField("mesh data length")))
         #expect(decode([19, 1, 0x61] + [UInt8](repeating: 1, count: 32)) == .failure(.badField("mesh data length")), "no data")
+    }
+
+    @Test func relayFrameEncodingsAndFailures() {
+        #expect(ControlFrame.relay(.data(pipe: 1, opener: true, bytes: [7])).encoded() == [0, 0, 0, 7, 22, 0, 0, 0, 1, 1, 7])
+        #expect(ControlFrame.relay(.credit(pipe: 2, opener: false, bytes: 3)).encoded() == [0, 0, 0, 10, 23, 0, 0, 0, 2, 0, 0, 0, 0, 3])
+        #expect(ControlFrame.relay(.close(pipe: 2, opener: true)).encoded() == [0, 0, 0, 6, 24, 0, 0, 0, 2, 1])
+        #expect(ControlFrame.datagram([5]).encoded() == [0, 0, 0, 2, 25, 5])
+        #expect(decode([20, 0, 0, 0]) == .failure(.truncated))
+        #expect(decode([20, 0, 0, 0, 1, 0] + [UInt8](repeating: 1, count: 32)) == .failure(.badField("mesh peer")), "an empty name")
+        #expect(decode([21, 0, 0, 0, 1, 1, 0x61] + [UInt8](repeating: 1, count: 31)) == .failure(.truncated))
+        #expect(decode([22, 0, 0, 0, 1, 1]) == .failure(.badField("relay data length")), "no bytes")
+        #expect(decode([22, 0, 0, 0, 1, 1] + [UInt8](repeating: 0, count: RelayFrame.maximumData + 1))
+                == .failure(.badField("relay data length")))
+        #expect(decode([22, 0, 0, 0, 1, 2, 0]) == .failure(.badField("relay side")))
+        #expect(decode([23, 0, 0, 0, 1, 0, 0, 0, 0, 0]) == .failure(.badField("relay credit")), "zero credit")
+        #expect(decode([23, 0, 0, 0, 1, 0, 0, 4, 0, 1]) == .failure(.badField("relay credit")), "credit past the window")
+        #expect(decode([24, 0, 0, 0, 1]) == .failure(.truncated))
+        #expect(decode([24, 0, 0, 0, 1, 0, 0]) == .failure(.trailingBytes))
+        #expect(decode([25]) == .failure(.badField("datagram length")), "an empty datagram")
     }
 
     @Test func streamFrameEncodingsAndFailures() {

@@ -11,8 +11,8 @@ struct MembershipStateMachine: Sendable {
         case send(PeerID, MeshFrame)
         /// Make connection data that lets `newcomer` connect to us, and send it to `introducer` (MESH_INTRO_DATA).
         case makeData(for: PeerID, replyTo: PeerID)
-        /// Connect to `peer` with the connection data an introducer passed on.
-        case connect(PeerID, data: [UInt8])
+        /// Connect to `peer` with the connection data `introducer` passed on (through it, if not directly).
+        case connect(PeerID, data: [UInt8], introducer: PeerID)
         /// `peer` broke the mesh protocol: count it and close its link.
         case fault(PeerID, PeerFault)
     }
@@ -75,7 +75,7 @@ struct MembershipStateMachine: Sendable {
         case .introduce(let other, let data):
             guard topology == .mesh, other != me, !members.contains(other), members.count + 1 < maximumPeers else { return [] }
             introduced.insert(other.identity)
-            return [.connect(other, data: data)]
+            return [.connect(other, data: data, introducer: peer)]
         }
     }
 }

@@ -83,7 +83,9 @@ struct NearbyConnectionData: Equatable, Sendable {
             var addresses: [String] = []
             for _ in 0..<count {
                 guard let len = r.u8(), let a = r.bytes(Int(len)) else { return .failure(.truncated) }
-                guard let text = String(validating: a, as: UTF8.self), SocketAddress(numericHost: text, port: port) != nil else {
+                // A scope (`%eth0`) names an interface of the maker's: it need not exist here, only the address must parse.
+                guard let text = String(validating: a, as: UTF8.self),
+                      SocketAddress(numericHost: String(text.prefix { $0 != "%" }), port: port) != nil else {
                     return .failure(.badField("address"))
                 }
                 addresses.append(text)
@@ -135,6 +137,12 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
             t[ticket] = Ticket(forPeer: peer, expires: now + Self.lifetime)
         }
         return ticket
+    }
+
+    /// Whether a live ticket was made for `peer` (a relayed call from it may come in).
+    func hasTicket(for peer: PeerID) -> Bool {
+        let now = MonotonicClock.nowNanos()
+        return tickets.withLock { t in t.values.contains { $0.forPeer.identity == peer.identity && $0.expires > now } }
     }
 
     /// Withdraws every ticket made for `peer`.
@@ -189,11 +197,12 @@ extension Session {
         guard let port = acceptor.advertiser.port else { throw .transport("the direct listener is not running") }
         var addresses: [String]
         if core.bindHost.isEmpty {
-            addresses = SocketAddress.localInterfaceAddresses(port: port).map(\.host)
+            // Not IPv6 link-local ones: their scope names one of our interfaces, which means nothing to the peer.
+            addresses = SocketAddress.localInterfaceAddresses(port: port).filter { !$0.isLinkLocalV6 }.map(\.host)
         } else {
             addresses = [core.bindHost]
         }
-        if let preferred {
+        if let preferred, !preferred.contains("%") {
             addresses.removeAll { $0 == preferred }
             addresses.insert(preferred, at: 0)
         }
@@ -224,8 +233,16 @@ extension Session {
         guard encryptionPreference != .none else {
             throw .invalidParameter("connectPeer: connection data needs an encrypted session (it pins the keys)")
         }
-        try core.invite(expected: blob.peer, endpoint: PeerEndpoint(host: blob.addresses[0], port: blob.port),
-                        context: Data(NearbyConnectionData.contextPrefix + blob.ticket), timeout: .seconds(30))
+        // The first address a connection can be started to (one with a route; a scope that exists here).
+        var lastError: PeerMeshError?
+        for address in blob.addresses {
+            do {
+                try core.invite(expected: blob.peer, endpoint: PeerEndpoint(host: address, port: blob.port),
+                                context: Data(NearbyConnectionData.contextPrefix + blob.ticket), timeout: .seconds(30))
+                return
+            } catch { lastError = error }
+        }
+        throw lastError ?? .transport("connectPeer: the connection data lists no address")
     }
 
     /// Cancels a connection to `peer` in progress or made, on both sides, as MC's `cancelConnectPeer(_:)`: the

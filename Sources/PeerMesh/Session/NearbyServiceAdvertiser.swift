@@ -146,6 +146,17 @@ public final class NearbyServiceAdvertiser: Sendable {
         r.core.stop()
     }
 
+    /// Takes `socket`, the end of a relay pipe another member splices to a caller, as a connection from the
+    /// listener. False (and the socket closed) when not advertising.
+    func admitRelayed(_ socket: FileDescriptor) -> Bool {
+        guard let core = state.withLock({ $0?.core }) else {
+            socket.close()
+            return false
+        }
+        core.admitRelayed(socket)
+        return true
+    }
+
     fileprivate func deliver(_ invitation: Invitation) {
         guard let d = delegate else { return invitation.decline(.unavailable) }
         d.advertiser(self, didReceive: invitation)
@@ -225,22 +236,33 @@ private final class AdvertiserCore: Sendable {
                 return
             }
             guard let (socket, remote) = accepted else { return }
-            io.value.nextID += 1
-            let id = io.value.nextID
-            switch io.value.machine.accepted(id, host: remote?.hostBytes ?? [], now: MonotonicClock.nowNanos()) {
-            case .refuse:
-                socket.close()
-            case .greet(_, let hello, let victim):
-                if let victim { io.value.connections.removeValue(forKey: victim)?.close() }
-                let c = Connection(socket: socket, remote: remote, connecting: false, loop: loop, channel: channel)
-                io.value.connections[id] = c
-                c.onFirstBytes = { [unowned self] in io.value.machine.heard(id) }
-                c.start(onFrame: { [unowned self] f in received(f, on: id) }, onEnd: { [unowned self] _ in ended(id) })
-                c.send(hello)
-            }
+            admit(socket, remote: remote, relayed: false)
             if io.value.machine.isFull { pauseAccepting(retryAt: nil) }
         }
         armTimer()
+    }
+
+    /// Takes a relay pipe's end as a connection (from any thread).
+    func admitRelayed(_ socket: FileDescriptor) {
+        loop.execute { [self] in admit(socket, remote: nil, relayed: true) }
+    }
+
+    /// Takes a connection as if accepted from the listener: a TCP one, or a relay pipe's end. Loop thread only.
+    private func admit(_ socket: FileDescriptor, remote: SocketAddress?, relayed: Bool) {
+        io.value.nextID += 1
+        let id = io.value.nextID
+        switch io.value.machine.accepted(id, host: remote?.hostBytes ?? [], now: MonotonicClock.nowNanos()) {
+        case .refuse:
+            socket.close()
+        case .greet(_, let hello, let victim):
+            if let victim { io.value.connections.removeValue(forKey: victim)?.close() }
+            let c = Connection(socket: socket, remote: remote, connecting: false, loop: loop, channel: channel, relayed: relayed)
+            io.value.connections[id] = c
+            c.onFirstBytes = { [unowned self] in io.value.machine.heard(id) }
+            c.start(onFrame: { [unowned self] f in received(f, on: id) }, onEnd: { [unowned self] _ in ended(id) })
+            c.send(hello)
+        }
+        if relayed { armTimer() }
     }
 
     /// Stops taking connections: until one ends (`retryAt` nil), or until a time.

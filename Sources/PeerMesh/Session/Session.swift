@@ -142,6 +142,8 @@ public final class Session: Sendable {
         public var maximumResourceSize: UInt64 = 1 << 36
         /// `.mesh` (default) or `.star`. A session without encryption is always a star (introductions pin keys).
         public var topology: Topology = .mesh
+        /// Tests only: introduced members skip the direct connection and call through the introducer at once.
+        var relaysIntroductions = false
 
         public init(maximumPeers: Int = 8, peerTimeout: Duration = .seconds(2), heartbeatInterval: Duration? = nil,
                     udpPort: UInt16 = 0, bindHost: String = "", maximumMessageSize: Int = 1 << 20,
@@ -335,4 +337,10 @@ public final class Session: Sendable {
 
     /// Whether the link to `peer` is encrypted and authenticated.
     public func isEncrypted(_ peer: PeerID) -> Bool { core.isEncrypted(peer) }
+
+    /// Whether the link to `peer` is relayed: in a full-mesh session, two members that cannot reach each other
+    /// directly are connected through a member both reach, over an end-to-end encrypted connection that member
+    /// only passes on (it sees ciphertext). Datagrams to such a peer travel on that connection. False for a peer
+    /// that is not connected.
+    public func isRelayed(_ peer: PeerID) -> Bool { core.isRelayed(peer) }
 }

@@ -17,10 +17,8 @@ extension SessionCore {
                 let preferred = local.map { $0.host.hasPrefix("::ffff:") ? String($0.host.dropFirst(7)) : $0.host }
                 let data = (try? session.nearbyConnectionData(forPeer: newcomer, preferring: preferred)).map(Array.init) ?? []
                 connection.send(.mesh(.introData(forIdentity: newcomer.identity, data: data)))
-            case .connect(let peer, let data):
-                guard let session = owner.withLock({ $0.value }) else { continue }
-                // A failure shows as a failed invitation, like any other.
-                try? session.connectPeer(peer, withNearbyConnectionData: Data(data))
+            case .connect(let peer, let data, let introducer):
+                connectIntroduced(peer, data: data, introducer: introducer)
             case .fault(let peer, let fault):
                 guard let link = shared.withLock({ $0.machine.primaryLink(for: peer) }) else { continue }
                 faulted(link, fault)

@@ -104,6 +104,12 @@ final class SessionCore: Sendable {
         var membership: MembershipStateMachine
         var outputStreams: [StreamKey: OutputByteStream] = [:]
         var inputStreams: [StreamKey: InputByteStream] = [:]
+        var relay: RelayStateMachine
+        var relayEnds: [PipeKey: RelayEnd] = [:]
+        /// Calls through an introducer whose pipe is being opened: the data that pins the key and holds the ticket.
+        var relayCalls: [PipeKey: NearbyConnectionData] = [:]
+        /// Direct connections an introduction started, by link: where to call through if they fail.
+        var introductions: [LinkID: Introduction] = [:]
     }
 
     let peer: PeerID
@@ -112,6 +118,9 @@ final class SessionCore: Sendable {
     let udp: FileDescriptor
     let udpPort: UInt16
     let heartbeat: Nanos
+    let peerTimeout: Nanos
+    /// Tests only: see `Session.Configuration.relaysIntroductions`.
+    let relaysIntroductions: Bool
     let maximumMessageSize: Int
     let maximumPeersPerHost: Int
     let maximumQueuedBytes: Int
@@ -128,6 +137,8 @@ final class SessionCore: Sendable {
     let resourceDirectory: String
     /// Connected peers' send routes (a peer with two links uses its oldest).
     private let sendTable = Mutex<[PeerID: SendRoute]>([:])
+    /// Peers connected only through a relay pipe (no UDP path): their datagrams go on the connection.
+    private let relayedTable = Mutex<[PeerID: LinkID]>([:])
 
     init(peer: PeerID, preference: EncryptionPreference, configuration c: Session.Configuration) throws(PeerMeshError) {
         self.peer = peer
@@ -138,6 +149,8 @@ final class SessionCore: Sendable {
         resourceDirectory = c.resourceDirectory.isEmpty ? TemporaryDirectory.system : c.resourceDirectory
         Sys.raiseFileLimit()
         let timeout = c.peerTimeout.nanoseconds
+        peerTimeout = timeout
+        relaysIntroductions = c.relaysIntroductions
         var beat = timeout / 4
         if let h = c.heartbeatInterval {
             beat = h.nanoseconds
@@ -163,7 +176,8 @@ final class SessionCore: Sendable {
         limits.maximumSize = c.maximumResourceSize
         let topology: Session.Topology = preference == .none ? .star : c.topology
         io = LoopBound(IO(resources: ResourceStateMachine(limits: limits),
-                          membership: MembershipStateMachine(me: peer, topology: topology, maximumPeers: c.maximumPeers)), loop: loop)
+                          membership: MembershipStateMachine(me: peer, topology: topology, maximumPeers: c.maximumPeers),
+                          relay: RelayStateMachine(topology: topology)), loop: loop)
     }
 
     /// The security layer's settings for a link of this session.
@@ -193,18 +207,18 @@ final class SessionCore: Sendable {
             io.value.timer.cancel(on: loop)
             for c in io.value.connections.values { c.close() }
             io.value.connections.removeAll()
+            closeRelayEnds()
             udp.close()
         }
     }
 
     // MARK: Commands from the app (any thread)
 
-    func invite(expected: PeerID?, endpoint: PeerEndpoint, context: Data?, timeout: Duration) throws(PeerMeshError) {
-        let ctx = Array(context ?? Data())
-        guard ctx.count <= ControlFrame.maximumContext else {
-            throw .invalidParameter("invitation context is \(ctx.count) bytes; at most \(ControlFrame.maximumContext)")
+    @discardableResult
+    func invite(expected: PeerID?, endpoint: PeerEndpoint, context: Data?, timeout: Duration) throws(PeerMeshError) -> LinkID {
+        guard (context?.count ?? 0) <= ControlFrame.maximumContext else {
+            throw .invalidParameter("invitation context is \(context?.count ?? 0) bytes; at most \(ControlFrame.maximumContext)")
         }
-        let nanos = (timeout <= .zero ? .seconds(30) : timeout).nanoseconds
         // Numeric addresses at once; names through the system resolver (/etc/hosts, DNS, mDNS .local with nss-mdns).
         let addr: SocketAddress
         do { addr = try SocketAddress.resolve(host: endpoint.host, port: endpoint.port)[0] } catch {
@@ -212,6 +226,18 @@ final class SessionCore: Sendable {
         }
         let sock: FileDescriptor
         do { sock = try FileDescriptor.tcpConnect(to: addr, from: bindAddress) } catch { throw .transport(error.description) }
+        return try invite(expected: expected, socket: sock, remote: addr, relayed: false, context: context, timeout: timeout)
+    }
+
+    /// Invites over `socket`: a TCP connect in progress to `remote`, or (`relayed`) our side of a relay pipe.
+    @discardableResult
+    func invite(expected: PeerID?, socket sock: FileDescriptor, remote addr: SocketAddress?, relayed: Bool, context: Data?,
+                timeout: Duration) throws(PeerMeshError) -> LinkID {
+        let ctx = Array(context ?? Data())
+        guard ctx.count <= ControlFrame.maximumContext else {
+            throw .invalidParameter("invitation context is \(ctx.count) bytes; at most \(ControlFrame.maximumContext)")
+        }
+        let nanos = (timeout <= .zero ? .seconds(30) : timeout).nanoseconds
         let token = UInt64.random(in: 1...UInt64.max)
         let (link, actions) = try shared.withLock { (s) throws(PeerMeshError) -> (LinkID, [SessionStateMachine.Action]) in
             guard !s.shutDown else { throw .sessionClosed }
@@ -222,7 +248,8 @@ final class SessionCore: Sendable {
         }
         let pinned = expected?.publicKey
         loop.execute { [self] in
-            let c = Connection(socket: sock, remote: addr, connecting: true, loop: loop, channel: channelConfiguration(.initiator))
+            let c = Connection(socket: sock, remote: addr, connecting: true, loop: loop, channel: channelConfiguration(.initiator),
+                               relayed: relayed)
             io.value.connections[link] = c
             io.value.localTokens[link] = token
             if let pinned { io.value.expectedKeys[link] = pinned }
@@ -231,6 +258,7 @@ final class SessionCore: Sendable {
                     onEnd: { [unowned self] why in ended(link, why) })
             perform(actions)
         }
+        return link
     }
 
     /// Takes over a connection whose invitation the app accepted into this session. An encrypted link's key goes
@@ -362,6 +390,11 @@ final class SessionCore: Sendable {
         return loop.submitAndWait { [self] in io.value.connections[link]?.channelBinding }
     }
 
+    func isRelayed(_ peer: PeerID) -> Bool {
+        guard let link = shared.withLock({ $0.machine.primaryLink(for: peer) }) else { return false }
+        return loop.submitAndWait { [self] in io.value.connections[link]?.isRelayed ?? false }
+    }
+
     func isEncrypted(_ peer: PeerID) -> Bool {
         guard let link = shared.withLock({ $0.machine.primaryLink(for: peer) }) else { return false }
         return loop.submitAndWait { [self] in io.value.connections[link]?.isEncrypted ?? false }
@@ -409,7 +442,10 @@ final class SessionCore: Sendable {
         var sent: UInt64 = 0, failed: UInt64 = 0
         withUnsafeTemporaryAllocation(byteCount: size, alignment: 16) { buf in
             for p in peers {
-                guard let r = table[p] else { missing = p; continue }
+                guard let r = table[p] else {
+                    if !sendRelayedDatagram(payload, to: p) { missing = p }
+                    continue
+                }
                 let sequence = r.counters.takeSequence()
                 guard sequence < maximumDatagramSequence else { continue }
                 let n = Self.seal(payload, kind: .data, token: r.remoteToken, sequence: sequence, key: r.key, into: buf)
@@ -419,6 +455,20 @@ final class SessionCore: Sendable {
         SessionCounters.bump(counters.datagramsSent, by: sent)
         if failed > 0 { SessionCounters.bump(counters.datagramsNotSent, by: failed) }
         if let missing { throw .notConnected("send: peer \(missing) is not connected; the datagram went to the others") }
+    }
+
+    /// Sends a datagram to a peer reached only through a relay pipe: on its connection (sealed end to end by the
+    /// link's records), as a DATAGRAM frame. False when `peer` has no relayed link.
+    private func sendRelayedDatagram(_ payload: UnsafeRawBufferPointer, to peer: PeerID) -> Bool {
+        guard let link = relayedTable.withLock({ $0[peer] }) else { return false }
+        guard !payload.isEmpty else { return true }
+        let frame = ControlFrame.datagram(Array(payload))
+        loop.execute { [self] in
+            // Unreliable: a link whose queue is full drops it rather than grow.
+            guard let c = io.value.connections[link], c.queuedBytes < maximumQueuedBytes else { return }
+            c.send(frame)
+        }
+        return true
     }
 
     /// Writes a datagram — header, then the payload sealed under `key` (nonce: the sequence number; associated
@@ -460,6 +510,7 @@ final class SessionCore: Sendable {
         queuedBytes.withLock { $0[link] = nil }
         performResources(io.value.resources.linkClosed(link))
         performStreams(io.value.streams.linkClosed(link))
+        relayLinkClosed(link)
         switch why {
         case .closedByPeer: break
         case .failed(let text):
@@ -495,7 +546,17 @@ final class SessionCore: Sendable {
                 }
             case .deliver(let p, let bytes):
                 if let s = receiver.0, let d = receiver.1 { d.session(s, didReceive: Data(bytes), fromPeer: p) }
+            case .deliverDatagram(let p, let bytes):
+                SessionCounters.bump(counters.datagramsReceived)
+                if let s = receiver.0, let d = receiver.1 {
+                    bytes.withUnsafeBytes { d.session(s, didReceiveDatagramBytes: $0, fromPeer: p) }
+                }
             case .invitationFailed(let l, let p, let r):
+                if retryIntroduction(l, io.value.failureReason[l] ?? r) {
+                    io.value.failureDetail[l] = nil
+                    io.value.failureReason[l] = nil
+                    continue
+                }
                 let detail = io.value.failureDetail.removeValue(forKey: l) ?? r.description
                 let r = io.value.failureReason.removeValue(forKey: l) ?? r
                 if let s = receiver.0, let d = receiver.1 { d.session(s, invitationTo: p, failedWith: r, detail: detail) }
@@ -512,7 +573,14 @@ final class SessionCore: Sendable {
                 queuedBytes.withLock { $0[l] = nil }
                 performResources(io.value.resources.linkClosed(l))
                 performStreams(io.value.streams.linkClosed(l))
+                relayLinkClosed(l)
             case .linkUp(let l, let p, let port, let token):
+                io.value.introductions[l] = nil
+                if let c = io.value.connections[l], c.isRelayed {
+                    // No UDP path: liveness rides the connection's heartbeats, datagrams its DATAGRAM frames.
+                    relayedTable.withLock { $0[p] = l }
+                    continue
+                }
                 guard let c = io.value.connections[l], let local = io.value.localTokens[l],
                       var remote = c.socket.peerAddress() ?? c.remote else { continue }
                 // Port 0 means "the port you reached me on".
@@ -534,7 +602,10 @@ final class SessionCore: Sendable {
                 performStreams(io.value.streams.received(frame, on: l, from: p))
             case .mesh(let p, let frame):
                 performMembership(io.value.membership.received(frame, from: p))
+            case .relay(let l, let p, let frame):
+                receivedRelay(frame, on: l, from: p)
             case .linkDown(let l):
+                relayedTable.withLock { t in t = t.filter { $0.value != l } }
                 io.value.router.routeDown(link: l)
                 io.value.counters[l] = nil
                 io.value.datagramKeys[l] = nil

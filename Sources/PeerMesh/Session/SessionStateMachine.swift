@@ -44,6 +44,10 @@ struct SessionStateMachine: Sendable {
         case stream(LinkID, PeerID, StreamFrame)
         /// A full-mesh frame from `peer`, for the membership machine.
         case mesh(PeerID, MeshFrame)
+        /// A relay-pipe frame from `peer` on `link`, for the relay machine.
+        case relay(LinkID, PeerID, RelayFrame)
+        /// Deliver an unreliable message that came on the connection (a relayed link's).
+        case deliverDatagram(PeerID, [UInt8])
     }
 
     /// Timing and limits.
@@ -192,6 +196,12 @@ struct SessionStateMachine: Sendable {
         case (.connected(let peer, _, let next), .mesh(let f)):
             links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
             return [.mesh(peer, f)]
+        case (.connected(let peer, _, let next), .relay(let f)):
+            links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
+            return [.relay(link, peer, f)]
+        case (.connected(let peer, _, let next), .datagram(let bytes)):
+            links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
+            return [.deliverDatagram(peer, bytes)]
         case (.connected(let peer, _, let next), .heartbeat):
             links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
             return []

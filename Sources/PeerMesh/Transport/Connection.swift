@@ -27,6 +27,8 @@ final class Connection {
     let remote: SocketAddress?
     /// Whether we opened it (and so also whether `connect` may still be in progress).
     let isOutgoing: Bool
+    /// Whether it runs through a relay pipe (a `socketpair` end spliced by another member) rather than TCP.
+    let isRelayed: Bool
 
     private let loop: EventLoop
     private var registration: EventLoop.Registration?
@@ -51,10 +53,12 @@ final class Connection {
     private var onEnd: (ConnectionEnd) -> Void = { _ in }
 
     /// Wraps `socket`. `connecting` is true for an outgoing connect still in progress.
-    init(socket: FileDescriptor, remote: SocketAddress?, connecting: Bool, loop: EventLoop, channel: SecureChannel.Configuration) {
+    init(socket: FileDescriptor, remote: SocketAddress?, connecting: Bool, loop: EventLoop, channel: SecureChannel.Configuration,
+         relayed: Bool = false) {
         self.socket = socket
         self.remote = remote
         self.isOutgoing = connecting
+        self.isRelayed = relayed
         self.connected = !connecting
         self.loop = loop
         self.channel = SecureChannel(configuration: channel)

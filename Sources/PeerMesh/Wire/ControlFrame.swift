@@ -66,6 +66,11 @@ enum ControlFrame: Equatable, Sendable {
     case stream(StreamFrame)
     /// A full-mesh introduction's frame.
     case mesh(MeshFrame)
+    /// A relay pipe's frame (members that cannot reach each other, through one both reach).
+    case relay(RelayFrame)
+    /// An unreliable message carried on the connection: how a relayed link, which has no UDP path, carries
+    /// `.unreliable` sends. 1 byte or more.
+    case datagram([UInt8])
 
     struct InviteBody: Equatable, Sendable {
         var context: [UInt8]
@@ -79,6 +84,8 @@ enum ControlFrame: Equatable, Sendable {
         case resourceStart = 8, resourceChunk = 9, resourceEnd = 10, resourceCancel = 11, resourceResult = 12
         case streamOpen = 13, streamData = 14, streamCredit = 15, streamClose = 16
         case meshIntroRequest = 17, meshIntroData = 18, meshIntroduce = 19
+        case relayRequest = 20, relayIncoming = 21, relayData = 22, relayCredit = 23, relayClose = 24
+        case datagram = 25
     }
 
     /// The frame's name, for diagnostics.
@@ -94,6 +101,8 @@ enum ControlFrame: Equatable, Sendable {
         case .resource(let r): r.name
         case .stream(let f): f.name
         case .mesh(let f): f.name
+        case .relay(let f): f.name
+        case .datagram: "DATAGRAM"
         }
     }
 
@@ -152,6 +161,11 @@ enum ControlFrame: Equatable, Sendable {
             f.encode(into: &w)
         case .mesh(let f):
             f.encode(into: &w)
+        case .relay(let f):
+            f.encode(into: &w)
+        case .datagram(let payload):
+            w.u8(Kind.datagram.rawValue)
+            w.raw(payload)
         }
         var out = w.bytes
         let length = UInt32(out.count - 4)
@@ -233,6 +247,15 @@ enum ControlFrame: Equatable, Sendable {
             case .success(let f): frame = .mesh(f)
             case .failure(let e): return .failure(e)
             }
+        case .relayRequest, .relayIncoming, .relayData, .relayCredit, .relayClose:
+            switch RelayFrame.decode(kind, &r) {
+            case .success(let f): frame = .relay(f)
+            case .failure(let e): return .failure(e)
+            }
+        case .datagram:
+            let payload = r.rest()
+            guard !payload.isEmpty else { return .failure(.badField("datagram length")) }
+            frame = .datagram(Array(payload))
         }
         guard r.remaining == 0 else { return .failure(.trailingBytes) }
         return .success(frame)

@@ -166,6 +166,9 @@ package enum FuzzEntryPoints {
             .stream(.close(id: 1, byWriter: true, .finished)),
             .mesh(.introRequest(peer: fixtures.responder)), .mesh(.introData(forIdentity: 9, data: [1, 2])),
             .mesh(.introduce(peer: fixtures.responder, data: [3])),
+            .relay(.request(pipe: 1, peer: fixtures.responder)), .relay(.incoming(pipe: 2, peer: fixtures.responder)),
+            .relay(.data(pipe: 1, opener: true, bytes: [7, 7])), .relay(.credit(pipe: 1, opener: false, bytes: 2)),
+            .relay(.close(pipe: 2, opener: false)), .datagram([1, 2, 3]),
         ]
         let stream = frames.flatMap { $0.encoded() }
         // A handshake's first messages, as an initiator writes them.

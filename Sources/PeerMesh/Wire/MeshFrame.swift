@@ -36,14 +36,16 @@ enum MeshFrame: Equatable, Sendable {
         }
     }
 
-    private static func write(_ peer: PeerID, into w: inout ByteWriter) {
+    /// Writes a peer as mesh and relay frames carry it: name length u8 · name · public key (32).
+    static func write(_ peer: PeerID, into w: inout ByteWriter) {
         let name = Array(peer.displayName.utf8)
         w.u8(UInt8(name.count))
         w.raw(name)
         w.raw(peer.publicKey?.bytes ?? [UInt8](repeating: 0, count: 32))
     }
 
-    private static func readPeer(_ r: inout ByteReader) -> Result<PeerID, ControlFrame.DecodeError> {
+    /// Reads a peer written by `write(_:into:)`.
+    static func readPeer(_ r: inout ByteReader) -> Result<PeerID, ControlFrame.DecodeError> {
         guard let n = r.u8(), let nameBytes = r.bytes(Int(n)), let keyBytes = r.bytes(32) else { return .failure(.truncated) }
         guard let name = String(validating: nameBytes, as: UTF8.self), let key = PublicKey(bytes: Array(keyBytes)),
               let peer = try? PeerID(displayName: name, publicKey: key) else { return .failure(.badField("mesh peer")) }
