@@ -15,6 +15,15 @@ package struct BenchOptions: CommandLineTool, Sendable, Equatable {
         /// A RelayHost serving a tone to anyone (encrypted, or plaintext with `--plaintext`), for the encryption-cost
         /// comparison; runs until SIGINT or SIGTERM.
         case serve
+        /// Resource transfer, the sending side: connects to a `resource-receiver` and sends one file `--rounds` times
+        /// with `Session.sendResource`, encrypted (the default), timing each from the call to its completion.
+        case resource
+        /// Resource transfer, the receiving side: a session on 127.0.0.1 that accepts every invitation and stores
+        /// resources in `--dir`; runs until SIGINT or SIGTERM.
+        case resourceReceiver = "resource-receiver"
+        /// Full-mesh join time: `--members` encrypted sessions in this process join a first one, one at a time
+        /// and all at once, until every member's `connectedPeers` lists all the others.
+        case meshjoin
     }
 
     package var mode: Mode
@@ -30,6 +39,14 @@ package struct BenchOptions: CommandLineTool, Sendable, Equatable {
     package var port: UInt16 = 0
     /// `serve` and `fanout`: sessions without encryption (a measurement baseline only).
     package var plaintext = false
+    /// `resource`: the file to send.
+    package var file: String?
+    /// `resource-receiver`: where received resources are written.
+    package var directory: String?
+    /// `meshjoin`: sessions in the mesh, the first included.
+    package var members = 3
+    /// `meshjoin`: how many meshes are formed each way.
+    package var runs = 5
 
     package static let usage = """
         usage: mesh-bench throughput [--seconds S] [--rounds R] [--payload BYTES]
@@ -37,6 +54,9 @@ package struct BenchOptions: CommandLineTool, Sendable, Equatable {
                                  [--host-pid PID] [--plaintext]
                mesh-bench pair --host-state DIR --player-state DIR
                mesh-bench serve --port PORT [--plaintext]
+               mesh-bench resource-receiver --dir DIR [--port PORT]
+               mesh-bench resource --connect HOST:PORT --file PATH [--rounds R]
+               mesh-bench meshjoin [--members N] [--runs R]
           throughput: PeerMesh unreliable send → receive between two sessions on 127.0.0.1 (encrypted, and plaintext
                       for reference) against a raw UDP pair with the same thread layout, alternating, R rounds of S s.
           fanout:     N RelayPlayer objects in this process, each with its own identity (trusted by the host whose state
@@ -45,13 +65,25 @@ package struct BenchOptions: CommandLineTool, Sendable, Equatable {
           pair:       creates both identities if needed and makes each trust the other (files only).
           serve:      a host in this process serving a 440 Hz tone to every player (up to 32 from one address), with
                       a fresh identity; prints {"mode":"serve","port":P} once it listens, runs until SIGINT/SIGTERM.
+          resource-receiver: a session on 127.0.0.1 (encrypted) that accepts every invitation and writes the
+                      resources it receives in DIR; prints {"mode":"resource-receiver","port":P} once it listens (PORT,
+                      or one picked), runs until SIGINT/SIGTERM.
+          resource:   connects to a resource-receiver and sends PATH R times (Session.sendResource, encrypted), one
+                      after the other; each round is timed from the call to the completion handler (the receiver
+                      has written the file and verified its SHA-256). Prints seconds and MB/s (10^6 bytes) per round.
+          meshjoin:   N (2–8, a session's default peer limit; default 3) encrypted full-mesh sessions in this
+                      process, member i on 127.0.0.(i+1); every member after the first connects to the first's
+                      advertiser. R runs one at a time (each joins once the one before is in every view), R all at
+                      once (default 5); the time until every member's connectedPeers lists all N-1 others.
           --plaintext (fanout, serve): no encryption, to measure what encryption costs. Never for real use.
           Prints one JSON object on stdout. Bad flags exit 2.
         """
 
     package static func parse(_ arguments: [String]) throws(UsageError) -> ParsedCommand<BenchOptions> {
         var cursor = ArgumentCursor(arguments)
-        guard let first = cursor.next() else { throw UsageError("say which measurement: throughput, fanout, pair or serve") }
+        guard let first = cursor.next() else {
+            throw UsageError("say which measurement: throughput, fanout, pair, serve, resource, resource-receiver or meshjoin")
+        }
         if first == "--help" || first == "-h" { return .help }
         if first == "--version" { return .version }
         guard let mode = Mode(rawValue: first) else { throw UsageError("unknown measurement \"\(first)\"") }
@@ -72,6 +104,10 @@ package struct BenchOptions: CommandLineTool, Sendable, Equatable {
             case "--player-state": o.playerState = try cursor.value(for: flag)
             case "--port": o.port = UInt16(try cursor.int(for: flag, in: 1...65_535))
             case "--plaintext": o.plaintext = true
+            case "--file": o.file = try cursor.value(for: flag)
+            case "--dir": o.directory = try cursor.value(for: flag)
+            case "--members": o.members = try cursor.int(for: flag, in: 2...8)
+            case "--runs": o.runs = try cursor.int(for: flag, in: 1...100)
             default: throw UsageError("unknown option \"\(flag)\"")
             }
         }
@@ -82,7 +118,11 @@ package struct BenchOptions: CommandLineTool, Sendable, Equatable {
             guard o.hostState != nil, o.playerState != nil else { throw UsageError("pair needs --host-state and --player-state") }
         case .serve:
             guard o.port != 0 else { throw UsageError("serve needs --port") }
-        case .throughput: break
+        case .resource:
+            guard o.connect != nil, o.file != nil else { throw UsageError("resource needs --connect and --file") }
+        case .resourceReceiver:
+            guard o.directory != nil else { throw UsageError("resource-receiver needs --dir") }
+        case .throughput, .meshjoin: break
         }
         return .run(o)
     }

@@ -12,6 +12,14 @@
 //       null sink paced by CLOCK_MONOTONIC (one thread per player, pulls 128 frames per period like the ALSA
 //       Player). Joins the host directly (no DNS-SD), plays S seconds, prints per-player loss, and with --host-pid
 //       the host process's CPU seconds over the same window.
+//   mesh-bench resource-receiver --dir DIR [--port PORT]
+//   mesh-bench resource --connect HOST:PORT --file PATH [--rounds R]
+//       Resource transfer (Session.sendResource, encrypted) between two processes on 127.0.0.1, as between two
+//       hosts: each process has its own I/O thread. The receiver writes into DIR; the sender times each round from
+//       the call to the completion handler (file written on the other side, SHA-256 verified).
+//   mesh-bench meshjoin [--members N] [--runs R]
+//       N encrypted full-mesh sessions in this process (member i on 127.0.0.(i+1)) join the first, one at a time and
+//       all at once: the time until every member's connectedPeers lists all N-1 others.
 import Foundation
 import MeshAudio
 import MeshCLI
@@ -421,6 +429,260 @@ func fanout() {
     emit(o)
 }
 
+// MARK: - Resource transfer
+
+/// The median of sorted values (the mean of the middle two for an even count).
+func middle(_ sorted: [Double]) -> Double {
+    let n = sorted.count
+    return n % 2 == 1 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2
+}
+
+/// The receiving end of `resource`: takes every invitation into one session, whose resources land in `--dir`
+/// (the session deletes each verified file when the delegate call returns, as MC does with a file not moved).
+final class ResourceSink: SessionDelegate, NearbyServiceAdvertiserDelegate, Sendable {
+    let session: Session
+    let received = Counter(), failed = Counter()
+    init(session: Session) { self.session = session }
+    func session(_ session: Session, peer: PeerID, didChange state: SessionState) {}
+    func session(_ session: Session, didFinishReceivingResourceWithName name: String, fromPeer peer: PeerID,
+                 at localURL: URL?, withError error: PeerMeshError?) {
+        if localURL != nil {
+            received.add(1)
+        } else {
+            failed.add(1)
+            terminal.log("resource \(name) from \(peer) failed: \(error.map { "\($0)" } ?? "no file")")
+        }
+    }
+    func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceiveInvitationFromPeer peer: PeerID, withContext context: Data?,
+                    invitationHandler: @escaping @Sendable (Bool, Session?) -> Void) {
+        invitationHandler(true, session)
+    }
+}
+
+func resourceReceiver() -> Never {
+    do {
+        var config = Session.Configuration(bindHost: "127.0.0.1")
+        config.resourceDirectory = options.directory!
+        let session = try Session(peer: try PeerID(displayName: "bench-resource-rx"), configuration: config)
+        let sink = ResourceSink(session: session)
+        session.delegate = sink
+        let advertiser = try NearbyServiceAdvertiser(peer: session.myPeerID, discoveryInfo: nil, serviceType: "pm-bench-res",
+                                                     discovery: InProcessDiscovery(), port: options.port, bindHost: "127.0.0.1")
+        advertiser.delegate = sink
+        try advertiser.startAdvertisingPeer()
+        guard let port = advertiser.port else { fail("the advertiser has no port") }
+        var o = JSONObject()
+        o.add("mode", "resource-receiver")
+        o.add("port", Int(port))
+        o.add("encrypted", session.encryptionPreference == .required)
+        emit(o)
+        let done = DispatchSemaphore(value: 0)
+        let trap = SignalTrap(queue: .global()) { _ in done.signal() }
+        done.wait()
+        advertiser.stopAdvertisingPeer()
+        session.disconnect()
+        terminal.log("received \(sink.received.current) resources, \(sink.failed.current) failed")
+        withExtendedLifetime((trap, sink)) {}
+        exit(0)
+    } catch {
+        fail("\(error)")
+    }
+}
+
+/// The sending side of `resource`: learns the connected peer.
+final class ResourceSender: SessionDelegate, Sendable {
+    let peer = Mutex<PeerID?>(nil)
+    func session(_ session: Session, peer p: PeerID, didChange state: SessionState) {
+        if state == .connected { peer.withLock { $0 = p } }
+    }
+}
+
+func resource() {
+    let path = options.file!, endpoint = options.connect!, rounds = options.rounds
+    var st = stat()
+    guard stat(path, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG else { fail("\(path) is not a readable regular file") }
+    let bytes = UInt64(st.st_size)
+    let sender = ResourceSender()
+    let session: Session
+    let target: PeerID
+    do {
+        session = try Session(peer: try PeerID(displayName: "bench-resource-tx"), configuration: Session.Configuration(bindHost: "127.0.0.1"))
+        session.delegate = sender
+        try session.connect(to: endpoint, timeout: .seconds(5))
+    } catch {
+        fail("cannot connect to the resource receiver at \(endpoint): \(error)")
+    }
+    let deadline = now() + 5_000_000_000
+    while sender.peer.withLock({ $0 }) == nil {
+        if now() > deadline { fail("the resource receiver at \(endpoint) did not connect within 5 s") }
+        usleep(1_000)
+    }
+    target = sender.peer.withLock { $0 }!
+    guard session.isEncrypted(target) else { fail("the link to the resource receiver is not encrypted") }
+
+    var seconds: [Double] = []
+    for r in 0..<rounds {
+        let done = DispatchSemaphore(value: 0)
+        let finishedAt = Atomic<UInt64>(0)
+        let outcome = Mutex<PeerMeshError?>(nil)
+        let start = now()
+        do {
+            try session.sendResource(at: URL(fileURLWithPath: path), withName: "bench-\(r).bin", toPeer: target) { error in
+                // Timed here, on the I/O thread: the receiver's RESULT (written, SHA-256 verified) just arrived.
+                finishedAt.store(now(), ordering: .releasing)
+                outcome.withLock { $0 = error }
+                done.signal()
+            }
+        } catch {
+            fail("round \(r + 1): sendResource: \(error)")
+        }
+        guard done.wait(timeout: .now() + 300) == .success else { fail("round \(r + 1): no completion within 300 s") }
+        if let error = outcome.withLock({ $0 }) { fail("round \(r + 1): the transfer failed: \(error)") }
+        seconds.append(Double(finishedAt.load(ordering: .acquiring) - start) / 1e9)
+    }
+    session.disconnect()
+    usleep(50_000)  // let the GOODBYE leave before the process exits
+
+    let sorted = seconds.sorted()
+    let median = middle(sorted)
+    func mbps(_ s: Double) -> Double { Double(bytes) / 1e6 / s }
+    var o = JSONObject()
+    o.add("mode", "resource")
+    o.add("encrypted", true)
+    o.add("bytes", bytes)
+    o.add("rounds", rounds)
+    o.add("seconds", raw: "[" + seconds.map { String($0) }.joined(separator: ",") + "]")
+    o.add("medianSeconds", median)
+    o.add("medianMBPerSecond", mbps(median))
+    o.add("bestMBPerSecond", mbps(sorted[0]))
+    emit(o)
+}
+
+// MARK: - Mesh join
+
+/// A member of a `meshjoin` mesh; the first one accepts every invitation into its session.
+final class MeshMember: SessionDelegate, NearbyServiceAdvertiserDelegate, Sendable {
+    let acceptInto = Mutex<Session?>(nil)
+    let failures = Mutex<[String]>([])
+    func session(_ session: Session, peer: PeerID, didChange state: SessionState) {}
+    func session(_ session: Session, invitationTo peer: PeerID?, failedWith reason: DeclineReason, detail: String) {
+        failures.withLock { $0.append("\(session.myPeerID) → \(peer.map { "\($0)" } ?? "?"): \(reason) \(detail)") }
+    }
+    func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceiveInvitationFromPeer peer: PeerID, withContext context: Data?,
+                    invitationHandler: @escaping @Sendable (Bool, Session?) -> Void) {
+        let s = acceptInto.withLock { $0 }
+        invitationHandler(s != nil, s)
+    }
+}
+
+/// One mesh of `members` encrypted sessions (defaults otherwise), member i bound to 127.0.0.(i+1): a host of its
+/// own, so the per-host peer limit is the default's. Every member after the first connects to the first's
+/// advertiser — one at a time (each once the one before is in every view), or all at once. Returns the seconds
+/// from the first connect until every member's `connectedPeers` lists all the others, and with `oneAtATime` the
+/// seconds each join took.
+func formMesh(members: Int, oneAtATime: Bool) -> (total: Double, joins: [Double]) {
+    var sessions: [Session] = [], delegates: [MeshMember] = []
+    let advertiser: NearbyServiceAdvertiser
+    do {
+        for i in 0..<members {
+            let s = try Session(peer: try PeerID(displayName: "m\(i)"), configuration: Session.Configuration(bindHost: "127.0.0.\(i + 1)"))
+            let d = MeshMember()
+            s.delegate = d
+            sessions.append(s)
+            delegates.append(d)
+        }
+        delegates[0].acceptInto.withLock { $0 = sessions[0] }
+        advertiser = try NearbyServiceAdvertiser(peer: sessions[0].myPeerID, discoveryInfo: nil, serviceType: "pm-bench-mesh",
+                                                 discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
+        advertiser.delegate = delegates[0]
+        try advertiser.startAdvertisingPeer()
+    } catch {
+        fail("cannot set up \(members) sessions: \(error)")
+    }
+    guard let port = advertiser.port else { fail("the first member's advertiser has no port") }
+    let endpoint = PeerEndpoint(host: "127.0.0.1", port: port)
+    let peers = sessions.map(\.myPeerID)
+    /// Members 0…k all list each other, and no one else.
+    func converged(_ k: Int) -> Bool {
+        let group = Set(peers[0...k])
+        return (0...k).allSatisfy { i in
+            let view = sessions[i].connectedPeers
+            return view.count == k && Set(view) == group.subtracting([peers[i]])
+        }
+    }
+    func waitFor(_ k: Int, since: UInt64) {
+        let deadline = since + 15_000_000_000
+        while !converged(k) {
+            if now() > deadline {
+                let views = sessions.map { s in "\(s.myPeerID): [\(s.connectedPeers.map(\.displayName).sorted().joined(separator: ","))]" }
+                let failures = delegates.flatMap { $0.failures.withLock { $0 } }
+                fail("the mesh of \(k + 1) did not converge within 15 s; views \(views.joined(separator: "; ")); failures: \(failures)")
+            }
+            usleep(200)
+        }
+    }
+    func join(_ k: Int) {
+        do {
+            try sessions[k].connect(to: endpoint, timeout: .seconds(10))
+        } catch {
+            fail("member \(k) cannot connect: \(error)")
+        }
+    }
+    var joins: [Double] = []
+    let start = now()
+    if oneAtATime {
+        for k in 1..<members {
+            let t = now()
+            join(k)
+            waitFor(k, since: t)
+            joins.append(Double(now() - t) / 1e9)
+        }
+    } else {
+        for k in 1..<members { join(k) }
+        waitFor(members - 1, since: start)
+    }
+    let total = Double(now() - start) / 1e9
+    for s in sessions {
+        for p in s.connectedPeers where !s.isEncrypted(p) { fail("\(s.myPeerID) → \(p) is not encrypted") }
+    }
+    advertiser.stopAdvertisingPeer()
+    for s in sessions { s.disconnect() }
+    usleep(100_000)  // the GOODBYEs settle before the next mesh forms
+    withExtendedLifetime(delegates) {}
+    return (total, joins)
+}
+
+func meshJoin() {
+    let members = options.members, runs = options.runs
+    func ms(_ v: [Double]) -> String { "[" + v.map { String(($0 * 1e6).rounded() / 1e3) }.joined(separator: ",") + "]" }
+    func median(_ v: [Double]) -> Double { middle(v.sorted()) }
+    var sequential: [Double] = [], lastJoin: [Double] = [], concurrent: [Double] = []
+    for _ in 0..<runs {
+        let one = formMesh(members: members, oneAtATime: true)
+        sequential.append(one.total)
+        lastJoin.append(one.joins.last ?? 0)
+        concurrent.append(formMesh(members: members, oneAtATime: false).total)
+    }
+    func summary(_ v: [Double]) -> JSONObject {
+        var o = JSONObject()
+        o.add("medianMs", median(v) * 1000)
+        o.add("minMs", v.min()! * 1000)
+        o.add("maxMs", v.max()! * 1000)
+        o.add("runsMs", raw: ms(v))
+        return o
+    }
+    var o = JSONObject()
+    o.add("mode", "meshjoin")
+    o.add("members", members)
+    o.add("runs", runs)
+    o.add("encrypted", true)
+    var seq = summary(sequential)
+    seq.add("lastJoinMedianMs", median(lastJoin) * 1000)
+    o.add("oneAtATime", seq)
+    o.add("allAtOnce", summary(concurrent))
+    emit(o)
+}
+
 // MARK: - Pair (files only)
 
 func pairStates() {
@@ -473,5 +735,8 @@ case .throughput: throughput()
 case .fanout: fanout()
 case .pair: pairStates()
 case .serve: serve()
+case .resource: resource()
+case .resourceReceiver: resourceReceiver()
+case .meshjoin: meshJoin()
 }
 exit(0)

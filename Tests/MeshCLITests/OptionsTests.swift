@@ -137,6 +137,27 @@ struct OptionsTests {
             #expect(throws: UsageError.self, "\(args)") { try ImpairOptions.parse(args) }
         }
     }
+
+    @Test("mesh-bench resource, resource-receiver and meshjoin: required flags, ranges; bad flags are usage errors")
+    func benchResourceAndMeshJoin() throws {
+        guard case .run(let r) = try BenchOptions.parse(["resource", "--connect", "127.0.0.1:7000", "--file", "/tmp/f", "--rounds", "2"]),
+              case .run(let rx) = try BenchOptions.parse(["resource-receiver", "--dir", "/tmp/d", "--port", "7000"]),
+              case .run(let m) = try BenchOptions.parse(["meshjoin", "--members", "8", "--runs", "3"]),
+              case .run(let md) = try BenchOptions.parse(["meshjoin"])
+        else { Issue.record("no config"); return }
+        #expect(r.mode == .resource && r.connect == .init(host: "127.0.0.1", port: 7000) && r.file == "/tmp/f" && r.rounds == 2)
+        #expect(rx.mode == .resourceReceiver && rx.directory == "/tmp/d" && rx.port == 7000)
+        #expect(m.mode == .meshjoin && m.members == 8 && m.runs == 3)
+        #expect(md.members == 3 && md.runs == 5)
+        let bad: [[String]] = [
+            ["resource"], ["resource", "--file", "/tmp/f"], ["resource", "--connect", "127.0.0.1:7000"],
+            ["resource-receiver"], ["meshjoin", "--members", "1"], ["meshjoin", "--members", "9"], ["meshjoin", "--runs", "0"],
+            ["meshjoin", "--bogus"],
+        ]
+        for args in bad {
+            #expect(throws: UsageError.self, "\(args)") { try BenchOptions.parse(args) }
+        }
+    }
 }
 
 @Suite struct OutputFileNameTests {

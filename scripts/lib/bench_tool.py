@@ -428,6 +428,51 @@ def report(raw_path, out_json, out_md, meta_path):
                       f"{r.get('underruns', 'n/m')} | {fmt(r.get('lossPercent'), 2)} | {r.get('note', '')} |")
         md.append("")
 
+    # 7. Resource transfer
+    rs = sections.get("resource", [])
+    if rs:
+        r = rs[-1]
+        table(md, f"**7. Resource transfer** (a {fmt(r.get('megabytes'), 0)} MB file of random bytes between two processes "
+                  f"on 127.0.0.1; PeerMesh `Session.sendResource`, encrypted (the default), timed from the call to its "
+                  f"completion — the receiver has written the file and checked its SHA-256; the handshake is before the "
+                  f"clock; baseline `nc -N` → `nc -l` (openbsd) into a file in the same directory, timed from starting the "
+                  f"sending nc until the receiving one exits; each of {r.get('repeats')} repeats starts both sides afresh, "
+                  f"alternating which goes first; MB = 10⁶ bytes)",
+              ['transfer', 'MB/s (median)', 'MB/s (best)', 'ratio (median)'], "lrrr")
+        def row(label, side, ratio):
+            v = r.get(side) or {}
+            shown = "1.00" if side == "nc" and v else (f"{ratio:.2f}" if ratio is not None else "n/m")
+            md.append(f"| {label} | {fmt(v.get('medianMBPerSecond'), 0)} | {fmt(v.get('bestMBPerSecond'), 0)} | {shown} |")
+        row("nc over TCP (baseline)", "nc", None)
+        row("PeerMesh sendResource, encrypted: first transfer of a fresh session", "meshFirst", r.get("ratio"))
+        row("PeerMesh sendResource, encrypted: second transfer, same session", "meshSecond", r.get("secondRatio"))
+        if r.get("note"):
+            md.append(f"\n{r['note']}")
+        md.append("")
+        goals.append(("resource transfer ≥ 0.5× nc over TCP (first transfer, median)", fmt(r.get("ratio"), 2),
+                      None if r.get("ratio") is None else r["ratio"] >= 0.5))
+
+    # 8. Mesh join
+    mj = sections.get("meshjoin", [])
+    if mj:
+        table(md, "**8. Mesh join time** (N encrypted full-mesh sessions in one `mesh-bench meshjoin` process — one I/O "
+                  "thread for all — member i on 127.0.0.(i+1); members connect to the first's advertiser directly, no "
+                  "DNS-SD; time from the first connect until every member's `connectedPeers` lists all N-1 others. "
+                  "Absolute times: there is no baseline to compare with)",
+              ['members', 'joining', 'runs', 'median ms', 'min ms', 'max ms', 'note'], "rlrrrrl")
+        for r in mj:
+            if r.get("oneAtATime") is None:
+                md.append(f"| {r.get('members')} | | | n/m | | | {r.get('note', '')} |")
+                continue
+            for key, how in (("oneAtATime", "one at a time"), ("allAtOnce", "all at once")):
+                v = r[key]
+                note = ""
+                if key == "oneAtATime" and v.get("lastJoinMedianMs") is not None:
+                    note = f"the last member's join (into a mesh of {r['members'] - 1}): {fmt(v['lastJoinMedianMs'])} ms median"
+                md.append(f"| {r['members']} | {how} | {r.get('runs')} | {fmt(v.get('medianMs'))} | {fmt(v.get('minMs'))} | "
+                          f"{fmt(v.get('maxMs'))} | {note} |")
+        md.append("")
+
     if goals:
         table(md, "**Goals**",
               ['goal', 'figure', 'verdict'], "lrl")
