@@ -14,6 +14,7 @@ let package = Package(
     name: "PeerMesh",
     products: [
         .library(name: "PeerMesh", targets: ["PeerMesh"]),
+        .library(name: "PeerMeshFoundation", targets: ["PeerMeshFoundation"]),
         .library(name: "MeshAudio", targets: ["MeshAudio"]),
         .library(name: "MeshPipeline", targets: ["MeshPipeline"]),
         .library(name: "MeshRelay", targets: ["MeshRelay"]),
@@ -42,6 +43,8 @@ let package = Package(
 
         // Libraries.
         .target(name: "PeerMesh", dependencies: ["MeshPOSIX", "CAvahi", "CSodium"]),
+        // MC's Foundation `Progress` for resources, for apps that link full Foundation anyway (PeerMesh does not).
+        .target(name: "PeerMeshFoundation", dependencies: ["PeerMesh"]),
         .target(name: "MeshAudio", dependencies: ["MeshPOSIX", "CALSA", "CSndfile"]),
         .target(name: "MeshPipeline", dependencies: ["MeshAudio", "MeshPOSIX", "CSpeexDSP", "COpus"]),
         .target(name: "MeshRelay", dependencies: ["PeerMesh", "MeshAudio", "MeshPipeline", "MeshPOSIX"]),
@@ -65,7 +68,7 @@ let package = Package(
 
         // Tests, and what they share (package-internal).
         .target(name: "MeshTestSupport", dependencies: ["MeshPOSIX", "MeshAudio"], path: "Tests/MeshTestSupport"),
-        .testTarget(name: "PeerMeshTests", dependencies: ["PeerMesh", "MeshTestSupport"]),
+        .testTarget(name: "PeerMeshTests", dependencies: ["PeerMesh", "PeerMeshFoundation", "MeshTestSupport"]),
         .testTarget(name: "MeshAudioTests", dependencies: ["MeshAudio", "MeshTestSupport"]),
         .testTarget(name: "MeshPipelineTests", dependencies: ["MeshPipeline", "MeshAudio", "MeshTestSupport"]),
         .testTarget(name: "MeshRelayTests", dependencies: ["MeshRelay", "PeerMesh", "MeshAudio", "MeshPipeline", "MeshImpair",

@@ -4,6 +4,7 @@ import Synchronization
 import MeshPOSIX
 import MeshTestSupport
 @testable import PeerMesh
+import PeerMeshFoundation
 
 /// A directory of this test's own, removed at the end.
 private final class Scratch {
@@ -84,6 +85,38 @@ struct ResourceTransferTests {
         #expect(log.resourcesStarted.first?.2.completedUnitCount == Int64(size))
         #expect(scratch.contents("inbox").isEmpty, "nothing left behind in the inbox")
         #expect(pair.host.statistics.peerFaults == 0)
+    }
+
+    @Test("MC's Foundation Progress (PeerMeshFoundation) follows a transfer on both sides, and cancelling it cancels the transfer")
+    func foundationProgress() throws {
+        let scratch = try Scratch("foundation")
+        let pair = try pair(scratch)
+        let size = 3 << 20
+        try writeRandomFile("\(scratch.path)/a.raw", count: size, seed: 3)
+        let sent = try pair.guest.sendResource(at: URL(fileURLWithPath: "\(scratch.path)/a.raw"), withName: "a.raw",
+                                               toPeer: pair.hostPeer).foundationProgress()
+        #expect(sent.totalUnitCount == Int64(size) && sent.isCancellable)
+        #expect(pair.hostLog.wait(10) { !$0.resourcesStarted.isEmpty })
+        let received = try #require(pair.hostLog.snapshot.resourcesStarted.first?.2).foundationProgress()
+        #expect(pair.hostLog.wait(20) { $0.resourcesFinished.count == 1 })
+        #expect(eventually(5) { sent.completedUnitCount == Int64(size) && sent.fractionCompleted == 1 })
+        #expect(received.completedUnitCount == Int64(size) && !received.isCancelled)
+
+        // Cancelling the Foundation Progress cancels the transfer on both sides.
+        try writeRandomFile("\(scratch.path)/b.raw", count: 48 << 20, seed: 4)
+        let done = Completion()
+        let transfer = try pair.guest.sendResource(at: URL(fileURLWithPath: "\(scratch.path)/b.raw"), withName: "b.raw",
+                                                   toPeer: pair.hostPeer, withCompletionHandler: done.handler)
+        let progress = transfer.foundationProgress()
+        #expect(pair.hostLog.wait(10) { $0.resourcesStarted.count == 2 })
+        progress.cancel()
+        #expect(pair.hostLog.wait(20) { $0.resourcesFinished.count == 2 })
+        #expect(eventually(5) { transfer.isCancelled && transfer.isFinished })
+        guard case .cancelled? = pair.hostLog.snapshot.resourcesFinished.last?.3 else {
+            Issue.record("receiver saw \(String(describing: pair.hostLog.snapshot.resourcesFinished.last?.3))"); return
+        }
+        #expect(eventually(5) { if case .some(.cancelled?) = done.only { true } else { false } })
+        #expect(eventually(5) { scratch.contents("inbox").isEmpty }, "no partial file")
     }
 
     enum Canceller: String, CaseIterable { case sender, receiver, disconnect }

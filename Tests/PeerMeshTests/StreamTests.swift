@@ -94,7 +94,7 @@ struct StreamIntegrationTests {
         return out
     }
 
-    @Test("8 MB through a stream arrive in order, exactly once, then the end of the stream")
+    @Test("100 MB through a stream arrive in order, exactly once, then the end of the stream")
     func bytesArriveInOrder() throws {
         let pair = try Pair()
         let out = try pair.guest.startStream(withName: "mic", toPeer: pair.hostPeer)
@@ -102,7 +102,12 @@ struct StreamIntegrationTests {
         let (peer, name, input) = pair.hostLog.snapshot.streams[0]
         #expect(peer == pair.guestPeer && name == "mic" && input.name == "mic")
         var rng = SeededRandom(seed: 5)
-        let sent = (0..<(8 << 20)).map { _ in UInt8(truncatingIfNeeded: rng.next()) }
+        var bytes = [UInt8](repeating: 0, count: 100_000_000)
+        bytes.withUnsafeMutableBytes { raw in
+            let words = raw.bindMemory(to: UInt64.self)
+            for i in words.indices { words[i] = rng.next() }
+        }
+        let sent = bytes
         let writer = Thread {
             var at = 0
             var sizes = SeededRandom(seed: 9)

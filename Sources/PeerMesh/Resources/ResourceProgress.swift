@@ -14,6 +14,8 @@ public final class ResourceProgress: Sendable {
         var finished = false
         var error: PeerMeshError?
         var handler: (@Sendable (ResourceProgress) -> Void)?
+        /// Followers besides the app's handler (the Foundation `Progress` adapter), each called as the handler is.
+        var observers: [@Sendable (ResourceProgress) -> Void] = []
     }
 
     /// The resource's size in bytes.
@@ -51,6 +53,12 @@ public final class ResourceProgress: Sendable {
         state.withLock { $0.handler = handler }
     }
 
+    /// Adds a follower called as the update handler is, never replaced by `setUpdateHandler` (for adapters in
+    /// this package, such as PeerMeshFoundation's `Progress`).
+    package func observe(_ observer: @escaping @Sendable (ResourceProgress) -> Void) {
+        state.withLock { $0.observers.append(observer) }
+    }
+
     /// Cancels the transfer on both sides: the receiver deletes what it has, the sender stops, each side's app is
     /// told with `PeerMeshError.cancelled`. Does nothing once the transfer is over.
     public func cancel() {
@@ -62,22 +70,24 @@ public final class ResourceProgress: Sendable {
 
     /// `count` more bytes moved.
     func advance(by count: Int) {
-        let handler = state.withLock { s -> (@Sendable (ResourceProgress) -> Void)? in
+        let (handler, observers) = state.withLock { s in
             s.completed += Int64(count)
-            return s.handler
+            return (s.handler, s.observers)
         }
+        for o in observers { o(self) }
         handler?(self)
     }
 
     /// The transfer is over; `error` says why if it failed.
     func finish(_ error: PeerMeshError?) {
-        let handler = state.withLock { s -> (@Sendable (ResourceProgress) -> Void)? in
-            guard !s.finished else { return nil }
+        let (handler, observers) = state.withLock { s -> ((@Sendable (ResourceProgress) -> Void)?, [@Sendable (ResourceProgress) -> Void]) in
+            guard !s.finished else { return (nil, []) }
             s.finished = true
             s.error = error
             if case .cancelled = error { s.cancelled = true }
-            return s.handler
+            return (s.handler, s.observers)
         }
+        for o in observers { o(self) }
         handler?(self)
     }
 }
