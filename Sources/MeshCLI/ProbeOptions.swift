@@ -24,14 +24,26 @@ package struct ProbeOptions: CommandLineTool, Sendable, Equatable {
     package var peerTimeout: Double = 2
     /// Skip DNS-SD: reachable only with --connect.
     package var direct = false
+    /// The files of out-of-band mode (no DNS-SD at all): the joiner writes its peer ID to `peerFile`; the host
+    /// answers with connection data for it in `dataFile`; the joiner connects with that.
+    package struct OfferFiles: Sendable, Equatable {
+        package var peerFile: String
+        package var dataFile: String
+    }
+    /// Host `--offer-for` / join `--offer`: out-of-band mode (no advertiser, browser or DNS-SD).
+    package var offer: OfferFiles?
 
     package static let usage = """
         usage: peermesh-probe host --service TYPE [--name NAME] [--port N] [--direct] [--duration S] [--peer-timeout S]
                peermesh-probe join --service TYPE [--name NAME] [--connect HOST:PORT] [--reliable N] [--datagrams N] [--timeout S]
+               peermesh-probe host --offer-for PEERFILE DATAFILE [--name NAME] [--duration S]
+               peermesh-probe join --offer PEERFILE DATAFILE [--name NAME] [--reliable N] [--datagrams N] [--timeout S]
           host: advertises, accepts every invitation, echoes reliable messages and datagrams back.
           join: finds the first host (or connects directly), sends N reliable messages and N datagrams, waits for the
                 echoes and prints one JSON summary line; exit 0 on success, 1 on failure.
           Discovery goes through avahi-daemon unless --connect (join) or --direct (host) is given.
+          --offer-for / --offer: out of band, no DNS-SD at all: the joiner writes its peer ID to PEERFILE, the host
+                answers with connection data (nearbyConnectionData) in DATAFILE, the joiner connects with it.
           Events go to stdout as JSON lines; diagnostics to stderr. Bad flags exit 2.
         """
 
@@ -64,6 +76,12 @@ package struct ProbeOptions: CommandLineTool, Sendable, Equatable {
             case "--peer-timeout": o.peerTimeout = try cursor.number(for: flag, in: 0.2...3_600)
             case "--avahi": break // the default
             case "--direct": o.direct = true
+            case "--offer-for", "--offer":
+                let files = OfferFiles(peerFile: try cursor.value(for: flag), dataFile: try cursor.value(for: flag))
+                guard (flag == "--offer-for") == (o.mode == .host) else {
+                    throw UsageError(o.mode == .host ? "host takes --offer-for, not --offer" : "join takes --offer, not --offer-for")
+                }
+                o.offer = files
             default: throw UsageError("unknown option \"\(flag)\"")
             }
         }

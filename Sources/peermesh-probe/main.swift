@@ -5,6 +5,9 @@
 //   peermesh-probe join --service TYPE --name NAME [--avahi] [--connect HOST:PORT] [--reliable N] [--datagrams N] [--timeout SECONDS]
 //       Finds the first host (or connects directly), invites it, sends N reliable messages and N datagrams,
 //       waits for the echoes and prints one JSON summary line. Exit 0 on success, 1 on failure, 2 on bad flags.
+//   peermesh-probe host --offer-for PEERFILE DATAFILE / join --offer PEERFILE DATAFILE
+//       Out of band, with no DNS-SD: the joiner writes its peer ID to PEERFILE, the host answers with connection
+//       data for it (Session.nearbyConnectionData) in DATAFILE, the joiner connects with it (connectPeer).
 //
 // Events go to stdout as JSON lines; diagnostics to stderr.
 import Foundation
@@ -23,6 +26,27 @@ let config = ProbeOptions.configurationFromCommandLine()
 let terminal = Terminal(program: ProbeOptions.program, quiet: false)
 
 func fail(_ message: String) -> Never { terminal.fail(message) }
+
+/// What `host --offer-for` writes for the joiner: the host's peer ID and the connection data made for the joiner.
+struct Offer: Codable {
+    var peer: PeerID
+    var data: Data
+}
+
+/// Writes `value` as JSON to `path` whole (a temporary file renamed into place: a reader never sees half of it).
+func writeJSON(_ value: some Encodable, to path: String) throws {
+    try JSONEncoder().encode(value).write(to: URL(fileURLWithPath: path), options: .atomic)
+}
+
+/// Reads JSON from `path` once it exists, waiting up to `seconds`; nil on time-out.
+func awaitJSON<T: Decodable>(_ type: T.Type, at path: String, seconds: Double) throws -> T? {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if let bytes = FileManager.default.contents(atPath: path) { return try JSONDecoder().decode(T.self, from: bytes) }
+        usleep(20_000)
+    }
+    return nil
+}
 
 final class Probe: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServiceBrowserDelegate, Sendable {
     struct State {
@@ -76,6 +100,21 @@ do {
     let me = try PeerID(displayName: String(decoding: config.name.utf8.prefix(63), as: UTF8.self))
     let session = try Session(peer: me, configuration: .init(peerTimeout: .milliseconds(Int(config.peerTimeout * 1000)), udpPort: config.port))
     switch config.mode {
+    case .host where config.offer != nil:
+        let files = config.offer!
+        let probe = Probe(session: session, echo: true)
+        session.delegate = probe
+        guard let guest = try awaitJSON(PeerID.self, at: files.peerFile, seconds: config.duration) else {
+            fail("no peer file at \(files.peerFile) within \(config.duration) s")
+        }
+        try writeJSON(Offer(peer: me, data: try session.nearbyConnectionData(forPeer: guest)), to: files.dataFile)
+        emit { $0.add("event", "offered"); $0.add("for", guest.displayName); $0.add("file", files.dataFile); $0.add("id", me.identityString) }
+        let stop = DispatchSemaphore(value: 0)
+        let trap = SignalTrap(queue: .global()) { _ in stop.signal() }
+        _ = stop.wait(timeout: .now() + config.duration)
+        _ = trap
+        session.disconnect()
+        usleep(50_000)
     case .host:
         let probe = Probe(session: session, echo: true)
         session.delegate = probe
@@ -96,7 +135,14 @@ do {
         session.delegate = probe
         let started = Date()
         var browser: NearbyServiceBrowser?
-        if let endpoint = config.connect {
+        if let files = config.offer {
+            try writeJSON(me, to: files.peerFile)
+            guard let offer = try awaitJSON(Offer.self, at: files.dataFile, seconds: config.timeout) else {
+                emit { $0.add("found", false); $0.add("connected", false); $0.add("error", "no connection data at \(files.dataFile)") }
+                exit(1)
+            }
+            try session.connectPeer(offer.peer, withNearbyConnectionData: offer.data)
+        } else if let endpoint = config.connect {
             try session.connect(to: endpoint, timeout: .milliseconds(Int(config.timeout * 1000)))
         } else {
             let b = try NearbyServiceBrowser(peer: me, serviceType: config.service)
@@ -106,10 +152,11 @@ do {
         }
         let deadline = Date().addingTimeInterval(config.timeout)
         var discoverMillis = -1.0
-        var invited = config.connect != nil
+        let direct = config.connect != nil || config.offer != nil
+        var invited = direct
         while Date() < deadline {
             let s = probe.state.withLock { $0 }
-            if s.failure != nil, s.connected == nil, !invited || config.connect != nil { break }
+            if s.failure != nil, s.connected == nil, !invited || direct { break }
             if !invited, let host = s.found.first {
                 discoverMillis = Date().timeIntervalSince(started) * 1000
                 try browser!.invitePeer(host, to: session, withContext: nil, timeout: .seconds(5))

@@ -57,6 +57,18 @@ struct OptionsTests {
         #expect(throws: UsageError.self) { try RecordOptions.parse(args) }
     }
 
+    @Test("peermesh-probe: --offer-for is the host's, --offer the joiner's, each with two files")
+    func probeOfferFlags() throws {
+        guard case .run(let h) = try ProbeOptions.parse(["host", "--offer-for", "g.json", "o.json"]),
+              case .run(let j) = try ProbeOptions.parse(["join", "--offer", "g.json", "o.json"])
+        else { Issue.record("no config"); return }
+        #expect(h.offer == ProbeOptions.OfferFiles(peerFile: "g.json", dataFile: "o.json") && h.mode == .host)
+        #expect(j.offer == h.offer && j.mode == .join)
+        for bad in [["host", "--offer", "a", "b"], ["join", "--offer-for", "a", "b"], ["join", "--offer", "a"]] {
+            #expect(throws: UsageError.self, "\(bad)") { try ProbeOptions.parse(bad) }
+        }
+    }
+
     @Test("The Nyquist message names half the rate")
     func nyquist() {
         do { _ = try RecordOptions.parse(["--host", "--input", "tone:30000"]) } catch {

@@ -182,3 +182,28 @@ struct IPv6SessionTests {
         #expect(a.scopeID == if_nametoindex("lo") && a.host.hasSuffix("%lo"))
     }
 }
+
+@Suite("Out-of-band connection data between processes, with no DNS-SD", .serialized)
+struct OutOfBandProcessTests {
+    @Test("Two processes exchange peer ID and connection data through files, with no avahi-daemon or system bus, and connect")
+    func throughAFileWithNoAvahi() throws {
+        let probe = builtProduct("peermesh-probe")
+        try #require(FileManager.default.isExecutableFile(atPath: probe.path), "build peermesh-probe first (swift build)")
+        let dir = try TemporaryDirectory.make(in: TemporaryDirectory.system, prefix: "pm-oob-")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        // No daemon to reach: a system bus address that leads nowhere, and no rig variables.
+        let noAvahi = ["DBUS_SYSTEM_BUS_ADDRESS": "unix:path=\(dir)/no-such-bus", "MESH_AVAHI_RIG": "", "MESH_AVAHI_CTL": ""]
+        let host = try ChildProcess(probe, ["host", "--offer-for", "\(dir)/guest.json", "\(dir)/offer.json", "--name", "oob-host",
+                                            "--duration", "30"], environment: noAvahi)
+        defer { host.stop() }
+        let guest = try ChildProcess(probe, ["join", "--offer", "\(dir)/guest.json", "\(dir)/offer.json", "--name", "oob-guest",
+                                             "--reliable", "20", "--datagrams", "50", "--timeout", "10"], environment: noAvahi)
+        #expect(guest.waitForExit(seconds: 20) == 0, "guest: \(guest.stdout) \(guest.stderr); host: \(host.stdout) \(host.stderr)")
+        let summary = try #require(guest.json(containing: "reliableEchoed"), "\(guest.stdout)")
+        #expect(summary["connected"] as? Bool == true && summary["host"] as? String == "oob-host")
+        #expect(summary["reliableEchoed"] as? Int == 20, "every reliable message came back")
+        #expect((summary["datagramsEchoed"] as? Int ?? 0) >= 45, "\(summary)")
+        #expect(host.json(containing: "offered")?["for"] as? String == "oob-guest")
+        #expect(!(host.stderr + guest.stderr).contains { $0.contains("avahi") }, "nobody needed Avahi: \(host.stderr) \(guest.stderr)")
+    }
+}
