@@ -15,6 +15,8 @@ struct MembershipStateMachineTests {
         let maximumPeers: Int
         /// Pairs that cannot reach each other directly.
         var unreachable: Set<[UInt64]> = []
+        /// Links between an unreachable pair, and the member relaying each (its introducer).
+        var relayedVia: [[UInt64]: UInt64] = [:]
 
         init(maximumPeers: Int = 8) { self.maximumPeers = maximumPeers }
 
@@ -41,11 +43,19 @@ struct MembershipStateMachineTests {
 
         mutating func leave(_ p: PeerID) {
             machines[p.identity] = nil
-            peers.removeAll { $0 == p }
             for key in links where key.contains(p.identity) {
-                links.remove(key)
-                let other = key[0] == p.identity ? key[1] : key[0]
-                _ = machines[other]?.disconnected(p)
+                unlink(key)
+            }
+            // Links it relayed go with it.
+            for (key, via) in relayedVia where via == p.identity { unlink(key) }
+            peers.removeAll { $0 == p }
+        }
+
+        mutating func unlink(_ key: [UInt64]) {
+            guard links.remove(key) != nil else { return }
+            relayedVia[key] = nil
+            for (me, other) in [(key[0], key[1]), (key[1], key[0])] {
+                if let o = peers.first(where: { $0.identity == other }) { _ = machines[me]?.disconnected(o) }
             }
         }
 
@@ -67,8 +77,15 @@ struct MembershipStateMachineTests {
                 case .connect(let other, let data, let introducer):
                     #expect(links.contains(Self.pair(node.identity, introducer.identity)), "introduced by a member it is linked to")
                     #expect(data == withUnsafeBytes(of: other.identity.bigEndian) { Array($0) }, "data from the member it names")
-                    guard !unreachable.contains(Self.pair(node.identity, other.identity)) else { continue }
-                    link(node, other)
+                    let key = Self.pair(node.identity, other.identity)
+                    if unreachable.contains(key) {
+                        // No direct path: through the introducer, which is linked to both (as the driver does).
+                        guard links.contains(Self.pair(other.identity, introducer.identity)) else { continue }
+                        link(node, other)
+                        if links.contains(key) { relayedVia[key] = introducer.identity }
+                    } else {
+                        link(node, other)
+                    }
                 case .fault(let p, let f):
                     Issue.record("\(node) faulted \(p): \(f)")
                 }
@@ -115,27 +132,35 @@ struct MembershipStateMachineTests {
         #expect(m.received(.introRequest(peer: a), from: b) == [.send(b, .introData(forIdentity: a.identity, data: []))], "not about ourselves")
     }
 
-    /// Random joins (each to a random member) and leaves: the views always match the links, no peer appears twice,
-    /// and with everyone reachable and room for all, every member is connected to every other one.
-    @Test(arguments: [1, 2, 3, 4, 5, 6, 7, 8] as [UInt64])
-    func randomJoinsAndLeavesConverge(_ seed: UInt64) throws {
+    /// Random joins (each to a random member) and leaves, or joins across partitions (each newcomer cannot reach a
+    /// random part of the others directly): the views always match the links, no peer appears twice, only
+    /// unreachable pairs are relayed, and with room for all every member is connected to every other one. (Leaves
+    /// and partitions are not mixed: a relayed link goes with the member relaying it, and nobody re-introduces the
+    /// pair — see docs/PROTOCOL.md §3.9.)
+    @Test(arguments: [1, 2, 3, 4, 5, 6, 7, 8] as [UInt64], [false, true])
+    func randomJoinsLeavesAndPartitionsConverge(_ seed: UInt64, partitions: Bool) throws {
         var rng = SeededRandom(seed: seed)
         var w = World()
         var serial = 0
-        for _ in 0..<60 {
+        for _ in 0..<(partitions ? 8 : 60) {
             let live = w.peers
-            if live.count < 7, live.isEmpty || rng.next() % 3 != 0 {
+            // With partitions, joins only: 8 of them, the limit.
+            if partitions || (live.count < 7 && (live.isEmpty || rng.next() % 3 != 0)) {
                 serial += 1
                 let p = try PeerID(displayName: "p\(serial)")
                 w.add(p)
-                if let host = live.randomElement(using: &rng) { w.link(p, host) }
+                let host = live.randomElement(using: &rng)
+                for other in live where partitions && other != host && rng.next() % 3 == 0 {
+                    w.unreachable.insert(World.pair(p.identity, other.identity))
+                }
+                if let host { w.link(p, host) }
             } else if let gone = live.randomElement(using: &rng) {
                 w.leave(gone)
             }
             w.checkViews()
         }
         // A fresh round of joins into whoever is left.
-        for _ in 0..<3 {
+        for _ in 0..<(partitions ? 0 : 3) {
             serial += 1
             let p = try PeerID(displayName: "p\(serial)")
             let host = w.peers.randomElement(using: &rng)
@@ -143,6 +168,7 @@ struct MembershipStateMachineTests {
             if let host { w.link(p, host) }
         }
         w.checkViews()
+        #expect(Set(w.relayedVia.keys).isSubset(of: w.unreachable), "only pairs that cannot reach each other are relayed")
         // Those who joined into a connected group are connected to all of it.
         let n = w.peers.count
         for p in w.peers where w.degree(p) > 0 {
@@ -151,14 +177,18 @@ struct MembershipStateMachineTests {
         }
     }
 
-    @Test func anUnreachablePairStaysApartAndNothingElseBreaks() throws {
+    @Test func anUnreachablePairIsLinkedThroughItsIntroducerAndGoesWithIt() throws {
         var w = World()
         let peers = try (0..<3).map { try PeerID(displayName: "p\($0)") }
         peers.forEach { w.add($0) }
-        w.unreachable.insert(World.pair(peers[1].identity, peers[2].identity))
+        let pair = World.pair(peers[1].identity, peers[2].identity)
+        w.unreachable.insert(pair)
         w.link(peers[1], peers[0])
         w.link(peers[2], peers[0])
-        #expect(w.links.count == 2)
+        #expect(w.links.count == 3 && w.relayedVia == [pair: peers[0].identity])
+        w.checkViews()
+        w.leave(peers[0])
+        #expect(w.links.isEmpty && w.relayedVia.isEmpty)
         w.checkViews()
     }
 }
