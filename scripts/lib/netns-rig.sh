@@ -193,43 +193,9 @@ NETNS_RIG3_HB_ADDR6=fd00:77:2::1
 NETNS_RIG3_B_ADDR6=fd00:77:2::2
 
 # netns_rig3__start_host DIR HOST NS IFACES — holder, dbus and avahi for one host of the line (IFACES: the
-# host's veths, comma-separated, the only ones its avahi-daemon uses). As netns_rig__start_host, except that the
-# holder counts as ready only once it has become `sleep` (so its tmpfs is on /run): before that, its /proc root is
-# the machine's, whose /run may well have an avahi-daemon directory and no bus socket, and a dbus-daemon started
-# then would write its socket into the machine's /run.
+# host's veths, comma-separated, the only ones its avahi-daemon uses): the two-host rig's host start-up.
 netns_rig3__start_host() {
-  local dir=$1 host=$2 ns=$3 ifaces=$4 holder pid deadline
-  ip netns exec "$ns" unshare -m --propagation private \
-    sh -c 'mount -t tmpfs -o mode=755 tmpfs /run && mkdir -p /run/dbus /run/avahi-daemon && exec sleep infinity' \
-    </dev/null >/dev/null 2>"$dir/$host.holder.log" &
-  holder=$!
-  echo "$holder" >"$dir/$host.holder"
-  deadline=$((SECONDS + 10))
-  until [[ $(cat "/proc/$holder/comm" 2>/dev/null) == sleep && -d /proc/$holder/root/run/avahi-daemon &&
-           ! -e /proc/$holder/root/run/dbus/system_bus_socket ]]; do
-    kill -0 "$holder" 2>/dev/null ||
-      { netns_rig__log "host $host: holder died: $(cat "$dir/$host.holder.log" 2>/dev/null)"; return 1; }
-    ((SECONDS < deadline)) || { netns_rig__log "host $host: holder not ready"; return 1; }
-    sleep 0.05
-  done
-
-  pid=$(netns_rig__in "$dir" "$host" dbus-daemon --system --fork --print-pid) ||
-    { netns_rig__log "host $host: dbus-daemon failed"; return 1; }
-  echo "$pid" >"$dir/$host.dbus.pid"
-
-  avahi_rig__write_conf "$dir/$host.avahi-daemon.conf" "$ifaces" "pm3-${host,,}" ipv6
-  # exec, so that $! is avahi-daemon itself (nsenter without a PID namespace execs, it does not fork).
-  (exec nsenter -t "$holder" -m -n -- avahi-daemon --no-drop-root --no-chroot --no-rlimits \
-    -f "$dir/$host.avahi-daemon.conf" </dev/null >"$dir/$host.avahi.log" 2>&1) &
-  echo $! >"$dir/$host.avahi.pid"
-  deadline=$((SECONDS + 15))
-  until netns_rig__in "$dir" "$host" timeout 3 dbus-send --system --print-reply --dest=org.freedesktop.Avahi / \
-          org.freedesktop.Avahi.Server.GetState 2>/dev/null | grep -q 'int32 2'; do
-    kill -0 "$(cat "$dir/$host.avahi.pid")" 2>/dev/null ||
-      { netns_rig__log "host $host: avahi-daemon died:"; sed 's/^/  /' "$dir/$host.avahi.log" >&2; return 1; }
-    ((SECONDS < deadline)) || { netns_rig__log "host $host: avahi-daemon not running after 15 s"; return 1; }
-    sleep 0.1
-  done
+  netns_rig__start_host "$1" "$2" "$3" "$4" ""
 }
 
 # netns_rig3_start DIR — see above.
