@@ -9,8 +9,18 @@ struct DependencyTests {
     static let sources = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .deletingLastPathComponent().appendingPathComponent("Sources")
 
-    /// Developer tools that are not shipped and may use full Foundation (`Process`, `FileHandle`).
-    static let tools: Set<String> = ["mesh-bench", "peermesh-probe", "peermesh-fuzz"]
+    /// Developer tools that are not shipped and may use full Foundation (`Process`, `FileHandle`), and
+    /// `PeerMeshFoundation`, the opt-in library that gives apps Foundation's `Progress` (no shipped binary links it).
+    static let tools: Set<String> = ["mesh-bench", "peermesh-probe", "peermesh-fuzz", "PeerMeshFoundation"]
+
+    @Test("no shipped target depends on PeerMeshFoundation (only apps and tests opt in)")
+    func nothingShippedLinksFullFoundation() throws {
+        let manifest = try String(contentsOf: Self.sources.deletingLastPathComponent().appendingPathComponent("Package.swift"),
+                                  encoding: .utf8)
+        let uses = manifest.split(separator: "\n").filter { $0.contains("\"PeerMeshFoundation\"") }
+        #expect(uses.count == 3, "the product, the target, the test target: \(uses)")
+        #expect(uses.allSatisfy { $0.contains(".library(") || $0.contains(".target(name: \"PeerMeshFoundation\"") || $0.contains(".testTarget(") })
+    }
 
     @Test("the libraries and the shipped CLIs import FoundationEssentials, never Foundation")
     func onlyFoundationEssentials() throws {
