@@ -6,7 +6,8 @@
 //   mesh-record, mesh-play, mesh-chat, mesh-impair, peermesh-probe ──▶ MeshCLI ──▶ MeshRelay ──▶ PeerMesh ──▶ MeshPOSIX
 //                                                             │            └────────▶ MeshPipeline ──▶ MeshAudio ──▶ MeshPOSIX
 //                                                             └──▶ MeshImpair ──▶ MeshPOSIX
-//   C leaves: CALSA, CSndfile (MeshAudio) · CSpeexDSP, COpus (MeshPipeline) · CAvahi, CSodium (PeerMesh) · CLinux (MeshPOSIX)
+//   C leaves: CALSA, CSndfile (MeshAudio) · CSpeexDSP, COpus (MeshPipeline) · CAvahi, CSodium, COpenSSL (PeerMesh)
+//             · CLinux (MeshPOSIX)
 //             · CQRencode, CSystemd (MeshCLI)
 import PackageDescription
 
@@ -34,6 +35,7 @@ let package = Package(
         .systemLibrary(name: "CSpeexDSP", pkgConfig: "speexdsp", providers: [.apt(["libspeexdsp-dev"])]),
         .systemLibrary(name: "COpus", pkgConfig: "opus", providers: [.apt(["libopus-dev"])]),
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
+        .systemLibrary(name: "COpenSSL", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         .systemLibrary(name: "CQRencode", pkgConfig: "libqrencode", providers: [.apt(["libqrencode-dev"])]),
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
         .systemLibrary(name: "CLinux"),   // glibc's epoll, eventfd, accept4 and thread names (not in Swift's Glibc module)
@@ -42,7 +44,7 @@ let package = Package(
         .target(name: "MeshPOSIX", dependencies: ["CLinux"]),
 
         // Libraries.
-        .target(name: "PeerMesh", dependencies: ["MeshPOSIX", "CAvahi", "CSodium"]),
+        .target(name: "PeerMesh", dependencies: ["MeshPOSIX", "CAvahi", "CSodium", "COpenSSL"]),
         // MC's Foundation `Progress` for resources, for apps that link full Foundation anyway (PeerMesh does not).
         .target(name: "PeerMeshFoundation", dependencies: ["PeerMesh"]),
         .target(name: "MeshAudio", dependencies: ["MeshPOSIX", "CALSA", "CSndfile"]),

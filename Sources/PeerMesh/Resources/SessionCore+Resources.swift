@@ -5,12 +5,14 @@ import Synchronization
 /// An outgoing transfer's file and hash (loop thread only).
 final class OutgoingResource {
     let file: SequentialFile
-    var hasher = Sodium.SHA256()
+    let hasher: OpenSSL.SHA256
     let progress: ResourceProgress
     let completion: (@Sendable (PeerMeshError?) -> Void)?
 
-    init(file: SequentialFile, progress: ResourceProgress, completion: (@Sendable (PeerMeshError?) -> Void)?) {
+    init(file: SequentialFile, hasher: OpenSSL.SHA256, progress: ResourceProgress,
+         completion: (@Sendable (PeerMeshError?) -> Void)?) {
         self.file = file
+        self.hasher = hasher
         self.progress = progress
         self.completion = completion
     }
@@ -22,7 +24,7 @@ final class IncomingResource {
     let peer: PeerID
     let directory: String
     let file: SequentialFile
-    var hasher = Sodium.SHA256()
+    let hasher: OpenSSL.SHA256
     let progress: ResourceProgress
 
     /// Where the bytes go until the hash is verified.
@@ -30,11 +32,13 @@ final class IncomingResource {
     /// Where the verified file is handed to the app.
     var finalPath: String { "\(directory)/\(name)" }
 
-    init(name: String, peer: PeerID, directory: String, file: SequentialFile, progress: ResourceProgress) {
+    init(name: String, peer: PeerID, directory: String, file: SequentialFile, hasher: OpenSSL.SHA256,
+         progress: ResourceProgress) {
         self.name = name
         self.peer = peer
         self.directory = directory
         self.file = file
+        self.hasher = hasher
         self.progress = progress
     }
 }
@@ -78,9 +82,19 @@ extension SessionCore {
                 completion?(error)
                 return
             }
+            let hasher: OpenSSL.SHA256
+            do throws(OpenSSLError) {
+                hasher = try OpenSSL.SHA256()
+            } catch {
+                file.close()
+                let failure = PeerMeshError.resource("sendResource: cannot hash \(path): \(error.description)")
+                progress.finish(failure)
+                completion?(failure)
+                return
+            }
             let (k, actions) = io.value.resources.begin(on: link, size: size, name: name)
             key.withLock { $0 = k }
-            io.value.outgoingResources[k] = OutgoingResource(file: file, progress: progress, completion: completion)
+            io.value.outgoingResources[k] = OutgoingResource(file: file, hasher: hasher, progress: progress, completion: completion)
             performResources(actions)
         }
         return progress
@@ -110,7 +124,12 @@ extension SessionCore {
 
     private func sendEnd(_ key: ResourceKey) {
         guard let out = io.value.outgoingResources[key] else { return }
-        let hash = out.hasher.finish()
+        let hash: [UInt8]
+        do throws(OpenSSLError) {
+            hash = try out.hasher.finish()
+        } catch {
+            return performResources(io.value.resources.cancelOutgoing(key, error: .resource("hashing \(out.file.path): \(error.description)")))
+        }
         io.value.connections[key.link]?.send(.resource(.end(id: key.id, sha256: hash)))
     }
 
@@ -123,17 +142,21 @@ extension SessionCore {
 
     private func writeIncoming(_ key: ResourceKey, _ bytes: [UInt8]) {
         guard let incoming = io.value.incomingResources[key] else { return }
-        let failure: SyscallError? = bytes.withUnsafeBytes { raw -> SyscallError? in
+        let failure: String? = bytes.withUnsafeBytes { raw -> String? in
             do throws(SyscallError) {
                 try incoming.file.write(raw)
             } catch {
-                return error
+                return error.description
             }
-            incoming.hasher.update(raw)
+            do throws(OpenSSLError) {
+                try incoming.hasher.update(raw)
+            } catch {
+                return "hashing: \(error.description)"
+            }
             return nil
         }
         if let failure {
-            return performResources(io.value.resources.cancelIncoming(key, outcome: .storageFailed, text: failure.description))
+            return performResources(io.value.resources.cancelIncoming(key, outcome: .storageFailed, text: failure))
         }
         incoming.progress.advance(by: bytes.count)
     }
@@ -141,9 +164,16 @@ extension SessionCore {
     /// Compares the hashes and, when they match, moves the file into place; then tells the machine.
     private func verifyIncoming(_ key: ResourceKey, _ hash: [UInt8]) {
         guard let incoming = io.value.incomingResources[key] else { return }
+        let computed: [UInt8]
+        do throws(OpenSSLError) {
+            computed = try incoming.hasher.finish()
+        } catch {
+            // Not verified, so never moved into place.
+            return performResources(io.value.resources.verified(key, outcome: .storageFailed, text: "hashing: \(error.description)"))
+        }
         var outcome = ResourceOutcome.delivered
         var text = ""
-        if incoming.hasher.finish() != hash {
+        if computed != hash {
             outcome = .hashMismatch
         } else {
             incoming.file.close()
@@ -182,6 +212,7 @@ extension SessionCore {
     private func openIncoming(_ key: ResourceKey, from peer: PeerID, name: String, size: UInt64) {
         let incoming: IncomingResource
         do {
+            let hasher = try OpenSSL.SHA256()
             let directory = try TemporaryDirectory.make(in: resourceDirectory, prefix: "peermesh-resource-")
             do {
                 let file = try SequentialFile.create("\(directory)/.partial")
@@ -191,7 +222,8 @@ extension SessionCore {
                         performResources(io.value.resources.cancelIncoming(key, outcome: .cancelled, text: ""))
                     }
                 }
-                incoming = IncomingResource(name: name, peer: peer, directory: directory, file: file, progress: progress)
+                incoming = IncomingResource(name: name, peer: peer, directory: directory, file: file, hasher: hasher,
+                                            progress: progress)
             } catch {
                 TemporaryDirectory.remove(directory)
                 throw error
@@ -222,7 +254,7 @@ extension SessionCore {
                 do {
                     while got < want {
                         let n = try chunk.withUnsafeMutableBytes { (raw) throws(SyscallError) in
-                            try out.file.read(into: UnsafeMutableRawBufferPointer(rebasing: raw[got...]))
+                            try out.file.read(into: UnsafeMutableRawBufferPointer(rebasing: raw[got..<want]))
                         }
                         guard n > 0 else { break }
                         got += n
@@ -235,7 +267,18 @@ extension SessionCore {
                     performResources(io.value.resources.cancelOutgoing(key, error: .resource("\(out.file.path) shrank while it was being sent")))
                     continue
                 }
-                chunk.withUnsafeBytes { out.hasher.update($0) }
+                let hashFailure = chunk.withUnsafeBytes { raw -> OpenSSLError? in
+                    do throws(OpenSSLError) {
+                        try out.hasher.update(UnsafeRawBufferPointer(rebasing: raw[..<want]))
+                        return nil
+                    } catch {
+                        return error
+                    }
+                }
+                if let hashFailure {
+                    performResources(io.value.resources.cancelOutgoing(key, error: .resource("hashing \(out.file.path): \(hashFailure.description)")))
+                    continue
+                }
                 connection.send(.resource(.chunk(id: key.id, bytes: chunk)))
                 out.progress.advance(by: want)
                 performResources(io.value.resources.sent(want, of: key))

@@ -157,7 +157,7 @@ enum Sodium {
         return hasher.finish()
     }
 
-    /// SHA-256 fed in pieces (a resource is hashed chunk by chunk as it is sent or written).
+    /// SHA-256 fed in pieces (behind `sha256`; resource transfers hash with `OpenSSL.SHA256`, which is faster).
     struct SHA256: Sendable {
         private var state = crypto_hash_sha256_state()
 
