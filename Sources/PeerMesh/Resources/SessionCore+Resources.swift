@@ -249,7 +249,12 @@ extension SessionCore {
             for key in keys {
                 guard let out = io.value.outgoingResources[key], let remaining = io.value.resources.remaining(key) else { continue }
                 let want = Int(min(remaining, UInt64(ResourceFrame.maximumChunk)))
-                var chunk = [UInt8](repeating: 0, count: want)
+                // One buffer for every chunk (taken out while it is filled, so it stays uniquely referenced and is
+                // written in place): not a fresh zero-filled 64 KiB per chunk.
+                var chunk: [UInt8] = []
+                swap(&chunk, &io.value.resourceChunk)
+                defer { swap(&chunk, &io.value.resourceChunk) }
+                if chunk.count != ResourceFrame.maximumChunk { chunk = [UInt8](repeating: 0, count: ResourceFrame.maximumChunk) }
                 var got = 0
                 do {
                     while got < want {
@@ -279,7 +284,8 @@ extension SessionCore {
                     performResources(io.value.resources.cancelOutgoing(key, error: .resource("hashing \(out.file.path): \(hashFailure.description)")))
                     continue
                 }
-                connection.send(.resource(.chunk(id: key.id, bytes: chunk)))
+                // The frame shares the buffer (a copy only for a short last chunk) and is encoded before this returns.
+                connection.send(.resource(.chunk(id: key.id, bytes: want == chunk.count ? chunk : Array(chunk[..<want]))))
                 out.progress.advance(by: want)
                 performResources(io.value.resources.sent(want, of: key))
                 progressed = true

@@ -100,6 +100,8 @@ final class SessionCore: Sendable {
         var resources: ResourceStateMachine
         var outgoingResources: [ResourceKey: OutgoingResource] = [:]
         var incomingResources: [ResourceKey: IncomingResource] = [:]
+        /// The buffer outgoing transfers read each chunk into (see `pumpResources`).
+        var resourceChunk: [UInt8] = []
         var streams = StreamStateMachine()
         var membership: MembershipStateMachine
         var outputStreams: [StreamKey: OutputByteStream] = [:]

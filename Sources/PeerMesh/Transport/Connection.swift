@@ -35,8 +35,15 @@ final class Connection {
     private var connected: Bool
     private var ended = false
     private var channel: SecureChannel
+    /// Bytes to write: `outbound[sent...]`. The written prefix is dropped only when the queue drains or the prefix
+    /// reaches `compactionMark`, and a drained queue keeps its storage up to `keptCapacity`: a transfer that keeps
+    /// the queue topped up reuses one buffer instead of moving its tail and mapping a fresh one on every write.
     private var outbound: [UInt8] = []
     private var sent = 0
+    /// See `outbound`.
+    static let compactionMark = 256 << 10
+    /// See `outbound`.
+    static let keptCapacity = 1 << 20
     private var paused = false
     /// Called once, when the first bytes arrive (the advertiser tells idle connections from live ones).
     var onFirstBytes: (() -> Void)?
@@ -188,9 +195,9 @@ final class Connection {
             return
         }
         if sent == outbound.count {
-            outbound.removeAll(keepingCapacity: outbound.capacity <= 65_536)
+            outbound.removeAll(keepingCapacity: outbound.capacity <= Self.keptCapacity)
             sent = 0
-        } else if sent > 65_536 {
+        } else if sent >= Self.compactionMark {
             outbound.removeFirst(sent)
             sent = 0
         }
