@@ -351,11 +351,7 @@ struct RelayedSessionTests {
 @Suite("Relay attacks over the real link", .serialized)
 struct RelayAttackTests {
     private func inject(_ frames: [ControlFrame], from session: Session, to peer: PeerID) {
-        let core = session.core
-        core.loop.execute {
-            guard let link = core.shared.withLock({ $0.machine.primaryLink(for: peer) }) else { return }
-            for f in frames { core.io.value.connections[link]?.send(f) }
-        }
+        injectFrames(frames, from: session, to: peer)
     }
 
     @Test("A call nobody made connection data for is refused: no pipe end, nothing reaches the app")

@@ -229,11 +229,7 @@ struct ResourceAttackOverTheLinkTests {
     }
 
     private func inject(_ frames: [ControlFrame], from session: Session, to peer: PeerID) {
-        let core = session.core
-        core.loop.execute {
-            guard let link = core.shared.withLock({ $0.machine.primaryLink(for: peer) }) else { return }
-            for f in frames { core.io.value.connections[link]?.send(f) }
-        }
+        injectFrames(frames, from: session, to: peer)
     }
 
     @Test("A stream writer that sends past the reader's window is cut off; the reader sees the stream fail")

@@ -2,9 +2,11 @@ import FoundationEssentials
 import MeshPOSIX
 import Synchronization
 
-/// What both ends of a stream hold: its key, the session's driver (weakly: a stream never keeps a session alive),
-/// and the signal the app's waiting thread sleeps on.
+/// What both ends of a stream hold: its name and peer, its key, the session's driver (weakly: a stream never keeps
+/// a session alive), and the signal the app's waiting thread sleeps on.
 struct StreamLink: Sendable {
+    let name: String
+    let peer: PeerID
     let key: StreamKey
     weak let core: SessionCore?
     let wake = WakeSignal()
@@ -38,16 +40,14 @@ public final class OutputByteStream: Sendable {
     }
 
     /// The stream's name, as the peer sees it.
-    public let name: String
+    public var name: String { link.name }
     /// The peer reading it.
-    public let peer: PeerID
+    public var peer: PeerID { link.peer }
     let link: StreamLink
     private let state = Mutex(State())
 
     init(name: String, peer: PeerID, key: StreamKey, core: SessionCore) {
-        self.name = name
-        self.peer = peer
-        link = StreamLink(key: key, core: core)
+        link = StreamLink(name: name, peer: peer, key: key, core: core)
     }
 
     /// Sends all of `data`, waiting for the reader's window as needed.
@@ -121,16 +121,14 @@ public final class InputByteStream: Sendable {
     }
 
     /// The stream's name, as the writer gave it.
-    public let name: String
+    public var name: String { link.name }
     /// The peer writing it.
-    public let peer: PeerID
+    public var peer: PeerID { link.peer }
     let link: StreamLink
     private let state = Mutex(State())
 
     init(name: String, peer: PeerID, key: StreamKey, core: SessionCore) {
-        self.name = name
-        self.peer = peer
-        link = StreamLink(key: key, core: core)
+        link = StreamLink(name: name, peer: peer, key: key, core: core)
     }
 
     /// Up to `maxLength` bytes, waiting up to `timeout` for some to arrive; nil at the end of the stream.
