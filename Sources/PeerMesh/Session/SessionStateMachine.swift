@@ -184,27 +184,10 @@ struct SessionStateMachine: Sendable {
             // The peer's own invitation to us wins: it is on its way, so the peer stays `connecting`.
             if reason == .simultaneousInvite { yielding[peer] = max(yielding[peer] ?? 0, deadline) }
             return drop(link, failure: (peer, reason))
-        case (.connected(let peer, _, let next), .data(let bytes)):
+        case (.connected(let peer, _, let next), _) where frame.isTraffic:
+            // Whatever a connected peer sends proves it alive; each kind goes to its own consumer.
             links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
-            return [.deliver(peer, bytes)]
-        case (.connected(let peer, _, let next), .resource(let r)):
-            links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
-            return [.resource(link, peer, r)]
-        case (.connected(let peer, _, let next), .stream(let f)):
-            links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
-            return [.stream(link, peer, f)]
-        case (.connected(let peer, _, let next), .mesh(let f)):
-            links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
-            return [.mesh(peer, f)]
-        case (.connected(let peer, _, let next), .relay(let f)):
-            links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
-            return [.relay(link, peer, f)]
-        case (.connected(let peer, _, let next), .datagram(let bytes)):
-            links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
-            return [.deliverDatagram(peer, bytes)]
-        case (.connected(let peer, _, let next), .heartbeat):
-            links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
-            return []
+            return Self.route(frame, on: link, from: peer)
         case (.connected, .goodbye):
             return drop(link, failure: nil)
         case (.awaitingReply(let peer, _, _), .goodbye):
@@ -214,6 +197,20 @@ struct SessionStateMachine: Sendable {
             // A frame that makes no sense in this state: the peer is broken. Close its link.
             return [.fault(link, .unexpectedFrame(frame.name))]
                 + drop(link, failure: failure(for: state, reason: .unavailable))
+        }
+    }
+
+    /// Where a connected peer's traffic goes (`frame.isTraffic`): messages to the app, the rest to its machine.
+    private static func route(_ frame: ControlFrame, on link: LinkID, from peer: PeerID) -> [Action] {
+        switch frame {
+        case .data(let bytes): [.deliver(peer, bytes)]
+        case .datagram(let bytes): [.deliverDatagram(peer, bytes)]
+        case .resource(let r): [.resource(link, peer, r)]
+        case .stream(let f): [.stream(link, peer, f)]
+        case .mesh(let f): [.mesh(peer, f)]
+        case .relay(let f): [.relay(link, peer, f)]
+        case .heartbeat: []
+        case .hello, .invite, .accept, .decline, .goodbye: preconditionFailure("\(frame.name) is not traffic")
         }
     }
 
@@ -376,6 +373,17 @@ public enum SessionState: Sendable, Equatable, CustomStringConvertible {
         case .notConnected: "notConnected"
         case .connecting: "connecting"
         case .connected: "connected"
+        }
+    }
+}
+
+extension ControlFrame {
+    /// Frames a connected link carries (messages, heartbeats, and the resource, stream, mesh and relay protocols'),
+    /// as opposed to the handshake's and GOODBYE.
+    fileprivate var isTraffic: Bool {
+        switch self {
+        case .data, .datagram, .resource, .stream, .mesh, .relay, .heartbeat: true
+        case .hello, .invite, .accept, .decline, .goodbye: false
         }
     }
 }
