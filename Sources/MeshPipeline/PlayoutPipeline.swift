@@ -1,4 +1,5 @@
 import MeshAudio
+import MeshPOSIX
 
 /// The receive direction of the relay, assembled in one place. Read it top to bottom:
 ///
@@ -110,7 +111,8 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
     private var hostLatencyFrames: UInt32 = 0
     /// The latest block's steering (its measured and jitter-free latency are published).
     private var latest: DriftSteering
-    private let published = PublishedStats()
+    /// What the render thread publishes after each pull (levels and the chain's counters).
+    private let published = AtomicRecord(PlayoutStats())
     private let controls: OutputControls
     private var output: OutputStage
     /// Whether the latest pull was held (playback silent, the stream forgotten).
@@ -211,30 +213,45 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
     // MARK: - Stats
 
     /// The published counters and levels, with the ingress stage's counts (any thread).
-    func stats(ingress: PacketIngress.Counters) -> PlayoutStats { published.snapshot(ingress: ingress) }
+    func stats(ingress: PacketIngress.Counters) -> PlayoutStats {
+        var s = published.load()
+        s.merge(ingress: ingress)
+        return s
+    }
 
     private func publish(deviceDelayFrames: Int) {
         let c = upstream.jitterBuffer.snapshot
         let ms = 1000 / rate
-        let p = published
         let latency = latest.measuredLatencyFrames
-        storeDouble(p.buffered, latency * ms)
-        storeDouble(p.steady, latest.steadyLatencyFrames * ms)
-        storeDouble(p.estimatedDrift, drift.estimatedDriftPPM)
-        storeDouble(p.excursion, drift.filteredExcursion * 1000)
-        storeDouble(p.target, upstream.jitterBuffer.targetFrames * ms)
-        storeDouble(p.playout, (latency + Double(deviceDelayFrames)) * ms)
-        storeDouble(p.host, Double(hostLatencyFrames) * ms)
-        storeDouble(p.jitter, upstream.jitterBuffer.interarrivalJitterNanos / 1e6)
-        storeDouble(p.peakJitter, upstream.jitterBuffer.peakDeviationNanosInWindow / 1e6)
         let sent = c.lostPackets &+ c.accepted &+ c.late
-        storeDouble(p.loss, sent == 0 ? 0 : 100 * Double(c.lostPackets) / Double(sent))
-        storeDouble(p.concealed, Double(upstream.concealer.concealedFrames) * ms)
-        storeDouble(p.drift, drift.engaged ? drift.correctionPPM : 0)
-        p.setFlag(resampler.isResampling)
-        p.setCounts(c, concealed: upstream.concealer.concealedFrames, resamplerErrors: resampler.errors)
-        p.peak.store(meter.peak.bitPattern, ordering: .relaxed)
-        p.held.store(holding, ordering: .relaxed)
-        p.heldFrames.store(heldFrames, ordering: .relaxed)
+        var s = PlayoutStats()
+        s.bufferedMilliseconds = latency * ms
+        s.steadyLatencyMilliseconds = latest.steadyLatencyFrames * ms
+        s.estimatedDriftPPM = drift.estimatedDriftPPM
+        s.clockExcursionMilliseconds = drift.filteredExcursion * 1000
+        s.targetMilliseconds = upstream.jitterBuffer.targetFrames * ms
+        s.playoutLatencyMilliseconds = (latency + Double(deviceDelayFrames)) * ms
+        s.hostLatencyMilliseconds = Double(hostLatencyFrames) * ms
+        s.jitterMilliseconds = upstream.jitterBuffer.interarrivalJitterNanos / 1e6
+        s.peakJitterMilliseconds = upstream.jitterBuffer.peakDeviationNanosInWindow / 1e6
+        s.lossPercent = sent == 0 ? 0 : 100 * Double(c.lostPackets) / Double(sent)
+        s.concealedMilliseconds = Double(upstream.concealer.concealedFrames) * ms
+        s.driftPPM = drift.engaged ? drift.correctionPPM : 0
+        s.resampling = resampler.isResampling
+        s.received = c.received
+        s.late = c.late
+        s.duplicates = c.duplicates
+        s.lostPackets = c.lostPackets
+        s.lostFrames = c.lostFrames
+        s.concealedFrames = upstream.concealer.concealedFrames
+        s.underruns = c.underruns
+        s.resyncs = c.resyncs
+        s.skippedFrames = c.skippedFrames
+        s.stretchedFrames = c.stretchedFrames
+        s.resamplerErrors = resampler.errors
+        s.peakLevel = meter.peak
+        s.held = holding
+        s.heldFrames = heldFrames
+        published.store(s)
     }
 }

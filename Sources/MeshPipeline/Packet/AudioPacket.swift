@@ -263,7 +263,7 @@ public struct AudioPacketHeader: Sendable, Equatable {
 
 /// How an audio packet's samples travel: the header's sample-encoding byte. The pipeline on both sides is Float32;
 /// the encoding is chosen by the host (`mesh-record --codec`) and followed, packet by packet, by every player.
-public enum SampleEncoding: UInt8, Sendable, CaseIterable, CustomStringConvertible {
+public enum SampleEncoding: UInt8, Sendable, CaseIterable, CustomStringConvertible, BitwiseCopyable {
     /// IEEE-754 Float32 little-endian: lossless, 4 bytes a sample (the default).
     case float32 = 1
     /// Signed 16-bit little-endian, TPDF-dithered by the sender: half the bytes, 96 dB of range.

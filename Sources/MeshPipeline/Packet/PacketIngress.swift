@@ -1,4 +1,5 @@
 import MeshAudio
+import MeshPOSIX
 import Synchronization
 
 /// The first stage of the playout pipeline, on the network thread: decodes a datagram's header once, checks its
@@ -25,7 +26,7 @@ public final class PacketIngress: Sendable {
     }
 
     /// Exact counts of the datagrams dropped here.
-    public struct Counters: Sendable, Equatable {
+    public struct Counters: Sendable, Equatable, BitwiseCopyable {
         /// Datagrams that failed to decode.
         public var malformed: UInt64 = 0
         /// Valid packets of another format than the pipeline's.
@@ -42,7 +43,7 @@ public final class PacketIngress: Sendable {
     }
 
     /// What the stream that got through looks like on the wire.
-    public struct WireUsage: Sendable, Equatable {
+    public struct WireUsage: Sendable, Equatable, BitwiseCopyable {
         /// Bytes of the audio packets queued (headers included): the stream's size before PeerMesh's datagram
         /// header and UDP/IP.
         public var queuedBytes: UInt64 = 0
@@ -54,12 +55,7 @@ public final class PacketIngress: Sendable {
     /// The one format this stage passes on.
     public let format: AudioFormat
     private let ring: PacketRing
-    private let malformedCount = Atomic<UInt64>(0)
-    private let mismatchCount = Atomic<UInt64>(0)
-    private let overflowCount = Atomic<UInt64>(0)
-    private let sanitizedCount = Atomic<UInt64>(0)
-    private let staleCount = Atomic<UInt64>(0)
-    private let decoderConcealedCount = Atomic<UInt64>(0)
+    private let counts = AtomicRecord(Counters())
     /// The Opus decoder, resampling to this pipeline's rate (nil for more than two channels, which Opus does not carry).
     private let opus: OpusIngress?
     private let queuedBytes = Atomic<UInt64>(0)
@@ -82,13 +78,13 @@ public final class PacketIngress: Sendable {
         do {
             header = try AudioPacket.decodeHeader(datagram)
         } catch {
-            malformedCount.add(1, ordering: .relaxed)
+            counts.add(to: \.malformed)
             return .malformed(error)
         }
         // Opus is always 48 kHz on the wire and decoded to this pipeline's rate: only its channels must match.
         let wanted = header.encoding == .opus ? AudioFormat(sampleRate: format.sampleRate, channels: header.format.channels) : header.format
         guard wanted == format else {
-            mismatchCount.add(1, ordering: .relaxed)
+            counts.add(to: \.formatMismatches)
             pending.store(PackedFormat.pack(wanted), ordering: .releasing)
             return .formatChanged(wanted)
         }
@@ -97,14 +93,14 @@ public final class PacketIngress: Sendable {
         var queuedFrames = header.frameCount
         if header.encoding == .opus {
             guard let opus else {
-                malformedCount.add(1, ordering: .relaxed)
+                counts.add(to: \.malformed)
                 return .malformed(.unsupportedFormat)
             }
             let r = opus.receive(datagram, header: header, arrivalNanos: arrivalNanos, ring: ring)
-            if r.concealedFrames > 0 { decoderConcealedCount.add(UInt64(r.concealedFrames), ordering: .relaxed) }
-            if r.concealedOverflows > 0 { overflowCount.add(UInt64(r.concealedOverflows), ordering: .relaxed) }
+            if r.concealedFrames > 0 { counts.add(UInt64(r.concealedFrames), to: \.decoderConcealedFrames) }
+            if r.concealedOverflows > 0 { counts.add(UInt64(r.concealedOverflows), to: \.ringOverflows) }
             guard let p = r.push else {
-                staleCount.add(1, ordering: .relaxed)
+                counts.add(to: \.stalePackets)
                 return .stale
             }
             pushed = p
@@ -114,15 +110,15 @@ public final class PacketIngress: Sendable {
         }
         switch pushed {
         case .pushed(let sanitized):
-            if sanitized > 0 { sanitizedCount.add(UInt64(sanitized), ordering: .relaxed) }
+            if sanitized > 0 { counts.add(UInt64(sanitized), to: \.sanitizedSamples) }
             queuedBytes.add(UInt64(datagram.count), ordering: .relaxed)
             latestEncoding.store(header.encoding.rawValue, ordering: .relaxed)
             return .queued(frames: queuedFrames)
         case .full:
-            overflowCount.add(1, ordering: .relaxed)
+            counts.add(to: \.ringOverflows)
             return .ringFull
         case .malformed(let error):
-            malformedCount.add(1, ordering: .relaxed)
+            counts.add(to: \.malformed)
             return .malformed(error)
         }
     }
@@ -133,16 +129,7 @@ public final class PacketIngress: Sendable {
     }
 
     /// A snapshot of the counters (any thread).
-    public var counters: Counters {
-        var c = Counters()
-        c.malformed = malformedCount.load(ordering: .relaxed)
-        c.formatMismatches = mismatchCount.load(ordering: .relaxed)
-        c.ringOverflows = overflowCount.load(ordering: .relaxed)
-        c.sanitizedSamples = sanitizedCount.load(ordering: .relaxed)
-        c.stalePackets = staleCount.load(ordering: .relaxed)
-        c.decoderConcealedFrames = decoderConcealedCount.load(ordering: .relaxed)
-        return c
-    }
+    public var counters: Counters { counts.load() }
 
     /// A snapshot of the wire usage (any thread).
     public var wire: WireUsage {

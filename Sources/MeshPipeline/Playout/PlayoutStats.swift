@@ -1,7 +1,5 @@
-import Synchronization
-
 /// A snapshot of a playout pipeline's counters and levels, readable from any thread.
-public struct PlayoutStats: Sendable, Equatable {
+public struct PlayoutStats: Sendable, Equatable, BitwiseCopyable {
     /// Latency queued in the relay on this side (jitter buffer + staging + resampler look-ahead) at the start of
     /// the latest pull, ms, as measured (it moves with arrival and render-call jitter).
     public var bufferedMilliseconds: Double = 0
@@ -76,75 +74,13 @@ public struct PlayoutStats: Sendable, Equatable {
     public init() {}
 }
 
-/// The atomics behind `PlayoutRenderer.stats`: the render thread stores, any thread loads.
-final class PublishedStats: Sendable {
-    let buffered = Atomic<UInt64>(0), target = Atomic<UInt64>(0), playout = Atomic<UInt64>(0)
-    let host = Atomic<UInt64>(0), jitter = Atomic<UInt64>(0), peakJitter = Atomic<UInt64>(0)
-    let loss = Atomic<UInt64>(0), concealed = Atomic<UInt64>(0), drift = Atomic<UInt64>(0)
-    let steady = Atomic<UInt64>(0), estimatedDrift = Atomic<UInt64>(0), excursion = Atomic<UInt64>(0)
-    let resampling = Atomic<Bool>(false), held = Atomic<Bool>(false)
-    let heldFrames = Atomic<UInt64>(0)
-    let peak = Atomic<UInt32>(0)
-    let received = Atomic<UInt64>(0), late = Atomic<UInt64>(0), duplicates = Atomic<UInt64>(0)
-    let lostPackets = Atomic<UInt64>(0), lostFrames = Atomic<UInt64>(0), concealedFrames = Atomic<UInt64>(0)
-    let underruns = Atomic<UInt64>(0), resyncs = Atomic<UInt64>(0)
-    let skipped = Atomic<UInt64>(0), stretched = Atomic<UInt64>(0), resamplerErrors = Atomic<UInt64>(0)
-
-    func setFlag(_ value: Bool) { resampling.store(value, ordering: .relaxed) }
-    func setCounts(_ c: JitterBuffer.Counters, concealed: UInt64, resamplerErrors r: UInt64) {
-        received.store(c.received, ordering: .relaxed)
-        late.store(c.late, ordering: .relaxed)
-        duplicates.store(c.duplicates, ordering: .relaxed)
-        lostPackets.store(c.lostPackets, ordering: .relaxed)
-        lostFrames.store(c.lostFrames, ordering: .relaxed)
-        concealedFrames.store(concealed, ordering: .relaxed)
-        underruns.store(c.underruns, ordering: .relaxed)
-        resyncs.store(c.resyncs, ordering: .relaxed)
-        skipped.store(c.skippedFrames, ordering: .relaxed)
-        stretched.store(c.stretchedFrames, ordering: .relaxed)
-        resamplerErrors.store(r, ordering: .relaxed)
-    }
-    /// The stats, with the ingress stage's counts of the datagrams it dropped.
-    func snapshot(ingress: PacketIngress.Counters) -> PlayoutStats {
-        var s = PlayoutStats()
-        s.sanitizedSamples = ingress.sanitizedSamples
-        s.bufferedMilliseconds = loadDouble(buffered)
-        s.steadyLatencyMilliseconds = loadDouble(steady)
-        s.estimatedDriftPPM = loadDouble(estimatedDrift)
-        s.clockExcursionMilliseconds = loadDouble(excursion)
-        s.targetMilliseconds = loadDouble(target)
-        s.playoutLatencyMilliseconds = loadDouble(playout)
-        s.hostLatencyMilliseconds = loadDouble(host)
-        s.jitterMilliseconds = loadDouble(jitter)
-        s.peakJitterMilliseconds = loadDouble(peakJitter)
-        s.lossPercent = loadDouble(loss)
-        s.concealedMilliseconds = loadDouble(concealed)
-        s.driftPPM = loadDouble(drift)
-        s.resampling = resampling.load(ordering: .relaxed)
-        s.received = received.load(ordering: .relaxed)
-        s.late = late.load(ordering: .relaxed)
-        s.duplicates = duplicates.load(ordering: .relaxed)
-        s.lostPackets = lostPackets.load(ordering: .relaxed)
-        s.lostFrames = lostFrames.load(ordering: .relaxed)
-        s.concealedFrames = concealedFrames.load(ordering: .relaxed)
-        s.underruns = underruns.load(ordering: .relaxed)
-        s.resyncs = resyncs.load(ordering: .relaxed)
-        s.skippedFrames = skipped.load(ordering: .relaxed)
-        s.stretchedFrames = stretched.load(ordering: .relaxed)
-        s.resamplerErrors = resamplerErrors.load(ordering: .relaxed)
-        s.peakLevel = Float(bitPattern: peak.load(ordering: .relaxed))
-        s.held = held.load(ordering: .relaxed)
-        s.heldFrames = heldFrames.load(ordering: .relaxed)
-        s.malformed = ingress.malformed
-        s.formatMismatches = ingress.formatMismatches
-        s.ringOverflows = ingress.ringOverflows
-        s.stalePackets = ingress.stalePackets
-        return s
+extension PlayoutStats {
+    /// Overlays the ingress stage's counts of the datagrams it dropped (they are counted on the network thread).
+    mutating func merge(ingress: PacketIngress.Counters) {
+        malformed = ingress.malformed
+        formatMismatches = ingress.formatMismatches
+        ringOverflows = ingress.ringOverflows
+        stalePackets = ingress.stalePackets
+        sanitizedSamples = ingress.sanitizedSamples
     }
 }
-
-@inline(__always)
-func storeDouble(_ a: borrowing Atomic<UInt64>, _ value: Double) { a.store(value.bitPattern, ordering: .relaxed) }
-
-@inline(__always)
-private func loadDouble(_ a: borrowing Atomic<UInt64>) -> Double { Double(bitPattern: a.load(ordering: .relaxed)) }

@@ -76,7 +76,7 @@ public extension SessionDelegate {
 }
 
 /// Counters of a session's traffic. Exact: every datagram the session reads lands in one of them.
-public struct SessionStatistics: Sendable, Equatable {
+public struct SessionStatistics: Sendable, Equatable, BitwiseCopyable {
     /// Datagrams sent.
     public var datagramsSent: UInt64 = 0
     /// Datagrams the kernel refused (socket buffer full, or no route): lost before the network.
@@ -241,7 +241,7 @@ public final class Session: Sendable {
     public var udpPort: UInt16 { core.udpPort }
 
     /// A snapshot of the traffic counters.
-    public var statistics: SessionStatistics { core.counters.snapshot }
+    public var statistics: SessionStatistics { core.counters.load() }
 
     /// The smoothed UDP round-trip time to `peer`, measured by pings every heartbeat interval; `nil` before the
     /// first answer.

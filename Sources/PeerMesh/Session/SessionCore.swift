@@ -2,42 +2,15 @@ import FoundationEssentials
 import MeshPOSIX
 import Synchronization
 
-/// The counters behind `SessionStatistics`: atomics, so the datagram path and senders count without a lock.
-final class SessionCounters: Sendable {
-    let datagramsSent = Atomic<UInt64>(0)
-    let datagramsNotSent = Atomic<UInt64>(0)
-    let datagramsReceived = Atomic<UInt64>(0)
-    let malformedDatagrams = Atomic<UInt64>(0)
-    let strangerDatagrams = Atomic<UInt64>(0)
-    let duplicateDatagrams = Atomic<UInt64>(0)
-    let unauthenticDatagrams = Atomic<UInt64>(0)
-    let garbageConnections = Atomic<UInt64>(0)
-    let peerFaults = Atomic<UInt64>(0)
-
-    @inline(__always)
-    static func bump(_ a: borrowing Atomic<UInt64>, by n: UInt64 = 1) { a.wrappingAdd(n, ordering: .relaxed) }
-
+extension AtomicRecord where Value == SessionStatistics {
+    /// Counts a datagram the session dropped, under its reason.
     func count(_ drop: DatagramDrop) {
         switch drop {
-        case .malformed: Self.bump(malformedDatagrams)
-        case .stranger: Self.bump(strangerDatagrams)
-        case .unauthentic: Self.bump(unauthenticDatagrams)
-        case .duplicate: Self.bump(duplicateDatagrams)
+        case .malformed: add(to: \.malformedDatagrams)
+        case .stranger: add(to: \.strangerDatagrams)
+        case .unauthentic: add(to: \.unauthenticDatagrams)
+        case .duplicate: add(to: \.duplicateDatagrams)
         }
-    }
-
-    var snapshot: SessionStatistics {
-        var s = SessionStatistics()
-        s.datagramsSent = datagramsSent.load(ordering: .relaxed)
-        s.datagramsNotSent = datagramsNotSent.load(ordering: .relaxed)
-        s.datagramsReceived = datagramsReceived.load(ordering: .relaxed)
-        s.malformedDatagrams = malformedDatagrams.load(ordering: .relaxed)
-        s.strangerDatagrams = strangerDatagrams.load(ordering: .relaxed)
-        s.duplicateDatagrams = duplicateDatagrams.load(ordering: .relaxed)
-        s.unauthenticDatagrams = unauthenticDatagrams.load(ordering: .relaxed)
-        s.garbageConnections = garbageConnections.load(ordering: .relaxed)
-        s.peerFaults = peerFaults.load(ordering: .relaxed)
-        return s
     }
 }
 
@@ -131,7 +104,8 @@ final class SessionCore: Sendable {
     /// The configured local address as given (`""`: every address).
     let bindHost: String
     let shared: Mutex<Shared>
-    let counters = SessionCounters()
+    /// The counters behind `SessionStatistics`: atomic words, so the datagram path and senders count without a lock.
+    let counters = AtomicRecord(SessionStatistics())
     let delegate = Mutex(WeakDelegate(nil))
     let owner = Mutex(WeakSession(nil))
     let io: LoopBound<IO>
@@ -366,7 +340,7 @@ final class SessionCore: Sendable {
 
     /// The peer on `link` broke the protocol: count it, say so, close the link.
     func faulted(_ link: LinkID, _ fault: PeerFault) {
-        SessionCounters.bump(counters.peerFaults)
+        counters.add(to: \.peerFaults)
         io.value.failureDetail[link] = fault.description
         let actions = shared.withLock { $0.machine.linkClosed(link) }
         perform(actions)
@@ -454,8 +428,8 @@ final class SessionCore: Sendable {
                 if udp.send(UnsafeRawBufferPointer(rebasing: buf[..<n]), to: r.remote) >= 0 { sent += 1 } else { failed += 1 }
             }
         }
-        SessionCounters.bump(counters.datagramsSent, by: sent)
-        if failed > 0 { SessionCounters.bump(counters.datagramsNotSent, by: failed) }
+        counters.add(sent, to: \.datagramsSent)
+        if failed > 0 { counters.add(failed, to: \.datagramsNotSent) }
         if let missing { throw .notConnected("send: peer \(missing) is not connected; the datagram went to the others") }
     }
 
@@ -518,8 +492,8 @@ final class SessionCore: Sendable {
         case .failed(let text):
             io.value.failureDetail[link] = text
         case .fault(let fault):
-            SessionCounters.bump(counters.garbageConnections)
-            SessionCounters.bump(counters.peerFaults)
+            counters.add(to: \.garbageConnections)
+            counters.add(to: \.peerFaults)
             io.value.failureDetail[link] = fault.description
         }
         let actions = shared.withLock { $0.machine.linkClosed(link) }
@@ -549,7 +523,7 @@ final class SessionCore: Sendable {
             case .deliver(let p, let bytes):
                 if let s = receiver.0, let d = receiver.1 { d.session(s, didReceive: Data(bytes), fromPeer: p) }
             case .deliverDatagram(let p, let bytes):
-                SessionCounters.bump(counters.datagramsReceived)
+                counters.add(to: \.datagramsReceived)
                 if let s = receiver.0, let d = receiver.1 {
                     bytes.withUnsafeBytes { d.session(s, didReceiveDatagramBytes: $0, fromPeer: p) }
                 }
@@ -563,7 +537,7 @@ final class SessionCore: Sendable {
                 let r = io.value.failureReason.removeValue(forKey: l) ?? r
                 if let s = receiver.0, let d = receiver.1 { d.session(s, invitationTo: p, failedWith: r, detail: detail) }
             case .fault(let l, let f):
-                SessionCounters.bump(counters.peerFaults)
+                counters.add(to: \.peerFaults)
                 io.value.failureDetail[l] = f.description
             case .send(let l, let f):
                 io.value.connections[l]?.send(f)
@@ -681,7 +655,7 @@ final class SessionCore: Sendable {
         // Bounded so a flood cannot starve the control connections and timers.
         for _ in 0..<256 {
             guard let (n, source) = udp.receive(into: buffer) else { break }
-            guard let source else { SessionCounters.bump(counters.malformedDatagrams); continue }
+            guard let source else { counters.add(to: \.malformedDatagrams); continue }
             latched = handleDatagram(UnsafeMutableRawBufferPointer(rebasing: buffer[..<n]), from: source, receiver: receiver) || latched
         }
         if latched { publishSendTable() }
@@ -691,7 +665,7 @@ final class SessionCore: Sendable {
     private func handleDatagram(_ d: UnsafeMutableRawBufferPointer, from source: SocketAddress,
                                 receiver: (Session?, (any SessionDelegate)?)) -> Bool {
         guard case .success(let header) = DatagramHeader.decode(UnsafeRawBufferPointer(d)) else {
-            SessionCounters.bump(counters.malformedDatagrams)
+            counters.add(to: \.malformedDatagrams)
             return false
         }
         let now = MonotonicClock.nowNanos()
@@ -716,7 +690,7 @@ final class SessionCore: Sendable {
         case .drop(let why):
             counters.count(why)
         case .deliver(let peer):
-            SessionCounters.bump(counters.datagramsReceived)
+            counters.add(to: \.datagramsReceived)
             if let s = receiver.0, let del = receiver.1 {
                 del.session(s, didReceiveDatagramBytes: payload, fromPeer: peer)
             }

@@ -1,0 +1,56 @@
+import Synchronization
+
+/// A plain `BitwiseCopyable` struct — a stage's counters, a pipeline's levels — kept in atomic machine words, so
+/// that its writer threads update it and any thread reads it, with no lock and no hand-written atomic per field.
+///
+/// Two ways to write, not to be mixed on one record:
+/// - `add(_:to:)`: counters. Each `UInt64` field is one word, incremented atomically: exact with any number of
+///   writers.
+/// - `store(_:)`: one writer publishes the whole value (levels computed on the render thread, say).
+///
+/// Every word is an independent relaxed atomic: `load()` returns each field as some write left it, never a torn
+/// field, but two fields need not come from the same `store`. Real-time safe: no allocation, no lock, no syscall
+/// (the words sit inline in the object; the copies use stack scratch space). `Value` must fit in `capacity` words.
+public final class AtomicRecord<Value: BitwiseCopyable>: Sendable {
+    /// The largest record, in 8-byte words.
+    public static var capacity: Int { 64 }
+
+    private let words: InlineArray<64, Atomic<UInt64>>
+    private let count: Int
+
+    /// A record holding `initial`.
+    public init(_ initial: Value) {
+        let count = (MemoryLayout<Value>.size + 7) / 8
+        precondition(count <= Self.capacity, "AtomicRecord: \(Value.self) needs \(count) words, more than \(Self.capacity)")
+        precondition(MemoryLayout<Value>.alignment <= 8, "AtomicRecord: \(Value.self) is aligned beyond a word")
+        self.count = count
+        words = InlineArray { _ in Atomic<UInt64>(0) }
+        store(initial)
+    }
+
+    /// Adds `amount` (wrapping) to the `UInt64` field at `field`. For counters; any thread.
+    @inline(__always)
+    public func add(_ amount: UInt64 = 1, to field: WritableKeyPath<Value, UInt64>) {
+        guard let offset = MemoryLayout<Value>.offset(of: field) else {
+            preconditionFailure("AtomicRecord: \(field) is not a stored field of \(Value.self)")
+        }
+        words[offset / 8].wrappingAdd(amount, ordering: .relaxed)
+    }
+
+    /// Publishes `value` word by word. For a record with one writer.
+    public func store(_ value: Value) {
+        withUnsafeTemporaryAllocation(of: UInt64.self, capacity: count) { scratch in
+            scratch.initialize(repeating: 0)
+            UnsafeMutableRawPointer(scratch.baseAddress!).storeBytes(of: value, as: Value.self)
+            for index in 0..<count { words[index].store(scratch[index], ordering: .relaxed) }
+        }
+    }
+
+    /// The value, word by word (any thread).
+    public func load() -> Value {
+        withUnsafeTemporaryAllocation(of: UInt64.self, capacity: count) { scratch in
+            for index in 0..<count { scratch.initializeElement(at: index, to: words[index].load(ordering: .relaxed)) }
+            return UnsafeRawPointer(scratch.baseAddress!).load(as: Value.self)
+        }
+    }
+}
