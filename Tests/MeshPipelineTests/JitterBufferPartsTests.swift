@@ -334,12 +334,45 @@ struct JitterBufferPartsTests {
         var c = LatencyCorrector(rate: 44_100)
         let t0: UInt64 = 1_000_000_000
         #expect(decide(&c, 400, at: t0) == .none)
-        #expect(decide(&c, 100, at: t0 + 300_000_000) == .none)
+        #expect(decide(&c, 20, at: t0 + 300_000_000) == .none, "within 0.5 ms of the target")
         #expect(decide(&c, 400, at: t0 + 400_000_000) == .none)
         #expect(decide(&c, 400, at: t0 + 800_000_000) == .none)
         c.restart()
         #expect(decide(&c, 400, at: t0 + 900_000_000) == .none)
         #expect(decide(&c, 400, at: t0 + 1_400_000_000) == .skip(frames: 400))
+    }
+
+    @Test func aLastingSmallExcessGivesBackWhatStretchesAdded() {
+        // 0.5 ms (22 frames) < excess < the large threshold (256 frames): what a stretch leaves once the target has
+        // decayed again. Without the drift loop engaged nothing else would take it away.
+        var c = LatencyCorrector(rate: 44_100)
+        let t0: UInt64 = 1_000_000_000
+        #expect(decide(&c, 120, at: t0) == .none)
+        #expect(decide(&c, 120, at: t0 + 2_000_000_000) == .none, "no stretch before: a drifting clock's, not ours")
+        #expect(decide(&c, -300, at: t0 + 3_000_000_000) == .stretchBlock, "128 frames added")
+        #expect(decide(&c, -40, at: t0 + 3_100_000_000) == .none)
+        #expect(decide(&c, -40, at: t0 + 3_350_000_000) == .hold(frames: 40), "40 more: 168 in all")
+        #expect(decide(&c, 120, at: t0 + 4_000_000_000) == .none)
+        #expect(decide(&c, 90.4, at: t0 + 4_700_000_000) == .none, "a small excess is not skipped at 0.5 s")
+        #expect(decide(&c, 130, at: t0 + 5_900_000_000) == .none)
+        #expect(decide(&c, 110, at: t0 + 6_000_000_000) == .skip(frames: 90), "the least excess seen in 2 s")
+        #expect(decide(&c, 20, at: t0 + 6_100_000_000) == .none)
+        #expect(decide(&c, 20, at: t0 + 9_000_000_000) == .none, "within 0.5 ms: left to the drift controller")
+        #expect(decide(&c, 200, at: t0 + 10_000_000_000) == .none)
+        #expect(decide(&c, 200, at: t0 + 12_000_000_000) == .skip(frames: 78), "no more than the 168 stretched")
+        #expect(decide(&c, 122, at: t0 + 12_100_000_000) == .none)
+        #expect(decide(&c, 122, at: t0 + 14_100_000_000) == .none, "all given back")
+        // A large excess is skipped soon, stretched or not.
+        #expect(decide(&c, 500, at: t0 + 15_000_000_000) == .none)
+        #expect(decide(&c, 400, at: t0 + 15_500_000_000) == .skip(frames: 400))
+        // A target that falls (it had risen before the stream started, say) leaves latency to give back too.
+        c.noteTarget(from: 400, to: 350)
+        #expect(decide(&c, 80, at: t0 + 20_000_000_000) == .none)
+        #expect(decide(&c, 80, at: t0 + 22_000_000_000) == .skip(frames: 50), "no more than the target fell")
+        c.noteTarget(from: 350, to: 330)
+        c.noteTarget(from: 330, to: 350)
+        #expect(decide(&c, 80, at: t0 + 23_000_000_000) == .none)
+        #expect(decide(&c, 80, at: t0 + 25_000_000_000) == .none, "a fall and an equal rise give nothing back")
     }
 
     // MARK: CrossfadeGuard

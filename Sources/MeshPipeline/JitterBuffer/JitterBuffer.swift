@@ -35,9 +35,9 @@ import MeshAudio
 /// - Latency errors are judged on the caller's jitter-free latency (`pipelineFrames` carries the offset), with
 ///   hysteresis, so normal jitter never triggers a correction: more than `max(block, 2 ms)` short → the playout
 ///   point holds and frames are synthesized (`stretchedFrames`); more than 0.5 ms short for 0.25 s → it holds
-///   for just the missing frames, once; more than `max(block + packet, 4 ms)` over for 0.5 s → it jumps ahead by
-///   the least excess seen meanwhile (`skippedFrames`) with a crossfade. Smaller errors are the drift
-///   controller's job. Neither starts within 5 ms after a discontinuity or a resumption after missing frames, so
+///   for just the missing frames, once; more than `max(block + packet, 4 ms)` over for 0.5 s, or more than 0.5 ms
+///   over for 2 s (what a stretch leaves once the target has decayed) → it jumps ahead by the least excess seen
+///   meanwhile (`skippedFrames`) with a crossfade. Smaller errors are the drift controller's job. Neither starts within 5 ms after a discontinuity or a resumption after missing frames, so
 ///   the concealer's crossfade can finish.
 /// - Resync (`resyncs`): a packet more than the buffer's length ahead of the playout point, one far behind it
 ///   (more than max(2 × target, 100 ms)) whose sequence number moved on or jumped by over 1000, or the 8th late
@@ -305,9 +305,11 @@ public struct JitterBuffer {
         -> ReadResult
     {
         if count > blockFrames { blockFrames = count }
+        let previousTarget = target.frames
         target.update(nowNanos: nowNanos, structuralFrames: Double(blockFrames + maxPacketFrames),
                       deviationNanos: jitter.deviationNanos,
                       maximumFrames: Double(capacityFrames) - rate * 0.25 + Double(maxPacketFrames))
+        corrector.noteTarget(from: previousTarget, to: target.frames)
         switch state {
         case .idle:
             silence(output, marks: marks, from: 0, to: count)
