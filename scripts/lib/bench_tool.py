@@ -338,7 +338,8 @@ def report(raw_path, out_json, out_md, meta_path):
         by = {r["side"]: r for r in cpu}
         mb = lambda v: None if v is None else v / 1024
         for side, base in (("mesh-record", "arecord | nc -u"), ("mesh-play", "nc -l | aplay"),
-                           ("arecord | nc -u", None), ("nc -l | aplay", None)):
+                           ("arecord | nc -u", None), ("nc -l | aplay", None),
+                           ("minimal C send", "arecord | nc -u"), ("minimal C recv", "nc -l | aplay")):
             r = by.get(side)
             if not r:
                 continue
@@ -350,7 +351,9 @@ def report(raw_path, out_json, out_md, meta_path):
                       f"{fmt(mb(r.get('peakRssKiB')))} | {fmt(mb(r.get('peakRssExShmKiB')))} |")
         md.append("")
         md.append("Every ALSA client of the JACK rig maps JACK's shared memory (~100 MB, RssShmem), baselines included; "
-                  "the last column (VmHWM − RssShmem) is what the process itself holds, and is what the 16 MB goal is judged on.")
+                  "the last column (VmHWM − RssShmem) is what the process itself holds, and is what the 16 MB goal is judged on. "
+                  "`minimal C send`/`recv` (scripts/lib/minimal_relay.c) is the physical baseline: one process per side that "
+                  "wakes once per period (`snd_pcm_readi` + `sendto`; `poll` + `recvfrom` + `snd_pcm_writei`) and does nothing else.")
         md.append("")
         for side, base in (("mesh-record", "arecord | nc -u"), ("mesh-play", "nc -l | aplay")):
             r = by.get(side)
