@@ -215,7 +215,7 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
     /// The published counters and levels, with the ingress stage's counts (any thread).
     func stats(ingress: PacketIngress.Counters) -> PlayoutStats {
         var s = published.load()
-        s.merge(ingress: ingress)
+        s.ingress = ingress
         return s
     }
 
@@ -238,16 +238,8 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
         s.concealedMilliseconds = Double(upstream.concealer.concealedFrames) * ms
         s.driftPPM = drift.engaged ? drift.correctionPPM : 0
         s.resampling = resampler.isResampling
-        s.received = c.received
-        s.late = c.late
-        s.duplicates = c.duplicates
-        s.lostPackets = c.lostPackets
-        s.lostFrames = c.lostFrames
+        s.buffer = c
         s.concealedFrames = upstream.concealer.concealedFrames
-        s.underruns = c.underruns
-        s.resyncs = c.resyncs
-        s.skippedFrames = c.skippedFrames
-        s.stretchedFrames = c.stretchedFrames
         s.resamplerErrors = resampler.errors
         s.peakLevel = meter.peak
         s.held = holding

@@ -90,7 +90,7 @@ public struct JitterBuffer {
     }
 
     /// Exact counters since `init`.
-    public struct Counters: Sendable, Equatable {
+    public struct Counters: Sendable, Equatable, BitwiseCopyable {
         /// Packets offered to `insert`.
         public var received: UInt64 = 0
         /// Packets stored.

@@ -30,36 +30,8 @@ public struct PlayoutStats: Sendable, Equatable, BitwiseCopyable {
     public var driftPPM: Double = 0
     /// Whether the resampler is in the chain (it stays in once engaged).
     public var resampling: Bool = false
-    /// Packets handed to the jitter buffer.
-    public var received: UInt64 = 0
-    /// Packets dropped as late.
-    public var late: UInt64 = 0
-    /// Packets dropped as duplicates.
-    public var duplicates: UInt64 = 0
-    /// Packets lost on the network.
-    public var lostPackets: UInt64 = 0
-    /// Frames that reached playout without data.
-    public var lostFrames: UInt64 = 0
     /// Frames synthesized by the concealer.
     public var concealedFrames: UInt64 = 0
-    /// Renders that found the buffer empty.
-    public var underruns: UInt64 = 0
-    /// Datagrams that failed to decode.
-    public var malformed: UInt64 = 0
-    /// Datagrams dropped because the packet ring was full.
-    public var ringOverflows: UInt64 = 0
-    /// Opus packets that arrived after a newer one was decoded (reordered or duplicated): dropped.
-    public var stalePackets: UInt64 = 0
-    /// Samples that arrived outside [−1, 1] (clamped) or not finite (zeroed).
-    public var sanitizedSamples: UInt64 = 0
-    /// Packets of a format other than the pipeline's (each one reported upward, for a new pipeline).
-    public var formatMismatches: UInt64 = 0
-    /// Stream restarts.
-    public var resyncs: UInt64 = 0
-    /// Frames skipped to shrink excess delay.
-    public var skippedFrames: UInt64 = 0
-    /// Frames synthesized to grow the delay.
-    public var stretchedFrames: UInt64 = 0
     /// Resampler errors (the block was filled with silence).
     public var resamplerErrors: UInt64 = 0
     /// Output level meter: peak |sample| of the played audio, held and decaying by about 20 dB per second.
@@ -71,16 +43,40 @@ public struct PlayoutStats: Sendable, Equatable, BitwiseCopyable {
     public var held: Bool = false
     /// The encoding the host sends, and the bytes of audio packets that got through.
     public var wire = PacketIngress.WireUsage()
+    /// The jitter buffer's exact counters (packets received, late, lost…; frames lost, stretched, skipped).
+    public var buffer = JitterBuffer.Counters()
+    /// The ingress stage's counts of the datagrams it dropped or cleaned (counted on the network thread).
+    public var ingress = PacketIngress.Counters()
     public init() {}
-}
 
-extension PlayoutStats {
-    /// Overlays the ingress stage's counts of the datagrams it dropped (they are counted on the network thread).
-    mutating func merge(ingress: PacketIngress.Counters) {
-        malformed = ingress.malformed
-        formatMismatches = ingress.formatMismatches
-        ringOverflows = ingress.ringOverflows
-        stalePackets = ingress.stalePackets
-        sanitizedSamples = ingress.sanitizedSamples
-    }
+    // The counters most readers want, by their short names.
+
+    /// Packets handed to the jitter buffer.
+    public var received: UInt64 { buffer.received }
+    /// Packets dropped as late.
+    public var late: UInt64 { buffer.late }
+    /// Packets dropped as duplicates.
+    public var duplicates: UInt64 { buffer.duplicates }
+    /// Packets lost on the network.
+    public var lostPackets: UInt64 { buffer.lostPackets }
+    /// Frames that reached playout without data.
+    public var lostFrames: UInt64 { buffer.lostFrames }
+    /// Renders that found the buffer empty.
+    public var underruns: UInt64 { buffer.underruns }
+    /// Stream restarts.
+    public var resyncs: UInt64 { buffer.resyncs }
+    /// Frames skipped to shrink excess delay.
+    public var skippedFrames: UInt64 { buffer.skippedFrames }
+    /// Frames synthesized to grow the delay.
+    public var stretchedFrames: UInt64 { buffer.stretchedFrames }
+    /// Datagrams that failed to decode.
+    public var malformed: UInt64 { ingress.malformed }
+    /// Datagrams dropped because the packet ring was full.
+    public var ringOverflows: UInt64 { ingress.ringOverflows }
+    /// Opus packets that arrived after a newer one was decoded (reordered or duplicated): dropped.
+    public var stalePackets: UInt64 { ingress.stalePackets }
+    /// Samples that arrived outside [−1, 1] (clamped) or not finite (zeroed).
+    public var sanitizedSamples: UInt64 { ingress.sanitizedSamples }
+    /// Packets of a format other than the pipeline's (each one reported upward, for a new pipeline).
+    public var formatMismatches: UInt64 { ingress.formatMismatches }
 }
