@@ -288,6 +288,23 @@ struct JitterBufferPartsTests {
         #expect(target.frames == 1000)
     }
 
+    @Test func inAStreamsFirstFiveSecondsTheTargetDecaysWithinASecond() {
+        var target = LatencyTarget(configuration: .init(mode: .auto), rate: 44_100)
+        target.streamStarted(atNanos: 1_000_000_000)
+        target.update(nowNanos: 1_000_000_000, structuralFrames: 256, deviationNanos: 10_000_000, maximumFrames: 1e6)
+        #expect(abs(target.frames - 719.05) < 1e-9, "a start-up burst raises it at once")
+        target.update(nowNanos: 1_500_000_000, structuralFrames: 256, deviationNanos: 0, maximumFrames: 1e6)
+        #expect(abs(target.frames - (719.05 - 441 / 2)) < 1e-9, "half the way down after half a second")
+        // From 5 s into the stream on, the configured 5 s time constant.
+        target.update(nowNanos: 6_000_000_000, structuralFrames: 256, deviationNanos: 10_000_000, maximumFrames: 1e6)
+        target.update(nowNanos: 7_000_000_000, structuralFrames: 256, deviationNanos: 0, maximumFrames: 1e6)
+        #expect(abs(target.frames - (719.05 - 441 / 5)) < 1e-9)
+        // A new stream starts the fast window again.
+        target.streamStarted(atNanos: 8_000_000_000)
+        target.update(nowNanos: 8_500_000_000, structuralFrames: 256, deviationNanos: 0, maximumFrames: 1e6)
+        #expect(target.frames < 719.05 - 441 / 5 - 100)
+    }
+
     // MARK: LatencyCorrector
 
     static let block = 128, packet = 128

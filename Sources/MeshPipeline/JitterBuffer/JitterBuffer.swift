@@ -26,7 +26,7 @@ import MeshAudio
 ///   time of each packet over a `jitterWindowSeconds` window: a high quantile — all but the top 0.3 %, so a rare
 ///   outlier does not set everyone's latency — minus the least) to the `.low` figure, rises at once when that
 ///   grows (to the full maximum when packets come late several in a row: the delay stepped up), and decays back
-///   exponentially with `shrinkSeconds` when the link calms. A lost packet (even at the newest end) does not
+///   exponentially with `shrinkSeconds` when the link calms (1 s in a stream's first 5 s: start-up transients). A lost packet (even at the newest end) does not
 ///   raise it, and neither does a rare stall (a burst of at most 50 ms, `stallSpacingSeconds` after the last one:
 ///   a hiccup on the host, concealed once) nor a step of the host's timeline (every packet off the same way for
 ///   50 ms: the jitter window starts over after it). Transits are measured on the playout device's clock
@@ -433,6 +433,7 @@ public struct JitterBuffer {
         crossfades.noteDiscontinuity()
         corrector.restart()
         jitter.restart()
+        target.streamStarted(atNanos: packet.arrivalNanos)
         losses.startStream(at: h.sequence)
         counters.accepted &+= 1
         maxPacketFrames = max(maxPacketFrames, h.frameCount)

@@ -3,8 +3,16 @@
 /// The structural minimum is one render block + one packet (`structuralFrames`). `.low` pins the target to that plus
 /// the safety margin; `.fixed(ms)` to the given delay (never below the structure); `.auto` covers the measured
 /// transit deviation on top of `.low`: it rises at once when the deviation grows and decays back exponentially, with
-/// time constant `shrinkSeconds`, when it falls. Never above `maximumFrames` (what the buffer can hold). Pure.
+/// time constant `shrinkSeconds`, when it falls — in a stream's first `startupSeconds` with `startupShrinkSeconds`
+/// instead: what start-up costs (processes launching, devices opening, a JACK graph taking new clients) says little
+/// about the link, and a target raised by it would otherwise take tens of seconds to come back. Never above
+/// `maximumFrames` (what the buffer can hold). Pure.
 struct LatencyTarget {
+    /// How long after a stream starts the target decays with `startupShrinkSeconds`.
+    static let startupSeconds = 5.0
+    /// Time constant of the decay in a stream's first `startupSeconds` (`.auto`), seconds.
+    static let startupShrinkSeconds = 1.0
+
     /// How the target is chosen.
     let mode: JitterBuffer.Mode
     /// Margin added to the structural minimum, milliseconds.
@@ -17,6 +25,8 @@ struct LatencyTarget {
     private(set) var frames: Double = 0
     /// When the target was last updated (0: never).
     private var lastUpdateNanos: UInt64 = 0
+    /// When the current stream started (0: no stream yet).
+    private var streamStartNanos: UInt64 = 0
 
     /// A target chosen as `configuration` says, at `rate` frames per second.
     init(configuration: JitterBuffer.Configuration, rate: Double) {
@@ -25,6 +35,9 @@ struct LatencyTarget {
         shrinkSeconds = configuration.shrinkSeconds
         self.rate = rate
     }
+
+    /// A stream started at `nanos` (its first packet's arrival).
+    mutating func streamStarted(atNanos nanos: UInt64) { streamStartNanos = max(1, nanos) }
 
     /// Updates the target at `nowNanos` for a buffer whose render block plus packet is `structuralFrames`, over
     /// packets whose transit deviation is `deviationNanos`, holding at most `maximumFrames`.
@@ -43,7 +56,9 @@ struct LatencyTarget {
             if desired >= frames {
                 frames = desired
             } else {
-                frames += (desired - frames) * min(1, dt / shrinkSeconds)
+                let starting = streamStartNanos != 0 && nowNanos >= streamStartNanos
+                    && Double(nowNanos - streamStartNanos) < Self.startupSeconds * 1e9
+                frames += (desired - frames) * min(1, dt / (starting ? Self.startupShrinkSeconds : shrinkSeconds))
             }
         }
         frames = min(frames, maximumFrames)
