@@ -54,20 +54,20 @@ struct LatencyCorrector {
     private var state = State.onTarget
     /// Frames stretched (held or synthesized) plus the target's falls, not yet given back by a skip: latency the
     /// buffer holds for a target that no longer asks for it.
-    private var stretchedCredit: Double = 0
+    private var returnableFrames: Double = 0
 
     init(rate: Double) { self.rate = rate }
 
     /// A new stream: the evidence gathered so far no longer applies.
     mutating func restart() {
         state = .onTarget
-        stretchedCredit = 0
+        returnableFrames = 0
     }
 
     /// The target moved from `old` to `new` frames: a fall is latency the buffer may give back, a rise takes that
     /// back (the stretch that follows it adds it again), so a target that wobbles accrues nothing.
     mutating func noteTarget(from old: Double, to new: Double) {
-        if old > 0 { stretchedCredit = max(0, stretchedCredit + old - new) }
+        if old > 0 { returnableFrames = max(0, returnableFrames + old - new) }
     }
 
     /// The block of `frames` frames about to be played at `nowNanos`, with the latency `errorFrames` off the target
@@ -78,9 +78,9 @@ struct LatencyCorrector {
                                nowNanos: nowNanos)
         switch correction {
         case .none: break
-        case .stretchBlock: stretchedCredit += Double(frames)
-        case .hold(let n): stretchedCredit += Double(n)
-        case .skip(let n): stretchedCredit = max(0, stretchedCredit - Double(n))
+        case .stretchBlock: returnableFrames += Double(frames)
+        case .hold(let n): returnableFrames += Double(n)
+        case .skip(let n): returnableFrames = max(0, returnableFrames - Double(n))
         }
         return correction
     }
@@ -120,7 +120,7 @@ struct LatencyCorrector {
             }
             if lasted >= Self.smallExcessConfirmSeconds {
                 state = .onTarget
-                let giveBack = Int(min(least, stretchedCredit))
+                let giveBack = Int(min(least, returnableFrames))
                 if giveBack > 0 { return .skip(frames: giveBack) }
             }
         }
