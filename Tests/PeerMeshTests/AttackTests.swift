@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 import MeshPOSIX
 import MeshTestSupport
@@ -131,6 +132,55 @@ struct AttackTests {
         #expect(picky.log.snapshot.failures.first?.2.contains("certificate rejected") == true, "\(picky.log.snapshot.failures)")
         #expect(guest.connectedPeers.isEmpty)
         #expect(impostorSession.connectedPeers.isEmpty)
+    }
+
+    @Test("A guest that hangs up while the host judges its key, after the advertiser is gone: no peer, and the host carries on")
+    func hangUpWhileTheKeyIsJudged() throws {
+        /// Holds certificate questions until the test answers them; answers later ones at once when `approveNew`.
+        final class Judge: SessionDelegate, Sendable {
+            let log = MeshEventLog()
+            let held = Mutex<[@Sendable (Bool) -> Void]>([])
+            let approveNew = Atomic<Bool>(false)
+            func session(_ session: Session, peer: PeerID, didChange state: SessionState) { log.session(session, peer: peer, didChange: state) }
+            func session(_ session: Session, didReceiveCertificate certificate: PeerCertificate, fromPeer peer: PeerID,
+                         certificateHandler: @escaping @Sendable (Bool) -> Void) {
+                if approveNew.load(ordering: .acquiring) { return certificateHandler(true) }
+                held.withLock { $0.append(certificateHandler) }
+            }
+        }
+        let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
+        let judge = Judge()
+        host.delegate = judge
+        let invitations = MeshEventLog()
+        invitations.acceptInto.withLock { $0 = host }
+        func advertise(_ type: String) throws -> NearbyServiceAdvertiser {
+            let a = try NearbyServiceAdvertiser(peer: host.myPeerID, discoveryInfo: nil, serviceType: type,
+                                                discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
+            a.delegate = invitations
+            try a.startAdvertisingPeer()
+            return a
+        }
+        var advertiser: NearbyServiceAdvertiser? = try advertise("pm-judge")
+        var guest: Session? = try Session(peer: try PeerID(displayName: "guest"), configuration: .init(bindHost: "127.0.0.1"))
+        try guest!.connect(to: PeerEndpoint(host: "127.0.0.1", port: advertiser!.port!), timeout: .seconds(5))
+        #expect(eventually(5) { judge.held.withLock { $0.count } == 1 })
+        // The advertiser goes away while the host still judges; then the guest hangs up.
+        advertiser = nil
+        guest?.disconnect()
+        guest = nil
+        usleep(300_000)
+        for answer in judge.held.withLock({ $0 }) { answer(true) }
+        usleep(300_000)
+        #expect(host.connectedPeers.isEmpty)
+        #expect(!judge.log.snapshot.states.contains { $0.1 == .connected })
+
+        // The host is unharmed: a new advertiser, a new guest, joined.
+        judge.approveNew.store(true, ordering: .releasing)
+        let again = try advertise("pm-judge2")
+        let second = try Session(peer: try PeerID(displayName: "second"), configuration: .init(bindHost: "127.0.0.1"))
+        try second.connect(to: PeerEndpoint(host: "127.0.0.1", port: again.port!), timeout: .seconds(5))
+        #expect(eventually(5) { host.connectedPeers.map(\.displayName) == ["second"] })
+        #expect(guest == nil && advertiser == nil)
     }
 
     @Test("40 peers from one address cannot fill the slots; a peer from another address still joins")

@@ -218,6 +218,11 @@ private final class AdvertiserCore: Sendable {
     func stop() {
         loop.submitAndWait { [self] in
             for e in io.value.machine.stop() { perform(e) }
+            // Whatever the machine no longer counted: none may outlive us holding our handlers.
+            for c in io.value.connections.values { c.close() }
+            io.value.connections.removeAll()
+            for i in io.value.invitations.values { i.withdraw() }
+            io.value.invitations.removeAll()
             if let r = io.value.registration { loop.deregister(r) }
             io.value.registration = nil
             io.value.timer.cancel(on: loop)
@@ -310,8 +315,10 @@ private final class AdvertiserCore: Sendable {
         case .ignore:
             break
         case .handOver(_, let peer, let invite):
-            if let c = io.value.connections.removeValue(forKey: id), let session {
-                session.core.adopt(c, from: peer, invite: invite, listenerPort: port)
+            guard let c = io.value.connections.removeValue(forKey: id) else { break }
+            if let session { session.core.adopt(c, from: peer, invite: invite, listenerPort: port) } else {
+                c.send(.decline(.unavailable, DeclineReason.unavailable.description))
+                c.close()
             }
         case .decline(_, let reason, let text):
             decline(id, reason, text)

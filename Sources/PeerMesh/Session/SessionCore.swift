@@ -259,8 +259,8 @@ final class SessionCore: Sendable {
             return admit(connection, from: peer, invite: invite, listenerPort: listenerPort)
         }
         // The app judges the proven key; the connection waits (its own frames are not read meanwhile), and holds
-        // its place against the per-host limit.
-        connection.pause()
+        // its place against the per-host limit. It is ours now: a hang-up meanwhile must not reach the advertiser.
+        connection.hold(onEnd: { _ in })
         io.value.admitting[hostKey, default: 0] += 1
         let certificate = PeerCertificate(publicKey: key, shortAuthenticationString: connection.shortAuthenticationString ?? "",
                                           address: connection.remote?.host, weInvited: false)
@@ -268,8 +268,9 @@ final class SessionCore: Sendable {
             let c = connection
             io.value.admitting[hostKey, default: 1] -= 1
             if io.value.admitting[hostKey] == 0 { io.value.admitting[hostKey] = nil }
+            // The guest left while the app judged its key: nothing to admit or to decline.
+            if c.hasEnded { return }
             if ok { admit(c, from: peer, invite: invite, listenerPort: listenerPort) } else {
-                c.rehome(onFrame: { _ in }, onEnd: { _ in })
                 decline(.declined, "certificate rejected: \(peer.displayName)'s key \(key.shortFingerprint) is not trusted")
             }
         }

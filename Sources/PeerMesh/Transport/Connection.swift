@@ -89,11 +89,26 @@ final class Connection {
         }
     }
 
-    /// Hands the connection to a new owner: the same as `start`, named for what it means.
+    /// Hands the connection to a new owner: the same as `start`, and the previous owner's `onFirstBytes` is dropped.
     func rehome(onFrame: @escaping (ControlFrame) -> Void, onApproval: @escaping (PeerID) -> Void = { _ in },
                 onEnd: @escaping (ConnectionEnd) -> Void) {
+        onFirstBytes = nil
         start(onFrame: onFrame, onApproval: onApproval, onEnd: onEnd)
     }
+
+    /// Takes the connection from its previous owner while the new one decides whether to keep it (a certificate
+    /// check): it stays paused, nothing is delivered, and an end reaches `onEnd` — never the previous owner's
+    /// handlers, whose owner (an advertiser) may be gone by then. `rehome` later starts delivery.
+    func hold(onEnd: @escaping (ConnectionEnd) -> Void) {
+        onFirstBytes = nil
+        onFrame = { _ in }
+        onApproval = { _ in }
+        self.onEnd = onEnd
+        pause()
+    }
+
+    /// Whether the connection has ended (closed by us, by the peer, or failed); nothing more is delivered.
+    var hasEnded: Bool { ended }
 
     /// Initiator: the owner trusts the peer the handshake identified; finish the handshake.
     func approve() {
