@@ -40,6 +40,7 @@
 # were exact with -S. Set JACK_RIG_JACKD_FLAGS=-S for jackd's synchronous mode if non-RT clients need exactness.
 
 KNOWN_SECONDS=8
+JACK_RIG_LIB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 jack_rig__write_known() {  # $1 = output path
     perl -e '
@@ -83,6 +84,9 @@ jack_rig_start() {
         return 1
     fi
     export JACK_NO_AUDIO_RESERVATION=1 JACK_DEFAULT_SERVER=$name JACK_NO_START_SERVER=1
+    # JACK's machine-wide registry has 8 server slots, and a jackd that ends without unregistering keeps its slot
+    # until a server of the same name starts (never, for names like pmsoak$$): free the slots of dead servers first.
+    python3 "$JACK_RIG_LIB/jack_registry.py" reclaim || true
     local flags=${JACK_RIG_JACKD_FLAGS:-}
     # shellcheck disable=SC2086  # flags are intentionally word-split
     jackd $flags -n "$name" -d dummy -r "${JACK_RIG_RATE:-44100}" -p "$period" -C 2 -P 2 >"$dir/jackd.log" 2>&1 </dev/null &
@@ -125,6 +129,9 @@ jack_rig_stop() {
     fi
     # Reap it if it is our child (silences the shell's "Terminated" notice).
     wait "$pid" 2>/dev/null
+    # A jackd that had clients die on it can exit on TERM without unregistering (seen after every soak): free its
+    # registry slot now that its PID is gone, so runs do not use up the machine's 8.
+    python3 "$JACK_RIG_LIB/jack_registry.py" reclaim 2>/dev/null || true
     rm -f "$pidfile"
     unset MESH_JACK_RIG
 }
