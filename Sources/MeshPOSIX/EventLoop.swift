@@ -45,6 +45,9 @@ package final class EventLoop: @unchecked Sendable { // loop-confined state is o
     // Loop-confined.
     private var watches: [UInt64: Watch] = [:]
     private var timers: [UInt64: () -> Void] = [:]
+    /// Registrations epoll refused, with the timer that reports them failed: `deregister` cancels that timer, so a
+    /// handler is never called after its owner stopped watching (its owner may be gone by then).
+    private var refused: [UInt64: Timer] = [:]
     private var timerHeap = TimerHeap()
     private var nextID: UInt64 = 1
     /// 64 KiB of scratch for reads, for handlers on this loop (one runs at a time). Loop thread only.
@@ -118,7 +121,10 @@ package final class EventLoop: @unchecked Sendable { // loop-confined state is o
             watches[id] = Watch(fd: fd, interest: interest, handler: handler)
         } else {
             // Cannot watch (closed descriptor…): report it as failed on the next turn, as a hang-up would be.
-            schedule(at: 0) { handler(.failed) }
+            refused[id] = schedule(at: 0) { [unowned self] in
+                refused[id] = nil
+                handler(.failed)
+            }
         }
         return Registration(id: id)
     }
@@ -138,6 +144,7 @@ package final class EventLoop: @unchecked Sendable { // loop-confined state is o
     /// Stops watching (call before closing the descriptor). Loop thread only.
     package func deregister(_ r: Registration) {
         precondition(inLoop, "EventLoop.deregister off the loop thread")
+        if let t = refused.removeValue(forKey: r.id) { cancel(t) }
         guard let w = watches.removeValue(forKey: r.id) else { return }
         _ = epoll_ctl(epoll.fd, EPOLL_CTL_DEL, w.fd, nil)
     }

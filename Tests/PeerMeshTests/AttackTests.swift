@@ -29,6 +29,19 @@ private final class AttackerUDP {
     }
 }
 
+/// Holds certificate questions until the test answers them; answers later ones at once when `approveNew`.
+private final class Judge: SessionDelegate, Sendable {
+    let log = MeshEventLog()
+    let held = Mutex<[@Sendable (Bool) -> Void]>([])
+    let approveNew = Atomic<Bool>(false)
+    func session(_ session: Session, peer: PeerID, didChange state: SessionState) { log.session(session, peer: peer, didChange: state) }
+    func session(_ session: Session, didReceiveCertificate certificate: PeerCertificate, fromPeer peer: PeerID,
+                 certificateHandler: @escaping @Sendable (Bool) -> Void) {
+        if approveNew.load(ordering: .acquiring) { return certificateHandler(true) }
+        held.withLock { $0.append(certificateHandler) }
+    }
+}
+
 /// Attacks on a session over real sockets on 127.0.0.1, each asserting what the attacker got: nothing.
 @Suite("Attacks on encrypted sessions (real sockets)", .serialized)
 struct AttackTests {
@@ -136,18 +149,6 @@ struct AttackTests {
 
     @Test("A guest that hangs up while the host judges its key, after the advertiser is gone: no peer, and the host carries on")
     func hangUpWhileTheKeyIsJudged() throws {
-        /// Holds certificate questions until the test answers them; answers later ones at once when `approveNew`.
-        final class Judge: SessionDelegate, Sendable {
-            let log = MeshEventLog()
-            let held = Mutex<[@Sendable (Bool) -> Void]>([])
-            let approveNew = Atomic<Bool>(false)
-            func session(_ session: Session, peer: PeerID, didChange state: SessionState) { log.session(session, peer: peer, didChange: state) }
-            func session(_ session: Session, didReceiveCertificate certificate: PeerCertificate, fromPeer peer: PeerID,
-                         certificateHandler: @escaping @Sendable (Bool) -> Void) {
-                if approveNew.load(ordering: .acquiring) { return certificateHandler(true) }
-                held.withLock { $0.append(certificateHandler) }
-            }
-        }
         let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
         let judge = Judge()
         host.delegate = judge
@@ -181,6 +182,31 @@ struct AttackTests {
         try second.connect(to: PeerEndpoint(host: "127.0.0.1", port: again.port!), timeout: .seconds(5))
         #expect(eventually(5) { host.connectedPeers.map(\.displayName) == ["second"] })
         #expect(guest == nil && advertiser == nil)
+    }
+
+    @Test("A host that shuts down while it judges a guest's key closes that connection: the guest learns at once, not at its timeout")
+    func shutdownWhileTheKeyIsJudged() throws {
+        var host: Session? = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
+        let judge = Judge()
+        host!.delegate = judge
+        let invitations = MeshEventLog()
+        invitations.acceptInto.withLock { $0 = host }
+        let advertiser = try NearbyServiceAdvertiser(peer: host!.myPeerID, discoveryInfo: nil, serviceType: "pm-judge3",
+                                                     discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
+        advertiser.delegate = invitations
+        try advertiser.startAdvertisingPeer()
+        let guest = try Session(peer: try PeerID(displayName: "guest"), configuration: .init(bindHost: "127.0.0.1"))
+        let guestLog = MeshEventLog()
+        guest.delegate = guestLog
+        try guest.connect(to: PeerEndpoint(host: "127.0.0.1", port: advertiser.port!), timeout: .seconds(20))
+        #expect(eventually(5) { judge.held.withLock { $0.count } == 1 })
+        invitations.acceptInto.withLock { $0 = nil }
+        host = nil
+        #expect(guestLog.wait(3) { !$0.failures.isEmpty }, "the guest's invitation ends when the host goes, long before 20 s")
+        #expect(guest.connectedPeers.isEmpty)
+        for answer in judge.held.withLock({ $0 }) { answer(true) }
+        usleep(100_000)
+        #expect(guest.connectedPeers.isEmpty)
     }
 
     @Test("40 peers from one address cannot fill the slots; a peer from another address still joins")

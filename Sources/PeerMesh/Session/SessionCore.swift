@@ -60,6 +60,8 @@ final class SessionCore: Sendable {
         var expectedKeys: [LinkID: PublicKey] = [:]
         /// Invitations from each host accepted by the app but still waiting on the certificate check.
         var admitting: [[UInt8]: Int] = [:]
+        /// Those invitations' connections, held paused until the app answers: shutdown closes them too.
+        var judged: [ObjectIdentifier: Connection] = [:]
         /// Datagram keys of encrypted links, by link: ours to seal, the peer's to open.
         var datagramKeys: [LinkID: (send: SecretKey, receive: SecretKey)] = [:]
         var router = DatagramRouter()
@@ -183,6 +185,8 @@ final class SessionCore: Sendable {
             io.value.timer.cancel(on: loop)
             for c in io.value.connections.values { c.close() }
             io.value.connections.removeAll()
+            for c in io.value.judged.values { c.close() }
+            io.value.judged.removeAll()
             closeRelayEnds()
             udp.close()
         }
@@ -261,11 +265,13 @@ final class SessionCore: Sendable {
         // The app judges the proven key; the connection waits (its own frames are not read meanwhile), and holds
         // its place against the per-host limit. It is ours now: a hang-up meanwhile must not reach the advertiser.
         connection.hold(onEnd: { _ in })
+        io.value.judged[ObjectIdentifier(connection)] = connection
         io.value.admitting[hostKey, default: 0] += 1
         let certificate = PeerCertificate(publicKey: key, shortAuthenticationString: connection.shortAuthenticationString ?? "",
                                           address: connection.remote?.host, weInvited: false)
         askCertificate(certificate, from: peer) { [self] ok in
             let c = connection
+            io.value.judged[ObjectIdentifier(c)] = nil
             io.value.admitting[hostKey, default: 1] -= 1
             if io.value.admitting[hostKey] == 0 { io.value.admitting[hostKey] = nil }
             // The guest left while the app judged its key: nothing to admit or to decline.
