@@ -264,7 +264,7 @@ final class SessionCore: Sendable {
         }
         // The app judges the proven key; the connection waits (its own frames are not read meanwhile), and holds
         // its place against the per-host limit. It is ours now: a hang-up meanwhile must not reach the advertiser.
-        connection.hold(onEnd: { _ in })
+        connection.hold()
         io.value.judged[ObjectIdentifier(connection)] = connection
         io.value.admitting[hostKey, default: 0] += 1
         let certificate = PeerCertificate(publicKey: key, shortAuthenticationString: connection.shortAuthenticationString ?? "",

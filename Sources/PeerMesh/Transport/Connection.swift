@@ -97,13 +97,13 @@ final class Connection {
     }
 
     /// Takes the connection from its previous owner while the new one decides whether to keep it (a certificate
-    /// check): it stays paused, nothing is delivered, and an end reaches `onEnd` — never the previous owner's
-    /// handlers, whose owner (an advertiser) may be gone by then. `rehome` later starts delivery.
-    func hold(onEnd: @escaping (ConnectionEnd) -> Void) {
+    /// check): it stays paused and delivers nothing, and the previous owner's handlers — whose owner (an advertiser)
+    /// may be gone by then — are dropped. An end meanwhile shows in `hasEnded`; `rehome` later starts delivery.
+    func hold() {
         onFirstBytes = nil
         onFrame = { _ in }
         onApproval = { _ in }
-        self.onEnd = onEnd
+        onEnd = { _ in }
         pause()
     }
 
