@@ -10,6 +10,9 @@ ends no jackd can start on the machine: it prints "Too many servers already acti
 `reclaim` applies jackd's own rule to every slot instead of only to the same name: a slot whose PID no longer exists
 (kill(pid, 0) fails with ESRCH) is cleared. It holds the registry's own lock (the SysV semaphore with key 0x282929,
 taken with SEM_UNDO, as jackd takes it) while it looks and writes. Slots of live servers are never touched.
+A server in another PID namespace that shares this /dev/shm would look gone from here; clearing its slot does not
+stop or disturb it (clients reach a server by its socket, not by the slot), it only lets a server of the same name
+register, and the rigs' names carry their own PIDs.
 
 usage: jack_registry.py list | reclaim
 """
