@@ -354,7 +354,7 @@ struct JitterBufferPartsTests {
         #expect(decide(&c, 20, at: t0 + 300_000_000) == .none, "within 0.5 ms of the target")
         #expect(decide(&c, 400, at: t0 + 400_000_000) == .none)
         #expect(decide(&c, 400, at: t0 + 800_000_000) == .none)
-        c.restart()
+        c.restart(atNanos: t0 + 850_000_000)
         #expect(decide(&c, 400, at: t0 + 900_000_000) == .none)
         #expect(decide(&c, 400, at: t0 + 1_400_000_000) == .skip(frames: 400))
     }
@@ -390,6 +390,39 @@ struct JitterBufferPartsTests {
         c.noteTarget(from: 330, to: 350)
         #expect(decide(&c, 80, at: t0 + 23_000_000_000) == .none)
         #expect(decide(&c, 80, at: t0 + 25_000_000_000) == .none, "a fall and an equal rise give nothing back")
+    }
+
+    @Test func aSmallExcessThatAppearsAtTheStartIsGivenBackWhole() {
+        // A start one packet too full: the measure settles 130 frames over the target within the first second
+        // (seen with --latency low: 673 frames mouth-to-ear instead of 545, for the whole stream). No stretch added
+        // it and the target never fell, but a clock cannot drift 3 ms in a few seconds: it is the start's.
+        var c = LatencyCorrector(rate: 44_100, givesBackStartSteps: true)
+        let start: UInt64 = 10_000_000_000
+        c.restart(atNanos: start)
+        #expect(decide(&c, 0, at: start + 500_000_000) == .none)
+        #expect(decide(&c, 131, at: start + 1_000_000_000) == .none)
+        #expect(decide(&c, 130.6, at: start + 2_000_000_000) == .none, "a small excess must last 2 s")
+        #expect(decide(&c, 135, at: start + 3_000_000_000) == .skip(frames: 130), "the least excess seen, whole")
+        #expect(decide(&c, 0, at: start + 3_100_000_000) == .none)
+        // After the start-up window an excess nobody added is a clock's: left to the drift controller.
+        #expect(decide(&c, 60, at: start + 5_500_000_000) == .none)
+        #expect(decide(&c, 60, at: start + 8_000_000_000) == .none)
+        #expect(decide(&c, 60, at: start + 12_000_000_000) == .none)
+        // A step that began inside the window but is confirmed after it is still the start's.
+        c.restart(atNanos: start + 20_000_000_000)
+        #expect(decide(&c, 90, at: start + 24_500_000_000) == .none)
+        #expect(decide(&c, 90, at: start + 26_500_000_000) == .skip(frames: 90))
+        // A ramp (a clock drifting from the start) crosses the threshold just over it: not a step, left alone.
+        c.restart(atNanos: start + 30_000_000_000)
+        #expect(decide(&c, 10, at: start + 31_000_000_000) == .none)
+        #expect(decide(&c, 23, at: start + 32_000_000_000) == .none)
+        #expect(decide(&c, 40, at: start + 33_000_000_000) == .none)
+        #expect(decide(&c, 60, at: start + 34_100_000_000) == .none, "nobody's to give back")
+        // Under an adaptive target (the default) the start's step is left alone.
+        var adaptive = LatencyCorrector(rate: 44_100)
+        adaptive.restart(atNanos: start)
+        #expect(decide(&adaptive, 131, at: start + 1_000_000_000) == .none)
+        #expect(decide(&adaptive, 131, at: start + 3_000_000_000) == .none)
     }
 
     // MARK: CrossfadeGuard

@@ -166,7 +166,7 @@ public struct JitterBuffer {
         jitter = JitterEstimator(windowSeconds: configuration.jitterWindowSeconds,
                                  stallSpacingSeconds: configuration.stallSpacingSeconds)
         target = LatencyTarget(configuration: configuration, rate: rate)
-        corrector = LatencyCorrector(rate: rate)
+        corrector = LatencyCorrector(rate: rate, givesBackStartSteps: configuration.mode != .auto)
         crossfades = CrossfadeGuard(rate: rate)
     }
 
@@ -431,7 +431,7 @@ public struct JitterBuffer {
         state = .priming(StreamCursor(playout: h.firstFrameIndex, newestEnd: h.firstFrameIndex &+ UInt64(h.frameCount),
                                       newestArrival: packet.arrivalNanos))
         crossfades.noteDiscontinuity()
-        corrector.restart()
+        corrector.restart(atNanos: packet.arrivalNanos)
         jitter.restart()
         target.streamStarted(atNanos: packet.arrivalNanos)
         losses.startStream(at: h.sequence)
