@@ -78,9 +78,10 @@ public protocol AudioSource: AnyObject, Sendable {
 public struct RenderContext: Sendable {
     /// Frames requested.
     public var frames: Int
-    /// Frames already queued in the device ahead of this block (`snd_pcm_delay`), 0 for files.
+    /// Frames queued in the device ahead of this block as of `nowNanos` (`snd_pcm_delay`), 0 for files.
     public var deviceDelayFrames: Int
-    /// Monotonic time of the pull, nanoseconds.
+    /// Monotonic time the block is rendered as of, nanoseconds: the pull's own time, or — for a sink that waits for
+    /// its input's data (`RenderSchedule`) — the block's deadline, the latest the block could have been made.
     public var nowNanos: UInt64
 
     public init(frames: Int, deviceDelayFrames: Int, nowNanos: UInt64) {
@@ -92,8 +93,37 @@ public struct RenderContext: Sendable {
 
 /// The upstream stage of a sink. Called on the sink's real-time thread: it must not allocate, lock, log or
 /// touch Foundation. It fills exactly `context.frames` interleaved frames.
+///
+/// A renderer whose data comes from a network can hand the sink its `input`: the sink then serves it on its own
+/// thread, waiting on the input's descriptor beside the device (one thread wakes per period instead of two), and asks
+/// `isReady` before each block so that it renders a block as soon as its data is there — up to a deadline the
+/// device's queue allows (`RenderSchedule`).
 public protocol AudioRenderer: AnyObject, Sendable {
+    /// Fills `context.frames` frames of `buffer`, as of `context.nowNanos`.
     func render(into buffer: UnsafeMutableBufferPointer<Float>, context: RenderContext)
+    /// The input the sink's thread serves (nil, the default: data reaches the renderer on another thread).
+    var input: (any RenderInput)? { get }
+    /// Whether the next `frames` frames can be rendered from the data at hand, with nothing concealed for lack of
+    /// data (true, the default, for a renderer with no input). Called on the sink's thread.
+    func isReady(frames: Int) -> Bool
+}
+
+extension AudioRenderer {
+    public var input: (any RenderInput)? { nil }
+    public func isReady(frames: Int) -> Bool { true }
+}
+
+extension AudioSink {
+    public var servesInput: Bool { false }
+}
+
+/// The network end of a playout chain, served by the sink's own thread: the sink waits for `descriptor` to become
+/// readable together with its device, and then calls `pump`. Real-time safe, as the renderer.
+public protocol RenderInput: AnyObject, Sendable {
+    /// What to wait on for `POLLIN` (a UDP socket).
+    var descriptor: Int32 { get }
+    /// Takes in what has arrived, without blocking (called on the sink's thread when `descriptor` is readable).
+    func pump()
 }
 
 /// A consumer of audio clocked in real time that pulls from an `AudioRenderer`.
@@ -102,6 +132,9 @@ public protocol AudioSink: AnyObject, Sendable {
     var format: AudioFormat { get }
     /// Frames per pull.
     var periodFrames: Int { get }
+    /// Whether the sink's thread serves its renderer's `input` (waits on it and pumps it). A sink that does not leaves
+    /// the data to another thread. The default is false.
+    var servesInput: Bool { get }
     /// Starts the sink's thread, which pulls from `renderer` at the sink's pace.
     func start(renderer: any AudioRenderer) throws
     /// Stops pulling and flushes (WAV files are finalized).

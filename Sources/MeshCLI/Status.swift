@@ -153,6 +153,7 @@ package enum StatusReport {
         o.add("xruns", s.device.xruns)
         o.add("received", p.received)
         o.add("late", p.late)
+        o.add("lateResumes", p.lateResumes)
         o.add("duplicates", p.duplicates)
         o.add("lostPackets", p.lostPackets)
         o.add("concealedFrames", s.concealedFrames)

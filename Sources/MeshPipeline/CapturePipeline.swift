@@ -4,14 +4,14 @@ import Synchronization
 /// The send direction of the relay, assembled in one place. Read it top to bottom:
 ///
 ///     source ─▶ (mute) ─▶ tap ─▶ Packetizer ─▶ send
-///     its own    the pm-send thread (`SendThread.own`, the default) or the source's own (`.source`): one read,
+///     its own    the source's own thread (`SendThread.source`, the default) or a pm-send thread (`.own`): one read,
 ///     thread     one packetize, one send per packet; the tap (clips' pre-roll) takes a copy without waiting
 ///
 /// `.source` wakes the host once per period instead of twice (measured: the host's own threads 804 → 366 context
-/// switches a second, about 45 % less CPU), but it is not the default: on one JACK graph shared with the player, a
-/// packet sent from the capture callback lands on the player's render instant, half the time just after it, and the
-/// auto jitter target cannot hold the floor (`scripts/bench`: the defaults path locked in 3 of 20 runs against 8 of
-/// 10 with the send thread). See issue 15.
+/// switches a second, about 45 % less CPU), and a packet leaves as soon as its period is captured. (It was not the
+/// default while players rendered at the device's own instant: a packet sent from the capture callback of a JACK
+/// graph shared with the player landed on that instant, half the time just after it. Players now render each block
+/// as soon as its packet is in, up to a deadline: `RenderSchedule`.)
 ///
 /// The source (a `Recorder`, a `ToneSource`, a `WAVFileSource`) and the network are inputs: once per captured chunk
 /// `audience` says who listens now (nil: nobody — the chunk is then not packetized, so sequence numbers count the
@@ -36,7 +36,7 @@ public final class CapturePipeline<Audience>: Sendable {
     public enum SendThread: Sendable, Equatable {
         /// A thread of the pipeline's own (`pm-send`), reading the source's ring: two wake-ups per period.
         case own
-        /// The source's thread itself (`AudioSource.start(consumer:)`): one wake-up per period.
+        /// The source's thread itself (`AudioSource.start(consumer:)`): one wake-up per period (the default).
         case source
     }
 
@@ -52,7 +52,7 @@ public final class CapturePipeline<Audience>: Sendable {
     /// packetized — the clip recorder's pre-roll; it must not block. `encoding` is how the samples travel, and
     /// `opusBitrate` the bitrate of `.opus`.
     public init(source: any AudioSource, encoding: SampleEncoding = .float32,
-                opusBitrate: Int = Packetizer.defaultOpusBitrate, sendThread: SendThread = .own,
+                opusBitrate: Int = Packetizer.defaultOpusBitrate, sendThread: SendThread = .source,
                 audience: @escaping @Sendable () -> Audience?,
                 send: @escaping @Sendable (UnsafeRawBufferPointer, Audience) -> Bool,
                 tap: (@Sendable (UnsafeBufferPointer<Float>) -> Void)? = nil) throws {

@@ -10,9 +10,12 @@ import MeshPOSIX
 ///
 /// `OutputControls` (set by the listener, any thread) hold playback — silence, nothing queued, a fresh start at the
 /// live edge when released — and set the volume, mute and beep the `OutputStage` applies.
-/// The network thread hands each datagram to `receive`; the sink's real-time thread pulls `renderer`, which walks
-/// the chain block by block (`PlayoutRenderer.render`). The sink is an input — an ALSA `Player`, a `WAVFileSink`, a
-/// test's virtual-time sink — so the pipeline depends on no device and not on PeerMesh.
+/// Datagrams reach `receive` one of two ways: a network thread hands them in, or — `start(reading:)` with a
+/// `PacketSource` — the sink's own real-time thread reads them, waiting on the source's descriptor beside its device
+/// (one thread, one wake-up per period; the sink renders each block as soon as its packets are in, `RenderSchedule`).
+/// The sink's thread pulls `renderer`, which walks the chain block by block (`PlayoutRenderer.render`). The sink is an
+/// input — an ALSA `Player`, a `WAVFileSink`, a test's virtual-time sink — so the pipeline depends on no device and
+/// not on PeerMesh.
 ///
 /// A pipeline plays one format. A packet in another format is counted and reported (`takePendingFormat`): its owner
 /// builds a pipeline for that format and swaps it in.
@@ -66,8 +69,12 @@ public final class PlayoutPipeline: Sendable {
                                       maximumCorrectionPPM: configuration.drift.maximumCorrectionPPM))
     }
 
-    /// Starts the sink: it plays silence until audio arrives.
-    public func start() throws { try sink.start(renderer: renderer) }
+    /// Starts the sink: it plays silence until audio arrives. With a `source`, the sink's thread reads the datagrams
+    /// itself (if the sink serves inputs, `AudioSink.servesInput`; otherwise the owner must hand them to `receive`).
+    public func start(reading source: (any PacketSource)? = nil) throws {
+        if let source { renderer.input = SourceInput(source: source, pipeline: self) }
+        try sink.start(renderer: renderer)
+    }
 
     /// Stops the sink (a WAV file is finalized).
     public func stop() { sink.stop() }
@@ -91,6 +98,30 @@ public final class PlayoutPipeline: Sendable {
         s.concealedMilliseconds += Double(counters.decoderConcealedFrames) * 1000 / Double(format.sampleRate)
         return s
     }
+}
+
+/// Where a pipeline's datagrams come from when its sink's thread reads them (`PlayoutPipeline.start(reading:)`): a
+/// PeerMesh session's `DatagramReader`, say. Real-time safe, as the sink's thread.
+public protocol PacketSource: AnyObject, Sendable {
+    /// What to wait on for `POLLIN`.
+    var descriptor: Int32 { get }
+    /// Reads the datagrams that have arrived (never blocks) and hands each to `pipeline.receive`.
+    func read(into pipeline: PlayoutPipeline)
+}
+
+/// A `PacketSource` as the sink sees it: the render input that reads into this pipeline.
+final class SourceInput: RenderInput {
+    let source: any PacketSource
+    /// The pipeline that owns the renderer that holds this input (so: alive while the sink runs).
+    unowned let pipeline: PlayoutPipeline
+
+    init(source: any PacketSource, pipeline: PlayoutPipeline) {
+        self.source = source
+        self.pipeline = pipeline
+    }
+
+    var descriptor: Int32 { source.descriptor }
+    func pump() { source.read(into: pipeline) }
 }
 
 /// The render-thread end of a `PlayoutPipeline`, pulled by its sink. Each pull walks the chain once per block of at
@@ -122,6 +153,8 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
     private var heldFrames: UInt64 = 0
     /// The device's clock against the monotonic clock, from the pulls.
     private var deviceClock: DeviceClockMeter
+    /// The input the sink serves, set before the sink starts (`PlayoutPipeline.start(reading:)`).
+    public internal(set) var input: (any RenderInput)?
 
     init(format: AudioFormat, packets: PacketRing, controls: OutputControls, upstream: ConcealedStream,
          drift: DriftController, resampler: DriftResampler) {
@@ -186,9 +219,16 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
         heldFrames &+= UInt64(frames)
     }
 
-    /// One block through the chain.
-    private func renderBlock(_ out: UnsafeMutablePointer<Float>, frames: Int, nowNanos: UInt64) {
-        // Packets → jitter buffer; each one's transit → drift controller (a resync restarts the controller).
+    /// Whether the next `frames` frames can be rendered without concealing anything for lack of data: the packets
+    /// that arrived are taken in first. Real-time safe (the sink's thread).
+    public func isReady(frames: Int) -> Bool {
+        if controls.held { return true }
+        absorbPackets()
+        return upstream.jitterBuffer.holdsNext(resampler.upstreamFramesNeeded(forOutput: min(frames, maximumBlockFrames)))
+    }
+
+    /// Packets → jitter buffer; each one's transit → drift controller (a resync restarts the controller).
+    private func absorbPackets() {
         while let _ = packets.pop({ packet, samples in
             hostLatencyFrames = packet.header.hostLatencyFrames
             let stored = upstream.jitterBuffer.insert(packet, samples: samples)
@@ -199,6 +239,11 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
                 restartPending = false
             }
         }) {}
+    }
+
+    /// One block through the chain.
+    private func renderBlock(_ out: UnsafeMutablePointer<Float>, frames: Int, nowNanos: UInt64) {
+        absorbPackets()
         // Feedback: the latency held here (jitter buffer + resampler queue) → drift controller → steering.
         let measured = upstream.jitterBuffer.latencyFrames(nowNanos: nowNanos) + Double(resampler.stagedFrames)
             + resampler.lookAheadFrames

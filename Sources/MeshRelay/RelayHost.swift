@@ -158,38 +158,44 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         var advertised = false
     }
 
-    /// The connected players, shared with the send thread; a paused player is connected but not in the audience.
+    /// The connected players, shared with the capture thread; a paused player is connected but not in the audience.
+    /// The audience is published whole (`SnapshotCell`): the capture thread reads it once per chunk without a lock.
     private final class Players: Sendable {
         private struct List {
             var connected: [PeerID] = []
-            var audience: [PeerID] = []
             var paused: Set<PeerID> = []
             /// Held while they talk (half duplex).
             var talking: Set<PeerID> = []
-            mutating func recompute() { audience = connected.filter { !paused.contains($0) && !talking.contains($0) } }
+            var audience: [PeerID] { connected.filter { !paused.contains($0) && !talking.contains($0) } }
+        }
+        /// An audience as published.
+        private final class Audience: Sendable {
+            let peers: [PeerID]?
+            init(_ peers: [PeerID]) { self.peers = peers.isEmpty ? nil : peers }
         }
         private let list = Mutex(List())
-        /// The players audio goes to now; nil when there are none.
-        var audience: [PeerID]? { list.withLock { $0.audience.isEmpty ? nil : $0.audience } }
+        private let published = SnapshotCell<Audience>(Audience([]))
+        /// The players audio goes to now; nil when there are none. Lock-free (the capture thread).
+        var audience: [PeerID]? { published.withCurrent { $0?.peers } }
         var all: [PeerID] { list.withLock { $0.connected } }
         var paused: Set<PeerID> { list.withLock { $0.paused } }
         func update(_ peer: PeerID, connected: Bool) {
-            list.withLock { l in
+            change { l in
                 l.connected.removeAll { $0 == peer }
                 if connected { l.connected.append(peer) } else { l.paused.remove(peer); l.talking.remove(peer) }
-                l.recompute()
             }
         }
         func setHeldForTalk(_ peer: PeerID, _ held: Bool) {
-            list.withLock { l in
-                if held { l.talking.insert(peer) } else { l.talking.remove(peer) }
-                l.recompute()
-            }
+            change { l in if held { l.talking.insert(peer) } else { l.talking.remove(peer) } }
         }
         func setPaused(_ peer: PeerID, _ paused: Bool) {
+            change { l in if paused { l.paused.insert(peer) } else { l.paused.remove(peer) } }
+        }
+        /// Changes the list and publishes the audience, under the lock (which keeps the publishers in turn).
+        private func change(_ body: (inout List) -> Void) {
             list.withLock { l in
-                if paused { l.paused.insert(peer) } else { l.paused.remove(peer) }
-                l.recompute()
+                body(&l)
+                published.replace(with: Audience(l.audience))
             }
         }
     }

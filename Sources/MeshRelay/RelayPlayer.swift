@@ -12,9 +12,11 @@ import MeshPOSIX
 /// it gives up and says why.
 ///
 /// The chain is MeshPipeline's `PlayoutPipeline` (ingress → jitter buffer → conceal → drift/resample → sink); the
-/// player gives it the sink, built for the host's format by `makeSink`, and hands it each datagram on the session's
-/// I/O thread without taking a lock. When the host switches format, the pipeline reports it and the control queue
-/// builds a new one and swaps it in.
+/// player gives it the sink, built for the host's format by `makeSink`. The session delivers datagrams to a
+/// `DatagramReader` (not to the delegate), and the sink's real-time thread reads it into the pipeline itself: one
+/// thread wakes once per period for the network and the device (a sink that does not serve inputs gets a `pm-net`
+/// thread that reads for it). When the host switches format, the pipeline reports it and the control queue builds a
+/// new one and swaps it in.
 public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, Sendable {
     /// Which hosts a player joins.
     public enum HostPolicy: Sendable {
@@ -143,22 +145,21 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     private let browser: NearbyServiceBrowser?
     private let join: Mutex<JoinStateMachine>
     /// The pipeline playing now: read by the datagram path, replaced only on `control`.
-    private let playout = CurrentPipeline()
+    private let playout = SnapshotCell<PlayoutPipeline>()
     private let host = Mutex<PeerID?>(nil)
-    private let framesReceived = Atomic<UInt64>(0)
-    /// When the first audio arrived (0: not yet).
-    private let firstAudio = Atomic<UInt64>(0)
+    /// What the datagrams of audio said so far (frames, first audio, whether audio came since the join).
+    private let arrivals = AudioArrivals()
+    /// The session's datagrams, as the sinks' threads read them.
+    private let packets: SessionPackets
+    /// The thread that reads datagrams for a sink that does not (started the first time one is used).
+    private let pump = Mutex<DatagramPump?>(nil)
     private let control = DispatchQueue(label: "peermesh.relay-player.control")
     private let seen = Mutex<[PeerID: SeenHost]>([:])
     private let accounting = Mutex(Accounting())
-    /// Whether audio has arrived since the player last joined a host.
-    private let audioSinceJoin = Atomic<Bool>(false)
     private let ticking = Atomic<Bool>(false)
     private let log: @Sendable (String) -> Void
     private let onGiveUp: @Sendable (String) -> Void
     private let started = Atomic<UInt64>(0)
-    /// Whether the current pipeline has queued audio from a host.
-    private let audioInPipeline = Atomic<Bool>(false)
     /// Rebuilds for a new host format allowed so far (control queue).
     private let formatChanges = Mutex(FormatChangeLimiter())
     /// The listener's controls over playback (hold, volume, mute, beep), kept across pipelines.
@@ -200,9 +201,13 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         self.log = log
         self.onGiveUp = onGiveUp
         peer = configuration.identity.peerID
+        var sessionConfiguration = Session.Configuration(peerTimeout: configuration.peerTimeout,
+                                                         bindHost: configuration.bindHost, topology: .star)
+        sessionConfiguration.datagramDelivery = .reader
         let session = try Session(securityIdentity: configuration.identity, encryptionPreference: configuration.encryption,
-                                  configuration: .init(peerTimeout: configuration.peerTimeout, bindHost: configuration.bindHost, topology: .star))
+                                  configuration: sessionConfiguration)
         self.session = session
+        packets = SessionPackets(reader: session.datagramReader!, arrivals: arrivals)
         if case .discover = configuration.target {
             browser = try NearbyServiceBrowser(peer: peer, serviceType: configuration.serviceType, discovery: configuration.discovery)
         } else {
@@ -241,6 +246,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         browser?.stopBrowsingForPeers()
         session.disconnect()
         control.sync { playout.replace(with: nil) }?.stop()
+        pump.withLock { $0 }?.stop()
     }
 
     /// A snapshot of every counter.
@@ -249,7 +255,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         s.phase = join.withLock { $0.phase }
         let host = self.host.withLock { $0 }
         s.host = host
-        s.framesReceived = framesReceived.load(ordering: .relaxed)
+        s.framesReceived = arrivals.framesReceived.load(ordering: .relaxed)
         playout.withCurrent { pipeline in
             guard let pipeline else { return }
             s.playout = pipeline.stats
@@ -276,7 +282,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         if let h = host, let rtt = session.roundTripTime(to: h) {
             s.roundTripMilliseconds = Double(rtt.components.seconds) * 1000 + Double(rtt.components.attoseconds) / 1e15
         }
-        let first = firstAudio.load(ordering: .acquiring)
+        let first = arrivals.firstAudio.load(ordering: .acquiring)
         if first != 0 {
             s.firstAudioSeconds = Double(first &- started.load(ordering: .acquiring)) / 1e9
             s.mouthToEarMilliseconds = (s.roundTripMilliseconds ?? 0) / 2 + s.playout.playoutLatencyMilliseconds
@@ -293,13 +299,32 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     private func buildPipeline(_ format: AudioFormat) throws {
         var request = SinkRequest.fresh
         if playout.withCurrent({ $0 != nil }) {
-            if audioInPipeline.load(ordering: .acquiring) { request = .formatChange } else { playout.replace(with: nil)?.stop() }
+            if arrivals.inPipeline.load(ordering: .acquiring) { request = .formatChange } else { playout.replace(with: nil)?.stop() }
         }
-        audioInPipeline.store(false, ordering: .releasing)
+        arrivals.inPipeline.store(false, ordering: .releasing)
+        let sink = try makeSink(format, request)
         let pipeline = try PlayoutPipeline(format: format, configuration: .init(mode: configuration.latency),
-                                           sink: try makeSink(format, request), controls: controls)
-        try pipeline.start()
+                                           sink: sink, controls: controls)
+        if sink.servesInput {
+            try pipeline.start(reading: packets)
+        } else {
+            try pipeline.start()
+            try startPump()
+        }
         playout.replace(with: pipeline)?.stop()
+    }
+
+    /// Starts the `pm-net` thread that reads datagrams into the current pipeline, for sinks that do not (once).
+    private func startPump() throws {
+        try pump.withLock { pump in
+            guard pump == nil else { return }
+            let playout = self.playout, arrivals = self.arrivals
+            let started = DatagramPump(reader: packets.reader) { bytes, now in
+                arrivals.note(playout.withCurrent { $0?.receive(bytes, arrivalNanos: now) }, at: now)
+            }
+            try started.start()
+            pump = started
+        }
     }
 
     // MARK: Remote control
@@ -422,7 +447,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     private func account() {
         let (concealed, played) = playout.withCurrent { ($0?.stats.concealedFrames ?? 0, $0?.sink.stats.framesOut ?? 0) }
         let streaming: Bool
-        if case .joined = join.withLock({ $0.phase }), audioSinceJoin.load(ordering: .acquiring) { streaming = true } else { streaming = false }
+        if case .joined = join.withLock({ $0.phase }), arrivals.sinceJoin.load(ordering: .acquiring) { streaming = true } else { streaming = false }
         accounting.withLock { a in
             // A new pipeline (format change) starts its counters at 0.
             let dc = concealed >= a.lastConcealed ? concealed - a.lastConcealed : concealed
@@ -443,7 +468,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         host.withLock { host in
             if state == .connected { host = peer } else if host == peer { host = nil }
         }
-        if state != .connecting { audioSinceJoin.store(false, ordering: .releasing) }
+        if state != .connecting { arrivals.sinceJoin.store(false, ordering: .releasing) }
         // Trust follows the key: the paired entry takes the host's current name, and notes when it was last seen.
         if state == .connected, case .paired(let store) = configuration.hosts, let key = peer.publicKey {
             try? store.touch(key, name: peer.displayName)
@@ -478,16 +503,9 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         }
     }
 
-    /// The datagram path (the session's I/O thread): no lock, no allocation.
-    public func session(_ session: Session, didReceiveDatagramBytes raw: UnsafeRawBufferPointer, fromPeer peer: PeerID) {
-        let now = monotonicNow()
-        let outcome = playout.withCurrent { $0?.receive(raw, arrivalNanos: now) }
-        guard case .queued(let frames) = outcome else { return }
-        framesReceived.wrappingAdd(UInt64(frames), ordering: .relaxed)
-        audioSinceJoin.store(true, ordering: .relaxed)
-        audioInPipeline.store(true, ordering: .relaxed)
-        _ = firstAudio.compareExchange(expected: 0, desired: max(1, now), ordering: .acquiringAndReleasing)
-    }
+    /// Datagrams reach the player through its session's reader, on the sink's thread (`SessionPackets`); the delegate
+    /// would hear only a relayed peer's, and a player's session is a star: it has none. Ignored.
+    public func session(_ session: Session, didReceiveDatagramBytes raw: UnsafeRawBufferPointer, fromPeer peer: PeerID) {}
 
     public func session(_ session: Session, invitationTo peer: PeerID?, failedWith reason: DeclineReason, detail: String) {
         let name = peer?.displayName ?? "the host"

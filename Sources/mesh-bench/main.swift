@@ -272,7 +272,8 @@ func throughput() {
 // MARK: - Fan-out
 
 /// A sink that plays nowhere but keeps a real device's pace: every period (128 frames) it pulls from the renderer,
-/// on its own thread, at absolute CLOCK_MONOTONIC deadlines.
+/// on its own thread, at absolute CLOCK_MONOTONIC deadlines; in between it serves the renderer's input (the player's
+/// datagrams), as a device's thread does.
 final class PacedNullSink: AudioSink, @unchecked Sendable {  // mutable state: `done` is written by start/stop only, on the control thread
     let format: AudioFormat
     let periodFrames: Int
@@ -285,6 +286,8 @@ final class PacedNullSink: AudioSink, @unchecked Sendable {  // mutable state: `
         self.periodFrames = periodFrames
     }
 
+    var servesInput: Bool { true }
+
     func start(renderer: any AudioRenderer) throws {
         running.set(true)
         let period = periodFrames, channels = format.channels, rate = format.sampleRate
@@ -293,13 +296,20 @@ final class PacedNullSink: AudioSink, @unchecked Sendable {  // mutable state: `
             let buf = UnsafeMutableBufferPointer<Float>.allocate(capacity: period * channels)
             defer { buf.deallocate() }
             let step = UInt64(period) * 1_000_000_000 / UInt64(rate)
+            let input = renderer.input
+            let polls = PollSet(capacity: 1)
             var next = now()
             while running.isSet {
                 renderer.render(into: buf, context: RenderContext(frames: period, deviceDelayFrames: 0, nowNanos: now()))
                 framesOut.add(UInt64(period))
                 next += step
-                var ts = timespec(tv_sec: Int(next / 1_000_000_000), tv_nsec: Int(next % 1_000_000_000))
-                while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nil) == EINTR {}
+                guard let input else { MonotonicClock.sleep(untilNanos: next); continue }
+                while running.isSet && now() < next {
+                    polls.removeAll()
+                    polls.appendReadable(input.descriptor)
+                    _ = polls.wait(untilNanos: next)
+                    if polls.readiness(at: 0) == .readable { input.pump() }
+                }
             }
         }
     }

@@ -10,6 +10,9 @@ struct RelayJBSim {
     var rate = 44_100.0
     var played: [Float] = []   // samples of frames marked present/discontinuity during .playing
     var marks: [UInt8] = []
+    /// Every real frame played (present or discontinuity), whatever the read's result (a `.stretched` read plays
+    /// real frames after the ones it holds for).
+    var realFrames: [Float] = []
     var results: [JitterBuffer.ReadResult] = []
 
     init(mode: JitterBuffer.Mode) { jb = JitterBuffer(format: .default, configuration: .init(mode: mode)) }
@@ -34,6 +37,9 @@ struct RelayJBSim {
             }
             let r = jb.read(frames: block, now: now)
             results.append(r.result)
+            for (i, m) in r.marks.enumerated() where m == FrameMark.present || m == FrameMark.discontinuity {
+                realFrames.append(r.samples[i])
+            }
             if r.result == .playing {
                 var from = 0
                 if played.isEmpty { from = r.marks.firstIndex { $0 == FrameMark.discontinuity } ?? 0 }
@@ -94,6 +100,28 @@ struct RelayJitterBufferTests {
             #expect(v == Float(1000 + i))
         }
         #expect(sim.marks.filter { $0 == FrameMark.missing }.count == 4 * 128)
+    }
+
+    @Test(arguments: [3_500_000, 5_000_000] as [UInt64])
+    func aStreamThatMovesLaterResumesAtTheLatePacketInsteadOfDroppingItAndItsSuccessors(shift: UInt64) {
+        // From packet 100 on, every packet arrives `shift` later than before (more than a packet: 2.9 ms): the sender
+        // stalled once and its timeline moved. The render that needs packet 100 comes first and conceals what it
+        // lacks; packet 100 then continues the stream exactly where it had run dry, so the playout point moves back to
+        // it (a late resume) and every packet after it plays. Dropping it instead would leave each later packet late
+        // in turn until the target or a resync caught up.
+        var sim = RelayJBSim(mode: .low)
+        sim.run(packets: 300, renders: 320) { [sim] k in [sim.nominal(k) + (k >= 100 ? shift : 0)] }
+        let c = sim.jb.snapshot
+        print("late resume (shift \(shift / 1000) us): resumes \(c.lateResumes), late \(c.late), lostFrames \(c.lostFrames), stretched \(c.stretchedFrames), skipped \(c.skippedFrames), underruns \(c.underruns)")
+        #expect(c.lateResumes == 1)
+        #expect(c.late == 0 && c.lostPackets == 0 && c.resyncs == 0 && c.skippedFrames == 0)
+        #expect(c.stretchedFrames > 0 && c.stretchedFrames < UInt64(relayFrames(shift)) + 128,
+                "the concealment that preceded the late packet turned into a stretch of about the shift")
+        // Every frame the sender sent was played exactly once and in order (none dropped as late): the concealed
+        // frames only delayed the rest.
+        let played = sim.realFrames
+        #expect(played.count == 300 * 128 && played.elementsEqual((0..<played.count).lazy.map { Float(1000 + $0) }),
+                "every frame played once, in order")
     }
 
     @Test func wraparoundOfSequenceAndFrameIndex() {

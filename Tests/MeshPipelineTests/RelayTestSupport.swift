@@ -68,6 +68,9 @@ extension JitterBuffer {
 /// Nanoseconds of `frames` at `rate`.
 func relayNanos(_ frames: Double, rate: Double = 44_100) -> UInt64 { UInt64((frames * 1e9 / rate).rounded()) }
 
+/// Frames in `nanos` nanoseconds at `rate`.
+func relayFrames(_ nanos: UInt64, rate: Double = 44_100) -> Int { Int((Double(nanos) * rate / 1e9).rounded()) }
+
 /// A sink that never runs a thread: the test pulls the pipeline's renderer itself, in virtual time.
 final class VirtualTimeSink: AudioSink {
     let format: AudioFormat

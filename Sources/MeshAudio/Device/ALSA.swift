@@ -170,7 +170,11 @@ final class PCMHandle: @unchecked Sendable {  // Used by one thread at a time: t
             let (period, buffer) = try configureHardware(pcm, name: name, configuration: configuration)
             let threshold: Int
             if stream == .playback {
-                threshold = min(max(configuration.startThresholdFrames ?? buffer, 1), buffer)
+                // By default the device starts once its buffer is full of whole periods: a loop that writes a period
+                // at a time (the `Player`'s) can always reach that (a `plug:` rate conversion can grant a buffer that is
+                // no multiple of the period).
+                let wholePeriods = max(period, buffer / period * period)
+                threshold = min(max(configuration.startThresholdFrames ?? wholePeriods, 1), buffer)
             } else {
                 threshold = 1
             }
@@ -297,6 +301,39 @@ final class PCMHandle: @unchecked Sendable {  // Used by one thread at a time: t
     @inline(__always)
     static func isXrun(_ code: Int) -> Bool {
         code == -Int(EPIPE) || code == -Int(ESTRPIPE)
+    }
+
+    /// `snd_pcm_avail` (synchronized with the device): frames that can be written (playback) or read (capture) now,
+    /// or a negative error code (`-EPIPE` after an xrun).
+    @inline(__always)
+    func availableFrames() -> Int {
+        snd_pcm_avail(pcm)
+    }
+
+    /// A playback device that is not started yet but has less room than `periodFrames` can never reach its start
+    /// threshold by whole periods: start it (`snd_pcm_start`). Returns the negative error code, or 0.
+    @inline(__always)
+    func startIfStuck(periodFrames: Int) -> Int32 {
+        guard stream == .playback, snd_pcm_state(pcm) == SND_PCM_STATE_PREPARED,
+              snd_pcm_avail_update(pcm) < periodFrames else { return 0 }
+        return snd_pcm_start(pcm)
+    }
+
+    /// How many poll descriptors the PCM has.
+    var pollDescriptorCount: Int { max(0, Int(snd_pcm_poll_descriptors_count(pcm))) }
+
+    /// Fills `slots` (at most `space`) with the PCM's poll descriptors; returns how many.
+    @inline(__always)
+    func fillPollDescriptors(_ slots: UnsafeMutablePointer<pollfd>, space: Int) -> Int {
+        max(0, Int(snd_pcm_poll_descriptors(pcm, slots, UInt32(space))))
+    }
+
+    /// Translates what `poll` returned on the PCM's descriptors (`count` of them at `slots`) into the PCM's own events
+    /// (`POLLOUT` for playback room, `POLLERR` for a device in error). A plugin may consume its wake-up here.
+    @inline(__always)
+    func pollEvents(_ slots: UnsafeMutablePointer<pollfd>, count: Int) -> UInt16 {
+        var events: UInt16 = 0
+        return snd_pcm_poll_descriptors_revents(pcm, slots, UInt32(count), &events) < 0 ? UInt16(POLLERR) : events
     }
 
     /// `snd_pcm_delay`: frames between the application pointer and the device's converter, or `nil` on error.

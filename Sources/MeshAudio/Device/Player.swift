@@ -3,9 +3,12 @@ import MeshPOSIX
 
 /// Plays to an ALSA device, pulling each period from an `AudioRenderer` on a dedicated real-time thread.
 ///
-/// Pull model: the thread asks the renderer for exactly one period, then writes it with blocking
-/// `snd_pcm_writei`, so the renderer is called each time the device has room for a period. Each pull carries
-/// `snd_pcm_delay` (frames queued ahead) and the monotonic time. Underruns are recovered with `snd_pcm_recover`,
+/// Pull model: the thread waits (`ppoll`) on the device's poll descriptors and, when the renderer has one, on its
+/// `RenderInput` (the network end of the playout chain), and a `RenderSchedule` decides when to render: at room for
+/// a renderer without an input; with one, as soon as the next block's data is there (`isReady`) and at the latest at
+/// the block's deadline, as of which it is rendered. One thread wakes once per period, for the data. Each pull
+/// carries the device's queue (`snd_pcm_delay`) and the time as of which it is rendered; the block is written when
+/// the device has room for it, so `snd_pcm_writei` never waits. Underruns are recovered with `snd_pcm_recover`,
 /// counted in `stats.xruns`, and playback continues.
 ///
 /// Latency knobs: `bufferFrames` (steady-state queue), `startThresholdFrames` (frames queued before the device
@@ -72,6 +75,9 @@ public final class Player: AudioSink {
 
     public var stats: AudioStats { loop.counters.snapshot() }
 
+    /// The playback thread serves the renderer's input (one thread for the network and the device).
+    public var servesInput: Bool { true }
+
     /// Whether the playback thread got `SCHED_FIFO` (false before `start`).
     public var isRealtime: Bool { lifecycle.isRealtime }
 
@@ -80,16 +86,20 @@ public final class Player: AudioSink {
 }
 
 /// Everything the playback thread touches, so the thread does not keep the `Player` alive.
-final class PlaybackLoop: @unchecked Sendable {  // `block` is used only by the playback thread; the rest is Sendable.
+final class PlaybackLoop: @unchecked Sendable {  // `block` and `polls` are used only by the playback thread; the rest is Sendable.
     let handle: PCMHandle
     let counters = AudioCounters()
     /// Whose `isRunning` keeps the loop going.
     let lifecycle: StageLifecycle
     let prefillFrames: Int
     private let failureCode = Atomic<Int>(0)
-    private let failedInWrite = Atomic<Bool>(false)
+    /// Which call failed: an index into `failureCalls`.
+    private let failedCall = Atomic<Int>(0)
+    private static let failureCalls = ["snd_pcm_writei", "snd_pcm_recover", "snd_pcm_avail", "ppoll"]
     /// One period of interleaved samples: the renderer's output, and silence for the prefill.
     private let block: UnsafeMutablePointer<Float>
+    /// What the loop waits on: the input's socket and the device's descriptors.
+    private let polls: PollSet
 
     init(handle: PCMHandle, prefillFrames: Int, lifecycle: StageLifecycle) {
         self.handle = handle
@@ -98,6 +108,7 @@ final class PlaybackLoop: @unchecked Sendable {  // `block` is used only by the 
         let samples = handle.periodFrames * handle.format.channels
         self.block = .allocate(capacity: samples)
         self.block.initialize(repeating: 0, count: samples)
+        polls = PollSet(capacity: 1 + max(1, handle.pollDescriptorCount))
     }
 
     deinit {
@@ -107,15 +118,16 @@ final class PlaybackLoop: @unchecked Sendable {  // `block` is used only by the 
     var failure: ALSAError? {
         let code = failureCode.load(ordering: .acquiring)
         guard code != 0 else { return nil }
-        let call = failedInWrite.load(ordering: .relaxed) ? "snd_pcm_writei" : "snd_pcm_recover"
+        let call = Self.failureCalls[failedCall.load(ordering: .relaxed)]
         return handle.error(call: call, code: Int32(truncatingIfNeeded: code))
     }
 
-    /// The real-time loop. No allocation, locks, logging or Foundation below this line (the renderer promises
-    /// the same).
+    /// The real-time loop. No allocation, locks, logging or Foundation below this line (the renderer and its input
+    /// promise the same).
     func run(renderer: any AudioRenderer) {
         let period = handle.periodFrames
         let channels = handle.format.channels
+        let rate = Double(handle.format.sampleRate)
         let output = UnsafeMutableBufferPointer(start: block, count: period * channels)
 
         var silence = prefillFrames
@@ -126,14 +138,65 @@ final class PlaybackLoop: @unchecked Sendable {  // `block` is used only by the 
             silence -= frames
         }
 
+        let input = renderer.input
+        var inputOpen = input != nil
+        var schedule = RenderSchedule(configuration: .init(periodFrames: period, bufferFrames: handle.bufferFrames,
+                                                           sampleRate: handle.format.sampleRate))
         while lifecycle.isRunning {
-            let delay = max(handle.delayFrames() ?? 0, 0)
-            counters.delayFrames.store(delay, ordering: .relaxed)
-            let context = RenderContext(frames: period, deviceDelayFrames: delay, nowNanos: MonotonicClock.nowNanos())
-            renderer.render(into: output, context: context)
-            AudioCounters.bump(counters.framesIn, by: period)
-            guard write(frames: period, countingOutput: true) else { return }
+            let room = handle.availableFrames()
+            if room < 0 {
+                guard recover(from: room) else { return }
+                schedule.restart()
+                continue
+            }
+            let now = MonotonicClock.nowNanos()
+            let ready = inputOpen ? renderer.isReady(frames: period) : true
+            switch schedule.next(nowNanos: now, roomFrames: room, hasInput: inputOpen, ready: ready) {
+            case .render(let asOf):
+                // The queue as of the time the block is rendered for (a deadline ahead of now: less of it is left).
+                let ahead = asOf > now ? Int(Double(asOf - now) * rate / 1e9) : 0
+                let delay = max((handle.delayFrames() ?? 0) - ahead, 0)
+                counters.delayFrames.store(delay, ordering: .relaxed)
+                renderer.render(into: output, context: RenderContext(frames: period, deviceDelayFrames: delay, nowNanos: asOf))
+                AudioCounters.bump(counters.framesIn, by: period)
+                guard write(frames: period, countingOutput: true) else { return }
+                schedule.rendered()
+            case .wait(let until, let forDevice):
+                polls.removeAll()
+                let inputSlot = inputOpen ? polls.appendReadable(input!.descriptor) : -1
+                var deviceSlot = -1, deviceSlots = 0
+                if forDevice {
+                    // A device short of its start threshold by less than a period would never start: start it.
+                    if handle.startIfStuck(periodFrames: period) < 0 { continue }
+                    deviceSlot = polls.reserve(handle.pollDescriptorCount) { handle.fillPollDescriptors($0, space: $1) }
+                    deviceSlots = polls.count - deviceSlot
+                }
+                if polls.wait(untilNanos: until) < 0 {
+                    fail(code: -Int(polls.lastError), call: 3)
+                    return
+                }
+                if inputSlot >= 0 {
+                    switch polls.readiness(at: inputSlot) {
+                    case .readable: input!.pump()
+                    case .gone: inputOpen = false   // the input's socket is gone: play on, at the device's pace
+                    case .idle: break
+                    }
+                }
+                if deviceSlots > 0 {
+                    // The jack plugin consumes its wake-up byte here; room is re-read from the device above.
+                    _ = handle.pollEvents(polls.slots(from: deviceSlot), count: deviceSlots)
+                }
+            }
         }
+    }
+
+    /// Recovers from `code` (an xrun: counted). Returns `false` after a fatal error.
+    private func recover(from code: Int) -> Bool {
+        guard PCMHandle.isXrun(code) else { fail(code: code, call: 2); return false }
+        let recovered = handle.recover(from: code)
+        guard recovered >= 0 else { fail(code: Int(recovered), call: 1); return false }
+        counters.xruns.wrappingAdd(1, ordering: .relaxed)
+        return true
     }
 
     /// Writes the first `frames` frames of `block`, recovering from xruns. Returns `false` after a fatal error.
@@ -147,16 +210,17 @@ final class PlaybackLoop: @unchecked Sendable {  // `block` is used only by the 
                 if countingOutput { AudioCounters.bump(counters.framesOut, by: written) }
                 continue
             }
-            guard PCMHandle.isXrun(written) else { fail(code: written, inWrite: true); return false }
+            guard PCMHandle.isXrun(written) else { fail(code: written, call: 0); return false }
             let recovered = handle.recover(from: written)
-            guard recovered >= 0 else { fail(code: Int(recovered), inWrite: false); return false }
+            guard recovered >= 0 else { fail(code: Int(recovered), call: 1); return false }
             counters.xruns.wrappingAdd(1, ordering: .relaxed)
         }
         return true
     }
 
-    private func fail(code: Int, inWrite: Bool) {
-        failedInWrite.store(inWrite, ordering: .relaxed)
+    /// Records the fatal `code` of the call at `failureCalls[call]`.
+    private func fail(code: Int, call: Int) {
+        failedCall.store(call, ordering: .relaxed)
         failureCode.store(code, ordering: .releasing)
     }
 }

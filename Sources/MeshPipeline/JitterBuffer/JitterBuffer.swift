@@ -11,7 +11,11 @@ import MeshAudio
 /// - Ordering: packets land at their frame index, so reordering is free. A packet any part of which is behind
 ///   the playout point is dropped as `late` (even a late copy of a packet already played); one whose frames
 ///   are all present already is a `duplicate`. A 1024-entry sequence bitmap keeps late copies out of the loss
-///   count.
+///   count. One exception, a *late resume*: the packet that continues the stream exactly where the newest one
+///   ended, less than a render block + packet behind (the stream stalled, or its timeline moved a little later:
+///   its frames were concealed at the newest end), moves the playout point back to it and plays — the concealment
+///   becomes a stretch (`stretchedFrames`, `lateResumes`) that the latency corrector may give back — instead of
+///   dropping it and every packet after it that would be late the same way.
 /// - Startup: the first packet sets the playout point at its first frame (a burst beyond the target drops the
 ///   oldest frames before the start); output stays silent (`.silent` marks, so that after a resync the concealer
 ///   fades out what was playing) until the buffered latency reaches the target — playback starts inside the read at the exact frame where it does —
@@ -111,6 +115,9 @@ public struct JitterBuffer {
         public var skippedFrames: UInt64 = 0
         /// Stream restarts (host restarted, huge index jump).
         public var resyncs: UInt64 = 0
+        /// Late packets that continued the stream where it had run dry, played after the playout point moved back
+        /// to them (their frames had been concealed: that concealment counts as a stretch).
+        public var lateResumes: UInt64 = 0
         /// Frames that left the buffer (played, lost or skipped — everything the playout point passed).
         public var playedFrames: UInt64 = 0
         public init() {}
@@ -208,6 +215,13 @@ public struct JitterBuffer {
                               targetFrames: target.frames, isPlaying: isPlaying)
     }
 
+    /// Whether a read of `count` frames now would find every one of them (or has nothing to conceal: idle or
+    /// priming). A sink that serves the network input itself waits for this before it renders.
+    public func holdsNext(_ count: Int) -> Bool {
+        guard case .playing(let cursor) = state else { return true }
+        return frames.holdsAll(first: cursor.playout, count: count)
+    }
+
     /// Buffered latency in frames at `nowNanos` (see the type's doc); 0 when idle.
     public func latencyFrames(nowNanos: UInt64) -> Double {
         guard let cursor else { return 0 }
@@ -267,7 +281,16 @@ public struct JitterBuffer {
         let newSequence = losses.noteSequence(h.sequence)
         let arrived = newSequence && !packet.concealed
         if arrived { noteTransit(packet) }
-        if Int64(bitPattern: cursor.playout &- f) > 0 {
+        let lateBy = Int64(bitPattern: cursor.playout &- f)
+        if lateBy > 0, case .playing = state, arrived, f == cursor.newestEnd, lateBy <= Int64(blockFrames + max(maxPacketFrames, n)) {
+            // A late resume: the stream ran dry and this packet continues it. Play it: back to its first frame.
+            cursor.playout = f
+            updateCursor(cursor)
+            counters.lateResumes &+= 1
+            counters.stretchedFrames &+= UInt64(lateBy)
+            corrector.noteStretch(frames: Double(lateBy))
+            crossfades.noteStretch()
+        } else if lateBy > 0 {
             // Behind the playout point: too late (a late copy of a packet already received is not unique).
             counters.late &+= 1
             // A run of late packets is no isolated outlier (the delay stepped up): cover all of it at once.

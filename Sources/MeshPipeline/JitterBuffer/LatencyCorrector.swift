@@ -83,6 +83,9 @@ struct LatencyCorrector {
         startupUntilNanos = nanos &+ UInt64(LatencyTarget.startupSeconds * 1e9)
     }
 
+    /// The buffer stretched by `frames` frames on its own (a late resume): latency it may give back.
+    mutating func noteStretch(frames: Double) { returnableFrames += frames }
+
     /// The target moved from `old` to `new` frames: a fall is latency the buffer may give back, a rise takes that
     /// back (the stretch that follows it adds it again), so a target that wobbles accrues nothing.
     mutating func noteTarget(from old: Double, to new: Double) {

@@ -76,6 +76,12 @@ public final class DriftResampler {
     /// The resampler's current consumption ratio (input frames per output frame).
     public var ratio: Double { resampler.ratio }
 
+    /// Stream-rate frames the next `render` of `frames` frames will pull from upstream (beyond the FIFO).
+    public func upstreamFramesNeeded(forOutput frames: Int) -> Int {
+        let want = isResampling ? Int((Double(frames) * resampler.ratio).rounded(.up)) + 2 : frames
+        return max(0, want - fifoFrames)
+    }
+
     /// Renders `frames` frames at `nowNanos` into `output` (interleaved): first applies the drift controller's
     /// `steering` (the resampler joins the chain when it engages; the correction sets the ratio), then plays the
     /// FIFO out, topping it up from the `upstream` stage — with blocks whose `downstreamFrames` is what is queued

@@ -55,6 +55,17 @@ struct DatagramRouter: Sendable {
         /// Smoothed RTT in nanoseconds (RFC 6298's 7/8 filter), nil before the first pong.
         fileprivate(set) var smoothedRTT: Nanos?
 
+        /// A route for `link`, up since `now`: datagrams from `peer`'s host are judged for it, answers go to `remote`
+        /// (which follows the source of authentic datagrams when `latches`), with `remoteToken` on them.
+        init(link: LinkID, peer: PeerID, remote: SocketAddress, remoteToken: UInt64, latches: Bool, now: Nanos) {
+            self.link = link
+            self.peer = peer
+            self.remote = remote
+            self.remoteToken = remoteToken
+            self.latches = latches
+            lastProof = now
+        }
+
         fileprivate mutating func latch(to address: SocketAddress) -> Bool {
             guard latches, address != remote else { return false }
             remote = address
@@ -106,7 +117,7 @@ struct DatagramRouter: Sendable {
                           latches: Bool, now: Nanos) {
         precondition(routes[localToken] == nil, "local tokens are unique per session")
         routes[localToken] = Route(link: link, peer: peer, remote: remote, remoteToken: remoteToken, latches: latches,
-                                   lastProof: now)
+                                   now: now)
         tokenByLink[link] = localToken
     }
 
@@ -124,33 +135,43 @@ struct DatagramRouter: Sendable {
     /// token and source match a route, and before anything about the route changes.
     mutating func received(_ header: DatagramHeader, from source: SocketAddress, now: Nanos,
                            open: (LinkID) -> Result<DatagramBody, DatagramDrop>) -> (Verdict, Effects) {
-        guard let i = routes.index(forKey: header.token), routes.values[i].remote.sameHost(as: source) else {
-            return (.drop(.stranger), Effects())
-        }
+        guard let i = routes.index(forKey: header.token) else { return (.drop(.stranger), Effects()) }
+        return routes.values[i].received(header, from: source, now: now, open: open)
+    }
+}
+
+extension DatagramRouter.Route {
+    /// Judges one datagram that carries this route's token (steps 1–5 of `DatagramRouter`, from the source check
+    /// on). The table lookup is the caller's: `DatagramRouter`, or a session's published route table, whose routes
+    /// the one thread that reads datagrams mutates in place.
+    mutating func received(_ header: DatagramHeader, from source: SocketAddress, now: Nanos,
+                           open: (LinkID) -> Result<DatagramBody, DatagramDrop>)
+        -> (DatagramRouter.Verdict, DatagramRouter.Effects)
+    {
+        guard remote.sameHost(as: source) else { return (.drop(.stranger), DatagramRouter.Effects()) }
         let body: DatagramBody
-        switch open(routes.values[i].link) {
+        switch open(link) {
         case .success(let b): body = b
-        case .failure(let why): return (.drop(why), Effects())
+        case .failure(let why): return (.drop(why), DatagramRouter.Effects())
         }
-        guard routes.values[i].replay.accept(header.sequence) else { return (.drop(.duplicate), Effects()) }
-        var effects = Effects()
-        effects.latched = routes.values[i].latch(to: source)
-        if now &- routes.values[i].lastProof > Self.proofInterval || now < routes.values[i].lastProof {
-            routes.values[i].lastProof = now
-            effects.proofOfLife = routes.values[i].link
+        guard replay.accept(header.sequence) else { return (.drop(.duplicate), DatagramRouter.Effects()) }
+        var effects = DatagramRouter.Effects()
+        effects.latched = latch(to: source)
+        if now &- lastProof > DatagramRouter.proofInterval || now < lastProof {
+            lastProof = now
+            effects.proofOfLife = link
         }
-        let route = routes.values[i]
         switch body {
         case .data:
-            return (.deliver(route.peer), effects)
+            return (.deliver(peer), effects)
         case .ping:
-            return (.answerPing(to: route.remote, token: route.remoteToken, link: route.link), effects)
+            return (.answerPing(to: remote, token: remoteToken, link: link), effects)
         case .pong(let sent):
             guard sent <= now else { return (.ignoredPong, effects) }
             let sample = now - sent
-            let smoothed = route.smoothedRTT.map { ($0 * 7 + sample) / 8 } ?? sample
-            routes.values[i].smoothedRTT = smoothed
-            return (.measured(link: route.link, sample: sample, smoothed: smoothed), effects)
+            let smoothed = smoothedRTT.map { ($0 * 7 + sample) / 8 } ?? sample
+            smoothedRTT = smoothed
+            return (.measured(link: link, sample: sample, smoothed: smoothed), effects)
         }
     }
 }

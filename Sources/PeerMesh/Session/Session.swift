@@ -115,6 +115,15 @@ public final class Session: Sendable {
         case star
     }
 
+    /// Which thread datagrams reach the app on.
+    public enum DatagramDelivery: Sendable, Equatable {
+        /// The delegate's `didReceiveDatagram…`, on the session's I/O thread (as in MC; the default).
+        case delegate
+        /// A `DatagramReader` the app reads on a thread of its own (`Session.datagramReader`): the session's I/O
+        /// thread no longer wakes for datagrams.
+        case reader
+    }
+
     /// Limits, timing and topology.
     public struct Configuration: Sendable {
         /// Peers in the session, ourselves included (MC's default is 8).
@@ -142,6 +151,8 @@ public final class Session: Sendable {
         public var maximumResourceSize: UInt64 = 1 << 36
         /// `.mesh` (default) or `.star`. A session without encryption is always a star (introductions pin keys).
         public var topology: Topology = .mesh
+        /// `.delegate` (default) or `.reader`: see `DatagramDelivery`.
+        public var datagramDelivery: DatagramDelivery = .delegate
         /// Tests only: introduced members skip the direct connection and call through the introducer at once.
         var relaysIntroductions = false
 
@@ -239,6 +250,9 @@ public final class Session: Sendable {
 
     /// The UDP port datagrams arrive on.
     public var udpPort: UInt16 { core.udpPort }
+
+    /// Where the app reads datagrams when the session was made with `datagramDelivery: .reader` (nil otherwise).
+    public var datagramReader: DatagramReader? { core.reader }
 
     /// A snapshot of the traffic counters.
     public var statistics: SessionStatistics { core.counters.load() }

@@ -14,10 +14,13 @@ extension AtomicRecord where Value == SessionStatistics {
     }
 }
 
-/// Per-link numbers shared by the senders and the loop: the next datagram sequence number and the smoothed RTT.
+/// Per-link numbers shared by the senders, the datagram reader and the loop: the next datagram sequence number, the
+/// smoothed RTT, and when the peer's datagrams last proved it alive (the loop feeds that to the state machine).
 final class LinkCounters: Sendable {
     let nextSequence = Atomic<UInt64>(1)
     let smoothedRTT = Atomic<UInt64>(0)
+    /// Monotonic time of the latest proof of life from a datagram (0: none yet).
+    let lastHeard = Atomic<UInt64>(0)
 
     /// Takes the next sequence number.
     @inline(__always)
@@ -37,13 +40,29 @@ struct SendRoute: Sendable {
 /// Sequence numbers never wrap: past this a link refuses to send (reconnect to get fresh keys).
 let maximumDatagramSequence: UInt64 = 1 << 62
 
+/// What the loop keeps of a connected link's datagram route, for sending and pinging (the reading thread judges
+/// arrivals with its own copy, in the `LinkReceiver`).
+struct LoopRoute {
+    let peer: PeerID
+    /// The token the peer puts on datagrams to us.
+    let localToken: UInt64
+    /// Where datagrams to the peer go (the invitee follows latches).
+    var remote: SocketAddress
+    /// The token the peer wants on datagrams to it.
+    let remoteToken: UInt64
+    /// The link's counters and keys, shared with the reading thread.
+    let receiver: LinkReceiver
+}
+
 /// The driver of a `Session`: owns its UDP socket and connections on the process's event loop, feeds the pure
-/// `SessionStateMachine` (control) and `DatagramRouter` (datagrams), and performs their actions.
+/// `SessionStateMachine` (control) and, through its `DatagramPath`, each link's `DatagramRouter.Route`
+/// (datagrams), and performs their actions.
 ///
-/// Threads: everything that reads sockets runs on the loop. App threads (send, invite, disconnect) decide under
-/// the `shared` lock and hand the resulting actions to the loop; datagram senders read the send table (one short
-/// lock per call, never per datagram received) and write to the socket themselves. Delegate calls happen on
-/// the loop, in order, after every lock is released.
+/// Threads: the connections are read on the loop, and so is the UDP socket unless the app reads it through a
+/// `DatagramReader` (`.reader` delivery). App threads (send, invite, disconnect) decide under the `shared` lock and
+/// hand the resulting actions to the loop; datagram senders read the send table (a lock-free snapshot) and write to
+/// the socket themselves; the datagram reader reads the route table (another). Delegate calls happen on the loop, in
+/// order, after every lock is released.
 final class SessionCore: Sendable {
     /// What the app threads and the loop share, under one lock.
     struct Shared: Sendable {
@@ -62,13 +81,12 @@ final class SessionCore: Sendable {
         var admitting: [[UInt8]: Int] = [:]
         /// Those invitations' connections, held paused until the app answers: shutdown closes them too.
         var judged: [ObjectIdentifier: Connection] = [:]
-        /// Datagram keys of encrypted links, by link: ours to seal, the peer's to open.
-        var datagramKeys: [LinkID: (send: SecretKey, receive: SecretKey)] = [:]
-        var router = DatagramRouter()
-        var counters: [LinkID: LinkCounters] = [:]
+        /// Connected links' datagram routes, by link (what the route table and the send table are built from).
+        var routes: [LinkID: LoopRoute] = [:]
         var failureDetail: [LinkID: String] = [:]
         /// A better reason than the state machine's for a link's failure (our own certificate check said no).
         var failureReason: [LinkID: DeclineReason] = [:]
+        /// The UDP socket (`.delegate` delivery) or the reader's latch wake-up (`.reader`), as watched by the loop.
         var udpRegistration: EventLoop.Registration?
         var timer = DeadlineTimer()
         var nextPing: Nanos = 0
@@ -94,6 +112,11 @@ final class SessionCore: Sendable {
     let loop: EventLoop
     let udp: FileDescriptor
     let udpPort: UInt16
+    /// Reads and routes the UDP socket's datagrams (on the loop, or on the app's reader thread).
+    let datagrams: DatagramPath
+    /// The app's reader (`.reader` delivery), and what it wakes the loop with when a route latched.
+    let reader: DatagramReader?
+    private let latchWaker: Waker?
     let heartbeat: Nanos
     let peerTimeout: Nanos
     /// Tests only: see `Session.Configuration.relaysIntroductions`.
@@ -113,8 +136,8 @@ final class SessionCore: Sendable {
     let io: LoopBound<IO>
     /// Where incoming resources are written (each in a directory of its own).
     let resourceDirectory: String
-    /// Connected peers' send routes (a peer with two links uses its oldest).
-    private let sendTable = Mutex<[PeerID: SendRoute]>([:])
+    /// Connected peers' send routes (a peer with two links uses its oldest), read by senders without a lock.
+    private let sendTable = SnapshotCell<SendTable>(SendTable([:]))
     /// Peers connected only through a relay pipe (no UDP path): their datagrams go on the connection.
     private let relayedTable = Mutex<[PeerID: LinkID]>([:])
 
@@ -144,9 +167,13 @@ final class SessionCore: Sendable {
             loop = try EventLoop.shared()
             udp = try FileDescriptor.udpSocket(bind)
             udpPort = try udp.localAddress().port
+            latchWaker = c.datagramDelivery == .reader ? try Waker() : nil
         } catch {
             throw .transport(error.description)
         }
+        let path = DatagramPath(udp: udp, counters: counters)
+        datagrams = path
+        reader = latchWaker.map { DatagramReader(path: path, latchWaker: $0) }
         let machine = SessionStateMachine(configuration: .init(localPeer: peer, maximumPeers: c.maximumPeers,
                                                                peerTimeout: timeout, heartbeatInterval: beat))
         shared = Mutex(Shared(machine: machine))
@@ -164,10 +191,19 @@ final class SessionCore: Sendable {
                                     maximumFrameLength: max(maximumMessageSize + 1, ResourceFrame.maximumFrameLength))
     }
 
-    /// Starts reading the UDP socket.
+    /// Starts reading the UDP socket (or, when the app reads it, watching for the routes its reader latched).
     func start() {
         loop.execute { [self] in
-            io.value.udpRegistration = loop.register(fd: udp.fd, interest: .readable) { [unowned self] _ in readDatagrams() }
+            if let latchWaker {
+                io.value.udpRegistration = loop.register(fd: latchWaker.fd, interest: .readable) { [unowned self] _ in
+                    latchWaker.drain()
+                    var moved = false
+                    while let (link, address) = datagrams.latches.pop() { moved = latch(link, to: address) || moved }
+                    if moved { publishSendTable() }
+                }
+            } else {
+                io.value.udpRegistration = loop.register(fd: udp.fd, interest: .readable) { [unowned self] _ in readDatagrams() }
+            }
         }
     }
 
@@ -188,6 +224,8 @@ final class SessionCore: Sendable {
             for c in io.value.judged.values { c.close() }
             io.value.judged.removeAll()
             closeRelayEnds()
+            io.value.routes.removeAll()
+            publishRoutes()
             udp.close()
         }
     }
@@ -418,7 +456,13 @@ final class SessionCore: Sendable {
     /// yet) is skipped, and named in the error thrown after the others were sent to: one peer's departure never
     /// costs the rest their audio.
     func sendDatagram(_ payload: UnsafeRawBufferPointer, to peers: [PeerID]) throws(PeerMeshError) {
-        let table = sendTable.withLock { $0 }
+        let missing = sendTable.withCurrent { sendDatagram(payload, to: peers, table: $0?.routes ?? [:]) }
+        if let missing { throw .notConnected("send: peer \(missing) is not connected; the datagram went to the others") }
+    }
+
+    /// Seals and sends `payload` to each of `peers` found in `table` (or on its relayed link); returns one that is
+    /// not connected, if any.
+    private func sendDatagram(_ payload: UnsafeRawBufferPointer, to peers: [PeerID], table: [PeerID: SendRoute]) -> PeerID? {
         var missing: PeerID?
         // No heap allocation: each datagram is assembled (and sealed, on an encrypted link) in stack space.
         let size = DatagramHeader.size + payload.count + Sodium.tagSize
@@ -437,7 +481,7 @@ final class SessionCore: Sendable {
         }
         counters.add(sent, to: \.datagramsSent)
         if failed > 0 { counters.add(failed, to: \.datagramsNotSent) }
-        if let missing { throw .notConnected("send: peer \(missing) is not connected; the datagram went to the others") }
+        return missing
     }
 
     /// Sends a datagram to a peer reached only through a relay pipe: on its connection (sealed end to end by the
@@ -473,8 +517,7 @@ final class SessionCore: Sendable {
 
     /// The smoothed RTT to `peer`, in nanoseconds.
     func roundTripTime(to peer: PeerID) -> Nanos? {
-        guard let r = sendTable.withLock({ $0[peer] }) else { return nil }
-        let v = r.counters.smoothedRTT.load(ordering: .relaxed)
+        let v = sendTable.withCurrent { $0?.routes[peer]?.counters.smoothedRTT.load(ordering: .relaxed) } ?? 0
         return v == 0 ? nil : v
     }
 
@@ -569,11 +612,13 @@ final class SessionCore: Sendable {
                 // Port 0 means "the port you reached me on".
                 remote.port = port == 0 ? (c.remote?.port ?? remote.port) : port
                 let now = MonotonicClock.nowNanos()
-                io.value.router.routeUp(link: l, peer: p, localToken: local, remoteToken: token, remote: remote,
-                                        latches: !c.isOutgoing, now: now)
                 let lc = LinkCounters()
-                io.value.counters[l] = lc
-                io.value.datagramKeys[l] = c.datagramKeys
+                let route = DatagramRouter.Route(link: l, peer: p, remote: remote, remoteToken: token,
+                                                 latches: !c.isOutgoing, now: now)
+                precondition(io.value.routes.values.allSatisfy { $0.localToken != local }, "local tokens are unique per session")
+                io.value.routes[l] = LoopRoute(peer: p, localToken: local, remote: remote, remoteToken: token,
+                                               receiver: LinkReceiver(route: route, counters: lc, keys: c.datagramKeys))
+                publishRoutes()
                 // Senders see the route before any delegate hears "connected" (which may send at once).
                 publishSendTable()
                 // The inviter learns last that the link is up: it pings at once, so the far side latches its
@@ -589,25 +634,37 @@ final class SessionCore: Sendable {
                 receivedRelay(frame, on: l, from: p)
             case .linkDown(let l):
                 relayedTable.withLock { t in t = t.filter { $0.value != l } }
-                io.value.router.routeDown(link: l)
-                io.value.counters[l] = nil
-                io.value.datagramKeys[l] = nil
+                if io.value.routes.removeValue(forKey: l) != nil { publishRoutes() }
                 publishSendTable()
             }
         }
         armTimer()
     }
 
-    /// Rebuilds the senders' table from the router's routes: each peer's oldest connected link.
+    /// Rebuilds the senders' table from the links' routes: each peer's oldest connected link.
     private func publishSendTable() {
         var table: [PeerID: SendRoute] = [:]
-        for route in io.value.router.all.values {
-            guard let lc = io.value.counters[route.link] else { continue }
-            if let existing = table[route.peer], existing.link < route.link { continue }
-            table[route.peer] = SendRoute(link: route.link, remote: route.remote, remoteToken: route.remoteToken, counters: lc,
-                                          key: io.value.datagramKeys[route.link]?.send)
+        for (link, route) in io.value.routes {
+            if let existing = table[route.peer], existing.link < link { continue }
+            table[route.peer] = SendRoute(link: link, remote: route.remote, remoteToken: route.remoteToken,
+                                          counters: route.receiver.counters, key: route.receiver.keys?.send)
         }
-        sendTable.withLock { $0 = table }
+        sendTable.replace(with: SendTable(table))
+    }
+
+    /// Publishes the table datagrams are judged against (the old one is released here, once no reader is in it).
+    private func publishRoutes() {
+        var table: [UInt64: LinkReceiver] = [:]
+        for route in io.value.routes.values { table[route.localToken] = route.receiver }
+        datagrams.routes.replace(with: RouteTable(table))
+    }
+
+    /// `link`'s peer now sends from `address` (an invitee follows the inviter's source port): answers go there.
+    /// Returns whether the route moved (the caller republishes the send table).
+    private func latch(_ link: LinkID, to address: SocketAddress) -> Bool {
+        guard io.value.routes[link] != nil, io.value.routes[link]?.remote != address else { return false }
+        io.value.routes[link]?.remote = address
+        return true
     }
 
     // MARK: Loop: timers
@@ -616,20 +673,24 @@ final class SessionCore: Sendable {
     private func armTimer() {
         let machineDeadline = shared.withLock { $0.machine.nextDeadline() }
         var next = machineDeadline ?? .max
-        if !io.value.router.all.isEmpty { next = min(next, io.value.nextPing) }
+        if !io.value.routes.isEmpty { next = min(next, io.value.nextPing) }
         io.value.timer.arm(next, on: loop) { [weak self] in self?.timerFired() }
     }
 
     private func timerFired() {
         io.value.timer.fired()
         let now = MonotonicClock.nowNanos()
-        let actions = shared.withLock { $0.machine.tick(now: now) }
+        // Datagrams' proofs of life, noted by whichever thread read them, reach the state machine before it judges.
+        let heard = io.value.routes.map { ($0.key, $0.value.receiver.counters.lastHeard.load(ordering: .relaxed)) }
+        let actions = shared.withLock { s -> [SessionStateMachine.Action] in
+            for (link, at) in heard where at != 0 { s.machine.heardDatagram(on: link, now: at) }
+            return s.machine.tick(now: now)
+        }
         if now >= io.value.nextPing {
             io.value.nextPing = now + heartbeat
-            for route in io.value.router.all.values {
-                guard let lc = io.value.counters[route.link] else { continue }
-                sendPing(to: route.remote, token: route.remoteToken, counters: lc,
-                         key: io.value.datagramKeys[route.link]?.send, now: now)
+            for route in io.value.routes.values {
+                sendPing(to: route.remote, token: route.remoteToken, counters: route.receiver.counters,
+                         key: route.receiver.keys?.send, now: now)
             }
         }
         perform(actions)
@@ -639,81 +700,28 @@ final class SessionCore: Sendable {
     // MARK: Loop: datagrams
 
     private func sendPing(to address: SocketAddress, token: UInt64, counters lc: LinkCounters, key: SecretKey?, now: Nanos) {
-        sendControlDatagram(.ping, token: token, sequence: lc.takeSequence(), key: key, timestamp: now, to: address)
+        datagrams.sendControl(.ping, token: token, counters: lc, key: key, timestamp: now, to: address)
     }
 
-    private func sendControlDatagram(_ kind: DatagramHeader.Kind, token: UInt64, sequence: UInt64, key: SecretKey?,
-                                     timestamp: UInt64, to address: SocketAddress) {
-        guard sequence < maximumDatagramSequence else { return }
-        var stamp = timestamp.bigEndian
-        withUnsafeBytes(of: &stamp) { payload in
-            withUnsafeTemporaryAllocation(byteCount: DatagramHeader.size + 8 + Sodium.tagSize, alignment: 16) { buf in
-                let n = Self.seal(payload, kind: kind, token: token, sequence: sequence, key: key, into: buf)
-                _ = udp.send(UnsafeRawBufferPointer(rebasing: buf[..<n]), to: address)
-            }
-        }
-    }
-
+    /// The loop's turn at the UDP socket (`.delegate` delivery): datagrams go to the delegate.
     private func readDatagrams() {
         // One load of the (weak) session and delegate for the whole batch.
         let receiver = (owner.withLock { $0.value }, delegate.withLock { $0.value })
-        let buffer = loop.readBuffer
-        var latched = false
+        var moved = false
         // Bounded so a flood cannot starve the control connections and timers.
-        for _ in 0..<256 {
-            guard let (n, source) = udp.receive(into: buffer) else { break }
-            guard let source else { counters.add(to: \.malformedDatagrams); continue }
-            latched = handleDatagram(UnsafeMutableRawBufferPointer(rebasing: buffer[..<n]), from: source, receiver: receiver) || latched
-        }
-        if latched { publishSendTable() }
+        _ = datagrams.read(into: loop.readBuffer, maximum: 256, deliver: { payload, peer in
+            if let s = receiver.0, let d = receiver.1 { d.session(s, didReceiveDatagramBytes: payload, fromPeer: peer) }
+        }, latched: { link, address in
+            moved = latch(link, to: address) || moved
+        })
+        if moved { publishSendTable() }
     }
+}
 
-    /// Routes one datagram and acts on the verdict. Returns whether a route latched onto a new address.
-    private func handleDatagram(_ d: UnsafeMutableRawBufferPointer, from source: SocketAddress,
-                                receiver: (Session?, (any SessionDelegate)?)) -> Bool {
-        guard case .success(let header) = DatagramHeader.decode(UnsafeRawBufferPointer(d)) else {
-            counters.add(to: \.malformedDatagrams)
-            return false
-        }
-        let now = MonotonicClock.nowNanos()
-        var payload = UnsafeRawBufferPointer(rebasing: d[DatagramHeader.size...])
-        let keys = io.value.datagramKeys
-        let (verdict, effects) = io.value.router.received(header, from: source, now: now) { link in
-            // An encrypted link's datagram is opened in place; only then is its body believed.
-            if let key = keys[link]?.receive {
-                let body = UnsafeMutableRawBufferPointer(rebasing: d[DatagramHeader.size...])
-                guard let n = Sodium.open(key: key, counter: header.sequence,
-                                          ad: UnsafeRawBufferPointer(rebasing: d[..<DatagramHeader.size]),
-                                          ciphertext: UnsafeRawBufferPointer(body), into: body)
-                else { return .failure(.unauthentic) }
-                payload = UnsafeRawBufferPointer(rebasing: body[..<n])
-            }
-            return DatagramBody.parse(kind: header.kind, payload: payload)
-        }
-        if let link = effects.proofOfLife {
-            shared.withLock { $0.machine.heardDatagram(on: link, now: now) }
-        }
-        switch verdict {
-        case .drop(let why):
-            counters.count(why)
-        case .deliver(let peer):
-            counters.add(to: \.datagramsReceived)
-            if let s = receiver.0, let del = receiver.1 {
-                del.session(s, didReceiveDatagramBytes: payload, fromPeer: peer)
-            }
-        case .answerPing(let address, let token, let link):
-            if let lc = io.value.counters[link] {
-                let echo = UInt64(bigEndian: payload.loadUnaligned(as: UInt64.self))
-                sendControlDatagram(.pong, token: token, sequence: lc.takeSequence(), key: keys[link]?.send,
-                                    timestamp: echo, to: address)
-            }
-        case .measured(let link, _, let smoothed):
-            io.value.counters[link]?.smoothedRTT.store(smoothed, ordering: .relaxed)
-        case .ignoredPong:
-            break
-        }
-        return effects.latched
-    }
+/// The senders' table: connected peers' send routes, published whole (`SnapshotCell`) whenever a route changes.
+final class SendTable: Sendable {
+    let routes: [PeerID: SendRoute]
+    init(_ routes: [PeerID: SendRoute]) { self.routes = routes }
 }
 
 extension DatagramBody {

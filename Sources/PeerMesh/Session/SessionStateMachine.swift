@@ -214,9 +214,10 @@ struct SessionStateMachine: Sendable {
         }
     }
 
-    /// A datagram from the peer on `link` proves it is alive.
+    /// A datagram from the peer on `link`, read at `now`, proves it is alive (a proof older than what the link last
+    /// heard changes nothing: datagrams' proofs reach the machine in batches).
     mutating func heardDatagram(on link: LinkID, now: Nanos) {
-        if case .connected(let peer, _, let next) = links[link] {
+        if case .connected(let peer, let last, let next) = links[link], now > last {
             links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
         }
     }

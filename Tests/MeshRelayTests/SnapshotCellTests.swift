@@ -2,12 +2,12 @@ import Foundation
 import MeshAudio
 import MeshPipeline
 import Synchronization
+import MeshPOSIX
 import Testing
-@testable import MeshRelay
 
-/// The lock-free hand-over of the player's pipeline between the control queue and the datagram path.
-@Suite("Current pipeline hand-over")
-struct CurrentPipelineTests {
+/// The lock-free hand-over (`SnapshotCell`) of the player's pipeline between the control queue and the datagram path.
+@Suite("Snapshot cell: the current pipeline's hand-over")
+struct SnapshotCellTests {
     /// A sink that plays nowhere.
     final class NullSink: AudioSink, Sendable {
         let format: AudioFormat
@@ -23,7 +23,7 @@ struct CurrentPipelineTests {
     }
 
     @Test func replaceHandsBackThePipelineItReplaces() throws {
-        let slot = CurrentPipeline()
+        let slot = SnapshotCell<PlayoutPipeline>()
         #expect(slot.withCurrent { $0 == nil })
         let first = try Self.pipeline()
         #expect(slot.replace(with: first) == nil)
@@ -35,7 +35,7 @@ struct CurrentPipelineTests {
     }
 
     @Test func readersNeverSeeAReleasedPipeline() throws {
-        let slot = CurrentPipeline()
+        let slot = SnapshotCell<PlayoutPipeline>()
         let stop = Atomic<Bool>(false)
         let reads = Atomic<Int>(0)
         let datagram = try AudioPacket.encode(AudioPacketHeader(sequence: 0, firstFrameIndex: 0, frameCount: 4, format: .default),

@@ -1,0 +1,193 @@
+import Foundation
+import Synchronization
+import Testing
+import MeshPOSIX
+import MeshTestSupport
+@testable import PeerMesh
+
+/// A thread of the app's that serves a session's `DatagramReader`, as mesh-play's playback thread does: it waits on
+/// the reader's descriptor and reads what arrives.
+private final class ReaderThread: Sendable {
+    let received = Mutex<[(PeerID, Data)]>([])
+    private let running = Atomic<Bool>(true)
+    private let done = WakeSignal()
+
+    init(_ reader: DatagramReader) {
+        Thread { [self] in
+            let polls = PollSet(capacity: 1)
+            while running.load(ordering: .acquiring) {
+                polls.removeAll()
+                polls.appendReadable(reader.descriptor)
+                _ = polls.wait(untilNanos: MonotonicClock.nowNanos() + 20_000_000)
+                reader.read { bytes, peer in received.withLock { $0.append((peer, Data(bytes))) } }
+            }
+            done.signal()
+        }.start()
+    }
+
+    var count: Int { received.withLock { $0.count } }
+
+    func stop() {
+        running.store(false, ordering: .releasing)
+        done.wait()
+    }
+}
+
+private func readerConfiguration(peerTimeout: Duration = .seconds(2)) -> Session.Configuration {
+    var c = Session.Configuration(peerTimeout: peerTimeout)
+    c.datagramDelivery = .reader
+    return c
+}
+
+/// Datagrams read on the app's thread (`Session.Configuration.datagramDelivery = .reader`): the same judgement as the
+/// session's own thread, over real sockets on 127.0.0.1.
+@Suite("Datagram reader: a session's datagrams read on the app's thread", .serialized)
+struct DatagramReaderTests {
+    @Test("Datagrams reach the reader's thread, in full and counted, and never the delegate")
+    func datagramsReachTheReader() throws {
+        let pair = try Pair(guestConfig: readerConfiguration())
+        let reader = try #require(pair.guest.datagramReader)
+        #expect(pair.host.datagramReader == nil, "a session with delegate delivery has no reader")
+        let thread = ReaderThread(reader)
+        defer { thread.stop() }
+        let n = 2_000
+        for i in 0..<n {
+            var d = Data(count: 600)
+            d.withUnsafeMutableBytes { raw in
+                raw.storeBytes(of: UInt32(i).bigEndian, as: UInt32.self)
+                for j in 4..<raw.count { raw[j] = UInt8(truncatingIfNeeded: i &+ j) }
+            }
+            try pair.host.send(d, toPeers: [pair.guestPeer], with: .unreliable)
+            if i % 100 == 99 { _ = eventually(2) { thread.count + 400 >= i + 1 } }
+        }
+        #expect(eventually(5) { thread.count >= n }, "read \(thread.count) of \(n)")
+        let got = thread.received.withLock { $0 }
+        #expect(got.allSatisfy { $0.0 == pair.hostPeer })
+        let indices = got.map { $0.1.withUnsafeBytes { UInt32(bigEndian: $0.loadUnaligned(as: UInt32.self)) } }
+        #expect(Set(indices).count == got.count, "no duplicates")
+        #expect(got.allSatisfy { (_, d) in
+            let i = d.withUnsafeBytes { Int(UInt32(bigEndian: $0.loadUnaligned(as: UInt32.self))) }
+            return d.count == 600 && d.withUnsafeBytes { raw in (4..<raw.count).allSatisfy { raw[$0] == UInt8(truncatingIfNeeded: i &+ $0) } }
+        }, "every byte as sent")
+        #expect(pair.guest.statistics.datagramsReceived == UInt64(got.count))
+        #expect(pair.guestLog.snapshot.datagrams.isEmpty, "the delegate hears no datagram")
+        // The other direction still goes to the host's delegate.
+        try pair.guest.send(Data("back".utf8), toPeers: [pair.hostPeer], with: .unreliable)
+        #expect(pair.hostLog.wait(3) { $0.datagrams.contains { $0.1 == Data("back".utf8) } })
+    }
+
+    @Test("The reader answers pings and measures round trips: both sides learn their RTT")
+    func pingsAndRoundTrips() throws {
+        let pair = try Pair(hostConfig: .init(peerTimeout: .seconds(1)), guestConfig: readerConfiguration(peerTimeout: .seconds(1)))
+        let thread = ReaderThread(try #require(pair.guest.datagramReader))
+        defer { thread.stop() }
+        // Pings go out every heartbeat (a quarter of the peer timeout); the guest's reader answers the host's and
+        // reads the host's answers to its own.
+        #expect(eventually(3) { pair.host.roundTripTime(to: pair.guestPeer) != nil && pair.guest.roundTripTime(to: pair.hostPeer) != nil })
+        let rtt = try #require(pair.guest.roundTripTime(to: pair.hostPeer))
+        #expect(rtt > .zero && rtt < .milliseconds(200))
+        // Datagram proofs of life and heartbeats keep the link up past several peer timeouts.
+        usleep(2_500_000)
+        #expect(pair.guest.connectedPeers == [pair.hostPeer] && pair.host.connectedPeers == [pair.guestPeer])
+    }
+
+    @Test("Through the reader, replayed, forged and strangers' datagrams are dropped and counted; the stream goes on")
+    func attacksThroughTheReader() throws {
+        let pair = try Pair(guestConfig: readerConfiguration())
+        let thread = ReaderThread(try #require(pair.guest.datagramReader))
+        defer { thread.stop() }
+        let capture = try LoopbackCapture(ports: [pair.guest.udpPort])
+        defer { capture.stop() }
+        for i in 0..<5 { try pair.host.send(Data("frame \(i)".utf8), toPeers: [pair.guestPeer], with: .unreliable) }
+        #expect(eventually(3) { thread.count == 5 })
+        #expect(eventually(3) { capture.datagrams.filter { $0.payload.count > DatagramHeader.size && $0.payload[3] == 1 }.count >= 5 })
+        let real = capture.datagrams.filter { $0.payload[3] == 1 }.prefix(5).map(\.payload)
+        let before = pair.guest.statistics
+        let attacker = try FileDescriptor.udpSocket(SocketAddress(numericHost: "127.0.0.1", port: 0)!)
+        let guestAddress = SocketAddress(numericHost: "127.0.0.1", port: pair.guest.udpPort)!
+        func send(_ bytes: [UInt8]) { _ = bytes.withUnsafeBytes { attacker.send($0, to: guestAddress) } }
+        for d in real { send(d) }                                   // replays
+        var forged = real[0]
+        forged[forged.count - 1] ^= 0x01                            // a flipped tag bit
+        send(forged)
+        var stranger = real[1]
+        for i in 4..<12 { stranger[i] ^= 0x5a }                     // a token of nobody's
+        send(stranger)
+        send([0x50, 0x4d, 0x44])                                    // not a PeerMesh datagram
+        #expect(eventually(3) {
+            let s = pair.guest.statistics
+            return s.duplicateDatagrams - before.duplicateDatagrams == 5 && s.unauthenticDatagrams - before.unauthenticDatagrams == 1
+                && s.strangerDatagrams - before.strangerDatagrams == 1 && s.malformedDatagrams - before.malformedDatagrams == 1
+        }, "\(pair.guest.statistics)")
+        #expect(thread.count == 5, "nothing the attacker sent was read as the host's")
+        try pair.host.send(Data("after".utf8), toPeers: [pair.guestPeer], with: .unreliable)
+        #expect(eventually(3) { thread.received.withLock { $0.contains { $0.1 == Data("after".utf8) } } })
+    }
+
+    @Test("Two threads reading one reader take turns: every datagram is read exactly once")
+    func twoThreadsTakeTurns() throws {
+        let pair = try Pair(guestConfig: readerConfiguration())
+        let reader = try #require(pair.guest.datagramReader)
+        let first = ReaderThread(reader), second = ReaderThread(reader)
+        let n = 3_000
+        for i in 0..<n {
+            try pair.host.send(Data(withUnsafeBytes(of: UInt32(i).bigEndian) { Array($0) }), toPeers: [pair.guestPeer], with: .unreliable)
+            if i % 100 == 99 { _ = eventually(2) { first.count + second.count + 400 >= i + 1 } }
+        }
+        #expect(eventually(5) { first.count + second.count >= n })
+        first.stop()
+        second.stop()
+        let all = first.received.withLock { $0 } + second.received.withLock { $0 }
+        let indices = all.map { $0.1.withUnsafeBytes { UInt32(bigEndian: $0.loadUnaligned(as: UInt32.self)) } }
+        #expect(Set(indices).count == all.count, "no datagram read twice")
+        #expect(UInt64(all.count) == pair.guest.statistics.datagramsReceived)
+    }
+
+    @Test("An invitee that reads on its own thread follows an authentic datagram's new source port (latching)")
+    func latchingThroughTheReader() throws {
+        // The host (the invitee) reads through a reader; the guest's datagrams start coming from another port (a NAT
+        // rebinding). The first authentic one moves where the host answers, and the loop's send table follows.
+        let pair = try Pair(hostConfig: readerConfiguration())
+        let thread = ReaderThread(try #require(pair.host.datagramReader))
+        defer { thread.stop() }
+        try pair.guest.send(Data("first".utf8), toPeers: [pair.hostPeer], with: .unreliable)
+        #expect(eventually(3) { thread.count == 1 })
+        // Seal a datagram as the guest would, and send it from a new socket.
+        let core = pair.guest.core
+        let route = try #require(core.loop.submitAndWait { core.io.value.routes.values.first })
+        let moved = try FileDescriptor.udpSocket(SocketAddress(numericHost: "127.0.0.1", port: 0)!)
+        let hostAddress = SocketAddress(numericHost: "127.0.0.1", port: pair.host.udpPort)!
+        let payload: [UInt8] = Array("from the new port".utf8)
+        var datagram = [UInt8](repeating: 0, count: DatagramHeader.size + payload.count + Sodium.tagSize)
+        let length = payload.withUnsafeBytes { p in
+            datagram.withUnsafeMutableBytes { out in
+                SessionCore.seal(p, kind: .data, token: route.remoteToken, sequence: route.receiver.counters.takeSequence(),
+                                 key: route.receiver.keys?.send, into: out)
+            }
+        }
+        _ = datagram.withUnsafeBytes { moved.send(UnsafeRawBufferPointer(rebasing: $0[..<length]), to: hostAddress) }
+        #expect(eventually(3) { thread.received.withLock { $0.contains { $0.1 == Data(payload) } } })
+        // The host now sends to the new port.
+        var got = false
+        var buffer = [UInt8](repeating: 0, count: 2048)
+        for _ in 0..<100 where !got {
+            try pair.host.send(Data("to the new port".utf8), toPeers: [pair.guestPeer], with: .unreliable)
+            usleep(10_000)
+            while buffer.withUnsafeMutableBytes({ moved.receive(into: $0) }) != nil { got = true }
+        }
+        #expect(got, "the host's datagrams follow the latched address")
+    }
+
+    @Test("After its session shuts down, a reader reads nothing and its descriptor is closed")
+    func aShutSessionsReaderReadsNothing() throws {
+        var guest: Session? = try Session(peer: try PeerID(displayName: "solo"), configuration: readerConfiguration())
+        let reader = try #require(guest?.datagramReader)
+        #expect(reader.descriptor >= 0)
+        guest = nil
+        #expect(reader.read { _, _ in Issue.record("nothing to read") } == 0)
+        let polls = PollSet(capacity: 1)
+        polls.appendReadable(reader.descriptor)
+        _ = polls.wait(untilNanos: MonotonicClock.nowNanos() + 10_000_000)
+        #expect(polls.readiness(at: 0) != .readable)
+    }
+}
