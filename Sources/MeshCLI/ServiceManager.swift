@@ -1,12 +1,27 @@
-// The one file that calls libsystemd (CSystemd): readiness, status and the watchdog of sd_notify(3).
+// The one file that calls libsystemd (CSystemd): readiness, status and the watchdog of sd_notify(3). libsystemd is
+// loaded (dlopen) only when a service manager listens: a CLI run by hand does not map it and the libraries it pulls in.
 import CSystemd
 #if canImport(Glibc)
 import Glibc
 #endif
 import MeshPOSIX
 
+/// libsystemd's two entry points, resolved once.
+private struct LibSystemd: @unchecked Sendable {  // immutable C function pointers into a library that is never unloaded
+    let notify: pm_sd_notify_fn
+    let watchdogEnabled: pm_sd_watchdog_enabled_fn
+
+    /// Loaded on first use under a service manager; nil when libsystemd is not there (nothing is sent then).
+    static let shared: LibSystemd? = {
+        guard let handle = dlopen("libsystemd.so.0", RTLD_NOW | RTLD_LOCAL),
+              let notify = dlsym(handle, "sd_notify"), let watchdog = dlsym(handle, "sd_watchdog_enabled") else { return nil }
+        return LibSystemd(notify: unsafeBitCast(notify, to: pm_sd_notify_fn.self),
+                          watchdogEnabled: unsafeBitCast(watchdog, to: pm_sd_watchdog_enabled_fn.self))
+    }()
+}
+
 /// Talks to the service manager when the CLI runs as a systemd service (`Type=notify`, `WatchdogSec=`). Outside
-/// systemd (no `NOTIFY_SOCKET`) every call does nothing.
+/// systemd (no `NOTIFY_SOCKET`) every call does nothing, and libsystemd is not loaded.
 package enum ServiceManager {
     /// Whether a service manager listens (`NOTIFY_SOCKET` is set).
     package static var isManaged: Bool { getenv("NOTIFY_SOCKET") != nil }
@@ -14,7 +29,8 @@ package enum ServiceManager {
     /// Sends `fields` (`READY=1`, `STATUS=…`, `WATCHDOG=1`, `STOPPING=1`) to the service manager. A failure is
     /// ignored on purpose: a lost notification must not stop the relay.
     package static func notify(_ fields: String) {
-        _ = sd_notify(0, fields)
+        guard isManaged, let lib = LibSystemd.shared else { return }
+        _ = lib.notify(0, fields)
     }
 
     /// Readiness, with a status line people see in `systemctl status`.
@@ -29,8 +45,9 @@ package enum ServiceManager {
 
     /// The interval systemd expects a `WATCHDOG=1` within (`WatchdogSec=`), in nanoseconds, or nil.
     package static var watchdogIntervalNanos: UInt64? {
+        guard isManaged, let lib = LibSystemd.shared else { return nil }
         var usec: UInt64 = 0
-        return sd_watchdog_enabled(0, &usec) > 0 && usec > 0 ? usec * 1_000 : nil
+        return lib.watchdogEnabled(0, &usec) > 0 && usec > 0 ? usec * 1_000 : nil
     }
 
     /// Feeds the watchdog from `loop` (the I/O loop every session runs on), at half the interval systemd asked

@@ -30,12 +30,14 @@ package struct SocketAddress: Hashable, Sendable, CustomStringConvertible {
 
     /// An IPv6 address (normalized to IPv4 when it is IPv4-mapped).
     package init(_ v6: sockaddr_in6) {
-        let b = Self.bytes(of: v6.sin6_addr)
-        if b[0..<10].allSatisfy({ $0 == 0 }) && b[10] == 0xff && b[11] == 0xff {
+        // No array: this runs for every datagram a dual-stack socket receives (real-time threads included).
+        let mapped = withUnsafeBytes(of: v6.sin6_addr) { b in b[0..<10].allSatisfy { $0 == 0 } && b[10] == 0xff && b[11] == 0xff }
+        if mapped {
+            let b = withUnsafeBytes(of: v6.sin6_addr) { ($0[12], $0[13], $0[14], $0[15]) }
             var v4 = sockaddr_in()
             v4.sin_family = sa_family_t(AF_INET)
             v4.sin_port = v6.sin6_port
-            v4.sin_addr.s_addr = UInt32(b[12]) | UInt32(b[13]) << 8 | UInt32(b[14]) << 16 | UInt32(b[15]) << 24
+            v4.sin_addr.s_addr = UInt32(b.0) | UInt32(b.1) << 8 | UInt32(b.2) << 16 | UInt32(b.3) << 24
             raw = .v4(v4)
         } else {
             raw = .v6(v6)
@@ -143,7 +145,8 @@ package struct SocketAddress: Hashable, Sendable, CustomStringConvertible {
         switch (raw, other.raw) {
         case (.v4(let a), .v4(let b)): a.sin_addr.s_addr == b.sin_addr.s_addr
         case (.v6(let a), .v6(let b)):
-            Self.bytes(of: a.sin6_addr) == Self.bytes(of: b.sin6_addr) && a.sin6_scope_id == b.sin6_scope_id
+            a.sin6_scope_id == b.sin6_scope_id
+                && withUnsafeBytes(of: a.sin6_addr) { x in withUnsafeBytes(of: b.sin6_addr) { y in x.elementsEqual(y) } }
         default: false
         }
     }
@@ -210,7 +213,10 @@ package struct SocketAddress: Hashable, Sendable, CustomStringConvertible {
     package static func == (a: SocketAddress, b: SocketAddress) -> Bool { a.sameHost(as: b) && a.port == b.port }
 
     package func hash(into h: inout Hasher) {
-        h.combine(hostBytes)
+        switch raw {
+        case .v4(let a): withUnsafeBytes(of: a.sin_addr) { h.combine(bytes: $0) }
+        case .v6(let a): withUnsafeBytes(of: a.sin6_addr) { h.combine(bytes: $0) }
+        }
         h.combine(port)
         h.combine(scopeID)
     }

@@ -26,8 +26,10 @@ public final class PlayoutPipeline: Sendable {
         public var drift = DriftController.Configuration()
         /// libspeexdsp quality, 0...10.
         public var resamplerQuality = 5
-        /// Packets the network thread can queue ahead of the render thread.
-        public var ringCapacity = 512
+        /// Packets the network end can queue ahead of the render end (nil: 512, or 128 when the sink's own thread
+        /// reads the datagrams (`AudioSink.servesInput`) and takes each batch in before it reads the next: a slot
+        /// holds the largest packet, 2.3 KB, so the smaller ring keeps 0.9 MB out of the player's memory).
+        public var ringCapacity: Int?
         /// Largest block walked through the chain at once (bigger pulls are split).
         public var maximumPeriodFrames = 4096
         public init(mode: JitterBuffer.Mode = .auto) { jitter = JitterBuffer.Configuration(mode: mode) }
@@ -55,7 +57,7 @@ public final class PlayoutPipeline: Sendable {
         self.configuration = configuration
         self.sink = sink
         self.controls = controls
-        let packets = PacketRing(capacity: configuration.ringCapacity)
+        let packets = PacketRing(capacity: configuration.ringCapacity ?? (sink.servesInput ? 128 : 512))
         ingress = PacketIngress(format: format, ring: packets)
         renderer = try PlayoutRenderer(
             format: format,

@@ -416,8 +416,12 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         }
     }
 
+    /// Ticks come every 50 ms while the player searches or joins (retries and backoffs are timed by them), every
+    /// 250 ms once it plays: then they only account concealment and notice a new host format.
     private func scheduleTick() {
-        control.asyncAfter(deadline: .now() + .milliseconds(50)) { [weak self] in
+        let joined: Bool
+        if case .joined = join.withLock({ $0.phase }) { joined = true } else { joined = false }
+        control.asyncAfter(deadline: .now() + .milliseconds(joined ? 250 : 50)) { [weak self] in
             guard let self, self.ticking.load(ordering: .acquiring) else { return }
             self.tick()
             self.scheduleTick()

@@ -31,8 +31,9 @@ public struct RenderSchedule: Sendable {
         public var sampleRate: Int
         /// How long before the device's queue would run dry a block is written at the latest (default 1 ms).
         public var marginNanos: UInt64 = 1_000_000
-        /// Blocks between two re-anchorings of the predicted room times on a device wake-up (default 32).
-        public var resyncBlocks: Int = 32
+        /// Blocks between two re-anchorings of the predicted room times on a device wake-up (default 128: 0.37 s at
+        /// 128 frames and 44.1 kHz, over which a device 100 ppm off the monotonic clock drifts 37 µs).
+        public var resyncBlocks: Int = 128
 
         public init(periodFrames: Int, bufferFrames: Int, sampleRate: Int) {
             self.periodFrames = periodFrames

@@ -1,7 +1,13 @@
 // The one file that calls OpenSSL's libcrypto: the SHA-256 of a whole resource transfer, through EVP (which uses
 // the CPU's SHA extensions where it has them: several times libsodium's portable SHA-256, which is what bounded
 // a transfer's speed). Everything else about keys — the Noise handshake's own SHA-256 included — stays in Sodium.
+//
+// libcrypto is loaded when the first resource is hashed (`dlopen`), not at start: a process that never sends or
+// receives a resource — mesh-record and mesh-play — does not map it (1.4 MB of resident memory each).
 import COpenSSL
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// A libcrypto call that failed, with the library's text (its error queue, drained).
 struct OpenSSLError: Error, CustomStringConvertible, Sendable {
@@ -13,20 +19,59 @@ struct OpenSSLError: Error, CustomStringConvertible, Sendable {
     var description: String { text.isEmpty ? "\(call) failed" : "\(call) failed: \(text)" }
 }
 
+/// libcrypto's entry points, resolved once, when the first hasher is made.
+private struct LibCrypto: @unchecked Sendable {  // immutable C function pointers into a library that is never unloaded
+    let newContext: pm_EVP_MD_CTX_new_fn
+    let freeContext: pm_EVP_MD_CTX_free_fn
+    let sha256: pm_EVP_sha256_fn
+    let initialize: pm_EVP_DigestInit_ex_fn
+    let update: pm_EVP_DigestUpdate_fn
+    let finish: pm_EVP_DigestFinal_ex_fn
+    let nextError: pm_ERR_get_error_fn
+    let errorText: pm_ERR_error_string_n_fn
+
+    /// The library's names, newest first (Debian 12 ships libcrypto.so.3; the unversioned name needs its -dev).
+    private static let names = ["libcrypto.so.3", "libcrypto.so"]
+
+    /// Loaded on first use; the failure (the library is missing) is kept and thrown by every hasher.
+    static let shared: Result<LibCrypto, OpenSSLError> = load()
+
+    private static func load() -> Result<LibCrypto, OpenSSLError> {
+        guard let handle = names.lazy.compactMap({ dlopen($0, RTLD_NOW | RTLD_LOCAL) }).first else {
+            let why = dlerror().map { String(cString: $0) } ?? "not found"
+            return .failure(OpenSSLError(call: "dlopen(\(names.joined(separator: " or ")))", text: why))
+        }
+        func symbol<T>(_ name: String, _: T.Type) throws(OpenSSLError) -> T {
+            guard let pointer = dlsym(handle, name) else { throw OpenSSLError(call: "dlsym(\(name))", text: "not in libcrypto") }
+            return unsafeBitCast(pointer, to: T.self)
+        }
+        return Result { () throws(OpenSSLError) in
+            LibCrypto(newContext: try symbol("EVP_MD_CTX_new", pm_EVP_MD_CTX_new_fn.self),
+                      freeContext: try symbol("EVP_MD_CTX_free", pm_EVP_MD_CTX_free_fn.self),
+                      sha256: try symbol("EVP_sha256", pm_EVP_sha256_fn.self),
+                      initialize: try symbol("EVP_DigestInit_ex", pm_EVP_DigestInit_ex_fn.self),
+                      update: try symbol("EVP_DigestUpdate", pm_EVP_DigestUpdate_fn.self),
+                      finish: try symbol("EVP_DigestFinal_ex", pm_EVP_DigestFinal_ex_fn.self),
+                      nextError: try symbol("ERR_get_error", pm_ERR_get_error_fn.self),
+                      errorText: try symbol("ERR_error_string_n", pm_ERR_error_string_n_fn.self))
+        }
+    }
+}
+
 /// Calls into libcrypto. The error funnel: every call's return code goes through `check`, which throws an
 /// `OpenSSLError` with the text of libcrypto's error queue.
 enum OpenSSL {
     /// Throws unless `rc` is libcrypto's success (1).
-    fileprivate static func check(_ rc: Int32, _ call: String) throws(OpenSSLError) {
-        guard rc == 1 else { throw failure(call) }
+    fileprivate static func check(_ rc: Int32, _ call: String, _ lib: LibCrypto) throws(OpenSSLError) {
+        guard rc == 1 else { throw failure(call, lib) }
     }
 
     /// The error for `call`, with every entry of this thread's error queue (which it empties).
-    fileprivate static func failure(_ call: String) -> OpenSSLError {
+    fileprivate static func failure(_ call: String, _ lib: LibCrypto) -> OpenSSLError {
         var texts: [String] = []
-        while case let code = ERR_get_error(), code != 0 {
+        while case let code = lib.nextError(), code != 0 {
             var buffer = [CChar](repeating: 0, count: 256)
-            ERR_error_string_n(code, &buffer, buffer.count)
+            lib.errorText(code, &buffer, buffer.count)
             texts.append(String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
         }
         return OpenSSLError(call: call, text: texts.joined(separator: "; "))
@@ -37,29 +82,32 @@ enum OpenSSL {
     final class SHA256 {
         /// The digest's size in bytes.
         static let size = 32
+        private let lib: LibCrypto
         private let context: OpaquePointer
         private var finished = false
 
         init() throws(OpenSSLError) {
-            guard let context = EVP_MD_CTX_new() else { throw OpenSSL.failure("EVP_MD_CTX_new") }
+            let lib = try LibCrypto.shared.get()
+            guard let context = lib.newContext() else { throw OpenSSL.failure("EVP_MD_CTX_new", lib) }
+            self.lib = lib
             self.context = context
             // On a throw from here deinit frees the context.
-            try OpenSSL.check(EVP_DigestInit_ex(context, EVP_sha256(), nil), "EVP_DigestInit_ex(SHA-256)")
+            try OpenSSL.check(lib.initialize(context, lib.sha256(), nil), "EVP_DigestInit_ex(SHA-256)", lib)
         }
 
-        deinit { EVP_MD_CTX_free(context) }
+        deinit { lib.freeContext(context) }
 
         func update(_ bytes: UnsafeRawBufferPointer) throws(OpenSSLError) {
             precondition(!finished, "SHA-256 updated after finish")
             guard let base = bytes.baseAddress, !bytes.isEmpty else { return }
-            try OpenSSL.check(EVP_DigestUpdate(context, base, bytes.count), "EVP_DigestUpdate")
+            try OpenSSL.check(lib.update(context, base, bytes.count), "EVP_DigestUpdate", lib)
         }
 
         func update(_ bytes: [UInt8]) throws(OpenSSLError) {
             precondition(!finished, "SHA-256 updated after finish")
             guard !bytes.isEmpty else { return }
-            let rc = bytes.withUnsafeBytes { EVP_DigestUpdate(context, $0.baseAddress, $0.count) }
-            try OpenSSL.check(rc, "EVP_DigestUpdate")
+            let rc = bytes.withUnsafeBytes { lib.update(context, $0.baseAddress, $0.count) }
+            try OpenSSL.check(rc, "EVP_DigestUpdate", lib)
         }
 
         /// The digest (32 bytes). The hasher is spent afterwards.
@@ -68,8 +116,8 @@ enum OpenSSL {
             finished = true
             var out = [UInt8](repeating: 0, count: Self.size)
             var length: UInt32 = 0
-            let rc = out.withUnsafeMutableBufferPointer { EVP_DigestFinal_ex(context, $0.baseAddress, &length) }
-            try OpenSSL.check(rc, "EVP_DigestFinal_ex")
+            let rc = out.withUnsafeMutableBufferPointer { lib.finish(context, $0.baseAddress, &length) }
+            try OpenSSL.check(rc, "EVP_DigestFinal_ex", lib)
             guard length == Self.size else { throw OpenSSLError(call: "EVP_DigestFinal_ex", text: "a digest of \(length) bytes") }
             return out
         }
