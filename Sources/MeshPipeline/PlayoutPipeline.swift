@@ -26,9 +26,9 @@ public final class PlayoutPipeline: Sendable {
         public var drift = DriftController.Configuration()
         /// libspeexdsp quality, 0...10.
         public var resamplerQuality = 5
-        /// Packets the network end can queue ahead of the render end (nil: 512, or 128 when the sink's own thread
-        /// reads the datagrams (`AudioSink.servesInput`) and takes each batch in before it reads the next: a slot
-        /// holds the largest packet, 2.3 KB, so the smaller ring keeps 0.9 MB out of the player's memory).
+        /// Packets the network end can queue ahead of the render end (nil: 512, or 32 when the sink's own thread
+        /// reads the datagrams (`AudioSink.servesInput`) and takes each batch — at most 32 — in before it reads the
+        /// next: a slot holds the largest packet, 2.3 KB, so the smaller ring keeps 1.1 MB out of the player's memory).
         public var ringCapacity: Int?
         /// Largest block walked through the chain at once (bigger pulls are split).
         public var maximumPeriodFrames = 4096
@@ -57,7 +57,7 @@ public final class PlayoutPipeline: Sendable {
         self.configuration = configuration
         self.sink = sink
         self.controls = controls
-        let packets = PacketRing(capacity: configuration.ringCapacity ?? (sink.servesInput ? 128 : 512))
+        let packets = PacketRing(capacity: configuration.ringCapacity ?? (sink.servesInput ? 32 : 512))
         ingress = PacketIngress(format: format, ring: packets)
         renderer = try PlayoutRenderer(
             format: format,

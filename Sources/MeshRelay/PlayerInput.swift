@@ -39,9 +39,13 @@ final class SessionPackets: PacketSource {
 
     var descriptor: Int32 { reader.descriptor }
 
+    /// Datagrams taken per read: no more than the pipeline's ring holds (the sink's thread takes them in before it
+    /// reads again).
+    static let batch = 32
+
     func read(into pipeline: PlayoutPipeline) {
         let arrivals = self.arrivals
-        reader.read { bytes, _ in
+        reader.read(maximum: Self.batch) { bytes, _ in
             let now = MonotonicClock.nowNanos()
             arrivals.note(pipeline.receive(bytes, arrivalNanos: now), at: now)
         }

@@ -1,8 +1,55 @@
 // The one file in MeshAudio that talks to libsndfile (CSndfile). Everything else uses `SoundFile`.
+//
+// libsndfile is loaded when the first sound file is opened (`dlopen`): a CLI that only uses devices does not map it,
+// nor the FLAC, Vorbis, Ogg and MP3 libraries it pulls in (0.7 MB of resident memory).
 import CSndfile
 #if canImport(Glibc)
 import Glibc
 #endif
+
+/// libsndfile's entry points, resolved once, when the first file is opened.
+private struct LibSndfile: @unchecked Sendable {  // immutable C function pointers into a library that is never unloaded
+    let open: pm_sf_open_fn
+    let close: pm_sf_close_fn
+    let strerror: pm_sf_strerror_fn
+    let error: pm_sf_error_fn
+    let errorNumber: pm_sf_error_number_fn
+    let formatCheck: pm_sf_format_check_fn
+    let command: pm_sf_command_fn
+    let readFloat: pm_sf_readf_float_fn
+    let writeFloat: pm_sf_writef_float_fn
+    let seek: pm_sf_seek_fn
+
+    /// A message libsndfile returned (nil: none).
+    static func text(_ message: UnsafePointer<CChar>?) -> String { message.map { String(cString: $0) } ?? "unknown error" }
+
+    /// Loaded on first use; the failure (the library is missing) is kept and reported by every open.
+    static let shared: Result<LibSndfile, SndfileError> = load()
+
+    private static func load() -> Result<LibSndfile, SndfileError> {
+        guard let handle = dlopen("libsndfile.so.1", RTLD_NOW | RTLD_LOCAL) else {
+            let why = dlerror().map { String(cString: $0) } ?? "not found"
+            return .failure(SndfileError(path: "libsndfile.so.1", operation: "load", message: why))
+        }
+        func symbol<T>(_ name: String, _: T.Type) throws(SndfileError) -> T {
+            guard let pointer = dlsym(handle, name) else {
+                throw SndfileError(path: "libsndfile.so.1", operation: "load", message: "\(name) is missing")
+            }
+            return unsafeBitCast(pointer, to: T.self)
+        }
+        return Result { () throws(SndfileError) in
+            LibSndfile(open: try symbol("sf_open", pm_sf_open_fn.self), close: try symbol("sf_close", pm_sf_close_fn.self),
+                       strerror: try symbol("sf_strerror", pm_sf_strerror_fn.self),
+                       error: try symbol("sf_error", pm_sf_error_fn.self),
+                       errorNumber: try symbol("sf_error_number", pm_sf_error_number_fn.self),
+                       formatCheck: try symbol("sf_format_check", pm_sf_format_check_fn.self),
+                       command: try symbol("sf_command", pm_sf_command_fn.self),
+                       readFloat: try symbol("sf_readf_float", pm_sf_readf_float_fn.self),
+                       writeFloat: try symbol("sf_writef_float", pm_sf_writef_float_fn.self),
+                       seek: try symbol("sf_seek", pm_sf_seek_fn.self))
+        }
+    }
+}
 
 /// A sound file could not be opened, read, written or closed: names the file and carries libsndfile's text.
 public struct SndfileError: Error, Equatable, Sendable, CustomStringConvertible {
@@ -77,6 +124,7 @@ public enum SoundFileEncoding: Sendable, Equatable, CaseIterable, CustomStringCo
 
 /// An open libsndfile handle reading or writing interleaved Float32 frames; closed when released.
 final class SoundFile: @unchecked Sendable {  // Used by one thread at a time: the opener, then the file thread.
+    private let lib: LibSndfile
     private var file: OpaquePointer?
     let path: String
     /// Frames in the file when opened for reading (libsndfile's count); 0 for writing.
@@ -84,7 +132,8 @@ final class SoundFile: @unchecked Sendable {  // Used by one thread at a time: t
     let sampleRate: Int
     let channels: Int
 
-    private init(file: OpaquePointer, path: String, info: SF_INFO) {
+    private init(lib: LibSndfile, file: OpaquePointer, path: String, info: SF_INFO) {
+        self.lib = lib
         self.file = file
         self.path = path
         self.frameCount = Int(info.frames)
@@ -93,21 +142,22 @@ final class SoundFile: @unchecked Sendable {  // Used by one thread at a time: t
     }
 
     deinit {
-        if let file { sf_close(file) }
+        if let file { _ = lib.close(file) }
     }
 
     /// Opens any file libsndfile can read; samples are delivered as Float32 whatever the file's encoding.
     static func openForReading(path: String) throws(SndfileError) -> SoundFile {
+        let lib = try LibSndfile.shared.get()
         var info = SF_INFO()
-        guard let file = sf_open(path, Int32(SFM_READ), &info) else {
-            throw SndfileError(path: path, operation: "open for reading", message: reworded(String(cString: sf_strerror(nil))))
+        guard let file = lib.open(path, Int32(SFM_READ), &info) else {
+            throw SndfileError(path: path, operation: "open for reading", message: reworded(LibSndfile.text(lib.strerror(nil))))
         }
         guard info.channels > 0, info.samplerate > 0 else {
-            sf_close(file)
+            _ = lib.close(file)
             throw SndfileError(path: path, operation: "open for reading",
                                message: "header declares \(info.channels) channels at \(info.samplerate) Hz")
         }
-        return SoundFile(file: file, path: path, info: info)
+        return SoundFile(lib: lib, file: file, path: path, info: info)
     }
 
     /// Opens `path` for reading as an audio source: its format must be one the pipeline carries.
@@ -125,52 +175,53 @@ final class SoundFile: @unchecked Sendable {  // Used by one thread at a time: t
     /// Creates (or truncates) a sound file in `encoding`. A WAV header is rewritten after every write, so the file
     /// stays valid even if the process dies before `close()`; FLAC and Ogg are finalized by `close()`.
     static func create(path: String, format: AudioFormat, encoding: SoundFileEncoding) throws(SndfileError) -> SoundFile {
+        let lib = try LibSndfile.shared.get()
         var info = SF_INFO()
         info.samplerate = Int32(format.sampleRate)
         info.channels = Int32(format.channels)
         info.format = encoding.sndfileFormat
-        guard sf_format_check(&info) != 0 else {
+        guard lib.formatCheck(&info) != 0 else {
             throw SndfileError(path: path, operation: "create", message: "this libsndfile cannot write \(encoding) at \(format)")
         }
-        guard let file = sf_open(path, Int32(SFM_WRITE), &info) else {
-            throw SndfileError(path: path, operation: "create", message: reworded(String(cString: sf_strerror(nil))))
+        guard let file = lib.open(path, Int32(SFM_WRITE), &info) else {
+            throw SndfileError(path: path, operation: "create", message: reworded(LibSndfile.text(lib.strerror(nil))))
         }
-        if encoding.updatesHeader { sf_command(file, Int32(SFC_SET_UPDATE_HEADER_AUTO), nil, Int32(SF_TRUE)) }
-        sf_command(file, Int32(SFC_SET_CLIPPING), nil, Int32(SF_TRUE))
-        return SoundFile(file: file, path: path, info: info)
+        if encoding.updatesHeader { _ = lib.command(file, Int32(SFC_SET_UPDATE_HEADER_AUTO), nil, Int32(SF_TRUE)) }
+        _ = lib.command(file, Int32(SFC_SET_CLIPPING), nil, Int32(SF_TRUE))
+        return SoundFile(lib: lib, file: file, path: path, info: info)
     }
 
     /// Reads up to `frames` interleaved frames; returns the number read (0 at the end or on error, see `error`).
     func readFrames(into buffer: UnsafeMutablePointer<Float>, frames: Int) -> Int {
         guard let file else { return 0 }
-        return Int(sf_readf_float(file, buffer, sf_count_t(frames)))
+        return Int(lib.readFloat(file, buffer, sf_count_t(frames)))
     }
 
     /// Writes `frames` interleaved frames; returns the number written.
     func writeFrames(from buffer: UnsafePointer<Float>, frames: Int) -> Int {
         guard let file else { return 0 }
-        return Int(sf_writef_float(file, buffer, sf_count_t(frames)))
+        return Int(lib.writeFloat(file, buffer, sf_count_t(frames)))
     }
 
     /// Seeks back to the first frame. Returns `false` if the file cannot seek.
     func rewind() -> Bool {
         guard let file else { return false }
-        return sf_seek(file, 0, SEEK_SET) == 0
+        return lib.seek(file, 0, SEEK_SET) == 0
     }
 
     /// libsndfile's error for this handle, if its last operation failed.
     func error(operation: String) -> SndfileError? {
-        guard let file, sf_error(file) != 0 else { return nil }
-        return SndfileError(path: path, operation: operation, message: reworded(String(cString: sf_strerror(file))))
+        guard let file, lib.error(file) != 0 else { return nil }
+        return SndfileError(path: path, operation: operation, message: reworded(LibSndfile.text(lib.strerror(file))))
     }
 
     /// Closes the file (finalizing a written header). Safe to call twice.
     func close() throws(SndfileError) {
         guard let file else { return }
         self.file = nil
-        let result = sf_close(file)
+        let result = lib.close(file)
         if result != 0 {
-            throw SndfileError(path: path, operation: "close", message: reworded(String(cString: sf_error_number(result))))
+            throw SndfileError(path: path, operation: "close", message: reworded(LibSndfile.text(lib.errorNumber(result))))
         }
     }
 }
