@@ -305,6 +305,29 @@ struct JitterBufferPartsTests {
         #expect(target.frames < 719.05 - 441 / 5 - 100)
     }
 
+    @Test func aRiseInTheStartUpKeepsTheFastDecayAfterItUntilItIsGone() {
+        // A start-up stall near the end of the first five seconds: the jitter window holds it for two more, so the
+        // target starts down only after the start-up window. It still comes down within seconds.
+        var target = LatencyTarget(configuration: .init(mode: .auto), rate: 44_100)
+        target.streamStarted(atNanos: 1_000_000_000)
+        target.update(nowNanos: 4_900_000_000, structuralFrames: 256, deviationNanos: 100_000_000, maximumFrames: 1e6)
+        #expect(abs(target.frames - (278.05 + 4410)) < 1e-6)
+        target.update(nowNanos: 7_000_000_000, structuralFrames: 256, deviationNanos: 100_000_000, maximumFrames: 1e6)
+        target.update(nowNanos: 7_500_000_000, structuralFrames: 256, deviationNanos: 0, maximumFrames: 1e6)
+        #expect(abs(target.frames - (278.05 + 4410 / 2)) < 1e-6, "half the excess gone in half a second")
+        var t: UInt64 = 7_500_000_000
+        while t < 12_000_000_000 {
+            t += 10_000_000
+            target.update(nowNanos: t, structuralFrames: 256, deviationNanos: 0, maximumFrames: 1e6)
+        }
+        // τ = 1 s: e^-4.5 of the excess (2,205 frames) is left, 24 frames; at the configured 5 s it would be 900.
+        #expect(target.frames - 278.05 < 30, "gone within seconds: \(target.frames)")
+        // A rise after the start-up decays at the configured pace.
+        target.update(nowNanos: 20_000_000_000, structuralFrames: 256, deviationNanos: 10_000_000, maximumFrames: 1e6)
+        target.update(nowNanos: 21_000_000_000, structuralFrames: 256, deviationNanos: 0, maximumFrames: 1e6)
+        #expect(abs(target.frames - (719.05 - 441 / 5)) < 1e-6)
+    }
+
     // MARK: LatencyCorrector
 
     static let block = 128, packet = 128
