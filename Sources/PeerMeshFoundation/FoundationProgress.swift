@@ -12,7 +12,9 @@ extension ResourceProgress {
     /// `didStartReceivingResourceWithName…with progress`: its `totalUnitCount` and `completedUnitCount` follow the
     /// bytes moved (so `fractionCompleted` and KVO work as in MC), it is cancelled when the transfer is, and
     /// `cancel()` on it cancels the transfer on both sides. Each call makes a new `Progress` that follows the same
-    /// transfer.
+    /// transfer. Foundation runs a `Progress`'s cancellation handler later, on a queue of its own, so the transfer
+    /// stops a moment after `cancel()` returns (and a transfer that ends first completes); `ResourceProgress.cancel()`
+    /// acts at once.
     ///
     /// PeerMesh itself returns `ResourceProgress`, so that its binaries need not link all of Foundation and ICU;
     /// an app that uses Foundation anyway imports `PeerMeshFoundation` and writes

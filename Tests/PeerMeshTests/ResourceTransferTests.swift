@@ -108,8 +108,18 @@ struct ResourceTransferTests {
         let transfer = try pair.guest.sendResource(at: URL(fileURLWithPath: "\(scratch.path)/b.raw"), withName: "b.raw",
                                                    toPeer: pair.hostPeer, withCompletionHandler: done.handler)
         let progress = transfer.foundationProgress()
+        // Cancelled midway, from the transfer's own progress reports. Foundation runs a Progress's cancellation handler
+        // later, on a queue of its own, and 48 MB over loopback can be all through by then: the report waits until the
+        // handler has run, as a busy machine might make it.
+        let cancelling = DispatchSemaphore(value: 0)
+        let adapter = progress.cancellationHandler
+        progress.cancellationHandler = { adapter?(); cancelling.signal() }
+        transfer.setUpdateHandler { p in
+            guard p.completedUnitCount >= 2 << 20, !progress.isCancelled else { return }
+            progress.cancel()
+            _ = cancelling.wait(timeout: .now() + 10)
+        }
         #expect(pair.hostLog.wait(10) { $0.resourcesStarted.count == 2 })
-        progress.cancel()
         #expect(pair.hostLog.wait(20) { $0.resourcesFinished.count == 2 })
         #expect(eventually(5) { transfer.isCancelled && transfer.isFinished })
         guard case .cancelled? = pair.hostLog.snapshot.resourcesFinished.last?.3 else {
