@@ -7,16 +7,15 @@ import Glibc
 import MeshPOSIX
 
 /// libsystemd's two entry points, resolved once.
-private struct LibSystemd: @unchecked Sendable {  // immutable C function pointers into a library that is never unloaded
+private struct LibSystemd: Sendable {
     let notify: pm_sd_notify_fn
     let watchdogEnabled: pm_sd_watchdog_enabled_fn
 
     /// Loaded on first use under a service manager; nil when libsystemd is not there (nothing is sent then).
-    static let shared: LibSystemd? = {
-        guard let handle = dlopen("libsystemd.so.0", RTLD_NOW | RTLD_LOCAL),
-              let notify = dlsym(handle, "sd_notify"), let watchdog = dlsym(handle, "sd_watchdog_enabled") else { return nil }
-        return LibSystemd(notify: unsafeBitCast(notify, to: pm_sd_notify_fn.self),
-                          watchdogEnabled: unsafeBitCast(watchdog, to: pm_sd_watchdog_enabled_fn.self))
+    static let shared: LibSystemd? = try? {
+        let lib = try SharedLibrary.load(["libsystemd.so.0"])
+        return LibSystemd(notify: try lib.function("sd_notify", as: pm_sd_notify_fn.self),
+                          watchdogEnabled: try lib.function("sd_watchdog_enabled", as: pm_sd_watchdog_enabled_fn.self))
     }()
 }
 

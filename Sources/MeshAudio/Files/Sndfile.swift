@@ -3,12 +3,13 @@
 // libsndfile is loaded when the first sound file is opened (`dlopen`): a CLI that only uses devices does not map it,
 // nor the FLAC, Vorbis, Ogg and MP3 libraries it pulls in (0.7 MB of resident memory).
 import CSndfile
+import MeshPOSIX
 #if canImport(Glibc)
 import Glibc
 #endif
 
 /// libsndfile's entry points, resolved once, when the first file is opened.
-private struct LibSndfile: @unchecked Sendable {  // immutable C function pointers into a library that is never unloaded
+private struct LibSndfile: Sendable {
     let open: pm_sf_open_fn
     let close: pm_sf_close_fn
     let strerror: pm_sf_strerror_fn
@@ -23,32 +24,20 @@ private struct LibSndfile: @unchecked Sendable {  // immutable C function pointe
     /// A message libsndfile returned (nil: none).
     static func text(_ message: UnsafePointer<CChar>?) -> String { message.map { String(cString: $0) } ?? "unknown error" }
 
-    /// Loaded on first use; the failure (the library is missing) is kept and reported by every open.
-    static let shared: Result<LibSndfile, SndfileError> = load()
-
-    private static func load() -> Result<LibSndfile, SndfileError> {
-        guard let handle = dlopen("libsndfile.so.1", RTLD_NOW | RTLD_LOCAL) else {
-            let why = dlerror().map { String(cString: $0) } ?? "not found"
-            return .failure(SndfileError(path: "libsndfile.so.1", operation: "load", message: why))
-        }
-        func symbol<T>(_ name: String, _: T.Type) throws(SndfileError) -> T {
-            guard let pointer = dlsym(handle, name) else {
-                throw SndfileError(path: "libsndfile.so.1", operation: "load", message: "\(name) is missing")
-            }
-            return unsafeBitCast(pointer, to: T.self)
-        }
-        return Result { () throws(SndfileError) in
-            LibSndfile(open: try symbol("sf_open", pm_sf_open_fn.self), close: try symbol("sf_close", pm_sf_close_fn.self),
-                       strerror: try symbol("sf_strerror", pm_sf_strerror_fn.self),
-                       error: try symbol("sf_error", pm_sf_error_fn.self),
-                       errorNumber: try symbol("sf_error_number", pm_sf_error_number_fn.self),
-                       formatCheck: try symbol("sf_format_check", pm_sf_format_check_fn.self),
-                       command: try symbol("sf_command", pm_sf_command_fn.self),
-                       readFloat: try symbol("sf_readf_float", pm_sf_readf_float_fn.self),
-                       writeFloat: try symbol("sf_writef_float", pm_sf_writef_float_fn.self),
-                       seek: try symbol("sf_seek", pm_sf_seek_fn.self))
-        }
-    }
+    /// Loaded on first use; a failure (the library is missing) is kept and reported by every open.
+    static let shared = Result { () throws(SharedLibrary.LoadError) -> LibSndfile in
+        let lib = try SharedLibrary.load(["libsndfile.so.1"])
+        return LibSndfile(open: try lib.function("sf_open", as: pm_sf_open_fn.self),
+                          close: try lib.function("sf_close", as: pm_sf_close_fn.self),
+                          strerror: try lib.function("sf_strerror", as: pm_sf_strerror_fn.self),
+                          error: try lib.function("sf_error", as: pm_sf_error_fn.self),
+                          errorNumber: try lib.function("sf_error_number", as: pm_sf_error_number_fn.self),
+                          formatCheck: try lib.function("sf_format_check", as: pm_sf_format_check_fn.self),
+                          command: try lib.function("sf_command", as: pm_sf_command_fn.self),
+                          readFloat: try lib.function("sf_readf_float", as: pm_sf_readf_float_fn.self),
+                          writeFloat: try lib.function("sf_writef_float", as: pm_sf_writef_float_fn.self),
+                          seek: try lib.function("sf_seek", as: pm_sf_seek_fn.self))
+    }.mapError { SndfileError(path: "libsndfile", operation: "load", message: $0.description) }
 }
 
 /// A sound file could not be opened, read, written or closed: names the file and carries libsndfile's text.

@@ -25,7 +25,7 @@ extension SessionCore {
               data.forIdentity == self.peer.identity
         else { return }  // data that leads nowhere: nothing to connect to
         let introduction = Introduction(introducer: introducer, data: data)
-        if relaysIntroductions { return call(introduction) }
+        if configuration.relaysIntroductions { return call(introduction) }
         tryDirect(introduction)
     }
 

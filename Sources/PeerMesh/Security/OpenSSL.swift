@@ -5,9 +5,7 @@
 // libcrypto is loaded when the first resource is hashed (`dlopen`), not at start: a process that never sends or
 // receives a resource — mesh-record and mesh-play — does not map it (1.4 MB of resident memory each).
 import COpenSSL
-#if canImport(Glibc)
-import Glibc
-#endif
+import MeshPOSIX
 
 /// A libcrypto call that failed, with the library's text (its error queue, drained).
 struct OpenSSLError: Error, CustomStringConvertible, Sendable {
@@ -20,7 +18,7 @@ struct OpenSSLError: Error, CustomStringConvertible, Sendable {
 }
 
 /// libcrypto's entry points, resolved once, when the first hasher is made.
-private struct LibCrypto: @unchecked Sendable {  // immutable C function pointers into a library that is never unloaded
+private struct LibCrypto: Sendable {
     let newContext: pm_EVP_MD_CTX_new_fn
     let freeContext: pm_EVP_MD_CTX_free_fn
     let sha256: pm_EVP_sha256_fn
@@ -30,32 +28,19 @@ private struct LibCrypto: @unchecked Sendable {  // immutable C function pointer
     let nextError: pm_ERR_get_error_fn
     let errorText: pm_ERR_error_string_n_fn
 
-    /// The library's names, newest first (Debian 12 ships libcrypto.so.3; the unversioned name needs its -dev).
-    private static let names = ["libcrypto.so.3", "libcrypto.so"]
-
-    /// Loaded on first use; the failure (the library is missing) is kept and thrown by every hasher.
-    static let shared: Result<LibCrypto, OpenSSLError> = load()
-
-    private static func load() -> Result<LibCrypto, OpenSSLError> {
-        guard let handle = names.lazy.compactMap({ dlopen($0, RTLD_NOW | RTLD_LOCAL) }).first else {
-            let why = dlerror().map { String(cString: $0) } ?? "not found"
-            return .failure(OpenSSLError(call: "dlopen(\(names.joined(separator: " or ")))", text: why))
-        }
-        func symbol<T>(_ name: String, _: T.Type) throws(OpenSSLError) -> T {
-            guard let pointer = dlsym(handle, name) else { throw OpenSSLError(call: "dlsym(\(name))", text: "not in libcrypto") }
-            return unsafeBitCast(pointer, to: T.self)
-        }
-        return Result { () throws(OpenSSLError) in
-            LibCrypto(newContext: try symbol("EVP_MD_CTX_new", pm_EVP_MD_CTX_new_fn.self),
-                      freeContext: try symbol("EVP_MD_CTX_free", pm_EVP_MD_CTX_free_fn.self),
-                      sha256: try symbol("EVP_sha256", pm_EVP_sha256_fn.self),
-                      initialize: try symbol("EVP_DigestInit_ex", pm_EVP_DigestInit_ex_fn.self),
-                      update: try symbol("EVP_DigestUpdate", pm_EVP_DigestUpdate_fn.self),
-                      finish: try symbol("EVP_DigestFinal_ex", pm_EVP_DigestFinal_ex_fn.self),
-                      nextError: try symbol("ERR_get_error", pm_ERR_get_error_fn.self),
-                      errorText: try symbol("ERR_error_string_n", pm_ERR_error_string_n_fn.self))
-        }
-    }
+    /// Loaded on first use (Debian 12 ships libcrypto.so.3; the unversioned name needs its -dev); a failure is kept
+    /// and thrown by every hasher.
+    static let shared = Result { () throws(SharedLibrary.LoadError) -> LibCrypto in
+        let lib = try SharedLibrary.load(["libcrypto.so.3", "libcrypto.so"])
+        return LibCrypto(newContext: try lib.function("EVP_MD_CTX_new", as: pm_EVP_MD_CTX_new_fn.self),
+                         freeContext: try lib.function("EVP_MD_CTX_free", as: pm_EVP_MD_CTX_free_fn.self),
+                         sha256: try lib.function("EVP_sha256", as: pm_EVP_sha256_fn.self),
+                         initialize: try lib.function("EVP_DigestInit_ex", as: pm_EVP_DigestInit_ex_fn.self),
+                         update: try lib.function("EVP_DigestUpdate", as: pm_EVP_DigestUpdate_fn.self),
+                         finish: try lib.function("EVP_DigestFinal_ex", as: pm_EVP_DigestFinal_ex_fn.self),
+                         nextError: try lib.function("ERR_get_error", as: pm_ERR_get_error_fn.self),
+                         errorText: try lib.function("ERR_error_string_n", as: pm_ERR_error_string_n_fn.self))
+    }.mapError { OpenSSLError(call: $0.call, text: $0.text) }
 }
 
 /// Calls into libcrypto. The error funnel: every call's return code goes through `check`, which throws an

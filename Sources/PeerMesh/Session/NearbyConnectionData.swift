@@ -196,11 +196,11 @@ extension Session {
         let acceptor = try directAcceptor()
         guard let port = acceptor.advertiser.port else { throw .transport("the direct listener is not running") }
         var addresses: [String]
-        if core.bindHost.isEmpty {
+        if core.configuration.bindHost.isEmpty {
             // Not IPv6 link-local ones: their scope names one of our interfaces, which means nothing to the peer.
             addresses = SocketAddress.localInterfaceAddresses(port: port).filter { !$0.isLinkLocalV6 }.map(\.host)
         } else {
-            addresses = [core.bindHost]
+            addresses = [core.configuration.bindHost]
         }
         if let preferred, !preferred.contains("%") {
             addresses.removeAll { $0 == preferred }
@@ -256,7 +256,7 @@ extension Session {
     /// The listener behind `nearbyConnectionData`, started on first use.
     private func directAcceptor() throws(PeerMeshError) -> DirectAcceptor {
         if let existing = direct.withLock({ $0 }) { return existing }
-        let made = try DirectAcceptor(session: self, bindHost: core.bindHost)
+        let made = try DirectAcceptor(session: self, bindHost: core.configuration.bindHost)
         return direct.withLock { d in
             if let existing = d { return existing }
             d = made

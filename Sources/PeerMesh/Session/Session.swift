@@ -273,8 +273,8 @@ public final class Session: Sendable {
         guard !data.isEmpty else { throw .invalidParameter("send: the data is empty") }
         switch mode {
         case .reliable:
-            guard data.count <= core.maximumMessageSize else {
-                throw .invalidParameter("send: \(data.count) bytes exceeds the reliable limit of \(core.maximumMessageSize)")
+            guard data.count <= core.configuration.maximumMessageSize else {
+                throw .invalidParameter("send: \(data.count) bytes exceeds the reliable limit of \(core.configuration.maximumMessageSize)")
             }
             try core.sendReliable(Array(data), to: peers)
         case .unreliable:

@@ -109,25 +109,21 @@ final class SessionCore: Sendable {
 
     let peer: PeerID
     let preference: EncryptionPreference
+    /// The session's limits, timing and topology, as the app configured them.
+    let configuration: Session.Configuration
+    /// `configuration`'s heartbeat interval (a quarter of the peer timeout by default) and peer timeout.
+    let heartbeat, peerTimeout: Nanos
+    /// The configured local address (outgoing connections leave from it too).
+    let bindAddress: SocketAddress
     let loop: EventLoop
+    /// The UDP socket, its port, and the path that reads and routes its datagrams (on the loop, or on the app's
+    /// reader thread).
     let udp: FileDescriptor
     let udpPort: UInt16
-    /// Reads and routes the UDP socket's datagrams (on the loop, or on the app's reader thread).
     let datagrams: DatagramPath
     /// The app's reader (`.reader` delivery), and what it wakes the loop with when a route latched.
     let reader: DatagramReader?
     private let latchWaker: Waker?
-    let heartbeat: Nanos
-    let peerTimeout: Nanos
-    /// Tests only: see `Session.Configuration.relaysIntroductions`.
-    let relaysIntroductions: Bool
-    let maximumMessageSize: Int
-    let maximumPeersPerHost: Int
-    let maximumQueuedBytes: Int
-    /// The configured local address (outgoing connections leave from it too).
-    let bindAddress: SocketAddress
-    /// The configured local address as given (`""`: every address).
-    let bindHost: String
     let shared: Mutex<Shared>
     /// The counters behind `SessionStatistics`: atomic words, so the datagram path and senders count without a lock.
     let counters = AtomicRecord(SessionStatistics())
@@ -144,14 +140,11 @@ final class SessionCore: Sendable {
     init(peer: PeerID, preference: EncryptionPreference, configuration c: Session.Configuration) throws(PeerMeshError) {
         self.peer = peer
         self.preference = preference
-        maximumMessageSize = c.maximumMessageSize
-        maximumPeersPerHost = c.maximumPeersPerHost
-        maximumQueuedBytes = c.maximumQueuedBytes
+        configuration = c
         resourceDirectory = c.resourceDirectory.isEmpty ? TemporaryDirectory.system : c.resourceDirectory
         Sys.raiseFileLimit()
         let timeout = c.peerTimeout.nanoseconds
         peerTimeout = timeout
-        relaysIntroductions = c.relaysIntroductions
         var beat = timeout / 4
         if let h = c.heartbeatInterval {
             beat = h.nanoseconds
@@ -162,7 +155,6 @@ final class SessionCore: Sendable {
             throw .invalidParameter("bindHost \"\(c.bindHost)\" is not a numeric IPv4 or IPv6 address (or \"\" for all)")
         }
         bindAddress = bind
-        bindHost = c.bindHost
         do {
             loop = try EventLoop.shared()
             udp = try FileDescriptor.udpSocket(bind)
@@ -188,7 +180,7 @@ final class SessionCore: Sendable {
     /// The security layer's settings for a link of this session.
     func channelConfiguration(_ role: SecureChannel.Role) -> SecureChannel.Configuration {
         SecureChannel.Configuration(role: role, preference: preference, localPeer: peer,
-                                    maximumFrameLength: max(maximumMessageSize + 1, ResourceFrame.maximumFrameLength))
+                                    maximumFrameLength: max(configuration.maximumMessageSize + 1, ResourceFrame.maximumFrameLength))
     }
 
     /// Starts reading the UDP socket (or, when the app reads it, watching for the routes its reader latched).
@@ -293,10 +285,10 @@ final class SessionCore: Sendable {
         let hostKey = connection.remote?.hostBytes ?? []
         let sameHost = io.value.connections.values.filter { $0.remote?.hostBytes == hostKey }.count
             + io.value.admitting[hostKey, default: 0]
-        if sameHost >= maximumPeersPerHost {
-            return decline(.peerLimit, "too many peers from \(connection.remote?.host ?? "one address") (at most \(maximumPeersPerHost))")
+        if sameHost >= configuration.maximumPeersPerHost {
+            return decline(.peerLimit, "too many peers from \(connection.remote?.host ?? "one address") (at most \(configuration.maximumPeersPerHost))")
         }
-        connection.setMaximumFrameLength(max(maximumMessageSize + 1, ResourceFrame.maximumFrameLength))
+        connection.setMaximumFrameLength(max(configuration.maximumMessageSize + 1, ResourceFrame.maximumFrameLength))
         guard connection.isEncrypted, let key = peer.publicKey else {
             return admit(connection, from: peer, invite: invite, listenerPort: listenerPort)
         }
@@ -431,7 +423,7 @@ final class SessionCore: Sendable {
             }
         }
         let queued = queuedBytes.withLock { q in links.map { q[$0, default: 0] } }
-        if let full = queued.firstIndex(where: { $0 + bytes.count > maximumQueuedBytes }) {
+        if let full = queued.firstIndex(where: { $0 + bytes.count > configuration.maximumQueuedBytes }) {
             throw .busy("send: \(queued[full]) bytes are already queued for \(peers[full]); nothing was sent (the peer is not reading)")
         }
         queuedBytes.withLock { q in for l in links { q[l, default: 0] += bytes.count } }
@@ -492,7 +484,7 @@ final class SessionCore: Sendable {
         let frame = ControlFrame.datagram(Array(payload))
         loop.execute { [self] in
             // Unreliable: a link whose queue is full drops it rather than grow.
-            guard let c = io.value.connections[link], c.queuedBytes < maximumQueuedBytes else { return }
+            guard let c = io.value.connections[link], c.queuedBytes < configuration.maximumQueuedBytes else { return }
             c.send(frame)
         }
         return true

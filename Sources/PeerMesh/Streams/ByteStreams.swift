@@ -27,28 +27,32 @@ struct StreamLink: Sendable {
     }
 }
 
+/// Either end of a byte stream: its name and the peer at the other end (`OutputByteStream`, `InputByteStream`).
+public class ByteStream: @unchecked Sendable {  // its one stored property is an immutable `let` of a Sendable type
+    /// The stream's name, as the writer gave it.
+    public var name: String { link.name }
+    /// The peer at the other end.
+    public var peer: PeerID { link.peer }
+    let link: StreamLink
+
+    init(name: String, peer: PeerID, key: StreamKey, core: SessionCore) {
+        link = StreamLink(name: name, peer: peer, key: key, core: core)
+    }
+}
+
 /// The writing end of a byte stream to a peer, as the `OutputStream` MC's `startStream(withName:toPeer:)` returns.
 ///
 /// `write` blocks while the reader's window is full (the reader's app has not consumed what was sent), so a slow
 /// reader slows the writer down, never the session. Call it from an app thread, never from a delegate call (that
 /// would stop the session's own I/O thread). Thread-safe; one writer at a time keeps the bytes in order.
-public final class OutputByteStream: Sendable {
+public final class OutputByteStream: ByteStream, @unchecked Sendable {  // its own state is behind a Mutex
     private struct State {
         var credit = 0
         var ended: PeerMeshError?
         var closed = false
     }
 
-    /// The stream's name, as the peer sees it.
-    public var name: String { link.name }
-    /// The peer reading it.
-    public var peer: PeerID { link.peer }
-    let link: StreamLink
     private let state = Mutex(State())
-
-    init(name: String, peer: PeerID, key: StreamKey, core: SessionCore) {
-        link = StreamLink(name: name, peer: peer, key: key, core: core)
-    }
 
     /// Sends all of `data`, waiting for the reader's window as needed.
     ///
@@ -111,7 +115,7 @@ public final class OutputByteStream: Sendable {
 /// `read` returns bytes as they arrive and nil at the end of the stream; the writer may send at most a window
 /// (256 KiB) ahead of what has been read, so an app that reads slowly holds the writer back and memory stays bounded.
 /// Call it from an app thread, never from a delegate call. Thread-safe.
-public final class InputByteStream: Sendable {
+public final class InputByteStream: ByteStream, @unchecked Sendable {  // its own state is behind a Mutex
     private struct State {
         var buffer: [UInt8] = []
         var start = 0
@@ -120,16 +124,7 @@ public final class InputByteStream: Sendable {
         var closed = false
     }
 
-    /// The stream's name, as the writer gave it.
-    public var name: String { link.name }
-    /// The peer writing it.
-    public var peer: PeerID { link.peer }
-    let link: StreamLink
     private let state = Mutex(State())
-
-    init(name: String, peer: PeerID, key: StreamKey, core: SessionCore) {
-        link = StreamLink(name: name, peer: peer, key: key, core: core)
-    }
 
     /// Up to `maxLength` bytes, waiting up to `timeout` for some to arrive; nil at the end of the stream.
     ///
