@@ -332,8 +332,11 @@ struct JitterBufferPartsTests {
 
     static let block = 128, packet = 128
 
-    func decide(_ c: inout LatencyCorrector, _ error: Double, at nanos: UInt64) -> LatencyCorrector.Correction {
-        c.decide(errorFrames: error, frames: Self.block, blockFrames: Self.block, packetFrames: Self.packet, nowNanos: nanos)
+    func decide(_ c: inout LatencyCorrector, _ error: Double, at nanos: UInt64, target: Double = 300)
+        -> LatencyCorrector.Correction
+    {
+        c.decide(errorFrames: error, targetFrames: target, frames: Self.block, blockFrames: Self.block,
+                 packetFrames: Self.packet, nowNanos: nanos)
     }
 
     @Test func farTooLittleLatencyStretchesAtOnce() {
@@ -413,6 +416,48 @@ struct JitterBufferPartsTests {
         c.noteTarget(from: 330, to: 350)
         #expect(decide(&c, 80, at: t0 + 23_000_000_000) == .none)
         #expect(decide(&c, 80, at: t0 + 25_000_000_000) == .none, "a fall and an equal rise give nothing back")
+    }
+
+    @Test func aLateResumeSoonAfterASkipShowsTheLatencyTheStreamNeeds() {
+        // Seen at period 64 on the JACK rig: the stream ran dry 44 frames short, the stretch was given back two
+        // seconds later, and it ran dry again at once — an underrun every few seconds, for the whole stream. The
+        // second late resume, within 5 s of the give-back, shows the stream needs the 344 frames it had before it.
+        var c = LatencyCorrector(rate: 44_100)
+        let t0: UInt64 = 10_000_000_000
+        c.restart(atNanos: t0)
+        c.noteLateResume(frames: 44, atNanos: t0 + 6_000_000_000)
+        #expect(decide(&c, 44, at: t0 + 6_100_000_000) == .none)
+        #expect(decide(&c, 44, at: t0 + 8_100_000_000) == .skip(frames: 44), "a lone late resume is given back")
+        #expect(c.neededFrames == 0)
+        // The packet that resumes may be stamped a little before the read that skipped.
+        c.noteLateResume(frames: 44, atNanos: t0 + 8_098_000_000)
+        #expect(c.neededFrames == 344, "300 after the skip + 44 short")
+        #expect(decide(&c, 44, at: t0 + 8_200_000_000) == .none)
+        #expect(decide(&c, 44, at: t0 + 10_200_000_000) == .none, "the 44 frames over the target stay")
+        #expect(decide(&c, 44, at: t0 + 20_000_000_000) == .none)
+        #expect(decide(&c, 44, at: t0 + 22_000_000_000) == .none, "still, ten seconds on")
+        // The target falls 60 frames; the stream still needs 344: nothing is given back.
+        c.noteTarget(from: 300, to: 240)
+        #expect(decide(&c, 104, at: t0 + 23_000_000_000, target: 240) == .none)
+        #expect(decide(&c, 104, at: t0 + 25_000_000_000, target: 240) == .none)
+        // Latency above what it needs is given back, down to it (of the 104 returnable: 44 resumed + the fall).
+        #expect(decide(&c, 160, at: t0 + 26_000_000_000, target: 240) == .none)
+        #expect(decide(&c, 160, at: t0 + 28_000_000_000, target: 240) == .skip(frames: 56))
+        // A target above what the stream needs leaves it to the target.
+        #expect(decide(&c, 30, at: t0 + 30_000_000_000, target: 400) == .none)
+        #expect(decide(&c, 30, at: t0 + 32_000_000_000, target: 400) == .skip(frames: 30))
+        // A late resume long after a skip is not about it.
+        c.noteLateResume(frames: 30, atNanos: t0 + 40_000_000_000)
+        #expect(c.neededFrames == 344)
+        // After a large skip, a late resume shows a need of what was left plus how late: not what was skipped.
+        c.restart(atNanos: t0 + 50_000_000_000)
+        #expect(decide(&c, 900, at: t0 + 56_000_000_000) == .none)
+        #expect(decide(&c, 900, at: t0 + 56_500_000_000) == .skip(frames: 900))
+        c.noteLateResume(frames: 20, atNanos: t0 + 56_600_000_000)
+        #expect(c.neededFrames == 320)
+        // A new stream starts over.
+        c.restart(atNanos: t0 + 60_000_000_000)
+        #expect(c.neededFrames == 0)
     }
 
     @Test func aSmallExcessThatAppearsAtTheStartIsGivenBackWhole() {

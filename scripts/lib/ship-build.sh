@@ -9,15 +9,30 @@
 #                                  player: mesh-record 21.4 → 20.1 MB resident (VmHWM − RssShmem), two runs each.
 #     -function-sections, and lld --symbol-ordering-file=packaging/order/audio.order
 #                                  the functions the audio CLIs run (recorded by scripts/orderfile) laid out first and
-#                                  together, so they sit on few pages: resident text of mesh-play 6.7 → 4.7 MB.
+#                                  together, so they sit on few pages. Measured on the JACK rig (clean builds with
+#                                  and without the order file, two runs each): resident text of mesh-play 6.2–6.4 →
+#                                  4.5–4.6 MB and of mesh-record 6.5–6.7 → 4.7–4.9 MB; VmHWM − RssShmem of mesh-play
+#                                  17.4–17.8 → 15.7–15.8 MB, of mesh-record 17.1–17.4 → 15.3–15.5 MB.
+#                                  A build directory that holds objects compiled before -function-sections keeps
+#                                  them (whole-module builds rewrite an object only when its IR changed): the order
+#                                  then does not apply to those modules. So the build directory is emptied when the
+#                                  flags or the order differ from those its objects were built with
+#                                  (.build/package/.ship-flags).
 # Needs ROOT (the checkout).
 ship_build() {
     local product=${1:?usage: ship_build PRODUCT} order=()
     [[ -s $ROOT/packaging/order/audio.order ]] && order=(-Xlinker "--symbol-ordering-file=$ROOT/packaging/order/audio.order"
                                                            -Xlinker --no-warn-symbol-ordering)
-    swift build -c release --static-swift-stdlib --build-path "$ROOT/.build/package" --product "$product" \
-        -Xswiftc -use-ld=lld -Xlinker -z -Xlinker pack-relative-relocs -Xswiftc -Xfrontend -Xswiftc -function-sections \
-        "${order[@]}" 2>&1 \
+    local flags=(-c release --static-swift-stdlib -Xswiftc -use-ld=lld -Xlinker -z -Xlinker pack-relative-relocs
+                 -Xswiftc -Xfrontend -Xswiftc -function-sections "${order[@]}")
+    local dir=$ROOT/.build/package stamp
+    stamp=$(printf '%s\n' "${flags[@]}"; [[ -s $ROOT/packaging/order/audio.order ]] && sha256sum <"$ROOT/packaging/order/audio.order" || true)
+    if [[ -d $dir && "$(cat "$dir/.ship-flags" 2>/dev/null)" != "$stamp" ]]; then
+        echo "ship-build: build flags changed; rebuilding $dir from scratch" >&2
+        rm -rf "$dir"
+    fi
+    mkdir -p "$dir" && printf '%s\n' "$stamp" >"$dir/.ship-flags"
+    swift build "${flags[@]}" --build-path "$dir" --product "$product" 2>&1 \
         | sed '/prohibited flag/d' | grep -E 'error|Build' | tail -n 1 >&2
     return "${PIPESTATUS[0]}"
 }

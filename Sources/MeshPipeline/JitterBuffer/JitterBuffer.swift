@@ -288,7 +288,7 @@ public struct JitterBuffer {
             updateCursor(cursor)
             counters.lateResumes &+= 1
             counters.stretchedFrames &+= UInt64(lateBy)
-            corrector.noteStretch(frames: Double(lateBy))
+            corrector.noteLateResume(frames: Double(lateBy), atNanos: packet.arrivalNanos)
             crossfades.noteStretch()
         } else if lateBy > 0 {
             // Behind the playout point: too late (a late copy of a packet already received is not unique).
@@ -366,7 +366,7 @@ public struct JitterBuffer {
                 play(into: output, marks: marks, offset: 0, frames: count)
                 return .playing
             }
-            switch corrector.decide(errorFrames: error, frames: count, blockFrames: blockFrames,
+            switch corrector.decide(errorFrames: error, targetFrames: target.frames, frames: count, blockFrames: blockFrames,
                                     packetFrames: maxPacketFrames, nowNanos: nowNanos) {
             case .stretchBlock:
                 for i in 0..<count { marks[i] = FrameMark.missing }

@@ -22,6 +22,15 @@
 ///   Without it a start one packet too full stayed so for the whole stream (seen with `--latency low`: 673
 ///   frames mouth-to-ear instead of 545).
 ///
+/// A give-back can be wrong: the latency the buffer measures is jitter-free, but the device may pull blocks on a
+/// phase the measure does not see, so that the stream runs dry at the target. Then the buffer resumes late (a
+/// stretch), holds that stretch over the target, gives it back two seconds later and runs dry again — an underrun
+/// every few seconds (seen at period 64 on the JACK rig: a late resume of 44 frames, then a give-back of 44 frames,
+/// over and over, for the whole stream). So a late resume within `regretSeconds` of a skip shows what the stream
+/// needs (`neededFrames`): what the buffer held after the skip plus how late it resumed (at most what the skip
+/// took). From then on, in this stream, nothing is skipped below it, whatever the target says (the target may keep
+/// falling toward a structural minimum the stream cannot run at).
+///
 /// Pure: one mutating method per block, returning what to do.
 struct LatencyCorrector {
     /// How long the latency must stay over the skip threshold before frames are skipped.
@@ -36,6 +45,8 @@ struct LatencyCorrector {
     static let smallExcessConfirmSeconds = 2.0
     /// An excess that appears at once at least this large is a step (the start's), not a clock's ramp.
     static let stepSeconds = 0.001
+    /// A late resume this soon after a give-back says the give-back took latency the stream needs.
+    static let regretSeconds = 5.0
 
     /// What to do with the block about to be played.
     enum Correction: Equatable {
@@ -70,6 +81,12 @@ struct LatencyCorrector {
     private var returnableFrames: Double = 0
     /// Until when an excess that appears is the start's (0: no stream started yet).
     private var startupUntilNanos: UInt64 = 0
+    /// The latest skip: when (0: none in this stream), the latency the buffer held after it and the frames it
+    /// skipped.
+    private var lastSkip: (nanos: UInt64, latencyAfter: Double, skipped: Double) = (0, 0, 0)
+    /// Latency this stream showed it needs (it ran dry soon after a give-back below it), frames; 0: none shown.
+    /// Nothing is given back below it, whatever the target says.
+    private(set) var neededFrames: Double = 0
 
     init(rate: Double, givesBackStartSteps: Bool = false) {
         self.rate = rate
@@ -81,10 +98,24 @@ struct LatencyCorrector {
         state = .onTarget
         returnableFrames = 0
         startupUntilNanos = nanos &+ UInt64(LatencyTarget.startupSeconds * 1e9)
+        lastSkip = (0, 0, 0)
+        neededFrames = 0
     }
 
-    /// The buffer stretched by `frames` frames on its own (a late resume): latency it may give back.
-    mutating func noteStretch(frames: Double) { returnableFrames += frames }
+    /// The stream ran dry and resumed `frames` frames late at `nowNanos` (a stretch): latency the buffer may give
+    /// back — unless it came soon after a skip, which then took latency the stream needs (kept from now on).
+    mutating func noteLateResume(frames: Double, atNanos now: UInt64) {
+        returnableFrames += frames
+        // Signed: the packet that resumes was stamped when it arrived, which can be a little before the read that
+        // gave back (seen: 2 ms), though it reaches the buffer after it.
+        if lastSkip.nanos != 0,
+           Double(Int64(bitPattern: now &- lastSkip.nanos)) < Self.regretSeconds * 1e9 {
+            // It ran dry `frames` short of what it had after the skip: it needs that much more, at most what the
+            // skip took.
+            neededFrames = max(neededFrames, lastSkip.latencyAfter + min(frames, lastSkip.skipped))
+            lastSkip = (0, 0, 0)
+        }
+    }
 
     /// The target moved from `old` to `new` frames: a fall is latency the buffer may give back, a rise takes that
     /// back (the stretch that follows it adds it again), so a target that wobbles accrues nothing.
@@ -93,22 +124,26 @@ struct LatencyCorrector {
     }
 
     /// The block of `frames` frames about to be played at `nowNanos`, with the latency `errorFrames` off the target
-    /// (negative: short), where a render block is `blockFrames` and a packet `packetFrames`.
-    mutating func decide(errorFrames error: Double, frames: Int, blockFrames: Int, packetFrames: Int,
-                         nowNanos: UInt64) -> Correction {
-        let correction = judge(errorFrames: error, frames: frames, blockFrames: blockFrames, packetFrames: packetFrames,
-                               nowNanos: nowNanos)
+    /// of `targetFrames` (negative: short), where a render block is `blockFrames` and a packet `packetFrames`.
+    mutating func decide(errorFrames error: Double, targetFrames target: Double, frames: Int, blockFrames: Int,
+                         packetFrames: Int, nowNanos: UInt64) -> Correction {
+        // What of the excess the stream showed it needs.
+        let kept = max(0, neededFrames - target)
+        let correction = judge(errorFrames: error, keptFrames: kept, frames: frames, blockFrames: blockFrames,
+                               packetFrames: packetFrames, nowNanos: nowNanos)
         switch correction {
         case .none: break
         case .stretchBlock: returnableFrames += Double(frames)
         case .hold(let n): returnableFrames += Double(n)
-        case .skip(let n): returnableFrames = max(0, returnableFrames - Double(n))
+        case .skip(let n):
+            returnableFrames = max(0, returnableFrames - Double(n))
+            lastSkip = (max(1, nowNanos), target + error - Double(n), Double(n))
         }
         return correction
     }
 
-    private mutating func judge(errorFrames error: Double, frames: Int, blockFrames: Int, packetFrames: Int,
-                                nowNanos: UInt64) -> Correction {
+    private mutating func judge(errorFrames error: Double, keptFrames kept: Double, frames: Int, blockFrames: Int,
+                                packetFrames: Int, nowNanos: UInt64) -> Correction {
         if error < -max(Double(blockFrames), rate * 0.002) { return .stretchBlock }
         // A small deficit that lasts (the target rose a little, the start fell short): hold for just the missing
         // frames, once. Jitter never triggers it: the latency measure is jitter-free, and the deficit must persist.
@@ -139,12 +174,13 @@ struct LatencyCorrector {
             let lasted = Double(nowNanos - since) / 1e9
             if least > large && lasted >= Self.skipConfirmSeconds {
                 state = .onTarget
-                return .skip(frames: Int(least))
+                let skip = Int(least - kept)
+                if skip > 0 { return .skip(frames: skip) }
             }
             if lasted >= Self.smallExcessConfirmSeconds {
                 state = .onTarget
                 let ours = step ? least : returnableFrames
-                let giveBack = Int(min(least, ours))
+                let giveBack = Int(min(least - kept, ours))
                 if giveBack > 0 { return .skip(frames: giveBack) }
             }
         }
