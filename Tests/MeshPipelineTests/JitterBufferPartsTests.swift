@@ -243,6 +243,20 @@ struct JitterBufferPartsTests {
         #expect(e.deviationNanos > 3_900_000, "measured on the monotonic clock, the creep would be covered")
     }
 
+    @Test func aDeviceClockFigureThatExplainsNoCreepAddsNoJitter() {
+        // Seen on the JACK rig once in about ten starts: the device stalled while its clock meter took its first
+        // figure, which read 1,000 ppm or more slow; taken out of transits that do not creep, it made 2–3 ms of jitter
+        // out of 0.2 ms, and the target stayed up while the figure faded.
+        var e = JitterEstimator(windowSeconds: 2)
+        e.deviceClockPPM = 1500
+        var arrival: UInt64 = 0
+        for k in 0..<2000 {
+            arrival += 2_902_494
+            e.note(transitNanos: 5_000_000 + Double(k % 2) * 100_000, arrivalNanos: arrival)
+        }
+        #expect(abs(e.deviationNanos - 100_000) < 1_000, "the 0.1 ms of jitter, not 3 ms of slope: \(e.deviationNanos)")
+    }
+
     @Test func theDeviceClockMeterMeasuresPullsAgainstTheClock() {
         var m = DeviceClockMeter(rate: 44_100)
         var now: UInt64 = 5_000_000_000

@@ -114,7 +114,8 @@ struct JitterEstimator {
     }
 
     /// The transit deviation of the window ending at `nowNanos`: a high quantile of the transits (all but the top
-    /// `outlierFraction` when `droppingOutliers`) minus their least, measured on the playout device's clock.
+    /// `outlierFraction` when `droppingOutliers`) minus their least, measured on the playout device's clock when that
+    /// makes it smaller (the monotonic clock's otherwise).
     ///
     /// Arrivals are stamped with this machine's monotonic clock. When the playout device runs slow or fast against
     /// it (`deviceClockPPM`; a JACK dummy graph by up to 0.5 %), and the sender's capture runs on the same clock (one
@@ -131,18 +132,34 @@ struct JitterEstimator {
             n += 1
         }
         guard n > 0 else { deviationNanos = 0; return }
+        let k = droppingOutliers ? min(n - 1, Int(Double(n) * Self.outlierFraction)) : 0   // drop the k largest
         let slope = deviceClockPPM * 1e-6
+        var (least, deviation) = spread(count: n, slope: slope, nowNanos: nowNanos, rank: k)
+        if slope != 0 {
+            // The device clock's figure is only worth taking out when it explains a creep: one read off a start
+            // whose device stalled (a figure off by 1,000 ppm, fading over a minute) would otherwise add its
+            // slope × the window's age — 2 ms of jitter that no packet has.
+            let plain = spread(count: n, slope: 0, nowNanos: nowNanos, rank: k)
+            if plain.deviation < deviation { (least, deviation) = plain }
+        }
+        leastTransit = least
+        deviationNanos = deviation
+    }
+
+    /// The least of the window's newest `count` transits, with `slope` × their age added, and the value of rank
+    /// `rank` (0 = largest) above it.
+    private mutating func spread(count n: Int, slope: Double, nowNanos: UInt64, rank k: Int)
+        -> (least: Double, deviation: Double)
+    {
         var least = Double.infinity
-        i = next
+        var i = next
         for j in 0..<n {
             i = i == 0 ? Self.transitCapacity - 1 : i - 1
             let residual = transits[i] + slope * Double(Int64(bitPattern: nowNanos &- arrivals[i]))
             scratch[j] = residual
             least = min(least, residual)
         }
-        let k = droppingOutliers ? min(n - 1, Int(Double(n) * Self.outlierFraction)) : 0   // drop the k largest
-        leastTransit = least
-        deviationNanos = selectLargest(rank: k, count: n) - least
+        return (least, selectLargest(rank: k, count: n) - least)
     }
 
     /// The value of rank `rank` (0 = largest) among `scratch[0..<count]` (Hoare quickselect, in place).
