@@ -45,7 +45,7 @@ struct LatencyCorrector {
     static let smallExcessConfirmSeconds = 2.0
     /// An excess that appears at once at least this large is a step (the start's), not a clock's ramp.
     static let stepSeconds = 0.001
-    /// A late resume this soon after a give-back says the give-back took latency the stream needs.
+    /// A late resume this soon after a skip says the skip took latency the stream needs.
     static let regretSeconds = 5.0
 
     /// What to do with the block about to be played.
@@ -84,8 +84,8 @@ struct LatencyCorrector {
     /// The latest skip: when (0: none in this stream), the latency the buffer held after it and the frames it
     /// skipped.
     private var lastSkip: (nanos: UInt64, latencyAfter: Double, skipped: Double) = (0, 0, 0)
-    /// Latency this stream showed it needs (it ran dry soon after a give-back below it), frames; 0: none shown.
-    /// Nothing is given back below it, whatever the target says.
+    /// Latency this stream showed it needs (it ran dry soon after a skip below it), frames; 0: none shown.
+    /// Nothing is skipped below it, whatever the target says.
     private(set) var neededFrames: Double = 0
 
     init(rate: Double, givesBackStartSteps: Bool = false) {
