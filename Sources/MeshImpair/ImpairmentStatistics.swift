@@ -33,20 +33,6 @@ extension ImpairmentProxy {
         public var failed: UInt64 = 0
 
         public init() {}
-
-        var json: JSONObject {
-            var o = JSONObject()
-            o.add("received", received)
-            o.add("forwarded", forwarded)
-            o.add("dropped", dropped)
-            o.add("droppedPeerMeshData", droppedPeerMeshData)
-            o.add("duplicated", duplicated)
-            o.add("reordered", reordered)
-            o.add("delayed", delayed)
-            o.add("pending", pending)
-            o.add("failed", failed)
-            return o
-        }
     }
 
     /// A consistent snapshot of all counters (taken under one lock).
@@ -70,13 +56,7 @@ extension ImpairmentProxy {
         public func jsonLine(kind: String = "counters") -> String {
             var o = JSONObject()
             o.add("kind", kind)
-            o.add("toTarget", toTarget.json)
-            o.add("fromTarget", fromTarget.json)
-            o.add("udpSessions", udpSessions)
-            o.add("tcpConnectionsAccepted", tcpConnectionsAccepted)
-            o.add("tcpConnectionsOpen", tcpConnectionsOpen)
-            o.add("tcpBytesToTarget", tcpBytesToTarget)
-            o.add("tcpBytesFromTarget", tcpBytesFromTarget)
+            o.addFields(of: self)
             return o.description
         }
 

@@ -53,6 +53,33 @@ package struct JSONObject: Sendable, CustomStringConvertible {
     /// Adds an already-encoded JSON value.
     package mutating func add(_ k: String, raw: String) { key(k); text += raw }
 
+    /// Adds every stored property of `value` under its own name, in declaration order: numbers, booleans and
+    /// strings as themselves, nested structs as objects. For statistics structs whose JSON keys are their field
+    /// names, so that a counter added to the struct appears in the JSON without a second list to keep in step.
+    /// A property of another type is a programming error (trap).
+    package mutating func addFields(of value: Any) {
+        for child in Mirror(reflecting: value).children {
+            guard let name = child.label else { preconditionFailure("addFields(of:) takes a struct, got \(type(of: value))") }
+            switch child.value {
+            case let v as UInt64: add(name, v)
+            case let v as Int: add(name, v)
+            case let v as Double: add(name, v)
+            case let v as Float: add(name, Double(v))
+            case let v as Bool: add(name, v)
+            case let v as String: add(name, v)
+            default:
+                precondition(Mirror(reflecting: child.value).displayStyle == .struct,
+                             "addFields(of:): \(name) is a \(type(of: child.value)), which has no JSON form here")
+                var nested = JSONObject()
+                nested.addFields(of: child.value)
+                add(name, nested)
+            }
+        }
+    }
+
+    /// An object of every stored property of `value` (see `addFields(of:)`).
+    package init(fieldsOf value: Any) { addFields(of: value) }
+
     /// The object, `{…}`.
     package var description: String { text + "}" }
 

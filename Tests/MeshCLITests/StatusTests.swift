@@ -42,4 +42,15 @@ import Testing
         #expect(JSONObject.number(9.996e19) == "1e+20")
         #expect(JSONObject.number(Double(Float.greatestFiniteMagnitude)) == "3.4e+38")
     }
+
+    @Test("addFields writes a struct's stored properties by name, in declaration order, nested structs as objects")
+    func fieldsByReflection() {
+        struct Inner { var count: UInt64 = 3; var name = "a\"b" }
+        struct Outer { var ratio = 0.25; var level: Float = 0.5; var open = true; var peers = -2; var inner = Inner() }
+        var o = JSONObject()
+        o.add("kind", "counters")
+        o.addFields(of: Outer())
+        #expect(o.description == #"{"kind":"counters","ratio":0.25,"level":0.5,"open":true,"peers":-2,"inner":{"count":3,"name":"a\"b"}}"#)
+        #expect(JSONObject(fieldsOf: Inner()).description == #"{"count":3,"name":"a\"b"}"#)
+    }
 }

@@ -429,4 +429,23 @@ struct ImpairmentProxyTests {
         let st = s.stats.toTarget
         #expect(st.received == 3 && st.forwarded == 3 && st.reordered == 1 && st.pending == 0)
     }
+
+    @Test("the JSON line carries every counter under its field name, both directions included")
+    func statisticsJSONLine() throws {
+        var st = ImpairmentProxy.Statistics()
+        st.toTarget.received = 10; st.toTarget.forwarded = 7; st.toTarget.dropped = 2
+        st.toTarget.droppedPeerMeshData = 2; st.toTarget.trailingDroppedPeerMeshData = 1; st.toTarget.failed = 1
+        st.fromTarget.duplicated = 4; st.fromTarget.reordered = 5; st.fromTarget.delayed = 6; st.fromTarget.pending = 8
+        st.udpSessions = 1; st.tcpConnectionsAccepted = 3; st.tcpConnectionsOpen = 2
+        st.tcpBytesToTarget = 100; st.tcpBytesFromTarget = 200
+        let line = st.jsonLine(kind: "final")
+        #expect(line.hasPrefix(#"{"kind":"final","toTarget":{"received":10,"forwarded":7,"dropped":2,"#))
+        let o = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+        let to = try #require(o["toTarget"] as? [String: Any]), from = try #require(o["fromTarget"] as? [String: Any])
+        #expect(to["trailingDroppedPeerMeshData"] as? Int == 1 && to["failed"] as? Int == 1 && to["pending"] as? Int == 0)
+        #expect(from["duplicated"] as? Int == 4 && from["reordered"] as? Int == 5 && from["delayed"] as? Int == 6)
+        #expect(from["pending"] as? Int == 8 && from.count == 10 && to.count == 10)
+        #expect(o["udpSessions"] as? Int == 1 && o["tcpConnectionsAccepted"] as? Int == 3 && o["tcpConnectionsOpen"] as? Int == 2)
+        #expect(o["tcpBytesToTarget"] as? Int == 100 && o["tcpBytesFromTarget"] as? Int == 200 && o.count == 8)
+    }
 }

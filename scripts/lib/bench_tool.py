@@ -205,6 +205,16 @@ def verdict(ok):
     return "n/m" if ok is None else ("met" if ok else "**missed**")
 
 
+def at_most(v, bound):
+    """A goal's outcome for a figure that must not exceed `bound`: None (not measured) when the figure is missing."""
+    return None if v is None else v <= bound
+
+
+def at_least(v, bound):
+    """A goal's outcome for a figure that must reach `bound`: None (not measured) when the figure is missing."""
+    return None if v is None else v >= bound
+
+
 
 def table(md, title, columns, align):
     """Appends a report section's head: its title, a blank line, and a Markdown table header whose columns are
@@ -279,12 +289,12 @@ def report(raw_path, out_json, out_md, meta_path):
             rs = ratios(key)
             if path == "mesh-default" and period == 128:
                 ms = median_of(key, "ms")
-                goals.append(("mesh defaults ≤ 12 ms at period 128", fmt(ms) + " ms", None if ms is None else ms <= 12.0))
+                goals.append(("mesh defaults ≤ 12 ms at period 128", fmt(ms) + " ms", at_most(ms, 12.0)))
             for p, bound, what in (("mesh-default", 1.15, "defaults"), ("mesh-low", 1.05, "--latency low")):
                 if path == p:
                     shown = (f"{statistics.median(rs):.2f}× median, {max(rs):.2f}× worst of {len(rs)}" if rs else "n/m")
                     goals.append((f"{what} ≤ {bound:.2f}× the floor at period {period} (median run)", shown,
-                                  None if not rs else statistics.median(rs) <= bound))
+                                  at_most(statistics.median(rs) if rs else None, bound)))
 
     # 1c. Wire formats: each codec's run against the f32 default of the same run (run 1, measured just before it).
     if lat:
@@ -359,12 +369,12 @@ def report(raw_path, out_json, out_md, meta_path):
             r = by.get(side)
             if r:
                 goals.append((f"{side} ≤ 1 % of a core", fmt(r.get("percentCore"), 2) + " %",
-                              None if r.get("percentCore") is None else r["percentCore"] <= 1.0))
+                              at_most(r.get("percentCore"), 1.0)))
                 b = by.get(base, {}).get("cpuPerMinute")
                 if r.get("cpuPerMinute") is not None and b:
                     goals.append((f"{side} CPU ≤ 0.8× `{base}`", f"{r['cpuPerMinute'] / b:.2f}×", r["cpuPerMinute"] / b <= 0.8))
                 v = mb(r.get("peakRssExShmKiB"))
-                goals.append((f"{side} ≤ 16 MB RSS (excl. JACK shm)", fmt(v) + " MB", None if v is None else v <= 16.0))
+                goals.append((f"{side} ≤ 16 MB RSS (excl. JACK shm)", fmt(v) + " MB", at_most(v, 16.0)))
 
     # 4. Join
     jn = sections.get("join", [])
@@ -379,7 +389,7 @@ def report(raw_path, out_json, out_md, meta_path):
             md.append(f"\n{j['note']}")
         md.append("")
         goals.append(("join with the handshake ≤ 150 ms (median)", fmt(j.get("medianMs"), 0) + " ms",
-                      None if j.get("medianMs") is None else j["medianMs"] <= 150))
+                      at_most(j.get("medianMs"), 150)))
 
     # 5. Fan-out
     fo = sections.get("fanout", [])
@@ -395,7 +405,7 @@ def report(raw_path, out_json, out_md, meta_path):
         for r in fo:
             if r["players"] == 32:
                 goals.append(("32 players ≤ 0.1 % loss (worst player)", fmt(r.get("worstPlayerLossPercent"), 3) + " %",
-                              None if r.get("worstPlayerLossPercent") is None else r["worstPlayerLossPercent"] <= 0.1))
+                              at_most(r.get("worstPlayerLossPercent"), 0.1)))
 
     # 5b. Encryption cost
     cr = sections.get("crypto", [])
@@ -419,7 +429,7 @@ def report(raw_path, out_json, out_md, meta_path):
         md.append("")
         players = cr[0].get("players")
         goals.append((f"host CPU, {players} encrypted vs plaintext players ≤ 1.3×", fmt(ratio, 2) + "×",
-                      None if ratio is None or players != 32 else ratio <= 1.3))
+                      None if players != 32 else at_most(ratio, 1.3)))
 
     # 6. Impairment
     im = sections.get("impair", [])
@@ -453,7 +463,7 @@ def report(raw_path, out_json, out_md, meta_path):
             md.append(f"\n{r['note']}")
         md.append("")
         goals.append(("resource transfer ≥ 0.5× nc over TCP (first transfer, median)", fmt(r.get("ratio"), 2),
-                      None if r.get("ratio") is None else r["ratio"] >= 0.5))
+                      at_least(r.get("ratio"), 0.5)))
 
     # 8. Mesh join
     mj = sections.get("meshjoin", [])

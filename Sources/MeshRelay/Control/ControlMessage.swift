@@ -167,7 +167,9 @@ public enum PlayerCommand: Sendable, Equatable, CustomStringConvertible {
 }
 
 /// The phase of a capture command.
-public enum CapturePhase: UInt8, Sendable, Equatable, CustomStringConvertible {
+///
+/// Printed (`"\(phase)"`), a phase shows its case name.
+public enum CapturePhase: UInt8, Sendable, Equatable {
     /// One press: the pre-roll plus what follows, up to the clip length.
     case single = 0
     /// The press went down: record until `end` (or the clip length).
@@ -176,25 +178,16 @@ public enum CapturePhase: UInt8, Sendable, Equatable, CustomStringConvertible {
     case end = 2
     /// The press was cancelled: discard the clip.
     case cancel = 3
-
-    public var description: String {
-        switch self {
-        case .single: "single"
-        case .begin: "begin"
-        case .end: "end"
-        case .cancel: "cancel"
-        }
-    }
 }
 
 /// Which action a capture command carries.
-public enum CaptureAction: UInt8, Sendable, Equatable, CustomStringConvertible {
+///
+/// Printed, an action shows its case name.
+public enum CaptureAction: UInt8, Sendable, Equatable {
     /// Record a clip: the pre-roll and what follows.
     case primary = 0
     /// Keep the moment just heard: the pre-roll alone, saved at once.
     case secondary = 1
-
-    public var description: String { self == .primary ? "primary" : "secondary" }
 }
 
 /// The one answer to a command.
