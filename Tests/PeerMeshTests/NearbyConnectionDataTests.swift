@@ -15,6 +15,24 @@ struct NearbyConnectionDataCodecTests {
         #expect(Array(bytes.prefix(6)) == Array("PMNC".utf8) + [1, peerMeshProtocolVersion])
     }
 
+    @Test("Introduced across machines, no loopback address is listed; on one machine, or for a QR code, it stays")
+    func listedAddresses() {
+        let here = ["192.168.1.20", "198.18.0.1", "fd00::5", "127.0.0.1", "::1"]
+        // The introducer reaches us at 198.18.0.1: the newcomer is elsewhere, where 127.0.0.1 is itself.
+        #expect(NearbyConnectionData.listedAddresses(here, preferring: "198.18.0.1") == ["198.18.0.1", "192.168.1.20", "fd00::5"])
+        // All on one machine: loopback first, the others kept.
+        #expect(NearbyConnectionData.listedAddresses(here, preferring: "127.0.0.1")
+                == ["127.0.0.1", "192.168.1.20", "198.18.0.1", "fd00::5", "::1"])
+        #expect(NearbyConnectionData.listedAddresses(here, preferring: "::1").first == "::1")
+        // No preference (a QR code, a file), or a scoped one that names our own interface: the list as it is.
+        #expect(NearbyConnectionData.listedAddresses(here, preferring: nil) == here)
+        #expect(NearbyConnectionData.listedAddresses(here, preferring: "fe80::1%eth0") == here)
+        // A preferred address that is not among the candidates (bound elsewhere) still goes first; the cap holds.
+        let many = (1...20).map { "10.0.0.\($0)" }
+        let listed = NearbyConnectionData.listedAddresses(many, preferring: "10.0.1.1")
+        #expect(listed.count == NearbyConnectionData.maximumAddresses && listed.first == "10.0.1.1" && listed[1] == "10.0.0.1")
+    }
+
     @Test func refusesWhatIsNotWellFormed() {
         let good = sample.encoded()
         func decode(_ b: [UInt8]) -> NearbyConnectionData.DecodeError? {

@@ -69,6 +69,7 @@ public struct PlayoutStats: Sendable, Equatable, BitwiseCopyable {
     public var skippedFrames: UInt64 { buffer.skippedFrames }
     /// Frames synthesized to grow the delay.
     public var stretchedFrames: UInt64 { buffer.stretchedFrames }
+    /// Late packets that continued a stream where it had run dry.
     public var lateResumes: UInt64 { buffer.lateResumes }
     /// Datagrams that failed to decode.
     public var malformed: UInt64 { ingress.malformed }

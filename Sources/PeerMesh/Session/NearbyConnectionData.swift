@@ -17,7 +17,7 @@ struct NearbyConnectionData: Equatable, Sendable {
     var ticket: [UInt8]
     /// The TCP port connections go to.
     var port: UInt16
-    /// Numeric addresses to try, in order (IPv4 first, loopback last).
+    /// Numeric addresses to try, in order (IPv4 first, loopback last; see `listedAddresses`).
     var addresses: [String]
 
     static let magic: [UInt8] = Array("PMNC".utf8)
@@ -65,6 +65,19 @@ struct NearbyConnectionData: Equatable, Sendable {
             case .trailingBytes: "the connection data has bytes after its end"
             }
         }
+    }
+
+    /// The addresses to list, in the order to try, at most `maximumAddresses`: `preferred` first (the local end of
+    /// the link an introduction came over: where the introducer reaches this session), then `candidates` as given.
+    /// A loopback address leads only to the machine it is tried on, so when `preferred` is not loopback — the
+    /// newcomer is on another machine — loopback addresses are left out; without `preferred` (data for a QR code, a
+    /// file) they stay. A scoped `preferred` (`fe80::1%eth0`) names one of our interfaces and is ignored. Pure.
+    static func listedAddresses(_ candidates: [String], preferring preferred: String?) -> [String] {
+        guard let preferred, !preferred.contains("%") else { return Array(candidates.prefix(maximumAddresses)) }
+        let isLoopback = { (host: String) in SocketAddress(numericHost: host, port: 0)?.isLoopback ?? false }
+        let remoteNewcomer = !isLoopback(preferred)
+        let rest = candidates.filter { $0 != preferred && !(remoteNewcomer && isLoopback($0)) }
+        return Array(([preferred] + rest).prefix(maximumAddresses))
     }
 
     /// Decodes connection data from outside. Pure; never traps.
@@ -202,11 +215,7 @@ extension Session {
         } else {
             addresses = [core.configuration.bindHost]
         }
-        if let preferred, !preferred.contains("%") {
-            addresses.removeAll { $0 == preferred }
-            addresses.insert(preferred, at: 0)
-        }
-        addresses = Array(addresses.prefix(NearbyConnectionData.maximumAddresses))
+        addresses = NearbyConnectionData.listedAddresses(addresses, preferring: preferred)
         guard !addresses.isEmpty else { throw .transport("this machine has no address to give") }
         let data = NearbyConnectionData(peer: myPeerID, forIdentity: peer.identity, ticket: acceptor.issue(for: peer),
                                         port: port, addresses: addresses)
