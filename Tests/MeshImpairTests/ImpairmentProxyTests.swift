@@ -379,6 +379,7 @@ struct ImpairmentProxyTests {
         p.standardOutput = out
         p.standardError = err
         try p.run()
+        ChildLedger.record(p.processIdentifier)
         defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) } }
         // Read stderr until the "listening" line.
         var text = ""

@@ -62,6 +62,7 @@ package final class ChildProcess: Sendable {
             err.fileHandleForReading.readabilityHandler = { [weak self] h in self?.take(h.availableData, stream: 2) }
         }
         try p.run()
+        ChildLedger.record(p.processIdentifier)
     }
 
     /// Starts a product of this package by name.
@@ -223,6 +224,32 @@ package final class LoopbackCapture: Sendable {
     package struct CaptureError: Error, CustomStringConvertible {
         package let text: String
         package var description: String { text }
+    }
+}
+
+/// The children tests start, written down where `scripts/test` can find them (`PEERMESH_TEST_CHILDREN`, a file
+/// path): one line per child, its PID and its start time (field 22 of `/proc/PID/stat`). A child is normally ended
+/// by its `ChildProcess`; if the test process itself dies first (a crash, CI's timeout), `scripts/test` ends those
+/// still running whose start time matches — never a process that has taken the PID since.
+package enum ChildLedger {
+    private static let path = ProcessInfo.processInfo.environment["PEERMESH_TEST_CHILDREN"]
+
+    /// Writes down a child just started (nothing without `PEERMESH_TEST_CHILDREN`).
+    package static func record(_ pid: Int32) {
+        guard let path, !path.isEmpty, let start = startTime(of: pid) else { return }
+        let fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return }
+        LineWriter.writeLine("\(pid) \(start)", to: fd) // one short O_APPEND write: lines never interleave
+        close(fd)
+    }
+
+    /// The start time of `pid` in clock ticks since boot (`/proc/PID/stat` field 22), nil if it is gone.
+    package static func startTime(of pid: Int32) -> String? {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let close = stat.lastIndex(of: ")") else { return nil }
+        // After "PID (comm) " the fields start at field 3 (state); the name may hold spaces and parentheses.
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        return fields.count > 19 ? String(fields[19]) : nil
     }
 }
 
