@@ -30,9 +30,12 @@ public enum ImpairmentError: Error, Equatable, Sendable, CustomStringConvertible
 extension ImpairmentProxy {
     /// A numeric IPv4 host and a port. `localhost` is accepted as 127.0.0.1.
     public struct Endpoint: Hashable, Sendable, CustomStringConvertible {
+        /// The numeric IPv4 host.
         public var host: String
+        /// The port (0 to listen on a free one).
         public var port: UInt16
 
+        /// `host` (`localhost` becomes 127.0.0.1) and `port`.
         public init(host: String, port: UInt16) {
             self.host = host == "localhost" ? "127.0.0.1" : host
             self.port = port
@@ -96,6 +99,7 @@ extension ImpairmentProxy {
         public var listen: Endpoint
         /// Where to forward UDP and TCP (same port number).
         public var target: Endpoint
+        /// Seed of the impairment's random choices: the same seed and the same input give the same impairments.
         public var seed: UInt64
         /// Probability (0–1) a datagram is dropped.
         public var loss: Double
@@ -103,9 +107,11 @@ extension ImpairmentProxy {
         public var duplicate: Double
         /// Probability (0–1) a datagram is held back and sent after the next one.
         public var reorder: Double
+        /// Delay added to every datagram.
         public var delayMilliseconds: Double
         /// Half-width of the uniform jitter around `delayMilliseconds`.
         public var jitterMilliseconds: Double
+        /// Which datagrams are impaired: both ways, or one way (the other passes clean).
         public var direction: Direction
         /// Longest a reordered datagram waits for a successor.
         public var reorderHoldMilliseconds: Double

@@ -43,11 +43,13 @@ extension ImpairmentProxy {
         public var fromTarget = DirectionStatistics()
         /// UDP clients with a live session (one upstream socket each).
         public var udpSessions = 0
-        /// TCP connections accepted so far, and those still open.
+        /// TCP connections accepted so far.
         public var tcpConnectionsAccepted: UInt64 = 0
+        /// TCP connections still open.
         public var tcpConnectionsOpen = 0
-        /// TCP payload bytes passed through, per direction.
+        /// TCP payload bytes passed through towards the target.
         public var tcpBytesToTarget: UInt64 = 0
+        /// TCP payload bytes passed through from the target.
         public var tcpBytesFromTarget: UInt64 = 0
 
         public init() {}

@@ -22,7 +22,9 @@ import MeshPOSIX
 public final class PlayoutPipeline: Sendable {
     /// Tuning of the whole chain.
     public struct Configuration: Sendable, Equatable {
+        /// The jitter buffer's tuning.
         public var jitter = JitterBuffer.Configuration()
+        /// The drift controller's tuning.
         public var drift = DriftController.Configuration()
         /// libspeexdsp quality, 0...10.
         public var resamplerQuality = 5
@@ -32,6 +34,7 @@ public final class PlayoutPipeline: Sendable {
         public var ringCapacity: Int?
         /// Largest block walked through the chain at once (bigger pulls are split).
         public var maximumPeriodFrames = 4096
+        /// The defaults, with the jitter buffer in `mode`.
         public init(mode: JitterBuffer.Mode = .auto) { jitter = JitterBuffer.Configuration(mode: mode) }
     }
 

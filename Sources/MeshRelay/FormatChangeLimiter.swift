@@ -15,7 +15,9 @@ public struct FormatChangeLimiter: Sendable, Equatable {
         case refuse
     }
 
+    /// Changes allowed at once (the bucket's size).
     public let burst: Int
+    /// Nanoseconds until the next change is allowed after the burst (one token).
     public let refill: UInt64
     private var tokens: Double
     private var updated: UInt64?

@@ -39,6 +39,7 @@ public struct JoinStateMachine: Sendable {
         case stopped
     }
 
+    /// Which host to join: one found by DNS-SD (by display name, or the first), or the advertiser at a known address.
     public let target: JoinTarget
     /// Direct connects tried in a row before giving up.
     public let maximumAttempts: Int
@@ -58,12 +59,14 @@ public struct JoinStateMachine: Sendable {
     /// 1 s, then 2 s, so a host that keeps refusing (full, busy) is not invited four times a second for ever.
     private var failures: [PeerID: Int] = [:]
 
+    /// A machine that starts searching for `target`.
     public init(target: JoinTarget, maximumAttempts: Int = 5, inviteTimeoutNanos: UInt64 = 5_000_000_000) {
         self.target = target
         self.maximumAttempts = maximumAttempts
         inviteTimeout = inviteTimeoutNanos
     }
 
+    /// Where joining stands, for status lines.
     public var phase: Phase {
         switch state {
         case .searching, .waitingToRetry: .searching

@@ -18,7 +18,9 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
 
     /// What pairing needs.
     public struct Configuration: Sendable {
+        /// Who this player is: the key pair the host will remember, and the name it shows.
         public var identity: PeerIdentity
+        /// Where the host's key is written once pairing succeeds.
         public var trust: TrustStore
         /// The code shown by the host (`1234-5678`; spaces and dashes do not matter).
         public var code: String
@@ -26,12 +28,16 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
         public var target: JoinTarget
         /// When the code came from the host's QR code: the host's fingerprint (prefix), which the handshake must prove.
         public var expectedFingerprint: String?
+        /// The service type hosts advertise.
         public var serviceType: String = "mesh-audio"
+        /// Discovery backend; `nil` means Avahi.
         public var discovery: (any DiscoveryBackend)?
+        /// Local address to use ("" = any).
         public var bindHost: String = ""
         /// How long it may take in all.
         public var timeout: Duration = .seconds(15)
 
+        /// Pairing with the host `target` names, with the code it shows; every other setting keeps its default.
         public init(identity: PeerIdentity, trust: TrustStore, code: String, target: JoinTarget) {
             self.identity = identity
             self.trust = trust
@@ -47,6 +53,7 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
         var seen: [PeerID: Bool] = [:]
     }
 
+    /// The configuration the client was made with.
     public let configuration: Configuration
     private let session: Session
     private let browser: NearbyServiceBrowser?
@@ -54,6 +61,9 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
     private let finished = WakeSignal()
     private let log: @Sendable (String) -> Void
 
+    /// A client ready to pair (`run` does it); `log` gets one line per step.
+    ///
+    /// - Throws: what the session throws when it cannot be made (no socket, a bad identity).
     public init(configuration: Configuration, log: @escaping @Sendable (String) -> Void = { _ in }) throws {
         self.configuration = configuration
         self.log = log

@@ -63,6 +63,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         /// The Opus bitrate in bits per second (`--bitrate`), for `codec == .opus`.
         public var opusBitrate: Int = Packetizer.defaultOpusBitrate
 
+        /// The settings most hosts set; every other one keeps its default.
         public init(identity: PeerIdentity, trust: TrustStore?, serviceType: String = "mesh-audio", port: UInt16 = 0,
                     maximumPeers: Int = 33, accept: AcceptPolicy = .paired, discovery: (any DiscoveryBackend)? = nil) {
             self.identity = identity
@@ -77,12 +78,19 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
 
     /// Counters and levels, for the status line and `--json`.
     public struct Statistics: Sendable {
+        /// The players connected now.
         public var players: [PlayerInfo] = []
+        /// Audio packets sent (to all players together).
         public var packetsSent: UInt64 = 0
+        /// Frames read from the capture source.
         public var framesCaptured: UInt64 = 0
+        /// Capture over- and underruns recovered (`snd_pcm_recover`).
         public var captureXruns: UInt64 = 0
+        /// The capture device's latest delay (`snd_pcm_delay`), frames.
         public var captureDelayFrames: Int = 0
+        /// Peak |sample| of the latest captured chunk.
         public var peakLevel: Float = 0
+        /// RMS of the latest captured chunk.
         public var rmsLevel: Float = 0
         /// How the samples travel (`Configuration.codec`).
         public var codec: SampleEncoding = .float32
@@ -94,8 +102,9 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         public var muted = false
         /// The clip state players see (`off` without `--clips`).
         public var capture: CaptureState = .off
-        /// Control commands received from players, and how many of them were malformed.
+        /// Control commands received from players.
         public var controlCommands: UInt64 = 0
+        /// Control messages from players that did not decode (dropped).
         public var malformedControl: UInt64 = 0
     }
 
@@ -107,6 +116,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         /// `--talk-duplex full`: the talker keeps hearing the host. By default (half duplex) the host stops sending its
         /// microphone to the player that talks, which avoids echo without echo cancellation.
         public var fullDuplex = false
+        /// A talkback output that plays into the sinks `makeSink` builds.
         public init(fullDuplex: Bool = false, makeSink: @escaping @Sendable (AudioFormat) throws -> any AudioSink) {
             self.makeSink = makeSink
             self.fullDuplex = fullDuplex
@@ -115,8 +125,11 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
 
     /// A connected player, as the host sees it.
     public struct PlayerInfo: Sendable, Equatable {
+        /// The player (its display name is raw remote text: escape it before printing).
         public var peer: PeerID
+        /// The numeric address its invitation came from.
         public var address: String?
+        /// The short fingerprint of the key its handshake proved.
         public var fingerprint: String?
         /// Whether the player paused its audio (the host sends it none meanwhile).
         public var paused = false
@@ -124,7 +137,9 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         public var talking = false
     }
 
+    /// The host's own peer (name and key), as players see it.
     public let peer: PeerID
+    /// The configuration the host was made with.
     public let configuration: Configuration
     /// The audio session (players join it).
     public let session: Session
@@ -577,6 +592,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     }
 
     /// The invitation context a player sends to pair.
+    /// The invitation context of a player that comes to pair (`mesh-play --pair`) rather than to listen.
     public static let pairingContext = PairingResponder.context
 }
 
@@ -584,6 +600,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
 public final class JoinRequest: Sendable {
     /// The player (its display name is raw remote text: escape it before printing).
     public let peer: PeerID
+    /// The numeric address the invitation came from.
     public let address: String
     /// The player's short key fingerprint.
     public let fingerprint: String

@@ -56,6 +56,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         /// Push-to-talk: what the player captures while talk is on (`--talk-device`, `--talk-input`); nil has none.
         public var talkSource: (any AudioSource)?
 
+        /// The settings most players set; every other one keeps its default.
         public init(target: JoinTarget, identity: PeerIdentity, hosts: HostPolicy, serviceType: String = "mesh-audio",
                     latency: JitterBuffer.Mode = .auto, discovery: (any DiscoveryBackend)? = nil) {
             self.target = target
@@ -69,20 +70,29 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
 
     /// A snapshot for the status line and `--json`.
     public struct Statistics: Sendable {
+        /// Where joining stands: searching, joining a host, joined, stopped.
         public var phase: JoinStateMachine.Phase = .searching
+        /// The host joined (nil while none is).
         public var host: PeerID?
+        /// The playout pipeline's counters and levels (jitter buffer, ingress, drift, concealment).
         public var playout = PlayoutStats()
+        /// The output device's counters (frames written, xruns, delay).
         public var device = AudioStats()
+        /// The session's latest round-trip time to the host (`Session.roundTripTime(to:)`; nil before one is measured).
         public var roundTripMilliseconds: Double?
         /// Network one-way (half the RTT) + jitter buffer + both devices' delays.
         public var mouthToEarMilliseconds: Double?
+        /// Datagrams delivered by the session (audio and control).
         public var datagrams: UInt64 = 0
+        /// Well-formed datagrams from an address or token that is not the host's link (dropped by the session).
         public var strangerDatagrams: UInt64 = 0
+        /// Datagrams that were not PeerMesh's or not well formed (dropped by the session).
         public var malformedDatagrams: UInt64 = 0
         /// Seconds from `start()` to the first datagram of audio, or nil before.
         public var firstAudioSeconds: Double?
         /// Frames of audio that arrived from hosts (before the jitter buffer).
         public var framesReceived: UInt64 = 0
+        /// The format of the pipeline now playing (the host's).
         public var format: AudioFormat = .default
         /// Hosts the browser saw, and whether each is paired (trusted).
         public var seen: [SeenHost] = []
@@ -98,8 +108,9 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         public var unauthenticDatagrams: UInt64 = 0
         /// The host's control state for this player (nil until it sends one; hosts without control never do).
         public var hostControl: HostControlState?
-        /// The listener's volume, dB, and local mute.
+        /// The listener's volume, dB.
         public var volumeDB: Double = 0
+        /// Whether the listener muted its own output.
         public var muted = false
         /// Time played as silence because the host holds this player's audio (paused): not loss, not concealment.
         public var pausedMilliseconds: Double = 0
@@ -121,7 +132,9 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
 
     /// A host the browser saw.
     public struct SeenHost: Sendable, Equatable {
+        /// The host as its advertisement names it.
         public var peer: PeerID
+        /// Whether its key is in the trust store (paired).
         public var trusted: Bool
     }
 
@@ -138,8 +151,11 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     /// Builds the sink for a format (an ALSA `Player`, or a `WAVFileSink`).
     public typealias SinkFactory = @Sendable (AudioFormat, SinkRequest) throws -> any AudioSink
 
+    /// The configuration the player was made with.
     public let configuration: Configuration
+    /// The session the player joins its host in.
     public let session: Session
+    /// The player's own peer (name and key), as hosts see it.
     public let peer: PeerID
     private let makeSink: SinkFactory
     private let browser: NearbyServiceBrowser?

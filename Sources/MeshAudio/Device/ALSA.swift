@@ -17,6 +17,7 @@ public struct ALSAError: Error, Equatable, Sendable, CustomStringConvertible {
         case failed
     }
 
+    /// What went wrong, for the caller to act on (the message says it in words).
     public var kind: Kind
     /// The device name as the caller gave it (or the `plug:` name it was re-opened as).
     public var device: String

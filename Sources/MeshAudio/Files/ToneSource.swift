@@ -28,7 +28,9 @@ public enum ToneError: Error, Equatable, Sendable, CustomStringConvertible {
 ///
 /// Sample *n* is `amplitude × sin(2π × frequency × n / sampleRate)`. It never finishes on its own.
 public final class ToneSource: PacedSourceBacked {
+    /// The tone's frequency, Hz.
     public let frequency: Double
+    /// Its peak amplitude, 0–1 of full scale.
     public let amplitude: Float
     let source: PacedSource
 

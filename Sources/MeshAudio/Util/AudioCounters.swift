@@ -5,10 +5,15 @@ import Synchronization
 /// Writers are the stage's own threads (each counter has one writer); `snapshot()` may be called from any thread.
 /// Updates are relaxed atomics: real-time safe, and each counter is individually exact.
 public final class AudioCounters: Sendable {
+    /// `AudioStats.framesIn`.
     public let framesIn = Atomic<UInt64>(0)
+    /// `AudioStats.framesOut`.
     public let framesOut = Atomic<UInt64>(0)
+    /// `AudioStats.xruns`.
     public let xruns = Atomic<UInt64>(0)
+    /// `AudioStats.overflowFrames`.
     public let overflowFrames = Atomic<UInt64>(0)
+    /// `AudioStats.delayFrames`.
     public let delayFrames = Atomic<Int>(0)
 
     public init() {}

@@ -107,10 +107,12 @@ public struct DriftController: Sendable {
     private var arrivalSamples = 0
     /// Steps taken out of the excursion since the last reference.
     public private(set) var steps = 0
-    /// The render calls' timeline (lateness), and the packets' (transit).
+    /// The render calls' timeline (lateness).
     public private(set) var renderTimeline: RenderTimeline
+    /// The packets' timeline (transit).
     public private(set) var arrivalTimeline: ArrivalTimeline
 
+    /// A controller for a stream at `sampleRate`, with nothing observed yet.
     public init(sampleRate: Int, configuration: Configuration = Configuration()) {
         self.sampleRate = sampleRate
         self.configuration = configuration

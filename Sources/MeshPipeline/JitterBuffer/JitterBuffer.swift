@@ -60,6 +60,7 @@ public struct JitterBuffer {
 
     /// Tuning.
     public struct Configuration: Sendable, Equatable {
+        /// How the target delay is chosen: from the measured jitter (`.auto`, the default), or fixed.
         public var mode: Mode = .auto
         /// The most delay the buffer can hold; also bounds the target.
         public var maximumDelayMilliseconds: Double = 500
@@ -73,6 +74,7 @@ public struct JitterBuffer {
         /// stall is concealed and does not raise the target, a step of the timeline starts the jitter window over
         /// (`.auto`; 0: every burst counts).
         public var stallSpacingSeconds: Double = 2.5
+        /// The defaults, in `mode`.
         public init(mode: Mode = .auto) { self.mode = mode }
     }
 

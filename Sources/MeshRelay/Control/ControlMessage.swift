@@ -140,7 +140,9 @@ public enum ControlMessage: Sendable, Equatable {
 
 /// Why a control message was refused. `id` is the command's when the header got that far, so the answer can name it.
 public struct ControlDecodeError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// The refused command's id, when the header decoded that far.
     public var id: UInt32?
+    /// What was wrong, in words.
     public var reason: String
     public var description: String { reason }
 }

@@ -3,11 +3,12 @@ import FoundationEssentials
 /// A network address at which a peer's advertiser accepts invitations (TCP): a host — numeric IPv4 or IPv6 (with
 /// `%scope` when link-local) or a name to resolve — and a port.
 public struct PeerEndpoint: Hashable, Sendable, CustomStringConvertible {
-    /// Numeric address, e.g. `127.0.0.1`.
+    /// Numeric address, e.g. `127.0.0.1` or `fe80::1%eth0`, or a name to resolve.
     public var host: String
     /// TCP port of the advertiser (and, by default, of the session's UDP socket).
     public var port: UInt16
 
+    /// The endpoint at `host`, `port`.
     public init(host: String, port: UInt16) {
         self.host = host
         self.port = port
@@ -50,6 +51,7 @@ public struct ServiceAdvertisement: Sendable, Equatable {
     /// The app's discovery info.
     public var discoveryInfo: [String: String]
 
+    /// What `peer`'s advertiser publishes for `serviceType` on `port`.
     public init(peer: PeerID, serviceType: String, port: UInt16, discoveryInfo: [String: String]) {
         self.peer = peer
         self.serviceType = serviceType
@@ -71,6 +73,7 @@ public struct DiscoveredPeer: Sendable, Equatable {
     /// Addresses at which its advertiser answers, best first.
     public var endpoints: [PeerEndpoint]
 
+    /// `peer` as a browser found it, at `endpoints` (best first).
     public init(peer: PeerID, discoveryInfo: [String: String], endpoints: [PeerEndpoint]) {
         self.peer = peer
         self.discoveryInfo = discoveryInfo

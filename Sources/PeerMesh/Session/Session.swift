@@ -156,6 +156,7 @@ public final class Session: Sendable {
         /// Tests only: introduced members skip the direct connection and call through the introducer at once.
         var relaysIntroductions = false
 
+        /// The settings, each named for its property above and with the same default.
         public init(maximumPeers: Int = 8, peerTimeout: Duration = .seconds(2), heartbeatInterval: Duration? = nil,
                     udpPort: UInt16 = 0, bindHost: String = "", maximumMessageSize: Int = 1 << 20,
                     maximumPeersPerHost: Int = 4, maximumQueuedBytes: Int = 8 << 20, resourceDirectory: String = "",
