@@ -246,9 +246,9 @@ package enum ChildLedger {
     /// The start time of `pid` in clock ticks since boot (`/proc/PID/stat` field 22), nil if it is gone.
     package static func startTime(of pid: Int32) -> String? {
         guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
-              let close = stat.lastIndex(of: ")") else { return nil }
+              let nameEnd = stat.lastIndex(of: ")") else { return nil }
         // After "PID (comm) " the fields start at field 3 (state); the name may hold spaces and parentheses.
-        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        let fields = stat[stat.index(after: nameEnd)...].split(separator: " ")
         return fields.count > 19 ? String(fields[19]) : nil
     }
 }
