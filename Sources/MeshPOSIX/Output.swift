@@ -77,9 +77,6 @@ package struct JSONObject: Sendable, CustomStringConvertible {
         }
     }
 
-    /// An object of every stored property of `value` (see `addFields(of:)`).
-    package init(fieldsOf value: Any) { addFields(of: value) }
-
     /// The object, `{…}`.
     package var description: String { text + "}" }
 
