@@ -193,6 +193,7 @@ def join(runs, service, mesh_play, state_dir, rate=44100, timeout=10.0):
 
 # ---------------------------------------------------------------------------------------------------- report
 
+
 def fmt(v, digits=1):
     if v is None:
         return "n/m"
@@ -215,15 +216,280 @@ def at_least(v, bound):
     return None if v is None else v >= bound
 
 
+class Table:
+    """One report section: its title, a blank line and a Markdown table header whose columns are aligned as `align`
+    says (one letter a column: l or r), then `row`s. A row must have a cell for every column."""
 
-def table(md, title, columns, align):
-    """Appends a report section's head: its title, a blank line, and a Markdown table header whose columns are
-    aligned as `align` says (one letter a column: l or r)."""
-    assert len(columns) == len(align)
-    md.append(title)
+    def __init__(self, md, title, columns, align):
+        assert len(columns) == len(align)
+        self.md, self.width = md, len(columns)
+        md.append(title)
+        md.append("")
+        md.append("| " + " | ".join(columns) + " |")
+        md.append("|" + "|".join("---:" if a == "r" else "---" for a in align) + "|")
+
+    def row(self, *cells):
+        assert len(cells) == self.width, f"{len(cells)} cells for {self.width} columns: {cells}"
+        self.md.append("| " + " | ".join(str(c) for c in cells) + " |")
+
+
+def latency_section(lat, md, goals):
+    """1. Mouth-to-ear latency of each path against the floor (JACK with nothing in between), and its goals."""
+    # A path may have several runs (scripts/bench repeats the floor, the defaults and --latency low): each run's
+    # ratio is against the floor measured just before it, and the table gives the median and the worst.
+    runs_of, order = {}, []
+    for r in lat:
+        key = (r["period"], r["path"])
+        if key not in runs_of:
+            order.append(key)
+        runs_of.setdefault(key, []).append(r)
+    floor_of = {(r["period"], r.get("run", 1)): r.get("frames") for r in lat if r["path"] == "floor"}
+    def ratios(key):
+        return [r["frames"] / floor_of[(key[0], r.get("run", 1))] for r in runs_of[key]
+                if r.get("frames") and floor_of.get((key[0], r.get("run", 1)))]
+    def median_of(key, field):
+        v = [r[field] for r in runs_of[key] if r.get(field) is not None]
+        return statistics.median(v) if v else None
+    t = Table(md, "**1. Mouth-to-ear latency** (jack_iodelay round trip through the sender's capture PCM and the "
+              "receiver's playback PCM; median of readings; a path measured in several runs shows the median "
+              "run, each run against the floor measured just before it)",
+              ['period', 'path', 'runs', 'frames', 'ms', 'vs floor (median)', 'vs floor (worst run)', 'note'], "llrrrrrl")
+    for key in order:
+        first = runs_of[key][0]
+        rs = ratios(key)
+        frames, ms = median_of(key, "frames"), median_of(key, "ms")
+        note = first.get("note", "")
+        if len(runs_of[key]) == 1 and first.get("frames") and first.get("minFrames") is not None \
+                and first["maxFrames"] - first["minFrames"] > 1:
+            note = (note + "; " if note else "") + f"range {first['minFrames']:.0f}–{first['maxFrames']:.0f}"
+        if len(runs_of[key]) > 1:
+            fr = [r["frames"] for r in runs_of[key] if r.get("frames")]
+            if fr:
+                note = (note + "; " if note else "") + f"runs {min(fr):.0f}–{max(fr):.0f} frames"
+        worst = f"{max(rs):.2f}×" if rs and len(runs_of[key]) > 1 else ""
+        t.row(key[0], first['label'], len(runs_of[key]), fmt(frames, 0), fmt(ms),
+              f"{statistics.median(rs):.2f}×" if rs else "n/m", worst, note)
     md.append("")
-    md.append("| " + " | ".join(columns) + " |")
-    md.append("|" + "|".join("---:" if a == "r" else "---" for a in align) + "|")
+    for key in order:
+        period, path = key
+        rs = ratios(key)
+        if path == "mesh-default" and period == 128:
+            ms = median_of(key, "ms")
+            goals.append(("mesh defaults ≤ 12 ms at period 128", fmt(ms) + " ms", at_most(ms, 12.0)))
+        for p, bound, what in (("mesh-default", 1.15, "defaults"), ("mesh-low", 1.05, "--latency low")):
+            if path == p:
+                shown = (f"{statistics.median(rs):.2f}× median, {max(rs):.2f}× worst of {len(rs)}" if rs else "n/m")
+                goals.append((f"{what} ≤ {bound:.2f}× the floor at period {period} (median run)", shown,
+                              at_most(statistics.median(rs) if rs else None, bound)))
+
+
+def wire_format_section(lat, md, goals):
+    """1c. Wire formats: each codec's run against the f32 default of the same run (run 1, measured just before it)."""
+    codec_rows = [r for r in lat if r["path"] in ("mesh-default", "mesh-s16", "mesh-opus") and r.get("run", 1) == 1]
+    if any(r["path"] != "mesh-default" for r in codec_rows):
+        t = Table(md, "**1c. Wire formats** (`mesh-record --codec`, defaults otherwise; run 1 of each period, the codecs "
+                  "right after the f32 default they are compared with; audio = the relay's packets with their 36-byte "
+                  "header; wire adds PeerMesh's 20-byte datagram header, the 16-byte AEAD tag and 28 bytes of UDP/IPv4)",
+                  ['period', 'codec', 'packets/s', 'audio kbit/s', 'wire kbit/s', 'latency frames', 'added vs f32 (frames)', 'note'],
+                  "llrrrrrl")
+        base = {r["period"]: r.get("frames") for r in codec_rows if r["path"] == "mesh-default"}
+        for r in codec_rows:
+            added = ""
+            if r["path"] != "mesh-default" and r.get("frames") and base.get(r["period"]):
+                added = f"{r['frames'] - base[r['period']]:+.0f}"
+            name = r.get("codec") or {"mesh-default": "f32", "mesh-s16": "s16", "mesh-opus": "opus"}[r["path"]]
+            t.row(r['period'], name, fmt(r.get('packetsPerSecond'), 0), fmt(r.get('audioKbps'), 0),
+                  fmt(r.get('wireKbps'), 0), fmt(r.get('frames'), 0), added, r.get('note', ''))
+            if r["path"] == "mesh-opus" and r.get("audioKbps") is not None:
+                opus_bits = (r["audioKbps"] * 1000 - r["packetsPerSecond"] * 36 * 8) / 1000
+                goals.append((f"Opus ≤ 100 kbit/s at the default bitrate (period {r['period']}; codec bits, without headers)",
+                              f"{opus_bits:.0f} kbit/s", opus_bits <= 100))
+        md.append("")
+
+
+def throughput_section(th, md, goals):
+    """2. Datagram throughput of an encrypted Session against raw UDP sockets."""
+    run = th[-1]
+    t = Table(md, "**2. Datagram throughput** (1 KB payloads, loopback, one sender + one receiver thread, "
+              "alternating rounds in one process; median round)",
+              ['pair', 'sent/s', 'received/s', 'ratio'], "lrrr")
+    if run.get("error"):
+        t.row("n/m", "", "", run["error"])
+        goals.append(("encrypted throughput ratio ≥ 0.7", "n/m", None))
+    else:
+        for label, key, ratio in (("raw UDP (Swift)", "raw", "1.00"),
+                                  ("PeerMesh Session, encrypted (default)", "mesh", f"{run['ratio']:.2f}"),
+                                  ("PeerMesh Session, `.none` (insecure, reference)", "meshPlaintext",
+                                   f"{run['plaintextRatio']:.2f}" if run.get("meshPlaintext") else "")):
+            if run.get(key):
+                t.row(label, fmt(run[key]["sentPerSecond"], 0), fmt(run[key]["receivedPerSecond"], 0), ratio)
+        goals.append(("encrypted throughput ratio ≥ 0.7", f"{run['ratio']:.2f}", run["ratio"] >= 0.7))
+    md.append("")
+
+
+def cpu_section(cpu, md, goals):
+    """3. CPU and memory of mesh-record and mesh-play against the arecord/nc/aplay and minimal C baselines."""
+    t = Table(md, "**3. CPU and memory per stream** (same minute, all four running at once; CPU over the steady "
+              "window scaled to one minute of audio; peak RSS = VmHWM summed over the side's processes; mesh-record and "
+              "mesh-play as `scripts/package` ships them, with the Swift runtime linked statically)",
+              ['side', 'processes', 'CPU s / min audio', '% of a core', 'vs baseline CPU', 'context switches / s',
+              'peak RSS MB', 'peak RSS excl. JACK shm MB'], "llrrrrrr")
+    by = {r["side"]: r for r in cpu}
+    mb = lambda v: None if v is None else v / 1024
+    for side, base in (("mesh-record", "arecord | nc -u"), ("mesh-play", "nc -l | aplay"),
+                       ("arecord | nc -u", None), ("nc -l | aplay", None),
+                       ("minimal C send", "arecord | nc -u"), ("minimal C recv", "nc -l | aplay")):
+        r = by.get(side)
+        if not r:
+            continue
+        ratio = "n/m"
+        if base and r.get("cpuPerMinute") is not None and by.get(base, {}).get("cpuPerMinute"):
+            ratio = f"{r['cpuPerMinute'] / by[base]['cpuPerMinute']:.2f}×"
+        t.row(side.replace("|", "\\|"), r.get("processes", r.get("note", "")), fmt(r.get("cpuPerMinute"), 2),
+              fmt(r.get("percentCore"), 2), ratio, fmt(r.get("contextSwitchesPerSecond"), 0),
+              fmt(mb(r.get("peakRssKiB"))), fmt(mb(r.get("peakRssExShmKiB"))))
+    md.append("")
+    md.append("Every ALSA client of the JACK rig maps JACK's shared memory (~100 MB, RssShmem), baselines included; "
+              "the last column (VmHWM − RssShmem) is what the process itself holds, and is what the 16 MB goal is judged on. "
+              "`minimal C send`/`recv` (scripts/lib/minimal_relay.c) is the physical baseline: one process per side that "
+              "wakes once per period (`snd_pcm_readi` + `sendto`; `poll` + `recvfrom` + `snd_pcm_writei`) and does nothing else.")
+    md.append("")
+    for side, base in (("mesh-record", "arecord | nc -u"), ("mesh-play", "nc -l | aplay")):
+        r = by.get(side)
+        if r:
+            goals.append((f"{side} ≤ 1 % of a core", fmt(r.get("percentCore"), 2) + " %",
+                          at_most(r.get("percentCore"), 1.0)))
+            b = by.get(base, {}).get("cpuPerMinute")
+            if r.get("cpuPerMinute") is not None and b:
+                goals.append((f"{side} CPU ≤ 0.8× `{base}`", f"{r['cpuPerMinute'] / b:.2f}×", r["cpuPerMinute"] / b <= 0.8))
+            v = mb(r.get("peakRssExShmKiB"))
+            goals.append((f"{side} ≤ 16 MB RSS (excl. JACK shm)", fmt(v) + " MB", at_most(v, 16.0)))
+
+
+def join_section(jn, md, goals):
+    """4. Join time, from spawning mesh-play to its first audible sample."""
+    j = jn[-1]
+    t = Table(md, "**4. Join time** (spawn `mesh-play --find` → first non-zero sample captured from its playback "
+              "device; Avahi on lo)",
+              ['runs', 'median ms', 'min ms', 'max ms', 'first run ms', "player's own firstAudioMs (median)"], "rrrrrr")
+    t.row(f"{j.get('measured', 0)}/{j.get('runs', 0)}", fmt(j.get("medianMs"), 0), fmt(j.get("minMs"), 0),
+          fmt(j.get("maxMs"), 0), fmt(j.get("firstRunMs"), 0), fmt(j.get("reportedFirstAudioMedianMs"), 0) + " ms")
+    if j.get("note"):
+        md.append(f"\n{j['note']}")
+    md.append("")
+    goals.append(("join with the handshake ≤ 150 ms (median)", fmt(j.get("medianMs"), 0) + " ms",
+                  at_most(j.get("medianMs"), 150)))
+
+
+def fanout_section(fo, md, goals):
+    """5. Fan-out: one host serving N players."""
+    t = Table(md, "**5. Fan-out** (one `mesh-record --host --input tone:440`; N players as RelayPlayer objects in one "
+              "`mesh-bench fanout` process, each with its own Session and a paced null sink)",
+              ['players', 'joined', 'host % core', 'host % core per player', 'loss % (all)', 'worst player loss %', 'late', 'note'], "rrrrrrrl")
+    for r in fo:
+        t.row(r["players"], r.get("joined", "n/m"), fmt(r.get("hostPercentCore"), 2),
+              fmt(r.get("hostPercentCorePerPlayer"), 3), fmt(r.get("lossPercent"), 3),
+              fmt(r.get("worstPlayerLossPercent"), 3), r.get("late", "n/m"), r.get("note", ""))
+    md.append("")
+    for r in fo:
+        if r["players"] == 32:
+            goals.append(("32 players ≤ 0.1 % loss (worst player)", fmt(r.get("worstPlayerLossPercent"), 3) + " %",
+                          at_most(r.get("worstPlayerLossPercent"), 0.1)))
+
+
+def crypto_section(cr, md, goals):
+    """5b. What encryption costs the host: the same players encrypted and in plaintext, alternating rounds."""
+    t = Table(md, "**5b. What encryption costs the host** (`mesh-bench serve`: one RelayHost with a 440 Hz tone; "
+              "the same N players encrypted, then plaintext, alternating rounds; host CPU over the same window)",
+              ['round', 'players', 'encrypted: host % core', 'plaintext: host % core', 'worst loss % (enc / plain)'], "rrrrl")
+    rounds = sorted({r["round"] for r in cr})
+    enc_all, plain_all = [], []
+    for n in rounds:
+        e = next((r for r in cr if r["round"] == n and r.get("encrypted")), None)
+        p = next((r for r in cr if r["round"] == n and not r.get("encrypted")), None)
+        if e and e.get("hostPercentCore") is not None: enc_all.append(e["hostPercentCore"])
+        if p and p.get("hostPercentCore") is not None: plain_all.append(p["hostPercentCore"])
+        e, p = e or {}, p or {}
+        t.row(n, (e or p).get("players", "n/m"), fmt(e.get("hostPercentCore"), 2), fmt(p.get("hostPercentCore"), 2),
+              f"{fmt(e.get('worstPlayerLossPercent'), 3)} / {fmt(p.get('worstPlayerLossPercent'), 3)}")
+    ratio = statistics.median(enc_all) / statistics.median(plain_all) if enc_all and plain_all and statistics.median(plain_all) > 0 else None
+    md.append("")
+    md.append(f"Median encrypted / median plaintext: {fmt(ratio, 2)}×.")
+    md.append("")
+    players = cr[0].get("players")
+    goals.append((f"host CPU, {players} encrypted vs plaintext players ≤ 1.3×", fmt(ratio, 2) + "×",
+                  None if players != 32 else at_most(ratio, 1.3)))
+
+
+def impair_section(im, md, goals):
+    """6. Latency and concealment under loss, jitter and reordering (mesh-impair)."""
+    t = Table(md, "**6. Under impairment** (`mesh-impair`, both directions; mesh-play defaults; no goal yet)",
+              ['impairment', 'latency frames', 'latency ms', 'concealed %', 'underruns', 'loss % (player)', 'note'], "lrrrrrl")
+    for r in im:
+        t.row(r["label"], fmt(r.get("frames"), 0), fmt(r.get("ms")), fmt(r.get("concealedPercent"), 2),
+              r.get("underruns", "n/m"), fmt(r.get("lossPercent"), 2), r.get("note", ""))
+    md.append("")
+
+
+def resource_section(rs, md, goals):
+    """7. Resource transfer against nc over TCP."""
+    r = rs[-1]
+    t = Table(md, f"**7. Resource transfer** (a {fmt(r.get('megabytes'), 0)} MB file of random bytes between two processes "
+              f"on 127.0.0.1; PeerMesh `Session.sendResource`, encrypted (the default), timed from the call to its "
+              f"completion — the receiver has written the file and checked its SHA-256; the handshake is before the "
+              f"clock; baseline `nc -N` → `nc -l` (openbsd) into a file in the same directory, timed from starting the "
+              f"sending nc until the receiving one exits; each of {r.get('repeats')} repeats starts both sides afresh, "
+              f"alternating which goes first; MB = 10⁶ bytes)",
+              ['transfer', 'MB/s (median)', 'MB/s (best)', 'ratio (median)'], "lrrr")
+    def row(label, side, ratio):
+        v = r.get(side) or {}
+        shown = "1.00" if side == "nc" and v else (f"{ratio:.2f}" if ratio is not None else "n/m")
+        t.row(label, fmt(v.get("medianMBPerSecond"), 0), fmt(v.get("bestMBPerSecond"), 0), shown)
+    row("nc over TCP (baseline)", "nc", None)
+    row("PeerMesh sendResource, encrypted: first transfer of a fresh session", "meshFirst", r.get("ratio"))
+    row("PeerMesh sendResource, encrypted: second transfer, same session", "meshSecond", r.get("secondRatio"))
+    if r.get("note"):
+        md.append(f"\n{r['note']}")
+    md.append("")
+    goals.append(("resource transfer ≥ 0.5× nc over TCP (first transfer, median)", fmt(r.get("ratio"), 2),
+                  at_least(r.get("ratio"), 0.5)))
+
+
+def meshjoin_section(mj, md, goals):
+    """8. Mesh join time: N full-mesh members, one at a time and all at once."""
+    t = Table(md, "**8. Mesh join time** (N encrypted full-mesh sessions in one `mesh-bench meshjoin` process — one I/O "
+              "thread for all — member i on 127.0.0.(i+1); members connect to the first's advertiser directly, no "
+              "DNS-SD; time from the first connect until every member's `connectedPeers` lists all N-1 others. "
+              "Absolute times: there is no baseline to compare with)",
+              ['members', 'joining', 'runs', 'median ms', 'min ms', 'max ms', 'note'], "rlrrrrl")
+    for r in mj:
+        if r.get("oneAtATime") is None:
+            t.row(r.get("members"), "", "", "n/m", "", "", r.get("note", ""))
+            continue
+        for key, how in (("oneAtATime", "one at a time"), ("allAtOnce", "all at once")):
+            v = r[key]
+            note = ""
+            if key == "oneAtATime" and v.get("lastJoinMedianMs") is not None:
+                note = f"the last member's join (into a mesh of {r['members'] - 1}): {fmt(v['lastJoinMedianMs'])} ms median"
+            t.row(r["members"], how, r.get("runs"), fmt(v.get("medianMs")), fmt(v.get("minMs")),
+                  fmt(v.get("maxMs")), note)
+    md.append("")
+
+
+# Each report section: the kind of raw row it is drawn from, and the function that writes its table and goals.
+SECTIONS = (
+    ("latency", latency_section),
+    ("latency", wire_format_section),
+    ("throughput", throughput_section),
+    ("cpu", cpu_section),
+    ("join", join_section),
+    ("fanout", fanout_section),
+    ("crypto", crypto_section),
+    ("impair", impair_section),
+    ("resource", resource_section),
+    ("meshjoin", meshjoin_section),
+)
+
 
 def report(raw_path, out_json, out_md, meta_path):
     with open(meta_path) as f:
@@ -246,251 +512,15 @@ def report(raw_path, out_json, out_md, meta_path):
               f"JACK dummy 44.1 kHz. \"n/m\" = not measured here (the note says why).")
     md.append("")
 
-    # 1. Latency
-    lat = sections.get("latency", [])
-    if lat:
-        # A path may have several runs (scripts/bench repeats the floor, the defaults and --latency low): each run's
-        # ratio is against the floor measured just before it, and the table gives the median and the worst.
-        runs_of, order = {}, []
-        for r in lat:
-            key = (r["period"], r["path"])
-            if key not in runs_of:
-                order.append(key)
-            runs_of.setdefault(key, []).append(r)
-        floor_of = {(r["period"], r.get("run", 1)): r.get("frames") for r in lat if r["path"] == "floor"}
-        def ratios(key):
-            return [r["frames"] / floor_of[(key[0], r.get("run", 1))] for r in runs_of[key]
-                    if r.get("frames") and floor_of.get((key[0], r.get("run", 1)))]
-        def median_of(key, field):
-            v = [r[field] for r in runs_of[key] if r.get(field) is not None]
-            return statistics.median(v) if v else None
-        table(md, "**1. Mouth-to-ear latency** (jack_iodelay round trip through the sender's capture PCM and the "
-                  "receiver's playback PCM; median of readings; a path measured in several runs shows the median "
-                  "run, each run against the floor measured just before it)",
-              ['period', 'path', 'runs', 'frames', 'ms', 'vs floor (median)', 'vs floor (worst run)', 'note'], "llrrrrrl")
-        for key in order:
-            first = runs_of[key][0]
-            rs = ratios(key)
-            frames, ms = median_of(key, "frames"), median_of(key, "ms")
-            note = first.get("note", "")
-            if len(runs_of[key]) == 1 and first.get("frames") and first.get("minFrames") is not None \
-                    and first["maxFrames"] - first["minFrames"] > 1:
-                note = (note + "; " if note else "") + f"range {first['minFrames']:.0f}–{first['maxFrames']:.0f}"
-            if len(runs_of[key]) > 1:
-                fr = [r["frames"] for r in runs_of[key] if r.get("frames")]
-                if fr:
-                    note = (note + "; " if note else "") + f"runs {min(fr):.0f}–{max(fr):.0f} frames"
-            worst = f"{max(rs):.2f}×" if rs and len(runs_of[key]) > 1 else ""
-            md.append(f"| {key[0]} | {first['label']} | {len(runs_of[key])} | {fmt(frames, 0)} | {fmt(ms)} | "
-                      f"{f'{statistics.median(rs):.2f}×' if rs else 'n/m'} | {worst} | {note} |")
-        md.append("")
-        for key in order:
-            period, path = key
-            rs = ratios(key)
-            if path == "mesh-default" and period == 128:
-                ms = median_of(key, "ms")
-                goals.append(("mesh defaults ≤ 12 ms at period 128", fmt(ms) + " ms", at_most(ms, 12.0)))
-            for p, bound, what in (("mesh-default", 1.15, "defaults"), ("mesh-low", 1.05, "--latency low")):
-                if path == p:
-                    shown = (f"{statistics.median(rs):.2f}× median, {max(rs):.2f}× worst of {len(rs)}" if rs else "n/m")
-                    goals.append((f"{what} ≤ {bound:.2f}× the floor at period {period} (median run)", shown,
-                                  at_most(statistics.median(rs) if rs else None, bound)))
-
-    # 1c. Wire formats: each codec's run against the f32 default of the same run (run 1, measured just before it).
-    if lat:
-        codec_rows = [r for r in lat if r["path"] in ("mesh-default", "mesh-s16", "mesh-opus") and r.get("run", 1) == 1]
-        if any(r["path"] != "mesh-default" for r in codec_rows):
-            table(md, "**1c. Wire formats** (`mesh-record --codec`, defaults otherwise; run 1 of each period, the codecs "
-                      "right after the f32 default they are compared with; audio = the relay's packets with their 36-byte "
-                      "header; wire adds PeerMesh's 20-byte datagram header, the 16-byte AEAD tag and 28 bytes of UDP/IPv4)",
-                      ['period', 'codec', 'packets/s', 'audio kbit/s', 'wire kbit/s', 'latency frames', 'added vs f32 (frames)', 'note'],
-                      "llrrrrrl")
-            base = {r["period"]: r.get("frames") for r in codec_rows if r["path"] == "mesh-default"}
-            for r in codec_rows:
-                added = ""
-                if r["path"] != "mesh-default" and r.get("frames") and base.get(r["period"]):
-                    added = f"{r['frames'] - base[r['period']]:+.0f}"
-                name = r.get("codec") or {"mesh-default": "f32", "mesh-s16": "s16", "mesh-opus": "opus"}[r["path"]]
-                md.append(f"| {r['period']} | {name} | {fmt(r.get('packetsPerSecond'), 0)} | {fmt(r.get('audioKbps'), 0)} | "
-                          f"{fmt(r.get('wireKbps'), 0)} | {fmt(r.get('frames'), 0)} | {added} | {r.get('note', '')} |")
-                if r["path"] == "mesh-opus" and r.get("audioKbps") is not None:
-                    opus_bits = (r["audioKbps"] * 1000 - r["packetsPerSecond"] * 36 * 8) / 1000
-                    goals.append((f"Opus ≤ 100 kbit/s at the default bitrate (period {r['period']}; codec bits, without headers)",
-                                  f"{opus_bits:.0f} kbit/s", opus_bits <= 100))
-            md.append("")
-
-    # 2. Throughput
-    th = sections.get("throughput", [])
-    if th:
-        t = th[-1]
-        table(md, "**2. Datagram throughput** (1 KB payloads, loopback, one sender + one receiver thread, "
-                  "alternating rounds in one process; median round)",
-              ['pair', 'sent/s', 'received/s', 'ratio'], "lrrr")
-        if t.get("error"):
-            md.append(f"| n/m | | | {t['error']} |")
-            goals.append(("encrypted throughput ratio ≥ 0.7", "n/m", None))
-        else:
-            md.append(f"| raw UDP (Swift) | {fmt(t['raw']['sentPerSecond'], 0)} | {fmt(t['raw']['receivedPerSecond'], 0)} | 1.00 |")
-            md.append(f"| PeerMesh Session, encrypted (default) | {fmt(t['mesh']['sentPerSecond'], 0)} | {fmt(t['mesh']['receivedPerSecond'], 0)} | {t['ratio']:.2f} |")
-            if t.get("meshPlaintext"):
-                md.append(f"| PeerMesh Session, `.none` (insecure, reference) | {fmt(t['meshPlaintext']['sentPerSecond'], 0)} | {fmt(t['meshPlaintext']['receivedPerSecond'], 0)} | {t['plaintextRatio']:.2f} |")
-            goals.append(("encrypted throughput ratio ≥ 0.7", f"{t['ratio']:.2f}", t["ratio"] >= 0.7))
-        md.append("")
-
-    # 3. CPU / RSS
-    cpu = sections.get("cpu", [])
-    if cpu:
-        table(md, "**3. CPU and memory per stream** (same minute, all four running at once; CPU over the steady "
-                  "window scaled to one minute of audio; peak RSS = VmHWM summed over the side's processes; mesh-record and "
-                  "mesh-play as `scripts/package` ships them, with the Swift runtime linked statically)",
-              ['side', 'processes', 'CPU s / min audio', '% of a core', 'vs baseline CPU', 'context switches / s',
-               'peak RSS MB', 'peak RSS excl. JACK shm MB'], "llrrrrrr")
-        by = {r["side"]: r for r in cpu}
-        mb = lambda v: None if v is None else v / 1024
-        for side, base in (("mesh-record", "arecord | nc -u"), ("mesh-play", "nc -l | aplay"),
-                           ("arecord | nc -u", None), ("nc -l | aplay", None),
-                           ("minimal C send", "arecord | nc -u"), ("minimal C recv", "nc -l | aplay")):
-            r = by.get(side)
-            if not r:
-                continue
-            ratio = "n/m"
-            if base and r.get("cpuPerMinute") is not None and by.get(base, {}).get("cpuPerMinute"):
-                ratio = f"{r['cpuPerMinute'] / by[base]['cpuPerMinute']:.2f}×"
-            md.append(f"| {side.replace('|', chr(92) + '|')} | {r.get('processes', r.get('note', ''))} | {fmt(r.get('cpuPerMinute'), 2)} | "
-                      f"{fmt(r.get('percentCore'), 2)} | {ratio} | {fmt(r.get('contextSwitchesPerSecond'), 0)} | "
-                      f"{fmt(mb(r.get('peakRssKiB')))} | {fmt(mb(r.get('peakRssExShmKiB')))} |")
-        md.append("")
-        md.append("Every ALSA client of the JACK rig maps JACK's shared memory (~100 MB, RssShmem), baselines included; "
-                  "the last column (VmHWM − RssShmem) is what the process itself holds, and is what the 16 MB goal is judged on. "
-                  "`minimal C send`/`recv` (scripts/lib/minimal_relay.c) is the physical baseline: one process per side that "
-                  "wakes once per period (`snd_pcm_readi` + `sendto`; `poll` + `recvfrom` + `snd_pcm_writei`) and does nothing else.")
-        md.append("")
-        for side, base in (("mesh-record", "arecord | nc -u"), ("mesh-play", "nc -l | aplay")):
-            r = by.get(side)
-            if r:
-                goals.append((f"{side} ≤ 1 % of a core", fmt(r.get("percentCore"), 2) + " %",
-                              at_most(r.get("percentCore"), 1.0)))
-                b = by.get(base, {}).get("cpuPerMinute")
-                if r.get("cpuPerMinute") is not None and b:
-                    goals.append((f"{side} CPU ≤ 0.8× `{base}`", f"{r['cpuPerMinute'] / b:.2f}×", r["cpuPerMinute"] / b <= 0.8))
-                v = mb(r.get("peakRssExShmKiB"))
-                goals.append((f"{side} ≤ 16 MB RSS (excl. JACK shm)", fmt(v) + " MB", at_most(v, 16.0)))
-
-    # 4. Join
-    jn = sections.get("join", [])
-    if jn:
-        j = jn[-1]
-        table(md, "**4. Join time** (spawn `mesh-play --find` → first non-zero sample captured from its playback "
-                  "device; Avahi on lo)",
-              ['runs', 'median ms', 'min ms', 'max ms', 'first run ms', "player's own firstAudioMs (median)"], "rrrrrr")
-        md.append(f"| {j.get('measured', 0)}/{j.get('runs', 0)} | {fmt(j.get('medianMs'), 0)} | {fmt(j.get('minMs'), 0)} | "
-                  f"{fmt(j.get('maxMs'), 0)} | {fmt(j.get('firstRunMs'), 0)} | {fmt(j.get('reportedFirstAudioMedianMs'), 0)} ms |")
-        if j.get("note"):
-            md.append(f"\n{j['note']}")
-        md.append("")
-        goals.append(("join with the handshake ≤ 150 ms (median)", fmt(j.get("medianMs"), 0) + " ms",
-                      at_most(j.get("medianMs"), 150)))
-
-    # 5. Fan-out
-    fo = sections.get("fanout", [])
-    if fo:
-        table(md, "**5. Fan-out** (one `mesh-record --host --input tone:440`; N players as RelayPlayer objects in one "
-                  "`mesh-bench fanout` process, each with its own Session and a paced null sink)",
-              ['players', 'joined', 'host % core', 'host % core per player', 'loss % (all)', 'worst player loss %', 'late', 'note'], "rrrrrrrl")
-        for r in fo:
-            md.append(f"| {r['players']} | {r.get('joined', 'n/m')} | {fmt(r.get('hostPercentCore'), 2)} | "
-                      f"{fmt(r.get('hostPercentCorePerPlayer'), 3)} | {fmt(r.get('lossPercent'), 3)} | "
-                      f"{fmt(r.get('worstPlayerLossPercent'), 3)} | {r.get('late', 'n/m')} | {r.get('note', '')} |")
-        md.append("")
-        for r in fo:
-            if r["players"] == 32:
-                goals.append(("32 players ≤ 0.1 % loss (worst player)", fmt(r.get("worstPlayerLossPercent"), 3) + " %",
-                              at_most(r.get("worstPlayerLossPercent"), 0.1)))
-
-    # 5b. Encryption cost
-    cr = sections.get("crypto", [])
-    if cr:
-        table(md, "**5b. What encryption costs the host** (`mesh-bench serve`: one RelayHost with a 440 Hz tone; "
-                  "the same N players encrypted, then plaintext, alternating rounds; host CPU over the same window)",
-              ['round', 'players', 'encrypted: host % core', 'plaintext: host % core', 'worst loss % (enc / plain)'], "rrrrl")
-        rounds = sorted({r["round"] for r in cr})
-        enc_all, plain_all = [], []
-        for n in rounds:
-            e = next((r for r in cr if r["round"] == n and r.get("encrypted")), None)
-            p = next((r for r in cr if r["round"] == n and not r.get("encrypted")), None)
-            if e and e.get("hostPercentCore") is not None: enc_all.append(e["hostPercentCore"])
-            if p and p.get("hostPercentCore") is not None: plain_all.append(p["hostPercentCore"])
-            md.append(f"| {n} | {(e or p or {}).get('players', 'n/m')} | {fmt((e or {}).get('hostPercentCore'), 2)} | "
-                      f"{fmt((p or {}).get('hostPercentCore'), 2)} | {fmt((e or {}).get('worstPlayerLossPercent'), 3)} / "
-                      f"{fmt((p or {}).get('worstPlayerLossPercent'), 3)} |")
-        ratio = statistics.median(enc_all) / statistics.median(plain_all) if enc_all and plain_all and statistics.median(plain_all) > 0 else None
-        md.append("")
-        md.append(f"Median encrypted / median plaintext: {fmt(ratio, 2)}×.")
-        md.append("")
-        players = cr[0].get("players")
-        goals.append((f"host CPU, {players} encrypted vs plaintext players ≤ 1.3×", fmt(ratio, 2) + "×",
-                      None if players != 32 else at_most(ratio, 1.3)))
-
-    # 6. Impairment
-    im = sections.get("impair", [])
-    if im:
-        table(md, "**6. Under impairment** (`mesh-impair`, both directions; mesh-play defaults; no goal yet)",
-              ['impairment', 'latency frames', 'latency ms', 'concealed %', 'underruns', 'loss % (player)', 'note'], "lrrrrrl")
-        for r in im:
-            md.append(f"| {r['label']} | {fmt(r.get('frames'), 0)} | {fmt(r.get('ms'))} | {fmt(r.get('concealedPercent'), 2)} | "
-                      f"{r.get('underruns', 'n/m')} | {fmt(r.get('lossPercent'), 2)} | {r.get('note', '')} |")
-        md.append("")
-
-    # 7. Resource transfer
-    rs = sections.get("resource", [])
-    if rs:
-        r = rs[-1]
-        table(md, f"**7. Resource transfer** (a {fmt(r.get('megabytes'), 0)} MB file of random bytes between two processes "
-                  f"on 127.0.0.1; PeerMesh `Session.sendResource`, encrypted (the default), timed from the call to its "
-                  f"completion — the receiver has written the file and checked its SHA-256; the handshake is before the "
-                  f"clock; baseline `nc -N` → `nc -l` (openbsd) into a file in the same directory, timed from starting the "
-                  f"sending nc until the receiving one exits; each of {r.get('repeats')} repeats starts both sides afresh, "
-                  f"alternating which goes first; MB = 10⁶ bytes)",
-              ['transfer', 'MB/s (median)', 'MB/s (best)', 'ratio (median)'], "lrrr")
-        def row(label, side, ratio):
-            v = r.get(side) or {}
-            shown = "1.00" if side == "nc" and v else (f"{ratio:.2f}" if ratio is not None else "n/m")
-            md.append(f"| {label} | {fmt(v.get('medianMBPerSecond'), 0)} | {fmt(v.get('bestMBPerSecond'), 0)} | {shown} |")
-        row("nc over TCP (baseline)", "nc", None)
-        row("PeerMesh sendResource, encrypted: first transfer of a fresh session", "meshFirst", r.get("ratio"))
-        row("PeerMesh sendResource, encrypted: second transfer, same session", "meshSecond", r.get("secondRatio"))
-        if r.get("note"):
-            md.append(f"\n{r['note']}")
-        md.append("")
-        goals.append(("resource transfer ≥ 0.5× nc over TCP (first transfer, median)", fmt(r.get("ratio"), 2),
-                      at_least(r.get("ratio"), 0.5)))
-
-    # 8. Mesh join
-    mj = sections.get("meshjoin", [])
-    if mj:
-        table(md, "**8. Mesh join time** (N encrypted full-mesh sessions in one `mesh-bench meshjoin` process — one I/O "
-                  "thread for all — member i on 127.0.0.(i+1); members connect to the first's advertiser directly, no "
-                  "DNS-SD; time from the first connect until every member's `connectedPeers` lists all N-1 others. "
-                  "Absolute times: there is no baseline to compare with)",
-              ['members', 'joining', 'runs', 'median ms', 'min ms', 'max ms', 'note'], "rlrrrrl")
-        for r in mj:
-            if r.get("oneAtATime") is None:
-                md.append(f"| {r.get('members')} | | | n/m | | | {r.get('note', '')} |")
-                continue
-            for key, how in (("oneAtATime", "one at a time"), ("allAtOnce", "all at once")):
-                v = r[key]
-                note = ""
-                if key == "oneAtATime" and v.get("lastJoinMedianMs") is not None:
-                    note = f"the last member's join (into a mesh of {r['members'] - 1}): {fmt(v['lastJoinMedianMs'])} ms median"
-                md.append(f"| {r['members']} | {how} | {r.get('runs')} | {fmt(v.get('medianMs'))} | {fmt(v.get('minMs'))} | "
-                          f"{fmt(v.get('maxMs'))} | {note} |")
-        md.append("")
+    # The sections, in the order SECTIONS gives; each writes its table and appends its goals.
+    for name, write in SECTIONS:
+        if sections.get(name):
+            write(sections[name], md, goals)
 
     if goals:
-        table(md, "**Goals**",
-              ['goal', 'figure', 'verdict'], "lrl")
+        t = Table(md, "**Goals**", ["goal", "figure", "verdict"], "lrl")
         for g, fig, ok in goals:
-            md.append(f"| {g} | {fig} | {verdict(ok)} |")
+            t.row(g, fig, verdict(ok))
         md.append("")
     notes = [r for r in rows if r["section"] == "note"]
     if notes:
