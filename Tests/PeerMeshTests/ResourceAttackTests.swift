@@ -48,19 +48,6 @@ private struct ProbeHost {
     }
 }
 
-private func connectRaw(_ port: UInt16) throws -> FileDescriptor {
-    try FileDescriptor.tcpConnect(to: SocketAddress(numericHost: "127.0.0.1", port: port)!)
-}
-
-private func sendAll(_ fd: FileDescriptor, _ bytes: [UInt8]) {
-    var off = 0
-    let deadline = Date().addingTimeInterval(2)
-    while off < bytes.count, Date() < deadline {
-        let n = bytes.withUnsafeBytes { Glibc.send(fd.fd, $0.baseAddress! + off, $0.count - off, Int32(MSG_NOSIGNAL)) }
-        if n > 0 { off += n } else { usleep(1_000) }
-    }
-}
-
 /// Resource attacks on a host process: memory and descriptors stay bounded, and a real peer still joins.
 @Suite("Attacks on a host's memory and descriptors (real processes)", .serialized)
 struct ResourceAttackTests {
@@ -68,28 +55,12 @@ struct ResourceAttackTests {
     func unfinishedMaximumRecords() throws {
         let host = try ProbeHost(service: "pm-rss")
         let baseline = try #require(residentMegabytes(host.process.pid))
-        var held: [FileDescriptor] = []
+        var held: [RawGuest] = []
         for i in 0..<200 {
-            let fd = try connectRaw(host.port)
             // A real handshake (any key will do: the attacker needs none of ours), then most of a 64 KiB record.
-            let me = try PeerID(displayName: "attacker\(i)")
-            var channel = SecureChannel(configuration: .init(role: .initiator, preference: .required, localPeer: me))
-            for case .write(let b) in channel.start() { sendAll(fd, b) }
-            var buffer = [UInt8](repeating: 0, count: 4096)
-            var approved = false
-            let deadline = Date().addingTimeInterval(2)
-            while !approved, Date() < deadline {
-                let n = buffer.withUnsafeMutableBytes { recv(fd.fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
-                if n > 0 {
-                    let events = buffer.withUnsafeBytes { channel.received(UnsafeRawBufferPointer(rebasing: $0[..<n])) }
-                    if events.contains(where: { if case .needsApproval = $0 { true } else { false } }) {
-                        for case .write(let b) in channel.approve() { sendAll(fd, b) }
-                        approved = true
-                    }
-                } else { usleep(500) }
-            }
-            sendAll(fd, [0xff, 0xff] + [UInt8](repeating: 0x5a, count: 60_000))
-            held.append(fd)
+            let guest = try RawGuest(port: host.port, name: "attacker\(i)")
+            guest.sendRaw([0xff, 0xff] + [UInt8](repeating: 0x5a, count: 60_000))
+            held.append(guest)
         }
         usleep(500_000)
         let during = try #require(residentMegabytes(host.process.pid))

@@ -113,6 +113,24 @@ struct ResourceStateMachineTests {
         #expect(m.counts == (0, 0))
     }
 
+    @Test func transfersTheAppCancelsButTheSenderNeverClosesAreBounded() {
+        // Our app cancels every transfer the moment it starts; the sender never closes those ids and keeps starting
+        // new ones (each well within the in-progress limit): cut off at 64, the table no larger.
+        var m = ResourceStateMachine()
+        var faultedAt: UInt32?
+        for id in UInt32(1)...500 {
+            if case .fault? = m.received(.start(id: id, size: 100, name: "f"), on: link, from: peer).first {
+                faultedAt = id
+                break
+            }
+            _ = m.cancelIncoming(ResourceKey(link: link, id: id), outcome: .cancelled, text: "")
+        }
+        #expect(faultedAt == 65)
+        #expect(m.counts.incoming == 64)
+        #expect(m.linkClosed(link).isEmpty, "nothing live: every one was already discarded")
+        #expect(m.counts == (0, 0))
+    }
+
     @Test func tooLargeIsRefused() {
         var limits = ResourceStateMachine.Limits()
         limits.maximumSize = 1_000

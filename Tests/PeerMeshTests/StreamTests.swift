@@ -65,6 +65,24 @@ struct StreamStateMachineTests {
         #expect(m.received(.close(id: 99, byWriter: true, .finished), on: link, from: peer).isEmpty)
     }
 
+    @Test func streamsTheAppClosesButTheWriterNeverClosesAreBounded() {
+        // Our app closes every stream the moment it opens (as the default delegate does); the writer never answers
+        // those CLOSEs and keeps opening new ones, never more than one open at a time: cut off at 64, the table no larger.
+        var m = StreamStateMachine()
+        var faultedAt: UInt32?
+        for id in UInt32(1)...500 {
+            if case .fault? = m.received(.open(id: id, name: "s"), on: link, from: peer).first {
+                faultedAt = id
+                break
+            }
+            _ = m.closeReader(StreamKey(link: link, id: id))
+        }
+        #expect(faultedAt == 65)
+        #expect(m.counts.incoming == 64)
+        #expect(m.linkClosed(link).isEmpty, "nothing live: every one was already closed")
+        #expect(m.counts == (0, 0))
+    }
+
     @Test func aFloodOfStreamsIsRefusedThenFaulted() {
         var m = StreamStateMachine()
         for id in UInt32(1)...16 { #expect(m.received(.open(id: id, name: "s"), on: link, from: peer).count == 1) }

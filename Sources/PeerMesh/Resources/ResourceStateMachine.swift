@@ -147,11 +147,13 @@ struct ResourceStateMachine: Sendable {
         switch frame {
         case .start(_, let size, let name):
             guard incoming[key] == nil else { return fault(link, "a second RESOURCE_START for transfer \(key.id)") }
+            // Checked on every START, not only when refusing: our app may cancel each transfer as it starts, and a
+            // sender that never closes those ids must not grow this table without bound.
+            guard discarding(on: link) < limits.maximumDiscardingPerLink else {
+                return fault(link, "RESOURCE_START with \(limits.maximumDiscardingPerLink) refused or cancelled transfers it did not close")
+            }
             let active = incoming.filter { $0.key.link == link && $0.value != .discarding }.count
             if active >= limits.maximumIncomingPerLink || size > limits.maximumSize {
-                guard discarding(on: link) < limits.maximumDiscardingPerLink else {
-                    return fault(link, "RESOURCE_START after \(limits.maximumDiscardingPerLink) refusals it did not close")
-                }
                 incoming[key] = .discarding
                 let why = size > limits.maximumSize ? "larger than the \(limits.maximumSize) bytes accepted"
                     : "\(limits.maximumIncomingPerLink) transfers from this peer are already in progress"

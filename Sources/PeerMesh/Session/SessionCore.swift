@@ -330,9 +330,12 @@ final class SessionCore: Sendable {
         }
         io.value.connections[link] = connection
         io.value.localTokens[link] = token
+        // The acceptance first (ACCEPT sent, the app told of `connecting` then `connected`), and only then the frames
+        // the guest sent behind its INVITE, which `rehome` delivers at once: a GOODBYE among them must end a peer the
+        // app already knows as connected, not one it will be told about afterwards and then keep forever.
+        perform(actions)
         connection.rehome(onFrame: { [unowned self] f in received(f, on: link) },
                           onEnd: { [unowned self] why in ended(link, why) })
-        perform(actions)
     }
 
     /// Asks the delegate about a proven key; `decide` runs on the loop with the answer (a session without a

@@ -108,11 +108,13 @@ struct StreamStateMachine: Sendable {
         switch frame {
         case .open(_, let name):
             guard incoming[key] == nil else { return fault(link, "a second STREAM_OPEN for stream \(key.id)") }
+            // Checked on every OPEN, not only past the open limit: our app may close each stream as it arrives,
+            // and a writer that never answers those CLOSEs must not grow this table without bound.
+            guard closing(on: link) < limits.maximumClosingPerLink else {
+                return fault(link, "STREAM_OPEN with \(limits.maximumClosingPerLink) closed streams it did not close")
+            }
             let open = incoming.filter { $0.key.link == link && $0.value != .closing }.count
             if open >= limits.maximumIncomingPerLink {
-                guard closing(on: link) < limits.maximumClosingPerLink else {
-                    return fault(link, "STREAM_OPEN after \(limits.maximumClosingPerLink) refusals it did not close")
-                }
                 incoming[key] = .closing
                 return [.send(link, .close(id: key.id, byWriter: false, .refused))]
             }

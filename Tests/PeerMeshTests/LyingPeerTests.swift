@@ -1,0 +1,89 @@
+import Foundation
+import Synchronization
+import Testing
+import MeshPOSIX
+import MeshTestSupport
+@testable import PeerMesh
+
+/// A host session with an advertiser on 127.0.0.1 (no DNS-SD) that accepts every invitation into it.
+private final class OpenHost {
+    let session: Session
+    let log = MeshEventLog()
+    let advertiser: NearbyServiceAdvertiser
+    var port: UInt16 { advertiser.port! }
+
+    init(service: String, configuration: Session.Configuration = .init(bindHost: "127.0.0.1")) throws {
+        session = try Session(peer: try PeerID(displayName: "host"), configuration: configuration)
+        session.delegate = log
+        advertiser = try NearbyServiceAdvertiser(peer: session.myPeerID, discoveryInfo: nil, serviceType: service,
+                                                 discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
+        advertiser.delegate = log
+        log.acceptInto.withLock { $0 = session }
+        try advertiser.startAdvertisingPeer()
+    }
+
+    /// The last state the host's delegate heard for `name` (nil: never heard of it).
+    func lastState(of name: String) -> SessionState? {
+        log.snapshot.states.last { $0.0.displayName == name }?.1
+    }
+
+    /// A well-behaved guest joins and a message gets through: the host is unharmed.
+    func aRealGuestJoins() throws -> Bool {
+        let guest = try Session(peer: try PeerID(displayName: "real"), configuration: .init(bindHost: "127.0.0.1"))
+        let guestLog = MeshEventLog()
+        guest.delegate = guestLog
+        try guest.connect(to: PeerEndpoint(host: "127.0.0.1", port: port), timeout: .seconds(5))
+        guard guestLog.wait(5, { s in s.states.contains { $0.1 == .connected } }) else { return false }
+        try guest.send(Data("hello".utf8), toPeers: guest.connectedPeers, with: .reliable)
+        return log.wait(5) { s in s.reliable.contains { $0.0.displayName == "real" && $0.1 == Data("hello".utf8) } }
+    }
+}
+
+/// Peers that speak the protocol correctly enough to get in, and then lie: each test asserts what the host's app
+/// sees (no ghost peers, nothing unbounded) and that a real guest still gets through.
+@Suite("Lying peers (real sockets)", .serialized)
+struct LyingPeerTests {
+    @Test("INVITE and GOODBYE in one write: the host's app never keeps a peer that has gone")
+    func inviteAndGoodbyeTogether() throws {
+        let host = try OpenHost(service: "pm-ghost")
+        for i in 0..<5 {
+            let guest = try RawGuest(port: host.port, name: "ghost\(i)")
+            guest.send([RawGuest.invite(token: UInt64(i) + 1), .goodbye])
+            withExtendedLifetime(guest) { usleep(200_000) }
+        }
+        #expect(eventually(3) { host.session.connectedPeers.isEmpty })
+        for i in 0..<5 {
+            let last = host.lastState(of: "ghost\(i)")
+            #expect(last == nil || last == .notConnected, "ghost\(i)'s last state at the host: \(String(describing: last))")
+        }
+        #expect(host.session.connectedPeers.isEmpty)
+        #expect(try host.aRealGuestJoins())
+    }
+
+    @Test("Stream after stream, each closed by the app, none closed by the writer: the link is cut at 64, the host unharmed")
+    func streamsNeverClosed() throws {
+        /// An app that takes the default for streams (it closes each one as it arrives).
+        final class StreamRefusingApp: SessionDelegate, Sendable {
+            let log: MeshEventLog
+            init(log: MeshEventLog) { self.log = log }
+            func session(_ session: Session, peer: PeerID, didChange state: SessionState) {
+                log.session(session, peer: peer, didChange: state)
+            }
+            func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {
+                log.session(session, didReceive: data, fromPeer: peer)
+            }
+        }
+        let host = try OpenHost(service: "pm-streamflood")
+        let app = StreamRefusingApp(log: host.log)
+        host.session.delegate = app
+        let guest = try RawGuest(port: host.port, name: "flooder")
+        guest.send([RawGuest.invite()])
+        #expect(eventually(3) { host.session.connectedPeers.map(\.displayName) == ["flooder"] })
+        guest.send((UInt32(1)...300).map { .stream(.open(id: $0, name: "s\($0)")) })
+        #expect(eventually(3) { host.session.connectedPeers.isEmpty })
+        #expect(host.session.statistics.peerFaults == 1)
+        #expect(host.lastState(of: "flooder") == .notConnected)
+        #expect(try host.aRealGuestJoins())
+        withExtendedLifetime((guest, app)) {}
+    }
+}

@@ -1,0 +1,68 @@
+import Foundation
+import MeshPOSIX
+@testable import PeerMesh
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A TCP connection to 127.0.0.1:`port`, with nothing sent yet.
+func connectRaw(_ port: UInt16) throws -> FileDescriptor {
+    try FileDescriptor.tcpConnect(to: SocketAddress(numericHost: "127.0.0.1", port: port)!)
+}
+
+/// Writes all of `bytes`, waiting up to two seconds for room.
+func sendAll(_ fd: FileDescriptor, _ bytes: [UInt8]) {
+    var off = 0
+    let deadline = Date().addingTimeInterval(2)
+    while off < bytes.count, Date() < deadline {
+        let n = bytes.withUnsafeBytes { Glibc.send(fd.fd, $0.baseAddress! + off, $0.count - off, Int32(MSG_NOSIGNAL)) }
+        if n > 0 { off += n } else { usleep(1_000) }
+    }
+}
+
+/// An attacker's client: it runs the PeerMesh handshake itself (with a key of its own — it needs none of the
+/// host's), then writes whatever frames and bytes it likes, sealed under the real channel keys, as it likes them
+/// batched. What a lying peer can do, without a `Session` of ours in the way.
+final class RawGuest {
+    let fd: FileDescriptor
+    let peer: PeerID
+    private var channel: SecureChannel
+
+    /// Connects to an advertiser on 127.0.0.1:`port` and finishes the handshake (message 3 carries HELLO).
+    init(port: UInt16, name: String) throws {
+        fd = try connectRaw(port)
+        peer = try PeerID(displayName: name)
+        channel = SecureChannel(configuration: .init(role: .initiator, preference: .required, localPeer: peer))
+        for case .write(let b) in channel.start() { sendAll(fd, b) }
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        let deadline = Date().addingTimeInterval(3)
+        while Date() < deadline {
+            let n = buffer.withUnsafeMutableBytes { recv(fd.fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+            guard n > 0 else { usleep(500); continue }
+            let events = buffer.withUnsafeBytes { channel.received(UnsafeRawBufferPointer(rebasing: $0[..<n])) }
+            if events.contains(where: { if case .needsApproval = $0 { true } else { false } }) {
+                for case .write(let b) in channel.approve() { sendAll(fd, b) }
+                return
+            }
+        }
+        throw PeerMeshError.transport("the handshake with 127.0.0.1:\(port) did not finish")
+    }
+
+    /// `frames`, each sealed in its own record, in one write: they reach the other side in one read.
+    func send(_ frames: [ControlFrame]) {
+        var bytes: [UInt8] = []
+        for f in frames { bytes += channel.send(f) }
+        sendAll(fd, bytes)
+    }
+
+    /// Bytes as they are, after the handshake.
+    func sendRaw(_ bytes: [UInt8]) { sendAll(fd, bytes) }
+
+    /// A plaintext frame sealed as the next record, without sending it.
+    func seal(_ frame: ControlFrame) -> [UInt8] { channel.send(frame) }
+
+    /// An INVITE into the host's session, as a `Session` would send it.
+    static func invite(token: UInt64 = 0x5eed_0001) -> ControlFrame {
+        .invite(.init(context: [], timeoutMillis: 10_000, udpPort: 9, token: token))
+    }
+}
