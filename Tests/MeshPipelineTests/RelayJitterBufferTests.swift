@@ -163,6 +163,36 @@ struct RelayJitterBufferTests {
         #expect(r.result == .playing)
     }
 
+    @Test("Frame indexes half the index space away (where the wrapping difference flips sign): no hang, no aliasing")
+    func indexesHalfTheIndexSpaceAway() {
+        var jb = JitterBuffer(format: .default, configuration: .init(mode: .fixed(milliseconds: 10)))
+        let start: UInt64 = 1_000_000
+        var now: UInt64 = 0
+        func packet(_ first: UInt64, _ seq: UInt32) -> JitterBuffer.InsertResult {
+            let (_, h, s) = relayIndexPacket(first: first, frames: 128, sequence: seq)
+            return jb.insert(h, s, arrival: now)
+        }
+        #expect(packet(start, 0) == .accepted)
+        // While priming: a packet 2⁶³ − 1 frames before the stream's start, with the current sequence number. Before
+        // the fix the buffer "moved the start back" over 2⁶³ frames, a loop that never ended on the render thread.
+        #expect(packet(start &- (1 << 63) &+ 1, 0) == .late)
+        // Exactly 2⁶³ frames ahead: both "ahead" and "behind" come out negative in wrapping arithmetic. It is a jump
+        // (a resync), not a packet stored into slots that alias the stream's own frames.
+        for k in 1..<8 { #expect(packet(start + UInt64(k * 128), UInt32(k)) == .accepted) }
+        #expect(jb.read(frames: 128, now: now).result != .idle)
+        #expect(packet(start &+ (1 << 63), 8) == .resync)
+        #expect(jb.snapshot.resyncs == 1 && jb.snapshot.late == 1)
+        // The stream carries on from there (the real host's next packets are a restart of their own).
+        now += relayNanos(128)
+        #expect(packet(start + 8 * 128, 9) == .resync)
+        for k in 9..<40 {
+            now += relayNanos(128)
+            #expect(packet(start + UInt64(k * 128), UInt32(k + 1)) == .accepted)
+            _ = jb.read(frames: 128, now: now)
+        }
+        #expect(jb.read(frames: 128, now: now + relayNanos(128)).result == .playing)
+    }
+
     @Test func formatMismatchIsDroppedAndCounted() throws {
         // The format is checked once, at the ingress stage in front of the buffer's packet ring.
         var jb = JitterBuffer(format: .default)

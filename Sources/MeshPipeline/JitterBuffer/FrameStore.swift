@@ -52,9 +52,9 @@ struct FrameStore {
         return true
     }
 
-    /// Forgets the frames `first ..< first + count`.
+    /// Forgets the frames `first ..< first + count` (more than the store holds forgets every frame once).
     mutating func drop(first: UInt64, count: Int) {
-        for i in 0..<count { present[slot(first &+ UInt64(i))] = 0 }
+        for i in 0..<min(count, capacityFrames) { present[slot(first &+ UInt64(i))] = 0 }
     }
 
     /// Moves frame `index`, if present, to frame `frame` of `destination` (interleaved) and forgets it. Returns

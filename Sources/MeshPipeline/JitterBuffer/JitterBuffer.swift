@@ -263,7 +263,10 @@ public struct JitterBuffer {
             return .accepted
         }
         let behind = Int64(bitPattern: cursor.playout &- f)  // > 0: starts before the playout point
-        let aheadEnd = Int64(bitPattern: end &- cursor.playout)
+        // How far past the playout point the packet ends, saturated: a packet half the index space away, where the
+        // wrapping difference flips sign, is far ahead (a jump), never both "ahead" and "behind" at once.
+        let (ahead, overflow) = Int64(n).subtractingReportingOverflow(behind)
+        let aheadEnd = overflow ? Int64.max : ahead
         if resync.packetArrived(behindFrames: behind, aheadEndFrames: aheadEnd,
                                 sequenceDistance: losses.distance(to: h.sequence), targetFrames: target.frames,
                                 rate: rate, capacityFrames: capacityFrames) {
@@ -272,7 +275,7 @@ public struct JitterBuffer {
             startStream(packet, samples: samples)
             return .resync
         }
-        if behind > 0, case .priming = state, Int64(bitPattern: cursor.newestEnd &- f) <= Int64(capacityFrames) {
+        if behind > 0, case .priming = state, (0...Int64(capacityFrames)).contains(Int64(bitPattern: cursor.newestEnd &- f)) {
             // Nothing played yet: an earlier packet that arrives during priming moves the start back.
             frames.drop(first: f, count: Int(behind))
             cursor.playout = f
