@@ -86,4 +86,46 @@ struct LyingPeerTests {
         #expect(try host.aRealGuestJoins())
         withExtendedLifetime((guest, app)) {}
     }
+
+    @Test("A peer that keeps the host's socket full of tiny records cannot starve the loop: another peer's messages flow")
+    func tinyRecordFloodDoesNotStarveOthers() throws {
+        let host = try OpenHost(service: "pm-tinyflood")
+        let real = try Session(peer: try PeerID(displayName: "real"), configuration: .init(bindHost: "127.0.0.1"))
+        let realLog = MeshEventLog()
+        real.delegate = realLog
+        try real.connect(to: PeerEndpoint(host: "127.0.0.1", port: host.port), timeout: .seconds(5))
+        #expect(realLog.wait(5) { s in s.states.contains { $0.1 == .connected } })
+        let flooder = try RawGuest(port: host.port, name: "flooder")
+        flooder.send([RawGuest.invite()])
+        #expect(eventually(3) { host.session.connectedPeers.count == 2 })
+
+        // Three seconds and more of HEARTBEATs, each its own 23-byte record (a decryption each), as fast as they go.
+        let floodStart = Date()
+        let flooding = Atomic<Bool>(true)
+        let sentBytes = Atomic<Int>(0)
+        let done = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            while flooding.load(ordering: .acquiring) {
+                var burst: [UInt8] = []
+                for _ in 0..<2_000 { burst += flooder.seal(.heartbeat) }
+                flooder.sendRaw(burst)
+                sentBytes.add(burst.count, ordering: .relaxed)
+            }
+            done.signal()
+        }
+        usleep(300_000)
+        for i in 0..<20 {
+            try real.send(Data("m\(i)".utf8), toPeers: real.connectedPeers, with: .reliable)
+            usleep(150_000)
+        }
+        let allArrived = host.log.wait(3) { s in s.reliable.filter { $0.0.displayName == "real" }.count == 20 }
+        flooding.store(false, ordering: .releasing)
+        done.wait()
+        #expect(allArrived, "the host received \(host.log.snapshot.reliable.count) of 20 messages during the flood")
+        #expect(!realLog.snapshot.states.contains { $0.1 == .notConnected }, "the real peer was never dropped")
+        #expect(host.session.connectedPeers.map(\.displayName).contains("real"))
+        let arrived = host.log.snapshot.reliable.filter { $0.0.displayName == "real" }.count
+        print("tiny-record flood: \(sentBytes.load(ordering: .relaxed) / 1_000_000) MB of 23-byte records in \(String(format: "%.1f", Date().timeIntervalSince(floodStart))) s; \(arrived) of 20 messages from the real peer arrived")
+        withExtendedLifetime(real) {}
+    }
 }

@@ -216,6 +216,48 @@ struct SecureChannelTests {
         #expect(faults(smuggled.withUnsafeBytes { r.received($0) }) == [.unexpectedFrame("HELLO inside the encrypted channel")])
     }
 
+    @Test func aResponderThatFloodsWhileItsKeyIsJudgedIsCutOff() {
+        var w = Wire()
+        w.start()
+        w.pump(approve: false)
+        #expect(w.initiatorSaw.contains { if case .needsApproval = $0 { true } else { false } })
+        // Our app takes its time over the responder's key; the responder, which should send nothing until message 3,
+        // sends 64 KiB at a time. The channel keeps no more than a handshake's worth and faults.
+        var cut: [PeerFault] = []
+        for _ in 0..<100 where cut.isEmpty {
+            let chunk = [UInt8](repeating: 0x5a, count: 65_536)
+            cut = faults(chunk.withUnsafeBytes { w.initiator.received($0) })
+        }
+        #expect(cut.count == 1)
+        if case .handshake(let why)? = cut.first { #expect(why.contains("before the handshake finished")) } else {
+            Issue.record("not a handshake fault: \(cut)")
+        }
+        #expect(w.initiator.approve().isEmpty, "nothing to approve on a closed channel")
+        // A well-behaved responder's bytes never come near the limit: a whole handshake and records right behind it.
+        var ok = Wire()
+        ok.start()
+        ok.pump()
+        ok.sendFromResponder(.data([1]))
+        ok.pump()
+        #expect(faults(ok.initiatorSaw).isEmpty && frames(ok.initiatorSaw).contains(.data([1])))
+    }
+
+    @Test func aReadFullOfTinyRecordsDeliversEachFrameInOrder() {
+        var w = Wire()
+        w.start()
+        w.pump()
+        // 5,000 one-byte DATA frames, each its own record, arriving in one read.
+        var burst: [UInt8] = []
+        for i in 0..<5_000 { burst += w.responder.send(.data([UInt8(truncatingIfNeeded: i)])) }
+        let events = burst.withUnsafeBytes { w.initiator.received($0) }
+        #expect(faults(events).isEmpty)
+        #expect(frames(events) == (0..<5_000).map { .data([UInt8(truncatingIfNeeded: $0)]) })
+        // And a record split across reads is still put together.
+        let split = w.responder.send(.data([7, 7]))
+        #expect(frames(split.prefix(3).withUnsafeBytes { w.initiator.received($0) }).isEmpty)
+        #expect(frames(split.dropFirst(3).withUnsafeBytes { w.initiator.received($0) }) == [.data([7, 7])])
+    }
+
     @Test func randomBytesNeverTrapAndNeverMakeFrames() {
         var rng = SeededRandom(seed: 42)
         for _ in 0..<2_000 {

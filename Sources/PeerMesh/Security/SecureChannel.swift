@@ -205,7 +205,23 @@ struct SecureChannel: Sendable {
             return drainFrames()
         default:
             inbound.append(contentsOf: bytes)
-            return process()
+            let events = process()
+            // Until the handshake is over a peer has at most a preamble and one handshake message in flight, and a
+            // responder sends nothing at all after message 2 until it reads message 3. More left over is a flood
+            // (say, while our app takes its time over the responder's key), not a peer waiting its turn.
+            if isHandshaking, inbound.count > Self.preambleSize + 2 * (2 + config.maximumHandshakeMessage) {
+                return events + fail(.handshake("\(inbound.count) bytes sent before the handshake finished"))
+            }
+            return events
+        }
+    }
+
+    /// Whether the preamble or the Noise handshake is still under way (neither records nor plaintext frames yet).
+    private var isHandshaking: Bool {
+        switch state {
+        case .awaitingPreamble, .awaitingMessage2, .awaitingApproval, .awaitingInitiatorPreamble, .awaitingMessage1,
+             .awaitingMessage3: true
+        case .idle, .established, .plaintext, .closed: false
         }
     }
 
@@ -418,13 +434,17 @@ struct SecureChannel: Sendable {
 
     private mutating func openRecords() -> [Event] {
         var events: [Event] = []
+        // Records are consumed through `start` and the buffer compacted once at the end: a read full of tiny
+        // records costs one move of what is left, not one per record (quadratic in the read's size).
+        var start = 0
+        defer { inbound.removeFirst(min(start, inbound.count)) }
         while case .established(var t) = state {
-            guard inbound.count >= 2 else { break }
-            let n = Int(inbound[0]) << 8 | Int(inbound[1])
+            guard inbound.count - start >= 2 else { break }
+            let n = Int(inbound[start]) << 8 | Int(inbound[start + 1])
             guard n >= Sodium.tagSize + 1 else { return events + fail(.malformedFrame("record of \(n) bytes")) }
-            guard inbound.count >= 2 + n else { break }
-            let record = Array(inbound[2..<(2 + n)])
-            inbound.removeFirst(2 + n)
+            guard inbound.count - start >= 2 + n else { break }
+            let record = Array(inbound[(start + 2)..<(start + 2 + n)])
+            start += 2 + n
             guard let plain = try? t.receive.decrypt(ad: [], record) else {
                 return events + fail(.unauthentic)
             }

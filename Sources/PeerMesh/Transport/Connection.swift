@@ -218,11 +218,18 @@ final class Connection {
         }
     }
 
+    /// Reads one turn of the loop may make on one connection: a peer that keeps its socket full (of tiny records,
+    /// say, each a decryption) gets this much and then waits its turn behind the loop's other work — timers,
+    /// heartbeats, other peers. The loop is level-triggered, so what is left is read on the next turn.
+    static let readsPerTurn = 16
+
     private func read() {
         let buffer = loop.readBuffer
-        while !ended && !paused {
+        var reads = 0
+        while !ended && !paused && reads < Self.readsPerTurn {
             let n = recv(socket.fd, buffer.baseAddress, buffer.count, 0)
             if n > 0 {
+                reads += 1
                 if let first = onFirstBytes {
                     onFirstBytes = nil
                     first()

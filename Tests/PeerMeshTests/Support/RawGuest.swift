@@ -23,7 +23,7 @@ func sendAll(_ fd: FileDescriptor, _ bytes: [UInt8]) {
 /// An attacker's client: it runs the PeerMesh handshake itself (with a key of its own — it needs none of the
 /// host's), then writes whatever frames and bytes it likes, sealed under the real channel keys, as it likes them
 /// batched. What a lying peer can do, without a `Session` of ours in the way.
-final class RawGuest {
+final class RawGuest: @unchecked Sendable { // one thread at a time: a test hands it over and waits
     let fd: FileDescriptor
     let peer: PeerID
     private var channel: SecureChannel
