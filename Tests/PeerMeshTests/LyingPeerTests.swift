@@ -128,4 +128,34 @@ struct LyingPeerTests {
         print("tiny-record flood: \(sentBytes.load(ordering: .relaxed) / 1_000_000) MB of 23-byte records in \(String(format: "%.1f", Date().timeIntervalSince(floodStart))) s; \(arrived) of 20 messages from the real peer arrived")
         withExtendedLifetime(real) {}
     }
+
+    @Test("A receiver that resets the connection mid-transfer: the 8 GiB send fails at once, the host's loop stays free")
+    func resetMidTransfer() throws {
+        let host = try OpenHost(service: "pm-reset")
+        let receiver = try RawGuest(port: host.port, name: "resetter")
+        receiver.send([RawGuest.invite()])
+        #expect(eventually(3) { host.session.connectedPeers.count == 1 })
+        let peer = try #require(host.session.connectedPeers.first)
+        // A sparse 8 GiB file: reading it costs nothing, but hashing and sealing all of it takes many seconds.
+        let path = NSTemporaryDirectory() + "pm-reset-\(getpid()).bin"
+        #expect(FileManager.default.createFile(atPath: path, contents: nil))
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        #expect(truncate(path, 8 << 30) == 0)
+        let outcome = Mutex<PeerMeshError??>(nil)
+        _ = try host.session.sendResource(at: URL(fileURLWithPath: path), withName: "big", toPeer: peer) { error in
+            outcome.withLock { $0 = .some(error) }
+        }
+        // The receiver reads nothing (the sender's queue fills and waits), then resets the connection.
+        usleep(300_000)
+        var hard = linger(l_onoff: 1, l_linger: 0)
+        _ = setsockopt(receiver.fd.fd, SOL_SOCKET, SO_LINGER, &hard, socklen_t(MemoryLayout<linger>.size))
+        receiver.fd.close()
+        let reset = Date()
+        #expect(eventually(3) { outcome.withLock { $0 } != nil }, "the transfer has not ended 3 s after the reset")
+        if case .some(.some) = outcome.withLock({ $0 }) {} else { Issue.record("the transfer did not fail: \(String(describing: outcome.withLock { $0 }))") }
+        let failedAfter = Date().timeIntervalSince(reset)
+        let joined = try host.aRealGuestJoins()
+        #expect(joined)
+        print("reset mid-transfer: the 8 GiB transfer failed \(String(format: "%.2f", failedAfter)) s after the reset; a real guest joined: \(joined)")
+    }
 }

@@ -244,7 +244,7 @@ extension SessionCore {
         guard let connection = io.value.connections[link] else { return }
         var keys = io.value.resources.sending(on: link)
         var progressed = true
-        while !keys.isEmpty, progressed, connection.queuedBytes < Self.resourceHighWater {
+        while !keys.isEmpty, progressed, !connection.hasFailed, connection.queuedBytes < Self.resourceHighWater {
             progressed = false
             for key in keys {
                 guard let out = io.value.outgoingResources[key], let remaining = io.value.resources.remaining(key) else { continue }
@@ -294,7 +294,7 @@ extension SessionCore {
         }
         // Written on, the connection asks for more when its queue drains; with nothing left to send it stops asking.
         // (A pass that moved nothing means the machine and the files disagree: our bug, never a peer's.)
-        precondition(progressed || keys.isEmpty || connection.queuedBytes >= Self.resourceHighWater,
+        precondition(progressed || keys.isEmpty || connection.hasFailed || connection.queuedBytes >= Self.resourceHighWater,
                      "resource transfers on link \(link) are sending but have no file")
         connection.onSendSpace = keys.isEmpty ? nil : { [unowned self] in pumpResources(on: link) }
         noteQueue(link)

@@ -141,7 +141,7 @@ final class Connection {
 
     /// Queues `frame` and writes what the socket takes now.
     func send(_ frame: ControlFrame) {
-        guard !ended else { return }
+        guard !ended, !hasFailed else { return }
         outbound.append(contentsOf: channel.send(frame))
         if connected { flush() }
         updateInterest()
@@ -158,6 +158,11 @@ final class Connection {
 
     /// Bytes queued but not yet written.
     var queuedBytes: Int { outbound.count - sent }
+
+    /// A write failed (the peer reset the connection, say): the end is delivered on the loop's next turn, and
+    /// until then whatever is sent is dropped. A sender that fills the queue in a loop (resource transfers) stops
+    /// on it, rather than read, hash and seal the rest of a file into a queue that empties itself.
+    private(set) var hasFailed = false
 
     // MARK: Events
 
@@ -204,6 +209,7 @@ final class Connection {
             if n < 0, errno == EAGAIN || errno == EWOULDBLOCK { break }
             // Never end inside `send` (the owner may be in the middle of its own actions): end on the next turn.
             let text = Sys.errorText(errno)
+            hasFailed = true
             outbound = []
             sent = 0
             loop.schedule(at: 0) { [weak self] in self?.end(.failed(text)) }
