@@ -158,4 +158,20 @@ struct LyingPeerTests {
         #expect(joined)
         print("reset mid-transfer: the 8 GiB transfer failed \(String(format: "%.2f", failedAfter)) s after the reset; a real guest joined: \(joined)")
     }
+
+    @Test("A RESOURCE_START of 2⁶⁴ − 1 bytes to an app that set no size limit (.max): refused, no trap")
+    func resourceSizeBeyondWhatProgressCounts() throws {
+        let host = try OpenHost(service: "pm-hugeresource",
+                                configuration: .init(bindHost: "127.0.0.1", maximumResourceSize: .max))
+        let guest = try RawGuest(port: host.port, name: "huge")
+        guest.send([RawGuest.invite()])
+        #expect(eventually(3) { host.session.connectedPeers.count == 1 })
+        guest.send([.resource(.start(id: 1, size: .max, name: "huge"))])
+        usleep(300_000)
+        #expect(host.log.snapshot.resourcesStarted.isEmpty)
+        #expect(host.session.statistics.peerFaults == 0, "a refusal, not a fault")
+        #expect(host.session.connectedPeers.map(\.displayName) == ["huge"])
+        #expect(try host.aRealGuestJoins())
+        withExtendedLifetime(guest) {}
+    }
 }

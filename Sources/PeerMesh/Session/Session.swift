@@ -147,7 +147,8 @@ public final class Session: Sendable {
         /// Where incoming resources are written, each in a new directory of its own with mode 0700 (default `""`:
         /// `$TMPDIR`, else `/tmp`).
         public var resourceDirectory: String = ""
-        /// Largest resource accepted from a peer, in bytes (default 64 GiB); a larger one is refused.
+        /// Largest resource accepted from a peer, in bytes (default 64 GiB); a larger one is refused. Values above
+        /// `Int64.max` (what `ResourceProgress` counts) mean `Int64.max`.
         public var maximumResourceSize: UInt64 = 1 << 36
         /// `.mesh` (default) or `.star`. A session without encryption is always a star (introductions pin keys).
         public var topology: Topology = .mesh

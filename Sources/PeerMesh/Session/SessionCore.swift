@@ -170,7 +170,8 @@ final class SessionCore: Sendable {
                                                                peerTimeout: timeout, heartbeatInterval: beat))
         shared = Mutex(Shared(machine: machine))
         var limits = ResourceStateMachine.Limits()
-        limits.maximumSize = c.maximumResourceSize
+        // Progress counts in Int64: a larger limit (`.max` for "no limit") means as large as that can count.
+        limits.maximumSize = min(c.maximumResourceSize, UInt64(Int64.max))
         let topology: Session.Topology = preference == .none ? .star : c.topology
         io = LoopBound(IO(resources: ResourceStateMachine(limits: limits),
                           membership: MembershipStateMachine(me: peer, topology: topology, maximumPeers: c.maximumPeers),
