@@ -119,6 +119,16 @@ struct MembershipStateMachineTests {
         #expect(m.received(.introduce(peer: c, data: [1]), from: b).isEmpty)
     }
 
+    @Test func aPeerWithoutAKeyIsNeitherIntroducedNorAskedToIntroduce() throws {
+        // An `.optional` session: b and c joined encrypted, p in plaintext (its PeerID carries no key).
+        let a = try PeerID(displayName: "a"), b = try PeerID(displayName: "b"), c = try PeerID(displayName: "c")
+        let p = try PeerID(displayName: "p", identity: 0x1234)
+        var m = MembershipStateMachine(me: a, topology: .mesh, maximumPeers: 8)
+        #expect(m.connected(b).isEmpty)
+        #expect(m.connected(p).isEmpty, "nothing to pin: p is not introduced (a zero key would break b's link)")
+        #expect(m.connected(c) == [.send(b, .introRequest(peer: c))], "b is asked about c; p is not")
+    }
+
     @Test func unsolicitedDataIsAFaultAndAFullMemberMakesNone() throws {
         let a = try PeerID(displayName: "a"), b = try PeerID(displayName: "b"), c = try PeerID(displayName: "c")
         var m = MembershipStateMachine(me: a, topology: .mesh, maximumPeers: 3)

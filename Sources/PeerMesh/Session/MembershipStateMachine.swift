@@ -34,9 +34,13 @@ struct MembershipStateMachine: Sendable {
     }
 
     /// `peer` is connected.
+    ///
+    /// Introductions pin keys: a peer whose link carries none (a plaintext link of an `.optional` session) is
+    /// neither introduced to the others nor asked to make data for a newcomer.
     mutating func connected(_ peer: PeerID) -> [Action] {
-        guard members.insert(peer).inserted, topology == .mesh, !introduced.contains(peer.identity) else { return [] }
-        let others = members.filter { $0 != peer }.sorted { $0.identity < $1.identity }
+        guard members.insert(peer).inserted, topology == .mesh, !introduced.contains(peer.identity),
+              peer.publicKey != nil else { return [] }
+        let others = members.filter { $0 != peer && $0.publicKey != nil }.sorted { $0.identity < $1.identity }
         guard !others.isEmpty else { return [] }
         asked[peer.identity] = Set(others.map(\.identity))
         return others.map { .send($0, .introRequest(peer: peer)) }
