@@ -14,10 +14,11 @@ import Synchronization
 /// as soon as its packet is in, up to a deadline: `RenderSchedule`.)
 ///
 /// The source (a `Recorder`, a `ToneSource`, a `WAVFileSource`) and the network are inputs: once per captured chunk
-/// `audience` says who listens now (nil: nobody — the chunk is then not packetized, so sequence numbers count the
-/// packets that went out), and `send` sends one packet to them. `RelayHost` passes a PeerMesh session's, so this
-/// module does not depend on PeerMesh. With `.source` both run on the capture thread: they must not allocate or wait
-/// (a snapshot under a short lock and a non-blocking `sendto` are what they do).
+/// `withAudience` lends who listens now (it does not call back when nobody does — the chunk is then not packetized,
+/// so sequence numbers count the packets that went out), and `send` sends one packet to them. `RelayHost` passes a
+/// PeerMesh session's, so this module does not depend on PeerMesh. With `.source` both run on the capture thread:
+/// they must not allocate, lock or wait. The audience is lent for the call, not returned, so that its owner keeps it
+/// alive until the chunk is sent: a snapshot replaced meanwhile is freed on the owner's thread, never on this one.
 public final class CapturePipeline<Audience>: Sendable {
     /// Counters and levels, readable from any thread.
     public struct Statistics: Sendable, Equatable {
@@ -53,14 +54,14 @@ public final class CapturePipeline<Audience>: Sendable {
     /// `opusBitrate` the bitrate of `.opus`.
     public init(source: any AudioSource, encoding: SampleEncoding = .float32,
                 opusBitrate: Int = Packetizer.defaultOpusBitrate, sendThread: SendThread = .source,
-                audience: @escaping @Sendable () -> Audience?,
+                withAudience: @escaping @Sendable (_ use: (Audience) -> Void) -> Void,
                 send: @escaping @Sendable (UnsafeRawBufferPointer, Audience) -> Bool,
                 tap: (@Sendable (UnsafeBufferPointer<Float>) -> Void)? = nil) throws {
         self.source = source
         self.sendThread = sendThread
         lifecycle = StageLifecycle(stage: "CapturePipeline", threadName: "pm-send", scheduling: .normal)
         let packetizer = try Packetizer(format: source.format, encoding: encoding, opusBitrate: opusBitrate)
-        stage = SendStage(packetizer: packetizer, audience: audience, send: send, tap: tap)
+        stage = SendStage(packetizer: packetizer, withAudience: withAudience, send: send, tap: tap)
     }
 
 
@@ -100,7 +101,7 @@ public final class CapturePipeline<Audience>: Sendable {
 /// Mute → tap → packetize → send for one chunk, on whichever thread sends (`SendThread`), which holds it.
 final class SendStage<Audience>: CaptureConsumer, @unchecked Sendable {  // The packetizer and scratch: the sending thread's only.
     private var packetizer: Packetizer
-    private let audience: @Sendable () -> Audience?
+    private let withAudience: @Sendable (_ use: (Audience) -> Void) -> Void
     private let send: @Sendable (UnsafeRawBufferPointer, Audience) -> Bool
     private let tap: (@Sendable (UnsafeBufferPointer<Float>) -> Void)?
     private let scratch: UnsafeMutableRawBufferPointer
@@ -111,12 +112,12 @@ final class SendStage<Audience>: CaptureConsumer, @unchecked Sendable {  // The 
     /// Set by the operator (`CapturePipeline.isMuted`); read once per chunk.
     let muted = Atomic<Bool>(false)
 
-    init(packetizer: Packetizer, audience: @escaping @Sendable () -> Audience?,
+    init(packetizer: Packetizer, withAudience: @escaping @Sendable (_ use: (Audience) -> Void) -> Void,
          send: @escaping @Sendable (UnsafeRawBufferPointer, Audience) -> Bool,
          tap: (@Sendable (UnsafeBufferPointer<Float>) -> Void)?) {
         self.tap = tap
         self.packetizer = packetizer
-        self.audience = audience
+        self.withAudience = withAudience
         self.send = send
         scratch = .allocate(byteCount: AudioPacket.maximumSize, alignment: 8)
     }
@@ -162,7 +163,7 @@ final class SendStage<Audience>: CaptureConsumer, @unchecked Sendable {  // The 
         tap?(chunkSamples)
         packetizer.hostLatencyFrames = UInt32(clamping: max(0, deviceDelayFrames))
         var sent: UInt64 = 0
-        if let listeners = audience() {
+        withAudience { listeners in
             packetizer.packetize(chunkSamples, chunk: chunk, scratch: scratch) {
                 // A listener may leave between the snapshot and the send; the next chunk skips it.
                 if send($0, listeners) { sent += 1 }

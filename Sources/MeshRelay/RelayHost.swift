@@ -190,8 +190,11 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         }
         private let list = Mutex(List())
         private let published = SnapshotCell<Audience>(Audience([]))
-        /// The players audio goes to now; nil when there are none. Lock-free (the capture thread).
-        var audience: [PeerID]? { published.withCurrent { $0?.peers } }
+        /// Lends `use` the players audio goes to now; does not call it when there are none. Lock-free (the capture
+        /// thread), and the snapshot stays alive through `use`: one replaced meanwhile is freed by its writer.
+        func withAudience(_ use: ([PeerID]) -> Void) {
+            published.withCurrent { if let peers = $0?.peers { use(peers) } }
+        }
         var all: [PeerID] { list.withLock { $0.connected } }
         var paused: Set<PeerID> { list.withLock { $0.paused } }
         func update(_ peer: PeerID, connected: Bool) {
@@ -278,8 +281,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         self.clips = clips
         var tap: (@Sendable (UnsafeBufferPointer<Float>) -> Void)?
         if let recorder = clips { tap = { recorder.tap($0) } }
-        capture = try CapturePipeline(source: source, encoding: configuration.codec, opusBitrate: configuration.opusBitrate, audience: { [players] in players.audience }, send: { bytes, peers in
-            (try? session.sendDatagram(bytes, toPeers: peers)) != nil
+        capture = try CapturePipeline(source: source, encoding: configuration.codec, opusBitrate: configuration.opusBitrate, withAudience: { [players] use in players.withAudience(use) }, send: { bytes, peers in
+            session.sendDatagram(bytes, toConnected: peers) == 0
         }, tap: tap)
         session.delegate = self
         advertiser.delegate = self

@@ -194,14 +194,23 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     /// Where the talk input goes, shared with the talk input's capture thread. The host is kept as the
     /// one-element audience that thread reads, so it allocates nothing per chunk.
     private final class TalkTarget: Sendable {
-        private let audience = Mutex<[PeerID]?>(nil)
+        /// The one-element audience as published: read without a lock, replaced whole.
+        private final class Audience: Sendable {
+            let peers: [PeerID]?
+            init(_ peer: PeerID?) { peers = peer.map { [$0] } }
+        }
+        private let published = SnapshotCell<Audience>(Audience(nil))
+        /// Keeps `set` calls in turn (the cell takes one writer at a time).
+        private let writer = Mutex(())
         /// The host while talk is on.
-        var peer: PeerID? { audience.withLock { $0?.first } }
-        /// Where each chunk goes now (the capture thread).
-        var current: [PeerID]? { audience.withLock { $0 } }
+        var peer: PeerID? { published.withCurrent { $0?.peers?.first } }
+        /// Lends `use` where each chunk goes now, if anywhere (the capture thread: no lock, nothing freed there).
+        func withAudience(_ use: ([PeerID]) -> Void) {
+            published.withCurrent { if let peers = $0?.peers { use(peers) } }
+        }
         func set(_ peer: PeerID?) {
-            let new = peer.map { [$0] }
-            audience.withLock { $0 = new }
+            let new = Audience(peer)
+            writer.withLock { _ in published.replace(with: new) }
         }
     }
 
@@ -233,8 +242,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         let target = TalkTarget()
         talkTarget = target
         talkCapture = try configuration.talkSource.map { source in
-            try CapturePipeline(source: source, audience: { target.current }, send: { bytes, peers in
-                (try? session.sendDatagram(bytes, toPeers: peers)) != nil
+            try CapturePipeline(source: source, withAudience: { use in target.withAudience(use) }, send: { bytes, peers in
+                session.sendDatagram(bytes, toConnected: peers) == 0
             })
         }
         session.delegate = self

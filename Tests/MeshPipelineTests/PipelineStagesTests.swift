@@ -95,7 +95,7 @@ struct PipelineStagesTests {
         let listening = Shared(false)
         let sent = Shared<[[UInt8]]>([])
         let sendThread = Shared("")
-        let capture = try CapturePipeline<String>(source: tone, sendThread: thread, audience: { listening.current ? "player" : nil }) { bytes, who in
+        let capture = try CapturePipeline<String>(source: tone, sendThread: thread, withAudience: { use in if listening.current { use("player") } }) { bytes, who in
             let packet = Array(bytes)
             let name = (try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8)) ?? ""
             sendThread.update { $0 = name.trimmingCharacters(in: .newlines) }

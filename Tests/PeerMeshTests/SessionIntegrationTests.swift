@@ -125,6 +125,17 @@ struct SessionIntegrationTests {
         usleep(100_000)
         #expect(pair.hostLog.snapshot.reliable.isEmpty)
         #expect(pair.hostLog.snapshot.datagrams.map(\.1.count) == [Session.maximumDatagramSize, 3])
+
+        // The real-time variant: no error, the count of peers not reached; the connected one still gets it.
+        let sent = pair.guest.statistics.datagramsSent
+        let notReached = [UInt8]([4, 5]).withUnsafeBytes { pair.guest.sendDatagram($0, toConnected: [stranger, pair.hostPeer, stranger]) }
+        #expect(notReached == 2)
+        #expect([UInt8]().withUnsafeBytes { pair.guest.sendDatagram($0, toConnected: [pair.hostPeer]) } == 1, "empty: no one")
+        let oversize = [UInt8](repeating: 0, count: Session.maximumDatagramSize + 1)
+        #expect(oversize.withUnsafeBytes { pair.guest.sendDatagram($0, toConnected: [pair.hostPeer]) } == 1, "oversize: no one")
+        #expect(eventually(2) { pair.hostLog.snapshot.datagrams.count == 3 })
+        #expect(pair.hostLog.snapshot.datagrams.last?.1 == Data([4, 5]))
+        #expect(pair.guest.statistics.datagramsSent == sent + 1)
     }
 
     @Test("disconnect(): the other side sees notConnected within 100 ms")

@@ -300,6 +300,15 @@ public final class Session: Sendable {
         try core.sendDatagram(bytes, to: peers)
     }
 
+    /// `sendDatagram(_:toPeers:)` for a real-time thread (an audio capture callback): no error is built and no lock
+    /// is taken. Sends to each of `peers` that is connected now and returns how many were not (they just left, or
+    /// are not up yet: each is skipped); empty or oversize `bytes` reach no one and count all of `peers`.
+    @discardableResult
+    public func sendDatagram(_ bytes: UnsafeRawBufferPointer, toConnected peers: [PeerID]) -> Int {
+        guard !bytes.isEmpty, bytes.count <= Session.maximumDatagramSize else { return peers.count }
+        return core.sendDatagramCountingMissing(bytes, to: peers)
+    }
+
     /// Sends the file at `url` to `peer` as a resource named `name`, as MC's
     /// `sendResource(at:withName:toPeer:withCompletionHandler:)`. It goes in 64 KiB chunks over the peer's reliable
     /// connection, taking turns with messages, and is hashed (SHA-256) on both sides; the peer gets it only whole

@@ -83,6 +83,9 @@ final class SessionCore: Sendable {
         var judged: [ObjectIdentifier: Connection] = [:]
         /// Connected links' datagram routes, by link (what the route table and the send table are built from).
         var routes: [LinkID: LoopRoute] = [:]
+        /// Peers connected only through a relay pipe (no UDP path), by their link: their datagrams go on the
+        /// connection. Published to senders in the send table.
+        var relayedLinks: [PeerID: LinkID] = [:]
         var failureDetail: [LinkID: String] = [:]
         /// A better reason than the state machine's for a link's failure (our own certificate check said no).
         var failureReason: [LinkID: DeclineReason] = [:]
@@ -132,10 +135,9 @@ final class SessionCore: Sendable {
     let io: LoopBound<IO>
     /// Where incoming resources are written (each in a directory of its own).
     let resourceDirectory: String
-    /// Connected peers' send routes (a peer with two links uses its oldest), read by senders without a lock.
-    private let sendTable = SnapshotCell<SendTable>(SendTable([:]))
-    /// Peers connected only through a relay pipe (no UDP path): their datagrams go on the connection.
-    private let relayedTable = Mutex<[PeerID: LinkID]>([:])
+    /// Connected peers' send routes (a peer with two links uses its oldest) and relayed links, read by senders
+    /// without a lock.
+    private let sendTable = SnapshotCell<SendTable>(SendTable([:], relayed: [:]))
 
     init(peer: PeerID, preference: EncryptionPreference, configuration c: Session.Configuration) throws(PeerMeshError) {
         self.peer = peer
@@ -452,21 +454,40 @@ final class SessionCore: Sendable {
     /// yet) is skipped, and named in the error thrown after the others were sent to: one peer's departure never
     /// costs the rest their audio.
     func sendDatagram(_ payload: UnsafeRawBufferPointer, to peers: [PeerID]) throws(PeerMeshError) {
-        let missing = sendTable.withCurrent { sendDatagram(payload, to: peers, table: $0?.routes ?? [:]) }
+        var missing: PeerID?
+        sendTable.withCurrent { table in
+            guard let table else { return }
+            _ = sendDatagram(payload, to: peers, table: table) { missing = $0 }
+        }
         if let missing { throw .notConnected("send: peer \(missing) is not connected; the datagram went to the others") }
     }
 
-    /// Seals and sends `payload` to each of `peers` found in `table` (or on its relayed link); returns one that is
-    /// not connected, if any.
-    private func sendDatagram(_ payload: UnsafeRawBufferPointer, to peers: [PeerID], table: [PeerID: SendRoute]) -> PeerID? {
-        var missing: PeerID?
+    /// `sendDatagram` for a real-time thread: no error to build, no lock. Returns how many of `peers` are not
+    /// connected (each skipped).
+    func sendDatagramCountingMissing(_ payload: UnsafeRawBufferPointer, to peers: [PeerID]) -> Int {
+        sendTable.withCurrent { table in
+            guard let table else { return peers.count }
+            return sendDatagram(payload, to: peers, table: table) { _ in }
+        }
+    }
+
+    /// Seals and sends `payload` to each of `peers` found in `table` (or on its relayed link); `noteMissing` hears
+    /// each that is not connected. Returns how many were not.
+    private func sendDatagram(_ payload: UnsafeRawBufferPointer, to peers: [PeerID], table: SendTable,
+                              noteMissing: (PeerID) -> Void) -> Int {
+        var missing = 0
         // No heap allocation: each datagram is assembled (and sealed, on an encrypted link) in stack space.
         let size = DatagramHeader.size + payload.count + Sodium.tagSize
         var sent: UInt64 = 0, failed: UInt64 = 0
         withUnsafeTemporaryAllocation(byteCount: size, alignment: 16) { buf in
             for p in peers {
-                guard let r = table[p] else {
-                    if !sendRelayedDatagram(payload, to: p) { missing = p }
+                guard let r = table.routes[p] else {
+                    if let link = table.relayed[p] {
+                        sendRelayedDatagram(payload, on: link)
+                    } else {
+                        missing += 1
+                        noteMissing(p)
+                    }
                     continue
                 }
                 let sequence = r.counters.takeSequence()
@@ -480,18 +501,17 @@ final class SessionCore: Sendable {
         return missing
     }
 
-    /// Sends a datagram to a peer reached only through a relay pipe: on its connection (sealed end to end by the
-    /// link's records), as a DATAGRAM frame. False when `peer` has no relayed link.
-    private func sendRelayedDatagram(_ payload: UnsafeRawBufferPointer, to peer: PeerID) -> Bool {
-        guard let link = relayedTable.withLock({ $0[peer] }) else { return false }
-        guard !payload.isEmpty else { return true }
+    /// Sends a datagram to a peer reached only through a relay pipe: on its connection `link` (sealed end to end
+    /// by the link's records), as a DATAGRAM frame, from the loop. (This path copies the bytes: a relayed peer has
+    /// no UDP path for a real-time sender to write to.)
+    private func sendRelayedDatagram(_ payload: UnsafeRawBufferPointer, on link: LinkID) {
+        guard !payload.isEmpty else { return }
         let frame = ControlFrame.datagram(Array(payload))
         loop.execute { [self] in
             // Unreliable: a link whose queue is full drops it rather than grow.
             guard let c = io.value.connections[link], c.queuedBytes < configuration.maximumQueuedBytes else { return }
             c.send(frame)
         }
-        return true
     }
 
     /// Writes a datagram — header, then the payload sealed under `key` (nonce: the sequence number; associated
@@ -600,7 +620,8 @@ final class SessionCore: Sendable {
                 io.value.introductions[l] = nil
                 if let c = io.value.connections[l], c.isRelayed {
                     // No UDP path: liveness rides the connection's heartbeats, datagrams its DATAGRAM frames.
-                    relayedTable.withLock { $0[p] = l }
+                    io.value.relayedLinks[p] = l
+                    publishSendTable()
                     continue
                 }
                 guard let c = io.value.connections[l], let local = io.value.localTokens[l],
@@ -629,7 +650,7 @@ final class SessionCore: Sendable {
             case .relay(let l, let p, let frame):
                 receivedRelay(frame, on: l, from: p)
             case .linkDown(let l):
-                relayedTable.withLock { t in t = t.filter { $0.value != l } }
+                io.value.relayedLinks = io.value.relayedLinks.filter { $0.value != l }
                 if io.value.routes.removeValue(forKey: l) != nil { publishRoutes() }
                 publishSendTable()
             }
@@ -645,7 +666,7 @@ final class SessionCore: Sendable {
             table[route.peer] = SendRoute(link: link, remote: route.remote, remoteToken: route.remoteToken,
                                           counters: route.receiver.counters, key: route.receiver.keys?.send)
         }
-        sendTable.replace(with: SendTable(table))
+        sendTable.replace(with: SendTable(table, relayed: io.value.relayedLinks))
     }
 
     /// Publishes the table datagrams are judged against (the old one is released here, once no reader is in it).
@@ -717,7 +738,12 @@ final class SessionCore: Sendable {
 /// The senders' table: connected peers' send routes, published whole (`SnapshotCell`) whenever a route changes.
 final class SendTable: Sendable {
     let routes: [PeerID: SendRoute]
-    init(_ routes: [PeerID: SendRoute]) { self.routes = routes }
+    /// Peers reached only through a relay pipe, by link.
+    let relayed: [PeerID: LinkID]
+    init(_ routes: [PeerID: SendRoute], relayed: [PeerID: LinkID]) {
+        self.routes = routes
+        self.relayed = relayed
+    }
 }
 
 extension DatagramBody {
