@@ -48,6 +48,41 @@ struct ClipRecorderTests {
         #expect(recorder.droppedSamples == 0)
     }
 
+    @Test func aFullRingTakesWholeFramesOnlySoChannelsNeverShift() throws {
+        let dir = try Self.directory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        // Three channels: the ring (8000 × 3 rounded up to 32 768 samples) does not hold a whole number of frames.
+        let format = AudioFormat(sampleRate: 8_000, channels: 3, sampleType: .float32LE)
+        let saved = Mutex<String?>(nil)
+        let recorder = try ClipRecorder(configuration: .init(directory: dir, name: "three", prerollSeconds: 4),
+                                        format: format) { o in if case .saved(let n) = o { saved.withLock { $0 = n } } }
+        // The clip thread is not running yet (stalled on a disk, as it were): the ring fills, and then overflows.
+        var frame = 0
+        for _ in 0..<12 {
+            var samples: [Float] = []
+            for i in 0..<1_000 {
+                let base = Float((frame + i) % 10_000) / 100_000
+                samples += [base, base + 0.3, base + 0.6]
+            }
+            frame += 1_000
+            samples.withUnsafeBufferPointer { recorder.tap($0) }
+        }
+        #expect(recorder.droppedSamples == 36_000 - 32_766, "10 922 whole frames kept, the rest dropped whole")
+        try recorder.start()
+        usleep(100_000)
+        let name = try recorder.open(prerollOnly: true)
+        #expect(eventually(5) { saved.withLock { $0 } == name })
+        let (samples, read) = try readWAV(dir + "/" + name)
+        #expect(read == format && samples.count == 10_922 * 3)
+        // Every frame's channels are where they belong: channel c is channel 0 plus 0.3 c.
+        let aligned = stride(from: 0, to: samples.count, by: 3).allSatisfy { (f: Int) -> Bool in
+            let d1: Float = samples[f + 1] - samples[f], d2: Float = samples[f + 2] - samples[f]
+            return abs(d1 - 0.3) < 1e-5 && abs(d2 - 0.6) < 1e-5
+        }
+        #expect(aligned)
+        recorder.stop()
+    }
+
     @Test func thePrerollAloneIsSavedAtOnceAndNamesNeverCollide() throws {
         let dir = try Self.directory()
         defer { try? FileManager.default.removeItem(atPath: dir) }

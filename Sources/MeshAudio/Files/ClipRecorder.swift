@@ -82,7 +82,11 @@ public final class ClipRecorder: Sendable {
 
     /// The send thread: one captured chunk (interleaved). Never blocks; what does not fit is dropped and counted.
     public func tap(_ samples: UnsafeBufferPointer<Float>) {
-        let written = ring.write(samples)
+        // Whole frames only: the ring's capacity is a power of two, and a partial frame written into its last
+        // places would shift the channels of every frame after it.
+        let room = ring.availableToWrite / format.channels * format.channels
+        let fits = min(samples.count, room)
+        let written = fits > 0 ? ring.write(UnsafeBufferPointer(rebasing: samples[..<fits])) : 0
         if written < samples.count { worker.dropped.add(UInt64(samples.count - written), ordering: .relaxed) }
     }
 
