@@ -209,6 +209,42 @@ struct AttackTests {
         #expect(guest.connectedPeers.isEmpty)
     }
 
+    @Test("An app that never answers the certificate check holds no guest's place past the invitation's timeout")
+    func unansweredCertificateChecksExpire() throws {
+        let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
+        let judge = Judge()
+        host.delegate = judge
+        let invitations = MeshEventLog()
+        invitations.acceptInto.withLock { $0 = host }
+        let advertiser = try NearbyServiceAdvertiser(peer: host.myPeerID, discoveryInfo: nil, serviceType: "pm-judge4",
+                                                     discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
+        advertiser.delegate = invitations
+        try advertiser.startAdvertisingPeer()
+        let endpoint = PeerEndpoint(host: "127.0.0.1", port: advertiser.port!)
+        // As many guests from one address as a host takes (maximumPeersPerHost, 4), each judged and never answered.
+        var waiting: [Session] = []
+        for i in 0..<4 {
+            let g = try Session(peer: try PeerID(displayName: "unanswered\(i)"), configuration: .init(bindHost: "127.0.0.1"))
+            try g.connect(to: endpoint, timeout: .seconds(1))
+            waiting.append(g)
+        }
+        #expect(eventually(5) { judge.held.withLock { $0.count } == 4 })
+        usleep(1_500_000)
+        // Their places are free again: a fifth guest from the same address, whose key the app now accepts, joins.
+        judge.approveNew.store(true, ordering: .releasing)
+        let next = try Session(peer: try PeerID(displayName: "next"), configuration: .init(bindHost: "127.0.0.1"))
+        let nextLog = MeshEventLog()
+        next.delegate = nextLog
+        try next.connect(to: endpoint, timeout: .seconds(5))
+        #expect(nextLog.wait(5) { s in s.states.contains { $0.1 == .connected } }, "\(nextLog.snapshot.failures)")
+        #expect(host.connectedPeers.map(\.displayName) == ["next"])
+        // A late answer changes nothing.
+        for answer in judge.held.withLock({ $0 }) { answer(true) }
+        usleep(200_000)
+        #expect(host.connectedPeers.map(\.displayName) == ["next"])
+        withExtendedLifetime(waiting) {}
+    }
+
     @Test("40 peers from one address cannot fill the slots; a peer from another address still joins")
     func onePlaceCannotFillTheSlots() throws {
         let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(maximumPeers: 33, bindHost: "127.0.0.1"))

@@ -302,15 +302,21 @@ final class SessionCore: Sendable {
         io.value.admitting[hostKey, default: 0] += 1
         let certificate = PeerCertificate(publicKey: key, shortAuthenticationString: connection.shortAuthenticationString ?? "",
                                           address: connection.remote?.host, weInvited: false)
-        askCertificate(certificate, from: peer) { [self] ok in
+        // An app that never answers must not hold the guest's place for ever: past the invitation's own timeout
+        // (as the advertiser reckons it) the guest has given up, and the answer is no.
+        let wait = invite.timeoutMillis == 0 ? Self.defaultInvitationWait
+            : min(UInt64(invite.timeoutMillis) * 1_000_000, Self.maximumCertificateWait)
+        askCertificate(certificate, from: peer, timeout: wait) { [self] ok in
             let c = connection
             io.value.judged[ObjectIdentifier(c)] = nil
             io.value.admitting[hostKey, default: 1] -= 1
             if io.value.admitting[hostKey] == 0 { io.value.admitting[hostKey] = nil }
             // The guest left while the app judged its key: nothing to admit or to decline.
             if c.hasEnded { return }
-            if ok { admit(c, from: peer, invite: invite, listenerPort: listenerPort) } else {
-                decline(.declined, "certificate rejected: \(peer.displayName)'s key \(key.shortFingerprint) is not trusted")
+            switch ok {
+            case true?: admit(c, from: peer, invite: invite, listenerPort: listenerPort)
+            case false?: decline(.declined, "certificate rejected: \(peer.displayName)'s key \(key.shortFingerprint) is not trusted")
+            case nil: decline(.timedOut, "the host's app did not answer the certificate check in time")
             }
         }
     }
@@ -341,12 +347,18 @@ final class SessionCore: Sendable {
                           onEnd: { [unowned self] why in ended(link, why) })
     }
 
-    /// Asks the delegate about a proven key; `decide` runs on the loop with the answer (a session without a
-    /// delegate accepts, as MC does).
-    private func askCertificate(_ certificate: PeerCertificate, from peer: PeerID, decide: @escaping (Bool) -> Void) {
+    /// How long an invitee's certificate check may wait for the app when the invitation names no timeout (as the
+    /// advertiser waits for its answer), and at the most.
+    static let defaultInvitationWait: Nanos = 30_000_000_000
+    static let maximumCertificateWait: Nanos = 60_000_000_000
+
+    /// Asks the delegate about a proven key; `decide` runs on the loop, once, with the answer: nil when `timeout`
+    /// passed first (a session without a delegate accepts, as MC does). Loop thread only.
+    private func askCertificate(_ certificate: PeerCertificate, from peer: PeerID, timeout: Nanos? = nil,
+                                decide: @escaping (Bool?) -> Void) {
         let answered = Atomic<Bool>(false)
-        let box = LoopBound<((Bool) -> Void)?>(decide, loop: loop)
-        let handler: @Sendable (Bool) -> Void = { [weak self] ok in
+        let box = LoopBound<((Bool?) -> Void)?>(decide, loop: loop)
+        let resolve: @Sendable (Bool?) -> Void = { [weak self] ok in
             guard answered.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged,
                   let self else { return }
             self.loop.execute {
@@ -355,8 +367,9 @@ final class SessionCore: Sendable {
                 d?(ok)
             }
         }
-        guard let s = owner.withLock({ $0.value }), let d = delegate.withLock({ $0.value }) else { return handler(true) }
-        d.session(s, didReceiveCertificate: certificate, fromPeer: peer, certificateHandler: handler)
+        guard let s = owner.withLock({ $0.value }), let d = delegate.withLock({ $0.value }) else { return resolve(true) }
+        if let timeout { loop.schedule(at: MonotonicClock.nowNanos() &+ timeout) { resolve(nil) } }
+        d.session(s, didReceiveCertificate: certificate, fromPeer: peer, certificateHandler: { ok in resolve(ok) })
     }
 
     /// Initiator: the handshake proved who answered. Check the key against the advertised one, then ask the
@@ -370,7 +383,7 @@ final class SessionCore: Sendable {
                                           address: c.remote?.host, weInvited: true)
         askCertificate(certificate, from: peer) { [self] ok in
             guard let c = io.value.connections[link] else { return }
-            if ok {
+            if ok == true {
                 c.approve()
             } else {
                 io.value.failureDetail[link] = "certificate rejected: \(peer.displayName)'s key \(key.shortFingerprint) is not trusted"
