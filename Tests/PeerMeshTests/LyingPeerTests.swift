@@ -174,4 +174,18 @@ struct LyingPeerTests {
         #expect(try host.aRealGuestJoins())
         withExtendedLifetime(guest) {}
     }
+
+    @Test("DATAGRAM frames on a direct link (they belong on relayed links only): a fault, nothing delivered")
+    func datagramFramesOnADirectLink() throws {
+        let host = try OpenHost(service: "pm-dgframe")
+        let guest = try RawGuest(port: host.port, name: "tcpdatagrams")
+        guest.send([RawGuest.invite()])
+        #expect(eventually(3) { host.session.connectedPeers.count == 1 })
+        guest.send([.datagram([1, 2, 3])])
+        #expect(eventually(3) { host.session.connectedPeers.isEmpty })
+        #expect(host.session.statistics.peerFaults == 1)
+        #expect(host.log.snapshot.datagrams.isEmpty)
+        #expect(try host.aRealGuestJoins())
+        withExtendedLifetime(guest) {}
+    }
 }

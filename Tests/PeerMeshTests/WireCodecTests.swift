@@ -247,6 +247,9 @@ private let sampleFrames: [ControlFrame] = [
         #expect(decode([24, 0, 0, 0, 1]) == .failure(.truncated))
         #expect(decode([24, 0, 0, 0, 1, 0, 0]) == .failure(.trailingBytes))
         #expect(decode([25]) == .failure(.badField("datagram length")), "an empty datagram")
+        #expect(decode([25] + [UInt8](repeating: 1, count: Session.maximumDatagramSize + 1)) == .failure(.badField("datagram length")),
+                "larger than a UDP datagram may be")
+        #expect(decode([25] + [UInt8](repeating: 1, count: Session.maximumDatagramSize)) == .success(.datagram([UInt8](repeating: 1, count: Session.maximumDatagramSize))))
     }
 
     @Test func streamFrameEncodingsAndFailures() {

@@ -556,6 +556,10 @@ final class SessionCore: Sendable {
         let now = MonotonicClock.nowNanos()
         // The decliner's own words say more than the reason code ("the pairing window is closed; …").
         if case .decline(_, let text) = frame, !text.isEmpty { io.value.failureDetail[link] = text }
+        // DATAGRAM frames stand in for UDP on a relayed link only: on a direct link they are out of place.
+        if case .datagram = frame, io.value.connections[link]?.isRelayed == false {
+            return faulted(link, .unexpectedFrame("DATAGRAM on a link that has a UDP path"))
+        }
         let actions = shared.withLock { $0.machine.received(frame, on: link, now: now) }
         perform(actions)
     }

@@ -254,7 +254,8 @@ enum ControlFrame: Equatable, Sendable {
             }
         case .datagram:
             let payload = r.rest()
-            guard !payload.isEmpty else { return .failure(.badField("datagram length")) }
+            // What a relayed link carries is what a UDP datagram would: 1 to `Session.maximumDatagramSize` bytes.
+            guard (1...Session.maximumDatagramSize).contains(payload.count) else { return .failure(.badField("datagram length")) }
             frame = .datagram(Array(payload))
         }
         guard r.remaining == 0 else { return .failure(.trailingBytes) }
