@@ -49,6 +49,8 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
     private struct State {
         var inviting = false
         var initiator: Pairing.Initiator?
+        /// The host whose proof (message 2's tag) checked out: only its "paired" is believed.
+        var provenHost: PeerID?
         var outcome: Outcome?
         var seen: [PeerID: Bool] = [:]
     }
@@ -68,7 +70,8 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
         self.configuration = configuration
         self.log = log
         session = try Session(securityIdentity: configuration.identity,
-                              configuration: .init(bindHost: configuration.bindHost, maximumMessageSize: 4096, topology: .star))
+                              configuration: .init(bindHost: configuration.bindHost, maximumMessageSize: 4096,
+                                                   maximumResourceSize: 0, topology: .star))
         if case .discover = configuration.target {
             browser = try NearbyServiceBrowser(peer: configuration.identity.peerID, serviceType: configuration.serviceType,
                                                discovery: configuration.discovery)
@@ -160,6 +163,10 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
         if let result = Pairing.result(m) {
             switch result {
             case .paired:
+                // Anyone can say "paired": only a host that proved it knows the code (message 2) is trusted.
+                guard state.withLock({ $0.provenHost == peer }) else {
+                    return finish(.failed("\(peer.displayName) said the pairing succeeded without proving it knows the code: not trusted"))
+                }
                 guard let key = peer.publicKey else { return finish(.failed("the host has no key")) }
                 do { try configuration.trust.add(key, name: peer.displayName) } catch { return finish(.failed("\(error)")) }
                 finish(.paired(peer))
@@ -171,7 +178,11 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
         let answer = state.withLock { s -> Result<[UInt8], Pairing.Failure> in
             guard var i = s.initiator else { return .failure(.malformed) }
             defer { s.initiator = i }
-            do throws(Pairing.Failure) { return .success(try i.answer(m)) } catch { return .failure(error) }
+            do throws(Pairing.Failure) {
+                let m3 = try i.answer(m)
+                s.provenHost = peer
+                return .success(m3)
+            } catch { return .failure(error) }
         }
         switch answer {
         case .success(let m3): try? session.send(Data(m3), toPeers: [peer], with: .reliable)

@@ -1,0 +1,57 @@
+import Foundation
+import Synchronization
+import Testing
+import MeshTestSupport
+import PeerMesh
+@testable import MeshRelay
+
+/// A host that does not know the code and claims the pairing succeeded anyway: it takes the pairing invitation and
+/// answers the player's first message with "paired" (message 4), skipping the proof (message 2).
+private final class ImpostorHost: SessionDelegate, NearbyServiceAdvertiserDelegate, Sendable {
+    let session: Session
+    let advertiser: NearbyServiceAdvertiser
+
+    init() throws {
+        session = try Session(peer: try PeerID(displayName: "Kitchen mic"), configuration: .init(bindHost: "127.0.0.1"))
+        advertiser = try NearbyServiceAdvertiser(peer: session.myPeerID, discoveryInfo: ["pair": "1"], serviceType: "mesh-audio",
+                                                 discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
+        session.delegate = self
+        advertiser.delegate = self
+        try advertiser.startAdvertisingPeer()
+    }
+
+    func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceiveInvitationFromPeer peer: PeerID,
+                    withContext context: Data?, invitationHandler: @escaping @Sendable (Bool, Session?) -> Void) {
+        invitationHandler(true, session)
+    }
+    func advertiser(_ advertiser: NearbyServiceAdvertiser, didNotStartAdvertisingPeer error: PeerMeshError) {}
+    func session(_ session: Session, peer: PeerID, didChange state: SessionState) {}
+    func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {
+        // Whatever the player says (its first PAKE message), the answer is "paired".
+        try? session.send(Data(Pairing.resultMessage(.paired)), toPeers: [peer], with: .reliable)
+    }
+}
+
+@Suite("Pairing against an impostor host")
+struct PairingImpostorTests {
+    @Test("A host that says 'paired' without proving it knows the code is not trusted")
+    func claimedSuccessWithoutProof() throws {
+        let impostor = try ImpostorHost()
+        let dir = NSTemporaryDirectory() + "pm-impostor-\(getpid())-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let trust = TrustStore(path: dir + "/paired.json")
+        var config = PairingClient.Configuration(identity: try PeerIdentity.generate(displayName: "bedroom"), trust: trust,
+                                                 code: "1234-5678",
+                                                 target: .direct(PeerEndpoint(host: "127.0.0.1", port: impostor.advertiser.port!)))
+        config.bindHost = "127.0.0.1"
+        config.timeout = .seconds(5)
+        let outcome = try PairingClient(configuration: config).run()
+        guard case .failed(let why) = outcome else {
+            Issue.record("the player paired with an impostor: \(outcome)")
+            return
+        }
+        #expect(why.contains("without proving it knows the code"), "\(why)")
+        #expect(try trust.list().isEmpty, "no key was written to the trust store")
+    }
+}
