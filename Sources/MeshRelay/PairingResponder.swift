@@ -41,7 +41,8 @@ public final class PairingResponder: SessionDelegate, Sendable {
                 notices: @escaping @Sendable (String) -> Void, windowChanged: @escaping @Sendable (Bool) -> Void) throws {
         session = try Session(securityIdentity: identity,
                               configuration: .init(maximumPeers: 4, peerTimeout: peerTimeout, bindHost: bindHost,
-                                                   maximumMessageSize: 4096, maximumPeersPerHost: 2, topology: .star))
+                                                   maximumMessageSize: 4096, maximumPeersPerHost: 2, maximumResourceSize: 0,
+                                                   topology: .star))
         self.trust = trust
         self.notices = notices
         self.windowChanged = windowChanged

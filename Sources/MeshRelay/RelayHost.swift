@@ -162,6 +162,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     /// The talkback pipeline (network → jitter buffer → … → the talk sink), and whose datagrams it plays.
     private let talkback: PlayoutPipeline?
     private let talker = Mutex<PeerID?>(nil)
+    /// Refused commands are logged at most once a second a player (the control queue's; a lock for `Sendable`).
+    private let refusals = Mutex(LogThrottle<PeerID>(interval: 1_000_000_000))
 
     private struct HostState {
         /// Players admitted because the trust store has their key: forgotten keys are disconnected.
@@ -235,9 +237,12 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         events = log
         notices = notice ?? log
         advertisedChanged = advertised
+        // Players send control messages (≤ 267 bytes) and audio, nothing else: no file transfers into $TMPDIR.
         let sessionConfig = Session.Configuration(maximumPeers: configuration.maximumPeers, peerTimeout: configuration.peerTimeout,
                                                   udpPort: configuration.port, bindHost: configuration.bindHost,
-                                                  maximumPeersPerHost: configuration.maximumPlayersPerAddress, topology: .star)
+                                                  maximumMessageSize: Self.maximumControlMessageSize,
+                                                  maximumPeersPerHost: configuration.maximumPlayersPerAddress,
+                                                  maximumResourceSize: 0, topology: .star)
         // One port number for UDP and TCP. With no port asked for, the session's free UDP port may be taken for TCP
         // (by any connection's local port): then try another.
         var attempt = 0
@@ -404,8 +409,10 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         for action in actions {
             switch action {
             case .send(let peer, let message):
-                if case .reply(_, .error(let why)) = message {
-                    events("control: refused a command from \(peer.displayName): \(why)")
+                if case .reply(_, .error(let why)) = message,
+                   let held = refusals.withLock({ $0.admit(peer, now: MonotonicClock.nowNanos()) }) {
+                    let more = held > 0 ? " (and \(held) more since the last such line)" : ""
+                    events("control: refused a command from \(peer.displayName): \(why)\(more)")
                 }
                 try? session.send(Data(message.encoded), toPeers: [peer], with: .reliable)
             case .setPaused(let peer, let paused):
@@ -484,7 +491,10 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                 $0.admittedByTrust[peer] = nil
                 $0.addresses[peer] = nil
             }
-            controlQueue.async { [self] in perform(control.withLock { $0.left(peer) }) }
+            controlQueue.async { [self] in
+                refusals.withLock { $0.forget(peer) }
+                perform(control.withLock { $0.left(peer) })
+            }
             events("player \(peer.displayName) left")
         case .connecting: break
         }
@@ -597,6 +607,9 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     /// The invitation context a player sends to pair.
     /// The invitation context of a player that comes to pair (`mesh-play --pair`) rather than to listen.
     public static let pairingContext = PairingResponder.context
+
+    /// The largest reliable message the relay's sessions take: room for any control message (`ControlMessage`).
+    static let maximumControlMessageSize = 1024
 }
 
 /// A player asking to join a host whose policy is `.ask`: what the operator sees, and how to answer.

@@ -190,6 +190,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     /// (the host, while talk is on; nil: nowhere, and nothing is packetized).
     private let talkCapture: CapturePipeline<[PeerID]>?
     private let talkTarget: TalkTarget
+    /// Whether the listener's latest talk command was "on" (the control queue's; an atomic for `Sendable`).
+    private let talkWanted = Atomic<Bool>(false)
 
     /// Where the talk input goes, shared with the talk input's capture thread. The host is kept as the
     /// one-element audience that thread reads, so it allocates nothing per chunk.
@@ -226,8 +228,10 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         self.log = log
         self.onGiveUp = onGiveUp
         peer = configuration.identity.peerID
-        var sessionConfiguration = Session.Configuration(peerTimeout: configuration.peerTimeout,
-                                                         bindHost: configuration.bindHost, topology: .star)
+        // The host sends control messages (≤ 267 bytes) and audio, nothing else: no file transfers into $TMPDIR.
+        var sessionConfiguration = Session.Configuration(peerTimeout: configuration.peerTimeout, bindHost: configuration.bindHost,
+                                                         maximumMessageSize: RelayHost.maximumControlMessageSize,
+                                                         maximumResourceSize: 0, topology: .star)
         sessionConfiguration.datagramDelivery = .reader
         let session = try Session(securityIdentity: configuration.identity, encryptionPreference: configuration.encryption,
                                   configuration: sessionConfiguration)
@@ -365,7 +369,9 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
             } else if case .talk(true) = command, talkCapture == nil, remote.withLock({ $0.features.contains(.talk) }) {
                 action = .refused(command, "this player has no talk input (mesh-play --talk-device DEV or --talk-input SRC)")
             } else {
-                // Talk off stops sending at once, before the host answers.
+                // Talk off stops sending at once, before the host answers; and whichever the listener asked for
+                // last is what an answer may act on.
+                if case .talk(let on) = command { talkWanted.store(on, ordering: .relaxed) }
                 if case .talk(false) = command { talkTarget.set(nil) }
                 action = remote.withLock { $0.request(command) }
             }
@@ -386,8 +392,11 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 log("\(command): not sent: \(why)")
             case .answered(let command, let reply):
                 if case .capture = command, reply == .recording { ownsClip.store(true, ordering: .relaxed) }
-                // Talk on, accepted: the talk input goes to the host from the next chunk.
-                if case .talk(true) = command, reply == .ok, let host { talkTarget.set(host) }
+                // Talk on, accepted: the talk input goes to the host from the next chunk — unless the listener has
+                // turned talk off since (an answer that comes late must not turn the microphone back on).
+                if case .talk(true) = command, reply == .ok, let host, talkWanted.load(ordering: .relaxed) {
+                    talkTarget.set(host)
+                }
                 log("\(command): \(reply)")
             case .stateChanged(let state, let previous):
                 controls.held = state.paused
@@ -462,7 +471,14 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
             switch formatChanges.withLock({ $0.request(f, now: monotonicNow()) }) {
             case .allow:
                 log("host sends \(f); reopening playback")
-                do { try buildPipeline(f) } catch { log("cannot play \(f): \(error)") }
+                do { try buildPipeline(f) } catch {
+                    log("cannot play \(f): \(error)")
+                    // The idle pipeline was stopped for it: put one back in the format the player started with, so
+                    // that packets are still read (and counted) and a later format can still be played.
+                    if playout.withCurrent({ $0 == nil }) {
+                        do { try buildPipeline(configuration.initialFormat) } catch { log("cannot reopen playback: \(error)") }
+                    }
+                }
             case .refuseAndSay:
                 log("host switches to \(f) too often; ignoring it (its packets are dropped) and playing on")
             case .refuse:

@@ -48,6 +48,24 @@ struct ClipRecorderTests {
         #expect(recorder.droppedSamples == 0)
     }
 
+    @Test func noClipIsStartedWithoutRoomForItAndTheReserve() throws {
+        let dir = try Self.directory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var config = ClipRecorder.Configuration(directory: dir, name: "h", prerollSeconds: 1, maximumSeconds: 1)
+        config.reservedBytes = 1 << 62  // more than any disk here has
+        let recorder = try ClipRecorder(configuration: config, format: .default) { _ in }
+        #expect(recorder.largestClipBytes == 88_200 * 4 + 4096)
+        try recorder.start()
+        do {
+            _ = try recorder.open(prerollOnly: true)
+            Issue.record("a clip was started without the free space it needs")
+        } catch let e as ClipError {
+            #expect(e.description.contains("not enough free space in \(dir)"), "\(e.description)")
+        }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: dir).isEmpty, "no file was made")
+        recorder.stop()
+    }
+
     @Test func aFullRingTakesWholeFramesOnlySoChannelsNeverShift() throws {
         let dir = try Self.directory()
         defer { try? FileManager.default.removeItem(atPath: dir) }

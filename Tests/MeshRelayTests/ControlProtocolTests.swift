@@ -324,3 +324,18 @@ struct PlayerControlTests {
         #expect(p.pendingCount == PlayerControl.maximumPending)
     }
 }
+
+@Suite("Log throttle (pure)")
+struct LogThrottleTests {
+    @Test func oneLineAKeyASecondAndTheRestCounted() {
+        var t = LogThrottle<String>(interval: 1_000)
+        #expect(t.admit("a", now: 0) == 0)
+        #expect(t.admit("a", now: 10) == nil)
+        #expect(t.admit("a", now: 999) == nil)
+        #expect(t.admit("b", now: 500) == 0, "keys are apart")
+        #expect(t.admit("a", now: 1_000) == 2, "the next line says how many were held back")
+        #expect(t.admit("a", now: 1_500) == nil)
+        t.forget("a")
+        #expect(t.admit("a", now: 1_600) == 0, "a forgotten key starts afresh")
+    }
+}

@@ -74,6 +74,40 @@ struct RelayInProcessTests {
         print("fan-out: packets received per player \(totals)")
     }
 
+    @Test("A host format the player's output refuses: playback falls back to a pipeline that keeps reading, not to none")
+    func refusedFormatKeepsAPipeline() throws {
+        let hostFormat = AudioFormat(sampleRate: 48_000, channels: 1, sampleType: .float32LE)
+        let tone = try ToneSource(frequency: 440, amplitude: 0.5, format: hostFormat, periodFrames: 128)
+        var hostConfig = RelayHost.Configuration(identity: try paired.host.renamed("refused-host"), trust: paired.hostTrust,
+                                                 serviceType: "pmr-inproc", maximumPeers: 4, discovery: InProcessDiscovery())
+        hostConfig.maximumPlayersPerAddress = 8
+        let host = try RelayHost(configuration: hostConfig, source: tone)
+        try host.start()
+        defer { host.stop() }
+        let asked = Mutex<[Int]>([])
+        let out = Rig.tempPath("refused-\(UUID().uuidString.prefix(6)).wav")
+        let config = RelayPlayer.Configuration(target: .direct(PeerEndpoint(host: "127.0.0.1", port: host.port)),
+                                               identity: try paired.playerIdentity(0), hosts: .paired(paired.playerTrust(0)),
+                                               discovery: InProcessDiscovery())
+        let player = try RelayPlayer(configuration: config) { format, _ in
+            asked.withLock { $0.append(format.sampleRate) }
+            // An output device that cannot take 48 kHz.
+            struct Refused: Error {}
+            guard format.sampleRate == 44_100 else { throw Refused() }
+            return try WAVFileSink(path: out, format: format, periodFrames: 128)
+        }
+        try player.start()
+        defer { player.stop() }
+        #expect(eventually(10) { asked.withLock { $0.contains(48_000) } }, "the player tried the host's format")
+        #expect(eventually(5) { player.statistics.playout.formatMismatches > 0 })
+        let before = player.statistics.playout.formatMismatches
+        Thread.sleep(forTimeInterval: 0.5)
+        let after = player.statistics.playout.formatMismatches
+        #expect(after > before + 50, "the host's packets still reach a pipeline (counted as another format): \(before) → \(after)")
+        #expect(player.statistics.format == .default)
+        #expect(asked.withLock { $0.filter { $0 == 48_000 }.count } <= 3, "the format change limiter holds: \(asked.withLock { $0 })")
+    }
+
     @Test("While a paired player listens, an unpaired PeerMesh client and a half-finished handshake get no audio datagram")
     func strangersGetNoAudio() throws {
         final class Watcher: SessionDelegate, Sendable {

@@ -205,6 +205,32 @@ struct RemoteControlTests {
         #expect(missing.stderr.contains { $0.contains("--buttons /dev/input/event-none: cannot open: no such file or directory") }, "\(missing.stderr)")
     }
 
+    @Test("talk on then talk off at once: both answered ok, and the microphone stays off (a late 'ok' to talk on does not turn it back on)")
+    func talkOnThenOffAtOnce() throws {
+        let paired = try PairedStates()
+        let talkOut = Rig.tempPath("talk-quick-\(UUID().uuidString.prefix(6)).wav")
+        let (host, port) = try Self.host(paired, ["--talk-output", talkOut])
+        defer { host.kill() }
+        let out = Rig.tempPath("talk-quick-player-\(UUID().uuidString.prefix(6)).wav")
+        let (p, stdin) = try Self.player(paired, port: port, seconds: 4, out: out, ["--talk-input", "tone:880"])
+        #expect(eventually(10) { p.stderr.contains { $0.contains("joined ctl-host") } }, "\(p.stderr)")
+        Thread.sleep(forTimeInterval: 1)
+        // One write: the off is sent before the host's answer to the on can arrive.
+        stdin.write(Data("talk on\ntalk off\n".utf8))
+        #expect(eventually(5) { p.stderr.contains { $0.hasSuffix("talk on: ok") } && p.stderr.contains { $0.hasSuffix("talk off: ok") } },
+                "\(p.stderr)")
+        // A status line written after both answers, to count from.
+        let seen = p.jsonObjects.count
+        #expect(eventually(5) { p.jsonObjects.count >= seen + 2 })
+        let sentAfterAnswers = p.jsonObjects.last?["talkPacketsSent"] as? Int
+        #expect(p.waitForExit(seconds: 20) == 0, "\(p.stderr)")
+        let last = p.jsonObjects.last
+        #expect((last?["talking"] as? Bool) == false, "talk is off at the end: \(String(describing: last))")
+        if let sentAfterAnswers, let final = last?["talkPacketsSent"] as? Int {
+            #expect(final == sentAfterAnswers, "no talk packets after both answers (\(sentAfterAnswers) → \(final))")
+        }
+    }
+
     @Test("talk on with --talk-input tone:880 for 2 s: the host's --talk-output holds about 2 s of 880 Hz; the talker hears silence meanwhile (half duplex); a second talker gets busy")
     func talkback() throws {
         let paired = try PairedStates(players: 2)

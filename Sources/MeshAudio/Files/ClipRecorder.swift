@@ -30,6 +30,9 @@ public final class ClipRecorder: Sendable {
         public var maximumSeconds: Double = 10
         /// The first part of each file name (the host's name; unsafe characters become `_`).
         public var name: String
+        /// Space a clip must leave free on the directory's filesystem, beyond its own largest size (default
+        /// 256 MiB): players asking for clip after clip cannot fill the disk.
+        public var reservedBytes: UInt64 = 256 << 20
 
         public init(directory: String, name: String, prerollSeconds: Double = 10, maximumSeconds: Double = 10) {
             self.directory = directory
@@ -98,6 +101,10 @@ public final class ClipRecorder: Sendable {
     /// when it cannot be created.
     public func open(prerollOnly: Bool) throws -> String {
         let (path, name) = try reserveName()
+        do { try checkFreeSpace() } catch {
+            unlink(path)
+            throw error
+        }
         let file: SoundFile
         do {
             file = try SoundFile.create(path: path, format: format, encoding: .float32)
@@ -114,6 +121,26 @@ public final class ClipRecorder: Sendable {
 
     /// Throws the clip being recorded away (its file is removed; no outcome is reported).
     public func discard() { worker.command(.discard) }
+
+    /// The largest a clip's file can grow: the pre-roll and the part after the press, Float32, and a header.
+    var largestClipBytes: UInt64 {
+        let seconds = configuration.prerollSeconds + configuration.maximumSeconds
+        return UInt64(max(0, seconds) * Double(format.sampleRate)) * UInt64(format.channels) * 4 + 4096
+    }
+
+    /// Throws unless the directory's filesystem has room for the largest clip and `reservedBytes` besides.
+    private func checkFreeSpace() throws {
+        var fs = statvfs()
+        guard statvfs(configuration.directory, &fs) == 0 else {
+            throw ClipError("cannot check the free space in \(configuration.directory): \(String(cString: strerror(errno)).lowercased())")
+        }
+        let free = UInt64(fs.f_bavail) * UInt64(fs.f_frsize)
+        let needed = largestClipBytes.addingReportingOverflow(configuration.reservedBytes)
+        guard !needed.overflow, free >= needed.partialValue else {
+            throw ClipError("not enough free space in \(configuration.directory): \(free >> 20) MiB free; a clip needs up to "
+                            + "\(largestClipBytes >> 20) MiB and \(configuration.reservedBytes >> 20) MiB are kept free")
+        }
+    }
 
     /// `<name>-<YYYYMMDD-HHMMSS>.wav`, created exclusively (`-2`, `-3`… when taken): a clip never overwrites one.
     private func reserveName() throws -> (path: String, name: String) {
