@@ -300,9 +300,11 @@ public final class Session: Sendable {
         try core.sendDatagram(bytes, to: peers)
     }
 
-    /// `sendDatagram(_:toPeers:)` for a real-time thread (an audio capture callback): no error is built and no lock
-    /// is taken. Sends to each of `peers` that is connected now and returns how many were not (they just left, or
-    /// are not up yet: each is skipped); empty or oversize `bytes` reach no one and count all of `peers`.
+    /// `sendDatagram(_:toPeers:)` for a real-time thread (an audio capture callback): no error is built, and a peer
+    /// with a UDP path costs no lock and no allocation. Sends to each of `peers` that is connected now and returns
+    /// how many were not (they just left, or are not up yet: each is skipped); empty or oversize `bytes` reach no one
+    /// and count all of `peers`. (A peer reached only through a relay pipe has no UDP path: its datagram is copied
+    /// and handed to the I/O thread, which takes that thread's queue lock.)
     @discardableResult
     public func sendDatagram(_ bytes: UnsafeRawBufferPointer, toConnected peers: [PeerID]) -> Int {
         guard !bytes.isEmpty, bytes.count <= Session.maximumDatagramSize else { return peers.count }

@@ -358,17 +358,20 @@ final class SessionCore: Sendable {
                                 decide: @escaping (Bool?) -> Void) {
         let answered = Atomic<Bool>(false)
         let box = LoopBound<((Bool?) -> Void)?>(decide, loop: loop)
+        let expiry = LoopBound<EventLoop.Timer?>(nil, loop: loop)
         let resolve: @Sendable (Bool?) -> Void = { [weak self] ok in
             guard answered.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged,
                   let self else { return }
-            self.loop.execute {
+            self.loop.execute { [loop = self.loop] in
+                if let t = expiry.value { loop.cancel(t) }
+                expiry.value = nil
                 let d = box.value
                 box.value = nil
                 d?(ok)
             }
         }
         guard let s = owner.withLock({ $0.value }), let d = delegate.withLock({ $0.value }) else { return resolve(true) }
-        if let timeout { loop.schedule(at: MonotonicClock.nowNanos() &+ timeout) { resolve(nil) } }
+        if let timeout { expiry.value = loop.schedule(at: MonotonicClock.nowNanos() &+ timeout) { resolve(nil) } }
         d.session(s, didReceiveCertificate: certificate, fromPeer: peer, certificateHandler: { ok in resolve(ok) })
     }
 

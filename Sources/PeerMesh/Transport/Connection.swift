@@ -224,10 +224,10 @@ final class Connection {
         }
     }
 
-    /// Reads one turn of the loop may make on one connection: a peer that keeps its socket full (of tiny records,
-    /// say, each a decryption) gets this much and then waits its turn behind the loop's other work — timers,
-    /// heartbeats, other peers. The loop is level-triggered, so what is left is read on the next turn.
-    static let readsPerTurn = 16
+    /// Reads one turn of the loop may make on one connection (of up to 64 KiB each): a peer that keeps its socket
+    /// full (of tiny records, say, each a decryption) gets this much and then waits its turn behind the loop's other
+    /// work — timers, heartbeats, other peers. The loop is level-triggered, so what is left is read on the next turn.
+    static let readsPerTurn = 4
 
     private func read() {
         let buffer = loop.readBuffer

@@ -10,14 +10,17 @@ func connectRaw(_ port: UInt16) throws -> FileDescriptor {
     try FileDescriptor.tcpConnect(to: SocketAddress(numericHost: "127.0.0.1", port: port)!)
 }
 
-/// Writes all of `bytes`, waiting up to two seconds for room.
-func sendAll(_ fd: FileDescriptor, _ bytes: [UInt8]) {
+/// Writes all of `bytes`, waiting up to `seconds` for room. Returns whether it wrote them all (a peer that stops
+/// reading, or closes, leaves a write unfinished).
+@discardableResult
+func sendAll(_ fd: FileDescriptor, _ bytes: [UInt8], seconds: Double = 2) -> Bool {
     var off = 0
-    let deadline = Date().addingTimeInterval(2)
+    let deadline = Date().addingTimeInterval(seconds)
     while off < bytes.count, Date() < deadline {
         let n = bytes.withUnsafeBytes { Glibc.send(fd.fd, $0.baseAddress! + off, $0.count - off, Int32(MSG_NOSIGNAL)) }
         if n > 0 { off += n } else { usleep(1_000) }
     }
+    return off == bytes.count
 }
 
 /// An attacker's client: it runs the PeerMesh handshake itself (with a key of its own — it needs none of the
@@ -48,15 +51,18 @@ final class RawGuest: @unchecked Sendable { // one thread at a time: a test hand
         throw PeerMeshError.transport("the handshake with 127.0.0.1:\(port) did not finish")
     }
 
-    /// `frames`, each sealed in its own record, in one write: they reach the other side in one read.
-    func send(_ frames: [ControlFrame]) {
+    /// `frames`, each sealed in its own record, in one write: they reach the other side in one read. Returns
+    /// whether all of it was written.
+    @discardableResult
+    func send(_ frames: [ControlFrame]) -> Bool {
         var bytes: [UInt8] = []
         for f in frames { bytes += channel.send(f) }
-        sendAll(fd, bytes)
+        return sendAll(fd, bytes)
     }
 
-    /// Bytes as they are, after the handshake.
-    func sendRaw(_ bytes: [UInt8]) { sendAll(fd, bytes) }
+    /// Bytes as they are, after the handshake. Returns whether all of them were written.
+    @discardableResult
+    func sendRaw(_ bytes: [UInt8]) -> Bool { sendAll(fd, bytes) }
 
     /// A plaintext frame sealed as the next record, without sending it.
     func seal(_ frame: ControlFrame) -> [UInt8] { channel.send(frame) }
