@@ -42,6 +42,34 @@ private final class Judge: SessionDelegate, Sendable {
     }
 }
 
+/// An advertiser for `host` on 127.0.0.1 (in-process discovery) whose invitations `invitations` answers by
+/// accepting them into `host`.
+private func advertise(_ host: Session, as type: String, answeredBy invitations: MeshEventLog) throws -> NearbyServiceAdvertiser {
+    invitations.acceptInto.withLock { $0 = host }
+    let a = try NearbyServiceAdvertiser(peer: host.myPeerID, discoveryInfo: nil, serviceType: type,
+                                        discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
+    a.delegate = invitations
+    try a.startAdvertisingPeer()
+    return a
+}
+
+/// A host session on 127.0.0.1 whose certificate checks a `Judge` holds.
+private func judgedHost() throws -> (Session, Judge) {
+    let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
+    let judge = Judge()
+    host.delegate = judge
+    return (host, judge)
+}
+
+/// `count` guest sessions on 127.0.0.1, named `prefix`0, `prefix`1…, each inviting itself to `endpoint`.
+private func guests(_ prefix: String, _ count: Int, to endpoint: PeerEndpoint, timeout: Duration) throws -> [Session] {
+    try (0..<count).map { i in
+        let g = try Session(peer: try PeerID(displayName: "\(prefix)\(i)"), configuration: .init(bindHost: "127.0.0.1"))
+        try g.connect(to: endpoint, timeout: timeout)
+        return g
+    }
+}
+
 /// Attacks on a session over real sockets on 127.0.0.1, each asserting what the attacker got: nothing.
 @Suite("Attacks on encrypted sessions (real sockets)", .serialized)
 struct AttackTests {
@@ -149,19 +177,9 @@ struct AttackTests {
 
     @Test("A guest that hangs up while the host judges its key, after the advertiser is gone: no peer, and the host carries on")
     func hangUpWhileTheKeyIsJudged() throws {
-        let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
-        let judge = Judge()
-        host.delegate = judge
+        let (host, judge) = try judgedHost()
         let invitations = MeshEventLog()
-        invitations.acceptInto.withLock { $0 = host }
-        func advertise(_ type: String) throws -> NearbyServiceAdvertiser {
-            let a = try NearbyServiceAdvertiser(peer: host.myPeerID, discoveryInfo: nil, serviceType: type,
-                                                discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
-            a.delegate = invitations
-            try a.startAdvertisingPeer()
-            return a
-        }
-        var advertiser: NearbyServiceAdvertiser? = try advertise("pm-judge")
+        var advertiser: NearbyServiceAdvertiser? = try advertise(host, as: "pm-judge", answeredBy: invitations)
         var guest: Session? = try Session(peer: try PeerID(displayName: "guest"), configuration: .init(bindHost: "127.0.0.1"))
         try guest!.connect(to: PeerEndpoint(host: "127.0.0.1", port: advertiser!.port!), timeout: .seconds(5))
         #expect(eventually(5) { judge.held.withLock { $0.count } == 1 })
@@ -177,7 +195,7 @@ struct AttackTests {
 
         // The host is unharmed: a new advertiser, a new guest, joined.
         judge.approveNew.store(true, ordering: .releasing)
-        let again = try advertise("pm-judge2")
+        let again = try advertise(host, as: "pm-judge2", answeredBy: invitations)
         let second = try Session(peer: try PeerID(displayName: "second"), configuration: .init(bindHost: "127.0.0.1"))
         try second.connect(to: PeerEndpoint(host: "127.0.0.1", port: again.port!), timeout: .seconds(5))
         #expect(eventually(5) { host.connectedPeers.map(\.displayName) == ["second"] })
@@ -186,15 +204,15 @@ struct AttackTests {
 
     @Test("A host that shuts down while it judges a guest's key closes that connection: the guest learns at once, not at its timeout")
     func shutdownWhileTheKeyIsJudged() throws {
-        var host: Session? = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
-        let judge = Judge()
-        host!.delegate = judge
+        var host: Session?
+        let judge: Judge
+        do {  // no other reference to the host outlives this block: `host = nil` below ends it
+            let (h, j) = try judgedHost()
+            host = h
+            judge = j
+        }
         let invitations = MeshEventLog()
-        invitations.acceptInto.withLock { $0 = host }
-        let advertiser = try NearbyServiceAdvertiser(peer: host!.myPeerID, discoveryInfo: nil, serviceType: "pm-judge3",
-                                                     discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
-        advertiser.delegate = invitations
-        try advertiser.startAdvertisingPeer()
+        let advertiser = try advertise(host!, as: "pm-judge3", answeredBy: invitations)
         let guest = try Session(peer: try PeerID(displayName: "guest"), configuration: .init(bindHost: "127.0.0.1"))
         let guestLog = MeshEventLog()
         guest.delegate = guestLog
@@ -211,23 +229,12 @@ struct AttackTests {
 
     @Test("An app that never answers the certificate check holds no guest's place past the invitation's timeout")
     func unansweredCertificateChecksExpire() throws {
-        let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
-        let judge = Judge()
-        host.delegate = judge
+        let (host, judge) = try judgedHost()
         let invitations = MeshEventLog()
-        invitations.acceptInto.withLock { $0 = host }
-        let advertiser = try NearbyServiceAdvertiser(peer: host.myPeerID, discoveryInfo: nil, serviceType: "pm-judge4",
-                                                     discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
-        advertiser.delegate = invitations
-        try advertiser.startAdvertisingPeer()
+        let advertiser = try advertise(host, as: "pm-judge4", answeredBy: invitations)
         let endpoint = PeerEndpoint(host: "127.0.0.1", port: advertiser.port!)
         // As many guests from one address as a host takes (maximumPeersPerHost, 4), each judged and never answered.
-        var waiting: [Session] = []
-        for i in 0..<4 {
-            let g = try Session(peer: try PeerID(displayName: "unanswered\(i)"), configuration: .init(bindHost: "127.0.0.1"))
-            try g.connect(to: endpoint, timeout: .seconds(1))
-            waiting.append(g)
-        }
+        let waiting = try guests("unanswered", 4, to: endpoint, timeout: .seconds(1))
         #expect(eventually(5) { judge.held.withLock { $0.count } == 4 })
         // Their places come free once the 1 s invitations are over: a fifth guest from the same address, whose key
         // the app now accepts, joins (it is declined, "too many peers", while they are still held).
@@ -254,18 +261,9 @@ struct AttackTests {
         let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(maximumPeers: 33, bindHost: "127.0.0.1"))
         let log = MeshEventLog()
         host.delegate = log
-        let advertiser = try NearbyServiceAdvertiser(peer: host.myPeerID, discoveryInfo: nil, serviceType: "pm-flood",
-                                                     discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
-        advertiser.delegate = log
-        log.acceptInto.withLock { $0 = host }
-        try advertiser.startAdvertisingPeer()
+        let advertiser = try advertise(host, as: "pm-flood", answeredBy: log)
         let endpoint = PeerEndpoint(host: "127.0.0.1", port: advertiser.port!)
-        var flood: [Session] = []
-        for i in 0..<40 {
-            let s = try Session(peer: try PeerID(displayName: "fake\(i)"), configuration: .init(bindHost: "127.0.0.1"))
-            try s.connect(to: endpoint, timeout: .seconds(5))
-            flood.append(s)
-        }
+        let flood = try guests("fake", 40, to: endpoint, timeout: .seconds(5))
         #expect(eventually(8) { flood.filter { !$0.connectedPeers.isEmpty }.count == 4 && log.snapshot.failures.isEmpty })
         usleep(300_000)
         #expect(flood.filter { !$0.connectedPeers.isEmpty }.count == 4, "at most maximumPeersPerHost from one address")

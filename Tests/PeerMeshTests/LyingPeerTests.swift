@@ -22,6 +22,16 @@ private final class OpenHost {
         try advertiser.startAdvertisingPeer()
     }
 
+    /// A raw guest named `name` that invites itself in (a real handshake, a well-formed INVITE) and is connected.
+    func admit(_ name: String) throws -> RawGuest {
+        let guest = try RawGuest(port: port, name: name)
+        guest.send([RawGuest.invite()])
+        guard eventually(3, { session.connectedPeers.contains { $0.displayName == name } }) else {
+            throw PeerMeshError.transport("\(name) was not admitted")
+        }
+        return guest
+    }
+
     /// The last state the host's delegate heard for `name` (nil: never heard of it).
     func lastState(of name: String) -> SessionState? {
         log.snapshot.states.last { $0.0.displayName == name }?.1
@@ -49,7 +59,8 @@ struct LyingPeerTests {
         for i in 0..<5 {
             let guest = try RawGuest(port: host.port, name: "ghost\(i)")
             guest.send([RawGuest.invite(token: UInt64(i) + 1), .goodbye])
-            withExtendedLifetime(guest) { usleep(200_000) }
+            usleep(200_000)
+            withExtendedLifetime(guest) {}
         }
         #expect(eventually(3) { host.session.connectedPeers.isEmpty })
         for i in 0..<5 {
@@ -76,9 +87,7 @@ struct LyingPeerTests {
         let host = try OpenHost(service: "pm-streamflood")
         let app = StreamRefusingApp(log: host.log)
         host.session.delegate = app
-        let guest = try RawGuest(port: host.port, name: "flooder")
-        guest.send([RawGuest.invite()])
-        #expect(eventually(3) { host.session.connectedPeers.map(\.displayName) == ["flooder"] })
+        let guest = try host.admit("flooder")
         // A few at a time, each batch closed by the app before the next arrives: never more than the 16 open at
         // once that are refused anyway, so only the bound on streams closed but not acknowledged can stop this.
         var id: UInt32 = 0
@@ -103,9 +112,8 @@ struct LyingPeerTests {
         real.delegate = realLog
         try real.connect(to: PeerEndpoint(host: "127.0.0.1", port: host.port), timeout: .seconds(5))
         #expect(realLog.wait(5) { s in s.states.contains { $0.1 == .connected } })
-        let flooder = try RawGuest(port: host.port, name: "flooder")
-        flooder.send([RawGuest.invite()])
-        #expect(eventually(3) { host.session.connectedPeers.count == 2 })
+        let flooder = try host.admit("flooder")
+        #expect(host.session.connectedPeers.count == 2)
 
         // Three seconds and more of HEARTBEATs, each its own 23-byte record (a decryption each), as fast as they go.
         let floodStart = Date()
@@ -144,9 +152,7 @@ struct LyingPeerTests {
     @Test("A receiver that resets the connection mid-transfer: the 8 GiB send fails at once, the host's loop stays free")
     func resetMidTransfer() throws {
         let host = try OpenHost(service: "pm-reset")
-        let receiver = try RawGuest(port: host.port, name: "resetter")
-        receiver.send([RawGuest.invite()])
-        #expect(eventually(3) { host.session.connectedPeers.count == 1 })
+        let receiver = try host.admit("resetter")
         let peer = try #require(host.session.connectedPeers.first)
         // A sparse 8 GiB file: reading it costs nothing, but hashing and sealing all of it takes many seconds.
         let path = NSTemporaryDirectory() + "pm-reset-\(getpid()).bin"
@@ -175,9 +181,7 @@ struct LyingPeerTests {
     func resourceSizeBeyondWhatProgressCounts() throws {
         let host = try OpenHost(service: "pm-hugeresource",
                                 configuration: .init(bindHost: "127.0.0.1", maximumResourceSize: .max))
-        let guest = try RawGuest(port: host.port, name: "huge")
-        guest.send([RawGuest.invite()])
-        #expect(eventually(3) { host.session.connectedPeers.count == 1 })
+        let guest = try host.admit("huge")
         guest.send([.resource(.start(id: 1, size: .max, name: "huge"))])
         usleep(300_000)
         #expect(host.log.snapshot.resourcesStarted.isEmpty)
@@ -190,9 +194,7 @@ struct LyingPeerTests {
     @Test("DATAGRAM frames on a direct link (they belong on relayed links only): a fault, nothing delivered")
     func datagramFramesOnADirectLink() throws {
         let host = try OpenHost(service: "pm-dgframe")
-        let guest = try RawGuest(port: host.port, name: "tcpdatagrams")
-        guest.send([RawGuest.invite()])
-        #expect(eventually(3) { host.session.connectedPeers.count == 1 })
+        let guest = try host.admit("tcpdatagrams")
         guest.send([.datagram([1, 2, 3])])
         #expect(eventually(3) { host.session.connectedPeers.isEmpty })
         #expect(host.session.statistics.peerFaults == 1)
