@@ -53,5 +53,6 @@ struct PairingImpostorTests {
         }
         #expect(why.contains("without proving it knows the code"), "\(why)")
         #expect(try trust.list().isEmpty, "no key was written to the trust store")
+        withExtendedLifetime(impostor) {}  // it must be there for the whole pairing attempt
     }
 }

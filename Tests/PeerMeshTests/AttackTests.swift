@@ -273,5 +273,6 @@ struct AttackTests {
         try real.connect(to: endpoint, timeout: .seconds(5))
         #expect(realLog.wait(5) { s in s.states.contains { $0.1 == .connected } }, "\(realLog.snapshot.failures)")
         #expect(host.connectedPeers.count == 5)
+        withExtendedLifetime((flood, advertiser)) {}  // the four admitted guests must outlive the last check
     }
 }
