@@ -72,6 +72,13 @@ public protocol AudioSource: AnyObject, Sendable {
     func read(into buffer: UnsafeMutableBufferPointer<Float>, timeoutNanos: UInt64) -> ChunkInfo?
     /// A snapshot of the counters.
     var stats: AudioStats { get }
+    /// The error that ended the source on its own — a device that failed or stopped delivering, a file that could
+    /// not be read — or nil (running, stopped, or at a file's end). Readable from any thread; nil by default.
+    var fault: (any Error)? { get }
+}
+
+extension AudioSource {
+    public var fault: (any Error)? { nil }
 }
 
 /// Timing facts handed to a renderer on each pull.
@@ -115,6 +122,7 @@ extension AudioRenderer {
 
 extension AudioSink {
     public var servesInput: Bool { false }
+    public var fault: (any Error)? { nil }
 }
 
 /// The network end of a playout chain, served by the sink's own thread: the sink waits for `descriptor` to become
@@ -141,4 +149,7 @@ public protocol AudioSink: AnyObject, Sendable {
     func stop()
     /// A snapshot of the counters.
     var stats: AudioStats { get }
+    /// The error that ended the sink on its own — a device that failed or stopped taking audio, a file that could not
+    /// be written — or nil (running or stopped). Readable from any thread; nil by default.
+    var fault: (any Error)? { get }
 }

@@ -108,3 +108,16 @@ package final class SignalTrap: @unchecked Sendable { // `sources` is set once i
 
     deinit { sources.forEach { $0.cancel() } }
 }
+
+extension Terminal {
+    /// Bounds the shutdown that starts now: if the program is still running `seconds` from now, says so and exits 1
+    /// at once. Closing an audio device talks to its sound server, and a server that hangs (stopped, deadlocked)
+    /// never answers: a Ctrl-C must still end the program.
+    package func exitIfStopTakesLonger(than seconds: Int = 5) {
+        DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(seconds)) { [self] in
+            error("still stopping after \(seconds) s (an audio device that does not close: is its sound server hung?); "
+                + "exiting without it")
+            _exit(1)
+        }
+    }
+}

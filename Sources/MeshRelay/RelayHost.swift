@@ -152,6 +152,11 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     private let running = Atomic<Bool>(false)
     private let events: @Sendable (String) -> Void
     private let advertisedChanged: @Sendable (Bool) -> Void
+    private let onFailure: @Sendable (String) -> Void
+    /// Whether `onFailure` was called (it is called once).
+    private let failed = Atomic<Bool>(false)
+    /// Whether the talkback output's end was logged (it is logged once).
+    private let talkbackEnded = Atomic<Bool>(false)
     private let notices: @Sendable (String) -> Void
     private let state = Mutex(HostState())
     private let timers = DispatchQueue(label: "peermesh.relay-host.timers")
@@ -229,14 +234,19 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     ///   - advertised: called with true when the advertisement goes live on the network, and with false when it
     ///     cannot be (avahi-daemon is not running yet, went away, or publishing failed); a service tells systemd it
     ///     is ready on the first of these.
+    ///   - failure: called once, with the reason, when the host cannot serve any more: its source ended on its own
+    ///     (the capture device failed or stopped delivering, a file could not be read). The host keeps its players
+    ///     (they hear nothing) until the owner stops it.
     public init(configuration: Configuration, source: any AudioSource, log: @escaping @Sendable (String) -> Void = { _ in },
-                notice: (@Sendable (String) -> Void)? = nil, advertised: @escaping @Sendable (Bool) -> Void = { _ in }) throws {
+                notice: (@Sendable (String) -> Void)? = nil, advertised: @escaping @Sendable (Bool) -> Void = { _ in },
+                failure: @escaping @Sendable (String) -> Void = { _ in }) throws {
         peer = configuration.identity.peerID
         self.configuration = configuration
         self.source = source
         events = log
         notices = notice ?? log
         advertisedChanged = advertised
+        onFailure = failure
         // Players send control messages (≤ 267 bytes) and audio, nothing else: no file transfers into $TMPDIR.
         let sessionConfig = Session.Configuration(maximumPeers: configuration.maximumPeers, peerTimeout: configuration.peerTimeout,
                                                   udpPort: configuration.port, bindHost: configuration.bindHost,
@@ -329,22 +339,31 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         }
     }
 
-    /// Starts capture and the send thread, then advertising, and watches the trust store for forgotten players.
+    /// Starts capture and the send thread, then advertising, and watches the trust store for forgotten players and
+    /// the source for a failure.
     public func start() throws {
         try clips?.start()
         try talkback?.start()
         try capture.start()
         running.store(true, ordering: .releasing)
         try advertiser.startAdvertisingPeer()
-        watchTrust()
+        watch()
     }
 
-    /// Every 250 ms while running: players whose key was forgotten are disconnected.
-    private func watchTrust() {
+    /// Every 250 ms while running: players whose key was forgotten are disconnected, and a source that ended on its
+    /// own is reported.
+    private func watch() {
         timers.asyncAfter(deadline: .now() + .milliseconds(250)) { [weak self] in
             guard let self, self.running.load(ordering: .acquiring) else { return }
             self.checkTrust()
-            self.watchTrust()
+            if let fault = self.source.fault, !self.failed.exchange(true, ordering: .acquiringAndReleasing) {
+                self.onFailure("capture ended: \(fault)")
+            }
+            // Talkback is a side channel: the host serves on without it, and says so once.
+            if let fault = self.talkback?.sink.fault, !self.talkbackEnded.exchange(true, ordering: .acquiringAndReleasing) {
+                self.notices("talkback ended: \(fault); players' push-to-talk is not heard")
+            }
+            self.watch()
         }
     }
 

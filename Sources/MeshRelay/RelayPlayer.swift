@@ -175,6 +175,10 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     private let ticking = Atomic<Bool>(false)
     private let log: @Sendable (String) -> Void
     private let onGiveUp: @Sendable (String) -> Void
+    /// Whether `onGiveUp` was called (it is called once).
+    private let gaveUp = Atomic<Bool>(false)
+    /// Whether the talk input's end was logged (it is logged once).
+    private let talkInputEnded = Atomic<Bool>(false)
     private let started = Atomic<UInt64>(0)
     /// Rebuilds for a new host format allowed so far (control queue).
     private let formatChanges = Mutex(FormatChangeLimiter())
@@ -219,7 +223,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     /// - Parameters:
     ///   - log: one human-readable line per event.
     ///   - onGiveUp: called once, with the reason, when joining cannot succeed (direct connects exhausted, not
-    ///     paired, declined, a name that does not resolve); the reason is not also logged.
+    ///     paired, declined, a name that does not resolve) or playing cannot go on (the output device failed or
+    ///     stopped taking audio, the output file could not be written); the reason is not also logged.
     public init(configuration: Configuration, makeSink: @escaping SinkFactory,
                 log: @escaping @Sendable (String) -> Void = { _ in },
                 onGiveUp: @escaping @Sendable (String) -> Void = { _ in }) throws {
@@ -444,8 +449,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                     perform(more)
                 }
             case .giveUp(let why):
-                // Said once, by whoever handles the end (mesh-play prints it as its exit line).
-                onGiveUp(why)
+                giveUp(why)
             }
         }
     }
@@ -462,9 +466,24 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         }
     }
 
+    /// Hands the reason to `onGiveUp`, the first time only. Said once, by whoever handles the end (mesh-play prints
+    /// it as its exit line).
+    private func giveUp(_ why: String) {
+        guard !gaveUp.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        onGiveUp(why)
+    }
+
     private func tick() {
         perform(join.withLock { $0.tick(now: monotonicNow()) })
         account()
+        // An output that ended on its own (its sound server died, the disk filled) plays nothing more.
+        if let fault = playout.withCurrent({ $0?.sink.fault }) {
+            giveUp("playback ended: \(fault)")
+        }
+        // Push-to-talk is a side channel: playback goes on without it, and the player says so once.
+        if let fault = configuration.talkSource?.fault, !talkInputEnded.exchange(true, ordering: .acquiringAndReleasing) {
+            log("talk input ended: \(fault); push-to-talk is off")
+        }
         // A host with another format: build a pipeline for it here, off the network thread — as often as the
         // limiter allows (a host that flaps formats would otherwise rebuild playback, and reopen its file, each time).
         if let f = playout.withCurrent({ $0?.takePendingFormat() }) {

@@ -197,6 +197,7 @@ if let d = options.duration {
 } else {
     done.wait()
 }
+terminal.exitIfStopTakesLonger(than: 5)
 ticker.cancel()
 input.restore()
 terminal.finish()

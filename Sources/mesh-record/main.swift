@@ -147,10 +147,18 @@ let readiness = Mutex(Readiness())
     }
     if let message { ServiceManager.notify(message) }
 }
+/// Signalled to stop: by SIGINT/SIGTERM, or by the host when its capture ended on its own.
+let done = DispatchSemaphore(value: 0)
+/// Why the host could not serve any more (its source failed), if it could not.
+let failure = Mutex<String?>(nil)
 do {
     host = try RelayHost(configuration: config, source: source, log: { terminal.log(TerminalText.escape($0)) },
                          notice: { terminal.error(TerminalText.escape($0)) },
-                         advertised: { live in readinessChanged(live: live) })
+                         advertised: { live in readinessChanged(live: live) },
+                         failure: { why in
+                             failure.withLock { $0 = why }
+                             done.signal()
+                         })
     try host.start()
     running.withLock { $0 = host }
 } catch {
@@ -244,7 +252,6 @@ readinessChanged(serving: true)
 DispatchQueue.global().asyncAfter(deadline: .now() + 10) { readinessChanged(giveUpWaiting: true) }
 if let loop = try? EventLoop.shared() { ServiceManager.feedWatchdog(from: loop) }
 
-let done = DispatchSemaphore(value: 0)
 let trap = SignalTrap(queue: .global()) { _ in done.signal() }
 let ticker = StatusTicker(label: "mesh-record.status") { hold in
     let s = host.statistics
@@ -253,6 +260,7 @@ let ticker = StatusTicker(label: "mesh-record.status") { hold in
     if options.json { terminal.stdout(StatusReport.json(host: s, name: device.identity.displayName, port: host.port, format: source.format).description) }
 }
 done.wait()
+terminal.exitIfStopTakesLonger(than: 5)
 ticker.cancel()
 keyInput?.restore()
 terminal.finish()
@@ -265,4 +273,9 @@ if options.json {
     terminal.stdout(StatusReport.json(host: final, name: device.identity.displayName, port: host.port, format: source.format, final: true).description)
 }
 withExtendedLifetime((trap, input, keyInput)) {}
+// A host whose capture ended on its own did not do its job: say why, and exit 1 (a service is restarted).
+if let why = failure.withLock({ $0 }) {
+    terminal.error(TerminalText.escape(why))
+    exit(1)
+}
 exit(0)

@@ -13,6 +13,8 @@ public struct ALSAError: Error, Equatable, Sendable, CustomStringConvertible {
         case deviceNotFound
         /// The device refuses the access mode, sample format, rate or channel count asked for.
         case formatRefused
+        /// The device stopped moving: no period for seconds, and no error either (its sound server died or hangs).
+        case stalled
         /// Any other failure.
         case failed
     }
@@ -33,7 +35,7 @@ public struct ALSAError: Error, Equatable, Sendable, CustomStringConvertible {
     public var libraryMessages: [String] = []
 
     public var description: String {
-        var text = "ALSA device '\(device)': \(call) failed: \(message)"
+        var text = kind == .stalled ? "ALSA device '\(device)' \(message)" : "ALSA device '\(device)': \(call) failed: \(message)"
         if !libraryMessages.isEmpty { text += " (alsa-lib: \(libraryMessages.joined(separator: "; ")))" }
         if let hint { text += " — \(hint)" }
         return text
@@ -254,6 +256,17 @@ final class PCMHandle: @unchecked Sendable {  // Used by one thread at a time: t
         Self.makeError(.failed, device: deviceName, call: call, code: code)
     }
 
+    /// The error of a device that did not move for `limitNanos` while `call` waited on it.
+    func stallError(call: String, limitNanos: UInt64) -> ALSAError {
+        let tenths = (limitNanos + 50_000_000) / 100_000_000
+        return ALSAError(kind: .stalled, device: deviceName, call: call, code: -ETIMEDOUT,
+                         message: "stopped moving: no audio for \(tenths / 10).\(tenths % 10) s",
+                         hint: "is its sound server (JACK, PipeWire, PulseAudio) still running? Restart it, then this program")
+    }
+
+    /// The time the device's buffer lasts, in nanoseconds.
+    var bufferNanos: UInt64 { MonotonicClock.nanos(frames: bufferFrames, sampleRate: format.sampleRate) }
+
     // MARK: Control (non-real-time)
 
     /// Starts the device explicitly (capture).
@@ -262,12 +275,15 @@ final class PCMHandle: @unchecked Sendable {  // Used by one thread at a time: t
     }
 
     /// Plays out what is queued (playback, if running) and stops; otherwise discards and stops.
+    ///
+    /// Not `snd_pcm_drain`: that waits for the device to play the queue out, and a device that stopped moving would
+    /// hold the caller forever. The queue's own length is waited instead (at most one buffer), then it is dropped.
     func finish() {
-        if stream == .playback && snd_pcm_state(pcm) == SND_PCM_STATE_RUNNING {
-            snd_pcm_drain(pcm)
-        } else {
-            snd_pcm_drop(pcm)
+        if stream == .playback && snd_pcm_state(pcm) == SND_PCM_STATE_RUNNING, let queued = delayFrames(), queued > 0 {
+            let queue = MonotonicClock.nanos(frames: min(queued, bufferFrames), sampleRate: format.sampleRate)
+            MonotonicClock.sleep(untilNanos: MonotonicClock.nowNanos() &+ queue)
         }
+        snd_pcm_drop(pcm)
     }
 
     // MARK: Real-time I/O: raw codes, no allocation
@@ -311,13 +327,26 @@ final class PCMHandle: @unchecked Sendable {  // Used by one thread at a time: t
         snd_pcm_avail(pcm)
     }
 
-    /// A playback device that is not started yet but has less room than `periodFrames` can never reach its start
-    /// threshold by whole periods: start it (`snd_pcm_start`). Returns the negative error code, or 0.
+    /// Starts a device that would otherwise never start (`snd_pcm_start`). Returns the negative error code, or 0.
+    /// - A playback device that is not started yet but has less room than `periodFrames` can never reach its start
+    ///   threshold by whole periods.
+    /// - A capture device that is prepared but not started (after `recover`) never fills, and its caller waits
+    ///   before it reads.
     @inline(__always)
     func startIfStuck(periodFrames: Int) -> Int32 {
-        guard stream == .playback, snd_pcm_state(pcm) == SND_PCM_STATE_PREPARED,
-              snd_pcm_avail_update(pcm) < periodFrames else { return 0 }
+        guard snd_pcm_state(pcm) == SND_PCM_STATE_PREPARED else { return 0 }
+        if stream == .playback && snd_pcm_avail_update(pcm) >= periodFrames { return 0 }
         return snd_pcm_start(pcm)
+    }
+
+    /// `snd_pcm_wait`: waits until a period can be read (capture) or written (playback), at most `milliseconds`.
+    /// Returns 1 when ready, 0 on timeout, or a negative error code (`-EPIPE` after an xrun). `-EINTR` is retried.
+    @inline(__always)
+    func waitForPeriod(milliseconds: Int32) -> Int32 {
+        while true {
+            let result = snd_pcm_wait(pcm, milliseconds)
+            if result != -EINTR { return result }
+        }
     }
 
     /// How many poll descriptors the PCM has.

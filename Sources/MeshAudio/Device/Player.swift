@@ -9,7 +9,9 @@ import MeshPOSIX
 /// the block's deadline, as of which it is rendered. One thread wakes once per period, for the data. Each pull
 /// carries the device's queue (`snd_pcm_delay`) and the time as of which it is rendered; the block is written when
 /// the device has room for it, so `snd_pcm_writei` never waits. Underruns are recovered with `snd_pcm_recover`,
-/// counted in `stats.xruns`, and playback continues.
+/// counted in `stats.xruns`, and playback continues. A device that takes no period for eight buffers (at least 4 s;
+/// its sound server died) ends playback with an `ALSAError` of kind `.stalled` in `failure`; no wait lasts over
+/// 100 ms, so `stop` returns promptly even then.
 ///
 /// Latency knobs: `bufferFrames` (steady-state queue), `startThresholdFrames` (frames queued before the device
 /// starts) and `prefillFrames` (silence written before the first rendered period).
@@ -81,8 +83,10 @@ public final class Player: AudioSink {
     /// Whether the playback thread got `SCHED_FIFO` (false before `start`).
     public var isRealtime: Bool { lifecycle.isRealtime }
 
-    /// The error that ended playback, if the device failed in a way `snd_pcm_recover` could not fix.
+    /// The error that ended playback, if the device failed in a way `snd_pcm_recover` could not fix, or stalled.
     public var failure: ALSAError? { loop.failure }
+
+    public var fault: (any Error)? { failure }
 }
 
 /// Everything the playback thread touches, so the thread does not keep the `Player` alive.
@@ -92,10 +96,8 @@ final class PlaybackLoop: @unchecked Sendable {  // `block` and `polls` are used
     /// Whose `isRunning` keeps the loop going.
     let lifecycle: StageLifecycle
     let prefillFrames: Int
-    private let failureCode = Atomic<Int>(0)
-    /// Which call failed: an index into `failureCalls`.
-    private let failedCall = Atomic<Int>(0)
-    private static let failureCalls = ["snd_pcm_writei", "snd_pcm_recover", "snd_pcm_avail", "ppoll"]
+    /// What ended the loop, if anything did.
+    let fault: DeviceFault
     /// One period of interleaved samples: the renderer's output, and silence for the prefill.
     private let block: UnsafeMutablePointer<Float>
     /// What the loop waits on: the input's socket and the device's descriptors.
@@ -109,18 +111,14 @@ final class PlaybackLoop: @unchecked Sendable {  // `block` and `polls` are used
         self.block = .allocate(capacity: samples)
         self.block.initialize(repeating: 0, count: samples)
         polls = PollSet(capacity: 1 + max(1, handle.pollDescriptorCount))
+        fault = DeviceFault(stallLimitNanos: DeviceWatchdog.limit(bufferNanos: handle.bufferNanos))
     }
 
     deinit {
         block.deallocate()
     }
 
-    var failure: ALSAError? {
-        let code = failureCode.load(ordering: .acquiring)
-        guard code != 0 else { return nil }
-        let call = Self.failureCalls[failedCall.load(ordering: .relaxed)]
-        return handle.error(call: call, code: Int32(truncatingIfNeeded: code))
-    }
+    var failure: ALSAError? { fault.error(for: handle) }
 
     /// The real-time loop. No allocation, locks, logging or Foundation below this line (the renderer and its input
     /// promise the same).
@@ -142,14 +140,20 @@ final class PlaybackLoop: @unchecked Sendable {  // `block` and `polls` are used
         var inputOpen = input != nil
         var schedule = RenderSchedule(configuration: .init(periodFrames: period, bufferFrames: handle.bufferFrames,
                                                            sampleRate: handle.format.sampleRate))
+        // A device that stops taking periods (its server died) must neither hold this thread forever nor go unnoticed.
+        var watchdog = DeviceWatchdog(limitNanos: fault.stallLimitNanos, nowNanos: MonotonicClock.nowNanos())
         while lifecycle.isRunning {
             let room = handle.availableFrames()
             if room < 0 {
-                guard recover(from: room) else { return }
+                guard fault.recover(handle, from: room, returnedBy: .avail, counters: counters) else { return }
                 schedule.restart()
                 continue
             }
             let now = MonotonicClock.nowNanos()
+            if watchdog.isStalled(nowNanos: now) {
+                fault.recordStall(in: .poll)
+                return
+            }
             let ready = inputOpen ? renderer.isReady(frames: period) : true
             switch schedule.next(nowNanos: now, roomFrames: room, hasInput: inputOpen, ready: ready) {
             case .render(let asOf):
@@ -160,6 +164,7 @@ final class PlaybackLoop: @unchecked Sendable {  // `block` and `polls` are used
                 renderer.render(into: output, context: RenderContext(frames: period, deviceDelayFrames: delay, nowNanos: asOf))
                 AudioCounters.bump(counters.framesIn, by: period)
                 guard write(frames: period, countingOutput: true) else { return }
+                watchdog.progressed(nowNanos: now)
                 schedule.rendered()
             case .wait(let until, let forDevice):
                 polls.removeAll()
@@ -171,8 +176,8 @@ final class PlaybackLoop: @unchecked Sendable {  // `block` and `polls` are used
                     deviceSlot = polls.reserve(handle.pollDescriptorCount) { handle.fillPollDescriptors($0, space: $1) }
                     deviceSlots = polls.count - deviceSlot
                 }
-                if polls.wait(untilNanos: until) < 0 {
-                    fail(code: -Int(polls.lastError), call: 3)
+                if polls.wait(untilNanos: watchdog.waitDeadline(nowNanos: now, wanted: until)) < 0 {
+                    fault.record(-Int(polls.lastError), from: .poll)
                     return
                 }
                 if inputSlot >= 0 {
@@ -190,15 +195,6 @@ final class PlaybackLoop: @unchecked Sendable {  // `block` and `polls` are used
         }
     }
 
-    /// Recovers from `code` (an xrun: counted). Returns `false` after a fatal error.
-    private func recover(from code: Int) -> Bool {
-        guard PCMHandle.isXrun(code) else { fail(code: code, call: 2); return false }
-        let recovered = handle.recover(from: code)
-        guard recovered >= 0 else { fail(code: Int(recovered), call: 1); return false }
-        counters.xruns.wrappingAdd(1, ordering: .relaxed)
-        return true
-    }
-
     /// Writes the first `frames` frames of `block`, recovering from xruns. Returns `false` after a fatal error.
     private func write(frames: Int, countingOutput: Bool) -> Bool {
         let channels = handle.format.channels
@@ -210,17 +206,8 @@ final class PlaybackLoop: @unchecked Sendable {  // `block` and `polls` are used
                 if countingOutput { AudioCounters.bump(counters.framesOut, by: written) }
                 continue
             }
-            guard PCMHandle.isXrun(written) else { fail(code: written, call: 0); return false }
-            let recovered = handle.recover(from: written)
-            guard recovered >= 0 else { fail(code: Int(recovered), call: 1); return false }
-            counters.xruns.wrappingAdd(1, ordering: .relaxed)
+            guard fault.recover(handle, from: written, returnedBy: .writei, counters: counters) else { return false }
         }
         return true
-    }
-
-    /// Records the fatal `code` of the call at `failureCalls[call]`.
-    private func fail(code: Int, call: Int) {
-        failedCall.store(call, ordering: .relaxed)
-        failureCode.store(code, ordering: .releasing)
     }
 }

@@ -3,12 +3,15 @@ import MeshPOSIX
 
 /// Captures from an ALSA device on a dedicated real-time thread and hands periods to one consumer.
 ///
-/// The capture thread reads one period at a time (`snd_pcm_readi`, blocking), stamps it with its frame index and
+/// The capture thread waits for a period (`snd_pcm_wait`, at most 100 ms at a time), reads it (`snd_pcm_readi`),
+/// stamps it with its frame index and
 /// the monotonic time its first frame was captured, and hands it to the `CaptureConsumer` on the same thread
 /// (`start(consumer:)`) or pushes it into a preallocated `ChunkRing` (`start()`). It never allocates, locks or logs
 /// itself. Over/underruns are recovered with `snd_pcm_recover` and counted in `stats.xruns`;
 /// chunks that do not fit because the consumer is late are dropped and counted in `stats.overflowFrames`
-/// (the next chunk's `firstFrameIndex` then jumps, so the consumer can see the gap).
+/// (the next chunk's `firstFrameIndex` then jumps, so the consumer can see the gap). A device that delivers no
+/// period for eight buffers (at least 4 s; its sound server died) ends capture with an `ALSAError` of kind `.stalled`
+/// in `failure`, and `stop` returns promptly even then.
 ///
 /// A device that refuses Float32LE or the requested rate/channels is re-opened as `plug:<device>` automatically.
 public final class Recorder: AudioSource {
@@ -84,8 +87,10 @@ public final class Recorder: AudioSource {
     /// Whether the capture thread got `SCHED_FIFO` (false before `start`).
     public var isRealtime: Bool { lifecycle.isRealtime }
 
-    /// The error that ended capture, if the device failed in a way `snd_pcm_recover` could not fix.
+    /// The error that ended capture, if the device failed in a way `snd_pcm_recover` could not fix, or stalled.
     public var failure: ALSAError? { loop.failure }
+
+    public var fault: (any Error)? { failure }
 }
 
 /// Everything the capture thread touches, so the thread does not keep the `Recorder` alive.
@@ -95,9 +100,8 @@ final class CaptureLoop: @unchecked Sendable {  // `scratch` is used only by the
     let counters = AudioCounters()
     /// Whose `isRunning` keeps the loop going.
     let lifecycle: StageLifecycle
-    /// Negative ALSA code that ended the loop (0 = none); `failedInRead` tells which call.
-    private let failureCode = Atomic<Int>(0)
-    private let failedInRead = Atomic<Bool>(false)
+    /// What ended the loop, if anything did.
+    let fault: DeviceFault
     private let scratch: UnsafeMutablePointer<Float>
 
     init(handle: PCMHandle, ringChunks: Int, lifecycle: StageLifecycle) {
@@ -107,18 +111,14 @@ final class CaptureLoop: @unchecked Sendable {  // `scratch` is used only by the
                               minimumChunks: ringChunks)
         self.scratch = .allocate(capacity: handle.periodFrames * handle.format.channels)
         self.scratch.initialize(repeating: 0, count: handle.periodFrames * handle.format.channels)
+        fault = DeviceFault(stallLimitNanos: DeviceWatchdog.limit(bufferNanos: handle.bufferNanos))
     }
 
     deinit {
         scratch.deallocate()
     }
 
-    var failure: ALSAError? {
-        let code = failureCode.load(ordering: .acquiring)
-        guard code != 0 else { return nil }
-        let call = failedInRead.load(ordering: .relaxed) ? "snd_pcm_readi" : "snd_pcm_recover"
-        return handle.error(call: call, code: Int32(truncatingIfNeeded: code))
-    }
+    var failure: ALSAError? { fault.error(for: handle) }
 
     /// The real-time loop: each period goes to `consumer` on this thread, or to the ring when there is none.
     /// No allocation, locks, logging or Foundation below this line.
@@ -127,17 +127,30 @@ final class CaptureLoop: @unchecked Sendable {  // `scratch` is used only by the
         let channels = handle.format.channels
         let rate = UInt64(handle.format.sampleRate)
         var frameIndex: UInt64 = 0
+        // A device that stops delivering (its server died) must neither hold this thread forever nor go unnoticed:
+        // wait for each period in short waits, and read only what is there (`snd_pcm_readi` then never blocks).
+        var watchdog = DeviceWatchdog(limitNanos: fault.stallLimitNanos, nowNanos: MonotonicClock.nowNanos())
         while lifecycle.isRunning {
-            let got = handle.readFrames(into: scratch, frames: period)
+            let available = handle.availableFrames()
+            if available >= 0 && available < period {
+                let now = MonotonicClock.nowNanos()
+                if watchdog.isStalled(nowNanos: now) { fault.recordStall(in: .wait); break }
+                // After an xrun the device is prepared again but not started: nothing would ever arrive.
+                let started = handle.startIfStuck(periodFrames: period)
+                if started < 0 { fault.record(Int(started), from: .start); break }
+                let waited = handle.waitForPeriod(milliseconds: watchdog.waitMilliseconds(nowNanos: now))
+                if waited >= 0 { continue }
+                guard fault.recover(handle, from: Int(waited), returnedBy: .wait, counters: counters) else { break }
+                continue
+            }
+            let got = available < 0 ? available : handle.readFrames(into: scratch, frames: period)
             let now = MonotonicClock.nowNanos()
             if got < 0 {
-                guard PCMHandle.isXrun(got) else { fail(code: got, inRead: true); break }
-                let recovered = handle.recover(from: got)
-                guard recovered >= 0 else { fail(code: Int(recovered), inRead: false); break }
-                counters.xruns.wrappingAdd(1, ordering: .relaxed)
+                guard fault.recover(handle, from: got, returnedBy: available < 0 ? .avail : .readi, counters: counters) else { break }
                 continue
             }
             guard got > 0 else { continue }
+            watchdog.progressed(nowNanos: now)
             // Frames still waiting in the device were captured after ours: age of our first frame.
             let waiting = max(handle.delayFrames() ?? 0, 0)
             counters.delayFrames.store(waiting, ordering: .relaxed)
@@ -154,10 +167,5 @@ final class CaptureLoop: @unchecked Sendable {  // `scratch` is used only by the
             frameIndex &+= UInt64(got)
         }
         ring.finish()
-    }
-
-    private func fail(code: Int, inRead: Bool) {
-        failedInRead.store(inRead, ordering: .relaxed)
-        failureCode.store(code, ordering: .releasing)
     }
 }

@@ -73,6 +73,8 @@ public final class WAVFileSink: AudioSink {
 
     /// The write or close error, if one happened.
     public var failure: SndfileError? { loop.failure }
+
+    public var fault: (any Error)? { failure }
 }
 
 /// Everything the sink thread touches.

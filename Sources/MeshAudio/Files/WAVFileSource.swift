@@ -40,6 +40,8 @@ public final class WAVFileSource: PacedSourceBacked {
 
     /// The read error that ended the file early, if any.
     public var failure: SndfileError? { reader.failure }
+
+    public var fault: (any Error)? { failure }
 }
 
 /// Reads a `SoundFile` chunk by chunk on the source thread, looping if asked.
