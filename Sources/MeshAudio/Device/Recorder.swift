@@ -4,10 +4,9 @@ import MeshPOSIX
 /// Captures from an ALSA device on a dedicated real-time thread and hands periods to one consumer.
 ///
 /// The capture thread waits for a period (`snd_pcm_wait`, at most 100 ms at a time), reads it (`snd_pcm_readi`),
-/// stamps it with its frame index and
-/// the monotonic time its first frame was captured, and hands it to the `CaptureConsumer` on the same thread
-/// (`start(consumer:)`) or pushes it into a preallocated `ChunkRing` (`start()`). It never allocates, locks or logs
-/// itself. Over/underruns are recovered with `snd_pcm_recover` and counted in `stats.xruns`;
+/// stamps it with its frame index and the monotonic time its first frame was captured, and hands it to the
+/// `CaptureConsumer` on the same thread (`start(consumer:)`) or pushes it into a preallocated `ChunkRing`
+/// (`start()`). It never allocates, locks or logs itself. Over/underruns are recovered with `snd_pcm_recover` and counted in `stats.xruns`;
 /// chunks that do not fit because the consumer is late are dropped and counted in `stats.overflowFrames`
 /// (the next chunk's `firstFrameIndex` then jumps, so the consumer can see the gap). A device that delivers no
 /// period for eight buffers (at least 4 s; its sound server died) ends capture with an `ALSAError` of kind `.stalled`
