@@ -30,8 +30,10 @@ final class DeviceFault: Sendable {
     /// The code that stands for a stall (no call returns it).
     private static let stalledCode = Int.min
 
-    init(stallLimitNanos: UInt64) {
-        self.stallLimitNanos = stallLimitNanos
+    /// The fault record of a loop on `handle`, whose stall limit follows from the device's buffer
+    /// (`DeviceWatchdog.limit`).
+    init(handle: PCMHandle) {
+        stallLimitNanos = DeviceWatchdog.limit(bufferNanos: handle.bufferNanos)
     }
 
     /// Records the fatal `code` that `call` returned. Real-time safe.
@@ -60,7 +62,8 @@ final class DeviceFault: Sendable {
     func error(for handle: PCMHandle) -> ALSAError? {
         let code = code.load(ordering: .acquiring)
         guard code != 0 else { return nil }
-        let call = (Call(rawValue: call.load(ordering: .relaxed)) ?? .wait).name
+        // Only `record` stores it, always from a `Call`.
+        guard let call = Call(rawValue: call.load(ordering: .relaxed))?.name else { preconditionFailure("DeviceFault: unknown call") }
         if code == Self.stalledCode { return handle.stallError(call: call, limitNanos: stallLimitNanos) }
         return handle.error(call: call, code: Int32(truncatingIfNeeded: code))
     }

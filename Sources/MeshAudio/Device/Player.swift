@@ -111,7 +111,7 @@ final class PlaybackLoop: @unchecked Sendable {  // `block` and `polls` are used
         self.block = .allocate(capacity: samples)
         self.block.initialize(repeating: 0, count: samples)
         polls = PollSet(capacity: 1 + max(1, handle.pollDescriptorCount))
-        fault = DeviceFault(stallLimitNanos: DeviceWatchdog.limit(bufferNanos: handle.bufferNanos))
+        fault = DeviceFault(handle: handle)
     }
 
     deinit {

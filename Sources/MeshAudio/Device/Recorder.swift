@@ -110,7 +110,7 @@ final class CaptureLoop: @unchecked Sendable {  // `scratch` is used only by the
                               minimumChunks: ringChunks)
         self.scratch = .allocate(capacity: handle.periodFrames * handle.format.channels)
         self.scratch.initialize(repeating: 0, count: handle.periodFrames * handle.format.channels)
-        fault = DeviceFault(stallLimitNanos: DeviceWatchdog.limit(bufferNanos: handle.bufferNanos))
+        fault = DeviceFault(handle: handle)
     }
 
     deinit {
