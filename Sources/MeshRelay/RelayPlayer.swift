@@ -216,7 +216,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         }
         func set(_ peer: PeerID?) {
             let new = Audience(peer)
-            writer.withLock { _ in published.replace(with: new) }
+            _ = writer.withLock { _ in published.replace(with: new) }  // the old audience is freed here, after the lock
         }
     }
 

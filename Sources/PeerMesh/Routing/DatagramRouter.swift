@@ -175,3 +175,19 @@ extension DatagramRouter.Route {
         }
     }
 }
+
+extension DatagramBody {
+    /// Parses the body of a datagram of `kind`: data needs at least one byte, ping and pong exactly an 8-byte
+    /// timestamp.
+    static func parse(kind: DatagramHeader.Kind, payload: UnsafeRawBufferPointer) -> Result<DatagramBody, DatagramDrop> {
+        switch kind {
+        case .data:
+            return payload.isEmpty ? .failure(.malformed) : .success(.data)
+        case .ping:
+            return payload.count == 8 ? .success(.ping) : .failure(.malformed)
+        case .pong:
+            guard payload.count == 8 else { return .failure(.malformed) }
+            return .success(.pong(sentAt: UInt64(bigEndian: payload.loadUnaligned(as: UInt64.self))))
+        }
+    }
+}

@@ -2,58 +2,6 @@ import FoundationEssentials
 import MeshPOSIX
 import Synchronization
 
-extension AtomicRecord where Value == SessionStatistics {
-    /// Counts a datagram the session dropped, under its reason.
-    func count(_ drop: DatagramDrop) {
-        switch drop {
-        case .malformed: add(to: \.malformedDatagrams)
-        case .stranger: add(to: \.strangerDatagrams)
-        case .unauthentic: add(to: \.unauthenticDatagrams)
-        case .duplicate: add(to: \.duplicateDatagrams)
-        }
-    }
-}
-
-/// Per-link numbers shared by the senders, the datagram reader and the loop: the next datagram sequence number, the
-/// smoothed RTT, and when the peer's datagrams last proved it alive (the loop feeds that to the state machine).
-final class LinkCounters: Sendable {
-    let nextSequence = Atomic<UInt64>(1)
-    let smoothedRTT = Atomic<UInt64>(0)
-    /// Monotonic time of the latest proof of life from a datagram (0: none yet).
-    let lastHeard = Atomic<UInt64>(0)
-
-    /// Takes the next sequence number.
-    @inline(__always)
-    func takeSequence() -> UInt64 { nextSequence.wrappingAdd(1, ordering: .relaxed).oldValue }
-}
-
-/// Where app threads send a connected peer's datagrams: the send table's entry for it.
-struct SendRoute: Sendable {
-    let link: LinkID
-    let remote: SocketAddress
-    let remoteToken: UInt64
-    let counters: LinkCounters
-    /// The link's datagram key (nil on a plaintext link).
-    let key: SecretKey?
-}
-
-/// Sequence numbers never wrap: past this a link refuses to send (reconnect to get fresh keys).
-let maximumDatagramSequence: UInt64 = 1 << 62
-
-/// What the loop keeps of a connected link's datagram route, for sending and pinging (the reading thread judges
-/// arrivals with its own copy, in the `LinkReceiver`).
-struct LoopRoute {
-    let peer: PeerID
-    /// The token the peer puts on datagrams to us.
-    let localToken: UInt64
-    /// Where datagrams to the peer go (the invitee follows latches).
-    var remote: SocketAddress
-    /// The token the peer wants on datagrams to it.
-    let remoteToken: UInt64
-    /// The link's counters and keys, shared with the reading thread.
-    let receiver: LinkReceiver
-}
-
 /// The driver of a `Session`: owns its UDP socket and connections on the process's event loop, feeds the pure
 /// `SessionStateMachine` (control) and, through its `DatagramPath`, each link's `DatagramRouter.Route`
 /// (datagrams), and performs their actions.
@@ -137,7 +85,7 @@ final class SessionCore: Sendable {
     let resourceDirectory: String
     /// Connected peers' send routes (a peer with two links uses its oldest) and relayed links, read by senders
     /// without a lock.
-    private let sendTable = SnapshotCell<SendTable>(SendTable([:], relayed: [:]))
+    let sendTable = SnapshotCell<SendTable>(SendTable([:], relayed: [:]))
 
     init(peer: PeerID, preference: EncryptionPreference, configuration c: Session.Configuration) throws(PeerMeshError) {
         self.peer = peer
@@ -274,129 +222,6 @@ final class SessionCore: Sendable {
         return link
     }
 
-    /// Takes over a connection whose invitation the app accepted into this session. An encrypted link's key goes
-    /// to the delegate's certificate check first; a peer over the per-host limit is declined. Loop thread only.
-    func adopt(_ connection: Connection, from peer: PeerID, invite: ControlFrame.InviteBody, listenerPort: UInt16) {
-        func decline(_ reason: DeclineReason, _ text: String) {
-            connection.send(.decline(reason, text))
-            connection.close()
-        }
-        if shared.withLock({ $0.shutDown }) { return decline(.unavailable, DeclineReason.unavailable.description) }
-        if preference == .required, !connection.isEncrypted {
-            return decline(.declined, "this session requires encryption")
-        }
-        let hostKey = connection.remote?.hostBytes ?? []
-        let sameHost = io.value.connections.values.filter { $0.remote?.hostBytes == hostKey }.count
-            + io.value.admitting[hostKey, default: 0]
-        if sameHost >= configuration.maximumPeersPerHost {
-            return decline(.peerLimit, "too many peers from \(connection.remote?.host ?? "one address") (at most \(configuration.maximumPeersPerHost))")
-        }
-        connection.setMaximumFrameLength(max(configuration.maximumMessageSize + 1, ResourceFrame.maximumFrameLength))
-        guard connection.isEncrypted, let key = peer.publicKey else {
-            return admit(connection, from: peer, invite: invite, listenerPort: listenerPort)
-        }
-        // The app judges the proven key; the connection waits (its own frames are not read meanwhile), and holds
-        // its place against the per-host limit. It is ours now: a hang-up meanwhile must not reach the advertiser.
-        connection.hold()
-        io.value.judged[ObjectIdentifier(connection)] = connection
-        io.value.admitting[hostKey, default: 0] += 1
-        let certificate = PeerCertificate(publicKey: key, shortAuthenticationString: connection.shortAuthenticationString ?? "",
-                                          address: connection.remote?.host, weInvited: false)
-        // An app that never answers must not hold the guest's place for ever: past the invitation's own timeout
-        // (as the advertiser reckons it) the guest has given up, and the answer is no.
-        let wait = invite.timeoutMillis == 0 ? Self.defaultInvitationWait
-            : min(UInt64(invite.timeoutMillis) * 1_000_000, Self.maximumCertificateWait)
-        askCertificate(certificate, from: peer, timeout: wait) { [self] ok in
-            let c = connection
-            io.value.judged[ObjectIdentifier(c)] = nil
-            io.value.admitting[hostKey, default: 1] -= 1
-            if io.value.admitting[hostKey] == 0 { io.value.admitting[hostKey] = nil }
-            // The guest left while the app judged its key: nothing to admit or to decline.
-            if c.hasEnded { return }
-            switch ok {
-            case true?: admit(c, from: peer, invite: invite, listenerPort: listenerPort)
-            case false?: decline(.declined, "certificate rejected: \(peer.displayName)'s key \(key.shortFingerprint) is not trusted")
-            case nil: decline(.timedOut, "the host's app did not answer the certificate check in time")
-            }
-        }
-    }
-
-    private func admit(_ connection: Connection, from peer: PeerID, invite: ControlFrame.InviteBody, listenerPort: UInt16) {
-        let token = Sodium.randomUInt64() | 1
-        let acceptPort: UInt16 = udpPort == listenerPort ? 0 : udpPort
-        let adopted = shared.withLock { s -> (LinkID, [SessionStateMachine.Action])? in
-            guard !s.shutDown else { return nil }
-            let id = s.nextLink
-            s.nextLink += 1
-            return (id, s.machine.invitationAccepted(link: id, from: peer, remoteUDPPort: invite.udpPort,
-                                                     remoteToken: invite.token, acceptUDPPort: acceptPort,
-                                                     localToken: token, now: MonotonicClock.nowNanos()))
-        }
-        guard let (link, actions) = adopted else {
-            connection.send(.decline(.unavailable, DeclineReason.unavailable.description))
-            connection.close()
-            return
-        }
-        io.value.connections[link] = connection
-        io.value.localTokens[link] = token
-        // The acceptance first (ACCEPT sent, the app told of `connecting` then `connected`), and only then the frames
-        // the guest sent behind its INVITE, which `rehome` delivers at once: a GOODBYE among them must end a peer the
-        // app already knows as connected, not one it will be told about afterwards and then keep forever.
-        perform(actions)
-        connection.rehome(onFrame: { [unowned self] f in received(f, on: link) },
-                          onEnd: { [unowned self] why in ended(link, why) })
-    }
-
-    /// How long an invitee's certificate check may wait for the app when the invitation names no timeout (as the
-    /// advertiser waits for its answer), and at the most.
-    static let defaultInvitationWait: Nanos = 30_000_000_000
-    static let maximumCertificateWait: Nanos = 60_000_000_000
-
-    /// Asks the delegate about a proven key; `decide` runs on the loop, once, with the answer: nil when `timeout`
-    /// passed first (a session without a delegate accepts, as MC does). Loop thread only.
-    private func askCertificate(_ certificate: PeerCertificate, from peer: PeerID, timeout: Nanos? = nil,
-                                decide: @escaping (Bool?) -> Void) {
-        let answered = Atomic<Bool>(false)
-        let box = LoopBound<((Bool?) -> Void)?>(decide, loop: loop)
-        let expiry = LoopBound<EventLoop.Timer?>(nil, loop: loop)
-        let resolve: @Sendable (Bool?) -> Void = { [weak self] ok in
-            guard answered.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged,
-                  let self else { return }
-            self.loop.execute { [loop = self.loop] in
-                if let t = expiry.value { loop.cancel(t) }
-                expiry.value = nil
-                let d = box.value
-                box.value = nil
-                d?(ok)
-            }
-        }
-        guard let s = owner.withLock({ $0.value }), let d = delegate.withLock({ $0.value }) else { return resolve(true) }
-        if let timeout { expiry.value = loop.schedule(at: MonotonicClock.nowNanos() &+ timeout) { resolve(nil) } }
-        d.session(s, didReceiveCertificate: certificate, fromPeer: peer, certificateHandler: { ok in resolve(ok) })
-    }
-
-    /// Initiator: the handshake proved who answered. Check the key against the advertised one, then ask the
-    /// delegate; on yes the handshake finishes and the invitation goes out.
-    private func identified(_ peer: PeerID, on link: LinkID) {
-        guard let c = io.value.connections[link], let key = peer.publicKey else { return }
-        if let pinned = io.value.expectedKeys[link], pinned != key {
-            return faulted(link, .wrongPeer)
-        }
-        let certificate = PeerCertificate(publicKey: key, shortAuthenticationString: c.shortAuthenticationString ?? "",
-                                          address: c.remote?.host, weInvited: true)
-        askCertificate(certificate, from: peer) { [self] ok in
-            guard let c = io.value.connections[link] else { return }
-            if ok == true {
-                c.approve()
-            } else {
-                io.value.failureDetail[link] = "certificate rejected: \(peer.displayName)'s key \(key.shortFingerprint) is not trusted"
-                io.value.failureReason[link] = .notTrusted
-                let actions = shared.withLock { $0.machine.linkClosed(link) }
-                perform(actions)
-            }
-        }
-    }
-
     /// The peer on `link` broke the protocol: count it, say so, close the link.
     func faulted(_ link: LinkID, _ fault: PeerFault) {
         counters.add(to: \.peerFaults)
@@ -466,96 +291,9 @@ final class SessionCore: Sendable {
         queuedBytes.withLock { if n == 0 { $0[link] = nil } else { $0[link] = n } }
     }
 
-    /// Sends one datagram to each of `peers` that is connected. A peer that is not (it just left, or is not up
-    /// yet) is skipped, and named in the error thrown after the others were sent to: one peer's departure never
-    /// costs the rest their audio.
-    func sendDatagram(_ payload: UnsafeRawBufferPointer, to peers: [PeerID]) throws(PeerMeshError) {
-        var missing: PeerID?
-        sendTable.withCurrent { table in
-            guard let table else { return }
-            _ = sendDatagram(payload, to: peers, table: table) { missing = $0 }
-        }
-        if let missing { throw .notConnected("send: peer \(missing) is not connected; the datagram went to the others") }
-    }
-
-    /// `sendDatagram` for a real-time thread: no error to build, no lock. Returns how many of `peers` are not
-    /// connected (each skipped).
-    func sendDatagramCountingMissing(_ payload: UnsafeRawBufferPointer, to peers: [PeerID]) -> Int {
-        sendTable.withCurrent { table in
-            guard let table else { return peers.count }
-            return sendDatagram(payload, to: peers, table: table) { _ in }
-        }
-    }
-
-    /// Seals and sends `payload` to each of `peers` found in `table` (or on its relayed link); `noteMissing` hears
-    /// each that is not connected. Returns how many were not.
-    private func sendDatagram(_ payload: UnsafeRawBufferPointer, to peers: [PeerID], table: SendTable,
-                              noteMissing: (PeerID) -> Void) -> Int {
-        var missing = 0
-        // No heap allocation: each datagram is assembled (and sealed, on an encrypted link) in stack space.
-        let size = DatagramHeader.size + payload.count + Sodium.tagSize
-        var sent: UInt64 = 0, failed: UInt64 = 0
-        withUnsafeTemporaryAllocation(byteCount: size, alignment: 16) { buf in
-            for p in peers {
-                guard let r = table.routes[p] else {
-                    if let link = table.relayed[p] {
-                        sendRelayedDatagram(payload, on: link)
-                    } else {
-                        missing += 1
-                        noteMissing(p)
-                    }
-                    continue
-                }
-                let sequence = r.counters.takeSequence()
-                guard sequence < maximumDatagramSequence else { continue }
-                let n = Self.seal(payload, kind: .data, token: r.remoteToken, sequence: sequence, key: r.key, into: buf)
-                if udp.send(UnsafeRawBufferPointer(rebasing: buf[..<n]), to: r.remote) >= 0 { sent += 1 } else { failed += 1 }
-            }
-        }
-        counters.add(sent, to: \.datagramsSent)
-        if failed > 0 { counters.add(failed, to: \.datagramsNotSent) }
-        return missing
-    }
-
-    /// Sends a datagram to a peer reached only through a relay pipe: on its connection `link` (sealed end to end
-    /// by the link's records), as a DATAGRAM frame, from the loop. (This path copies the bytes: a relayed peer has
-    /// no UDP path for a real-time sender to write to.)
-    private func sendRelayedDatagram(_ payload: UnsafeRawBufferPointer, on link: LinkID) {
-        guard !payload.isEmpty else { return }
-        let frame = ControlFrame.datagram(Array(payload))
-        loop.execute { [self] in
-            // Unreliable: a link whose queue is full drops it rather than grow.
-            guard let c = io.value.connections[link], c.queuedBytes < configuration.maximumQueuedBytes else { return }
-            c.send(frame)
-        }
-    }
-
-    /// Writes a datagram — header, then the payload sealed under `key` (nonce: the sequence number; associated
-    /// data: the header) or in clear on a plaintext link — into `out`. Returns its length.
-    @inline(__always)
-    static func seal(_ payload: UnsafeRawBufferPointer, kind: DatagramHeader.Kind, token: UInt64, sequence: UInt64,
-                     key: SecretKey?, into out: UnsafeMutableRawBufferPointer) -> Int {
-        let header = DatagramHeader(kind: kind, token: token, sequence: sequence)
-        header.write(to: out)
-        let body = UnsafeMutableRawBufferPointer(rebasing: out[DatagramHeader.size...])
-        guard let key else {
-            body.copyMemory(from: payload)
-            return DatagramHeader.size + payload.count
-        }
-        let n = Sodium.seal(key: key, counter: sequence, ad: UnsafeRawBufferPointer(rebasing: out[..<DatagramHeader.size]),
-                            plaintext: payload, into: body)
-        return DatagramHeader.size + n
-    }
-
-    /// The smoothed RTT to `peer`, in nanoseconds.
-    func roundTripTime(to peer: PeerID) -> Nanos? {
-        let v = sendTable.withCurrent { $0?.routes[peer]?.counters.smoothedRTT.load(ordering: .relaxed) } ?? 0
-        return v == 0 ? nil : v
-    }
-
     // MARK: Loop: control connections
 
-    private func received(_ frame: ControlFrame, on link: LinkID) {
+    func received(_ frame: ControlFrame, on link: LinkID) {
         let now = MonotonicClock.nowNanos()
         // The decliner's own words say more than the reason code ("the pairing window is closed; …").
         if case .decline(_, let text) = frame, !text.isEmpty { io.value.failureDetail[link] = text }
@@ -567,7 +305,7 @@ final class SessionCore: Sendable {
         perform(actions)
     }
 
-    private func ended(_ link: LinkID, _ why: ConnectionEnd) {
+    func ended(_ link: LinkID, _ why: ConnectionEnd) {
         io.value.connections[link] = nil
         queuedBytes.withLock { $0[link] = nil }
         performResources(io.value.resources.linkClosed(link))
@@ -587,7 +325,7 @@ final class SessionCore: Sendable {
     }
 
     /// Carries out the state machine's actions, in order. Loop thread only; no lock is held.
-    private func perform(_ actions: [SessionStateMachine.Action]) {
+    func perform(_ actions: [SessionStateMachine.Action]) {
         guard !actions.isEmpty else { return }
         let receiver = (owner.withLock { $0.value }, delegate.withLock { $0.value })
         var closed: [LinkID] = []
@@ -678,32 +416,6 @@ final class SessionCore: Sendable {
         armTimer()
     }
 
-    /// Rebuilds the senders' table from the links' routes: each peer's oldest connected link.
-    private func publishSendTable() {
-        var table: [PeerID: SendRoute] = [:]
-        for (link, route) in io.value.routes {
-            if let existing = table[route.peer], existing.link < link { continue }
-            table[route.peer] = SendRoute(link: link, remote: route.remote, remoteToken: route.remoteToken,
-                                          counters: route.receiver.counters, key: route.receiver.keys?.send)
-        }
-        sendTable.replace(with: SendTable(table, relayed: io.value.relayedLinks))
-    }
-
-    /// Publishes the table datagrams are judged against (the old one is released here, once no reader is in it).
-    private func publishRoutes() {
-        var table: [UInt64: LinkReceiver] = [:]
-        for route in io.value.routes.values { table[route.localToken] = route.receiver }
-        datagrams.routes.replace(with: RouteTable(table))
-    }
-
-    /// `link`'s peer now sends from `address` (an invitee follows the inviter's source port): answers go there.
-    /// Returns whether the route moved (the caller republishes the send table).
-    private func latch(_ link: LinkID, to address: SocketAddress) -> Bool {
-        guard io.value.routes[link] != nil, io.value.routes[link]?.remote != address else { return false }
-        io.value.routes[link]?.remote = address
-        return true
-    }
-
     // MARK: Loop: timers
 
     /// Arms the session's one timer for the earliest of the state machine's deadline and the next ping round.
@@ -732,53 +444,6 @@ final class SessionCore: Sendable {
         }
         perform(actions)
         armTimer()
-    }
-
-    // MARK: Loop: datagrams
-
-    private func sendPing(to address: SocketAddress, token: UInt64, counters lc: LinkCounters, key: SecretKey?, now: Nanos) {
-        datagrams.sendControl(.ping, token: token, counters: lc, key: key, timestamp: now, to: address)
-    }
-
-    /// The loop's turn at the UDP socket (`.delegate` delivery): datagrams go to the delegate.
-    private func readDatagrams() {
-        // One load of the (weak) session and delegate for the whole batch.
-        let receiver = (owner.withLock { $0.value }, delegate.withLock { $0.value })
-        var moved = false
-        // Bounded so a flood cannot starve the control connections and timers.
-        _ = datagrams.read(into: loop.readBuffer, maximum: 256, deliver: { payload, peer in
-            if let s = receiver.0, let d = receiver.1 { d.session(s, didReceiveDatagramBytes: payload, fromPeer: peer) }
-        }, latched: { link, address in
-            moved = latch(link, to: address) || moved
-        })
-        if moved { publishSendTable() }
-    }
-}
-
-/// The senders' table: connected peers' send routes, published whole (`SnapshotCell`) whenever a route changes.
-final class SendTable: Sendable {
-    let routes: [PeerID: SendRoute]
-    /// Peers reached only through a relay pipe, by link.
-    let relayed: [PeerID: LinkID]
-    init(_ routes: [PeerID: SendRoute], relayed: [PeerID: LinkID]) {
-        self.routes = routes
-        self.relayed = relayed
-    }
-}
-
-extension DatagramBody {
-    /// Parses the body of a datagram of `kind`: data needs at least one byte, ping and pong exactly an 8-byte
-    /// timestamp.
-    static func parse(kind: DatagramHeader.Kind, payload: UnsafeRawBufferPointer) -> Result<DatagramBody, DatagramDrop> {
-        switch kind {
-        case .data:
-            return payload.isEmpty ? .failure(.malformed) : .success(.data)
-        case .ping:
-            return payload.count == 8 ? .success(.ping) : .failure(.malformed)
-        case .pong:
-            guard payload.count == 8 else { return .failure(.malformed) }
-            return .success(.pong(sentAt: UInt64(bigEndian: payload.loadUnaligned(as: UInt64.self))))
-        }
     }
 }
 

@@ -1,0 +1,208 @@
+import FoundationEssentials
+import MeshPOSIX
+import Synchronization
+
+// The datagram half of `SessionCore`: the types its senders and the loop share, the send path app threads
+// (real-time ones included) call without a lock, and the loop's side of the route tables.
+
+extension AtomicRecord where Value == SessionStatistics {
+    /// Counts a datagram the session dropped, under its reason.
+    func count(_ drop: DatagramDrop) {
+        switch drop {
+        case .malformed: add(to: \.malformedDatagrams)
+        case .stranger: add(to: \.strangerDatagrams)
+        case .unauthentic: add(to: \.unauthenticDatagrams)
+        case .duplicate: add(to: \.duplicateDatagrams)
+        }
+    }
+}
+
+/// Per-link numbers shared by the senders, the datagram reader and the loop: the next datagram sequence number, the
+/// smoothed RTT, and when the peer's datagrams last proved it alive (the loop feeds that to the state machine).
+final class LinkCounters: Sendable {
+    let nextSequence = Atomic<UInt64>(1)
+    let smoothedRTT = Atomic<UInt64>(0)
+    /// Monotonic time of the latest proof of life from a datagram (0: none yet).
+    let lastHeard = Atomic<UInt64>(0)
+
+    /// Takes the next sequence number.
+    @inline(__always)
+    func takeSequence() -> UInt64 { nextSequence.wrappingAdd(1, ordering: .relaxed).oldValue }
+}
+
+/// Where app threads send a connected peer's datagrams: the send table's entry for it.
+struct SendRoute: Sendable {
+    let link: LinkID
+    let remote: SocketAddress
+    let remoteToken: UInt64
+    let counters: LinkCounters
+    /// The link's datagram key (nil on a plaintext link).
+    let key: SecretKey?
+}
+
+/// Sequence numbers never wrap: past this a link refuses to send (reconnect to get fresh keys).
+let maximumDatagramSequence: UInt64 = 1 << 62
+
+/// What the loop keeps of a connected link's datagram route, for sending and pinging (the reading thread judges
+/// arrivals with its own copy, in the `LinkReceiver`).
+struct LoopRoute {
+    let peer: PeerID
+    /// The token the peer puts on datagrams to us.
+    let localToken: UInt64
+    /// Where datagrams to the peer go (the invitee follows latches).
+    var remote: SocketAddress
+    /// The token the peer wants on datagrams to it.
+    let remoteToken: UInt64
+    /// The link's counters and keys, shared with the reading thread.
+    let receiver: LinkReceiver
+}
+
+/// The senders' table: connected peers' send routes, published whole (`SnapshotCell`) whenever a route changes.
+final class SendTable: Sendable {
+    let routes: [PeerID: SendRoute]
+    /// Peers reached only through a relay pipe, by link.
+    let relayed: [PeerID: LinkID]
+    init(_ routes: [PeerID: SendRoute], relayed: [PeerID: LinkID]) {
+        self.routes = routes
+        self.relayed = relayed
+    }
+}
+
+extension SessionCore {
+    // MARK: Sending (any thread, no lock)
+
+    /// Sends one datagram to each of `peers` that is connected. A peer that is not (it just left, or is not up
+    /// yet) is skipped, and named in the error thrown after the others were sent to: one peer's departure never
+    /// costs the rest their audio.
+    func sendDatagram(_ payload: UnsafeRawBufferPointer, to peers: [PeerID]) throws(PeerMeshError) {
+        var missing: PeerID?
+        sendTable.withCurrent { table in
+            guard let table else { return }
+            _ = sendDatagram(payload, to: peers, table: table) { missing = $0 }
+        }
+        if let missing { throw .notConnected("send: peer \(missing) is not connected; the datagram went to the others") }
+    }
+
+    /// `sendDatagram` for a real-time thread: no error to build, no lock. Returns how many of `peers` are not
+    /// connected (each skipped).
+    func sendDatagramCountingMissing(_ payload: UnsafeRawBufferPointer, to peers: [PeerID]) -> Int {
+        sendTable.withCurrent { table in
+            guard let table else { return peers.count }
+            return sendDatagram(payload, to: peers, table: table) { _ in }
+        }
+    }
+
+    /// Seals and sends `payload` to each of `peers` found in `table` (or on its relayed link); `noteMissing` hears
+    /// each that is not connected. Returns how many were not.
+    func sendDatagram(_ payload: UnsafeRawBufferPointer, to peers: [PeerID], table: SendTable,
+                              noteMissing: (PeerID) -> Void) -> Int {
+        var missing = 0
+        // No heap allocation: each datagram is assembled (and sealed, on an encrypted link) in stack space.
+        let size = DatagramHeader.size + payload.count + Sodium.tagSize
+        var sent: UInt64 = 0, failed: UInt64 = 0
+        withUnsafeTemporaryAllocation(byteCount: size, alignment: 16) { buf in
+            for p in peers {
+                guard let r = table.routes[p] else {
+                    if let link = table.relayed[p] {
+                        sendRelayedDatagram(payload, on: link)
+                    } else {
+                        missing += 1
+                        noteMissing(p)
+                    }
+                    continue
+                }
+                let sequence = r.counters.takeSequence()
+                guard sequence < maximumDatagramSequence else { continue }
+                let n = Self.seal(payload, kind: .data, token: r.remoteToken, sequence: sequence, key: r.key, into: buf)
+                if udp.send(UnsafeRawBufferPointer(rebasing: buf[..<n]), to: r.remote) >= 0 { sent += 1 } else { failed += 1 }
+            }
+        }
+        counters.add(sent, to: \.datagramsSent)
+        if failed > 0 { counters.add(failed, to: \.datagramsNotSent) }
+        return missing
+    }
+
+    /// Sends a datagram to a peer reached only through a relay pipe: on its connection `link` (sealed end to end
+    /// by the link's records), as a DATAGRAM frame, from the loop. (This path copies the bytes: a relayed peer has
+    /// no UDP path for a real-time sender to write to.)
+    func sendRelayedDatagram(_ payload: UnsafeRawBufferPointer, on link: LinkID) {
+        guard !payload.isEmpty else { return }
+        let frame = ControlFrame.datagram(Array(payload))
+        loop.execute { [self] in
+            // Unreliable: a link whose queue is full drops it rather than grow.
+            guard let c = io.value.connections[link], c.queuedBytes < configuration.maximumQueuedBytes else { return }
+            c.send(frame)
+        }
+    }
+
+    /// Writes a datagram — header, then the payload sealed under `key` (nonce: the sequence number; associated
+    /// data: the header) or in clear on a plaintext link — into `out`. Returns its length.
+    @inline(__always)
+    static func seal(_ payload: UnsafeRawBufferPointer, kind: DatagramHeader.Kind, token: UInt64, sequence: UInt64,
+                     key: SecretKey?, into out: UnsafeMutableRawBufferPointer) -> Int {
+        let header = DatagramHeader(kind: kind, token: token, sequence: sequence)
+        header.write(to: out)
+        let body = UnsafeMutableRawBufferPointer(rebasing: out[DatagramHeader.size...])
+        guard let key else {
+            body.copyMemory(from: payload)
+            return DatagramHeader.size + payload.count
+        }
+        let n = Sodium.seal(key: key, counter: sequence, ad: UnsafeRawBufferPointer(rebasing: out[..<DatagramHeader.size]),
+                            plaintext: payload, into: body)
+        return DatagramHeader.size + n
+    }
+
+    /// The smoothed RTT to `peer`, in nanoseconds.
+    func roundTripTime(to peer: PeerID) -> Nanos? {
+        let v = sendTable.withCurrent { $0?.routes[peer]?.counters.smoothedRTT.load(ordering: .relaxed) } ?? 0
+        return v == 0 ? nil : v
+    }
+
+    // MARK: Loop: route tables
+
+    /// Rebuilds the senders' table from the links' routes: each peer's oldest connected link.
+    func publishSendTable() {
+        var table: [PeerID: SendRoute] = [:]
+        for (link, route) in io.value.routes {
+            if let existing = table[route.peer], existing.link < link { continue }
+            table[route.peer] = SendRoute(link: link, remote: route.remote, remoteToken: route.remoteToken,
+                                          counters: route.receiver.counters, key: route.receiver.keys?.send)
+        }
+        sendTable.replace(with: SendTable(table, relayed: io.value.relayedLinks))
+    }
+
+    /// Publishes the table datagrams are judged against (the old one is released here, once no reader is in it).
+    func publishRoutes() {
+        var table: [UInt64: LinkReceiver] = [:]
+        for route in io.value.routes.values { table[route.localToken] = route.receiver }
+        datagrams.routes.replace(with: RouteTable(table))
+    }
+
+    /// `link`'s peer now sends from `address` (an invitee follows the inviter's source port): answers go there.
+    /// Returns whether the route moved (the caller republishes the send table).
+    func latch(_ link: LinkID, to address: SocketAddress) -> Bool {
+        guard io.value.routes[link] != nil, io.value.routes[link]?.remote != address else { return false }
+        io.value.routes[link]?.remote = address
+        return true
+    }
+
+    // MARK: Loop: datagrams
+
+    func sendPing(to address: SocketAddress, token: UInt64, counters lc: LinkCounters, key: SecretKey?, now: Nanos) {
+        datagrams.sendControl(.ping, token: token, counters: lc, key: key, timestamp: now, to: address)
+    }
+
+    /// The loop's turn at the UDP socket (`.delegate` delivery): datagrams go to the delegate.
+    func readDatagrams() {
+        // One load of the (weak) session and delegate for the whole batch.
+        let receiver = (owner.withLock { $0.value }, delegate.withLock { $0.value })
+        var moved = false
+        // Bounded so a flood cannot starve the control connections and timers.
+        _ = datagrams.read(into: loop.readBuffer, maximum: 256, deliver: { payload, peer in
+            if let s = receiver.0, let d = receiver.1 { d.session(s, didReceiveDatagramBytes: payload, fromPeer: peer) }
+        }, latched: { link, address in
+            moved = latch(link, to: address) || moved
+        })
+        if moved { publishSendTable() }
+    }
+}
