@@ -34,6 +34,33 @@ struct SnapshotCellTests {
         #expect(slot.replace(with: nil) === second)
     }
 
+    @Test func publishNeverWaitsAndReleasesTheOldOneOnceNoReaderHoldsIt() throws {
+        let slot = SnapshotCell<PlayoutPipeline>()
+        #expect(slot.publish(try Self.pipeline()), "no reader: released at once")
+        weak var first: PlayoutPipeline?
+        first = slot.withCurrent { $0 }
+        #expect(first != nil)
+        let inside = WakeSignal(), leave = WakeSignal(), left = WakeSignal()
+        Thread {
+            slot.withCurrent { _ in
+                inside.signal()
+                leave.wait()
+            }
+            left.signal()
+        }.start()
+        inside.wait()
+        // A writer whose reader is waiting for it: `replace` would wait for ever here; `publish` returns at once.
+        #expect(!slot.publish(try Self.pipeline()), "a reader is inside: the old one is kept")
+        #expect(!slot.publish(try Self.pipeline()))
+        #expect(first != nil, "still alive while the reader may hold it")
+        #expect(!slot.reclaim())
+        leave.signal()
+        left.wait()
+        #expect(slot.reclaim(), "no reader now: both replaced pipelines released")
+        #expect(first == nil)
+        #expect(slot.withCurrent { $0 != nil })
+    }
+
     @Test func readersNeverSeeAReleasedPipeline() throws {
         let slot = SnapshotCell<PlayoutPipeline>()
         let stop = Atomic<Bool>(false)

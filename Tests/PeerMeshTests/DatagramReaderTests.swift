@@ -178,6 +178,49 @@ struct DatagramReaderTests {
         #expect(got, "the host's datagrams follow the latched address")
     }
 
+    @Test("The reader's deliver may ask the session something while the loop replaces the route table: no deadlock")
+    func deliverMayWaitOnTheLoopWhileRoutesChange() throws {
+        // The host reads through a reader and has two guests. The reader holds the route table while it runs
+        // `deliver`; there the app drops one guest (the loop removes its route and publishes a new table), then asks
+        // the session about the other, which the loop answers. A loop that waited for the reader to leave the old
+        // table before going on would never answer: each would wait for the other for ever.
+        let pair = try Pair(hostConfig: readerConfiguration())
+        let second = try pair.join(as: "second")
+        #expect(second.log.wait(5) { s in s.states.contains { $0.0 == pair.hostPeer && $0.1 == .connected } })
+        let reader = try #require(pair.host.datagramReader)
+        let host = pair.host, guestPeer = pair.guestPeer, secondPeer = second.peer
+        let answered = Atomic<Int>(0)  // 0: not yet; 1: false; 2: true
+        let delivered = Atomic<Bool>(false)
+        Thread {
+            let polls = PollSet(capacity: 1)
+            let until = MonotonicClock.nowNanos() + 10_000_000_000
+            while !delivered.load(ordering: .acquiring), MonotonicClock.nowNanos() < until {
+                polls.removeAll()
+                polls.appendReadable(reader.descriptor)
+                _ = polls.wait(untilNanos: MonotonicClock.nowNanos() + 20_000_000)
+                reader.read(maximum: 1) { _, _ in
+                    delivered.store(true, ordering: .releasing)
+                    host.disconnect(secondPeer)
+                    usleep(200_000)  // the loop has dropped the second guest and published the table without it
+                    answered.store(host.isEncrypted(guestPeer) ? 2 : 1, ordering: .releasing)
+                }
+            }
+        }.start()
+        try pair.guest.send(Data("hello".utf8), toPeers: [pair.hostPeer], with: .unreliable)
+        guard eventually(10, { answered.load(ordering: .acquiring) != 0 }) else {
+            // The process's one event loop is stuck for good, and every later test would hang on it: end the run.
+            fatalError("deadlock: the event loop waits for the reader's route table, the reader for the loop")
+        }
+        #expect(answered.load(ordering: .acquiring) == 2, "the first guest's link is encrypted")
+        #expect(host.statistics.datagramsReceived == 1)
+        #expect(host.connectedPeers == [guestPeer])
+        // The table the reader held is released on the loop once the reader has left it; the current one routes
+        // the first guest only.
+        let routes = host.core.datagrams.routes
+        #expect(eventually(3) { host.core.loop.submitAndWait { routes.reclaim() } })
+        #expect(routes.withCurrent { $0?.receivers.count } == 1)
+    }
+
     @Test("After its session shuts down, a reader reads nothing and its descriptor is closed")
     func aShutSessionsReaderReadsNothing() throws {
         var guest: Session? = try Session(peer: try PeerID(displayName: "solo"), configuration: readerConfiguration())

@@ -164,7 +164,8 @@ public final class DatagramReader: @unchecked Sendable {  // `buffer` is used on
 
     /// Reads up to `maximum` waiting datagrams (never blocks) and passes each one from a connected peer to `deliver`,
     /// its bytes valid only during the call. Returns how many datagrams were read from the socket (0: none waited,
-    /// or another thread is reading).
+    /// or another thread is reading). `deliver` may call the session, even what waits on the session's thread: that
+    /// thread never waits for a reader (it publishes new route tables without waiting for this one to leave the old).
     @discardableResult
     public func read(maximum: Int = 64, _ deliver: (UnsafeRawBufferPointer, PeerID) -> Void) -> Int {
         let latches = path.latches, waker = latchWaker

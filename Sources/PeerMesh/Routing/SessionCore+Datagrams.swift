@@ -171,11 +171,24 @@ extension SessionCore {
         sendTable.replace(with: SendTable(table, relayed: io.value.relayedLinks))
     }
 
-    /// Publishes the table datagrams are judged against (the old one is released here, once no reader is in it).
+    /// Publishes the table datagrams are judged against. The loop never waits for the reader here: a `DatagramReader`
+    /// runs the app's code inside the table (its `deliver`), and that code may wait on this loop. The old table is
+    /// released on the loop once no reader is in it: now, or on a retry a millisecond later.
     func publishRoutes() {
         var table: [UInt64: LinkReceiver] = [:]
         for route in io.value.routes.values { table[route.localToken] = route.receiver }
-        datagrams.routes.replace(with: RouteTable(table))
+        if !datagrams.routes.publish(RouteTable(table)) { reclaimRoutesLater() }
+    }
+
+    /// Retries releasing replaced route tables every millisecond until no reader holds one. Loop thread only.
+    private func reclaimRoutesLater() {
+        guard !io.value.reclaimingRoutes else { return }
+        io.value.reclaimingRoutes = true
+        _ = loop.schedule(at: MonotonicClock.nowNanos() &+ 1_000_000) { [weak self] in
+            guard let self else { return }
+            io.value.reclaimingRoutes = false
+            if !datagrams.routes.reclaim() { reclaimRoutesLater() }
+        }
     }
 
     /// `link`'s peer now sends from `address` (an invitee follows the inviter's source port): answers go there.

@@ -31,6 +31,8 @@ final class SessionCore: Sendable {
         var judged: [ObjectIdentifier: Connection] = [:]
         /// Connected links' datagram routes, by link (what the route table and the send table are built from).
         var routes: [LinkID: LoopRoute] = [:]
+        /// A retry is scheduled to release route tables a reader still held when they were replaced.
+        var reclaimingRoutes = false
         /// Peers connected only through a relay pipe (no UDP path), by their link: their datagrams go on the
         /// connection. Published to senders in the send table.
         var relayedLinks: [PeerID: LinkID] = [:]
