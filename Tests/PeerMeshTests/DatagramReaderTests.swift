@@ -143,6 +143,44 @@ struct DatagramReaderTests {
         #expect(UInt64(all.count) == pair.guest.statistics.datagramsReceived)
     }
 
+    /// The guest of `pair` (an inviter, which never latches) moving to new source ports, as a NAT rebinding would
+    /// make it: each datagram is sealed as its session would seal it, and sent from a new socket of its own.
+    struct MovingGuest {
+        let route: LoopRoute
+        let hostAddress: SocketAddress
+
+        init(_ pair: Pair) throws {
+            let core = pair.guest.core
+            route = try #require(core.loop.submitAndWait { core.io.value.routes.values.first })
+            hostAddress = SocketAddress(numericHost: "127.0.0.1", port: pair.host.udpPort)!
+        }
+
+        /// Sends `payload` to the host from a new port, and returns that port's socket.
+        func send(_ payload: [UInt8]) throws -> FileDescriptor {
+            let moved = try FileDescriptor.udpSocket(SocketAddress(numericHost: "127.0.0.1", port: 0)!)
+            var datagram = [UInt8](repeating: 0, count: DatagramHeader.size + payload.count + Sodium.tagSize)
+            let length = payload.withUnsafeBytes { p in
+                datagram.withUnsafeMutableBytes { out in
+                    SessionCore.seal(p, kind: .data, token: route.remoteToken, sequence: route.receiver.counters.takeSequence(),
+                                     key: route.receiver.keys?.send, into: out)
+                }
+            }
+            _ = datagram.withUnsafeBytes { moved.send(UnsafeRawBufferPointer(rebasing: $0[..<length]), to: hostAddress) }
+            return moved
+        }
+
+        /// Whether the host's datagrams reach `socket` (the host sends until one does, for a second at most).
+        static func hostAnswers(_ pair: Pair, at socket: FileDescriptor) throws -> Bool {
+            var buffer = [UInt8](repeating: 0, count: 2048)
+            for _ in 0..<100 {
+                try pair.host.send(Data("to the new port".utf8), toPeers: [pair.guestPeer], with: .unreliable)
+                usleep(10_000)
+                if buffer.withUnsafeMutableBytes({ socket.receive(into: $0) }) != nil { return true }
+            }
+            return false
+        }
+    }
+
     @Test("An invitee that reads on its own thread follows an authentic datagram's new source port (latching)")
     func latchingThroughTheReader() throws {
         // The host (the invitee) reads through a reader; the guest's datagrams start coming from another port (a NAT
@@ -152,30 +190,37 @@ struct DatagramReaderTests {
         defer { thread.stop() }
         try pair.guest.send(Data("first".utf8), toPeers: [pair.hostPeer], with: .unreliable)
         #expect(eventually(3) { thread.count == 1 })
-        // Seal a datagram as the guest would, and send it from a new socket.
-        let core = pair.guest.core
-        let route = try #require(core.loop.submitAndWait { core.io.value.routes.values.first })
-        let moved = try FileDescriptor.udpSocket(SocketAddress(numericHost: "127.0.0.1", port: 0)!)
-        let hostAddress = SocketAddress(numericHost: "127.0.0.1", port: pair.host.udpPort)!
         let payload: [UInt8] = Array("from the new port".utf8)
-        var datagram = [UInt8](repeating: 0, count: DatagramHeader.size + payload.count + Sodium.tagSize)
-        let length = payload.withUnsafeBytes { p in
-            datagram.withUnsafeMutableBytes { out in
-                SessionCore.seal(p, kind: .data, token: route.remoteToken, sequence: route.receiver.counters.takeSequence(),
-                                 key: route.receiver.keys?.send, into: out)
-            }
-        }
-        _ = datagram.withUnsafeBytes { moved.send(UnsafeRawBufferPointer(rebasing: $0[..<length]), to: hostAddress) }
+        let moved = try MovingGuest(pair).send(payload)
         #expect(eventually(3) { thread.received.withLock { $0.contains { $0.1 == Data(payload) } } })
-        // The host now sends to the new port.
-        var got = false
-        var buffer = [UInt8](repeating: 0, count: 2048)
-        for _ in 0..<100 where !got {
-            try pair.host.send(Data("to the new port".utf8), toPeers: [pair.guestPeer], with: .unreliable)
-            usleep(10_000)
-            while buffer.withUnsafeMutableBytes({ moved.receive(into: $0) }) != nil { got = true }
+        #expect(try MovingGuest.hostAnswers(pair, at: moved), "the host's datagrams follow the latched address")
+    }
+
+    @Test("Latches that overflow the reader's queue while the loop is busy are not lost: the host answers the newest port")
+    func latchesBeyondTheQueueAreNotLost() throws {
+        // As above, but the guest moves to a new port 80 times while the session's loop is busy (blocked here), more
+        // than the reader's latch queue holds. Once the loop is free, the host must send to the last port.
+        let pair = try Pair(hostConfig: readerConfiguration())
+        let thread = ReaderThread(try #require(pair.host.datagramReader))
+        defer { thread.stop() }
+        try pair.guest.send(Data("first".utf8), toPeers: [pair.hostPeer], with: .unreliable)
+        #expect(eventually(3) { thread.count == 1 })
+        let guest = try MovingGuest(pair)
+        let gate = WakeSignal()
+        pair.guest.core.loop.execute { gate.wait() }  // the host's loop too: one loop per process
+        var sockets: [FileDescriptor] = []
+        for i in 0..<80 {
+            sockets.append(try guest.send(Array("move \(i)".utf8)))
+            _ = eventually(2) { thread.count == i + 2 }
         }
-        #expect(got, "the host's datagrams follow the latched address")
+        #expect(thread.count == 81, "every move was read while the loop was blocked")
+        let lost = pair.host.core.datagrams.latchesLost.load(ordering: .acquiring)
+        #expect(lost, "the queue overflowed")
+        gate.signal()
+        #expect(try MovingGuest.hostAnswers(pair, at: sockets[sockets.count - 1]),
+                "the host's datagrams follow the newest latched address")
+        let stillLost = pair.host.core.datagrams.latchesLost.load(ordering: .acquiring)
+        #expect(!stillLost, "the loop took the lost latches into account")
     }
 
     @Test("The reader's deliver may ask the session something while the loop replaces the route table: no deadlock")

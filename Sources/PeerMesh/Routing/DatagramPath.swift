@@ -45,6 +45,8 @@ final class DatagramPath: Sendable {
     let counters: AtomicRecord<SessionStatistics>
     /// Addresses that authentic datagrams moved a route to, from a reader off the loop (the loop drains them).
     let latches = SPSCQueue<(LinkID, SocketAddress)>(capacity: 64)
+    /// Set when a latch did not fit in `latches`: the loop must compare every route with its receiver's.
+    let latchesLost = Atomic<Bool>(false)
     /// Whether a thread holds the turn to read.
     private let reading = Atomic<Bool>(false)
 
@@ -59,19 +61,27 @@ final class DatagramPath: Sendable {
     func read(into buffer: UnsafeMutableRawBufferPointer, maximum: Int,
               deliver: (UnsafeRawBufferPointer, PeerID) -> Void,
               latched: (LinkID, SocketAddress) -> Void) -> Int? {
+        withReadingTurn {
+            routes.withCurrent { table -> Int in
+                guard let table else { return 0 }
+                var count = 0
+                while count < maximum, let (length, source) = udp.receive(into: buffer) {
+                    count += 1
+                    guard let source else { counters.add(to: \.malformedDatagrams); continue }
+                    handle(UnsafeMutableRawBufferPointer(rebasing: buffer[..<length]), from: source, table: table,
+                           deliver: deliver, latched: latched)
+                }
+                return count
+            }
+        }
+    }
+
+    /// Runs `body` holding the reading turn — no thread judges datagrams meanwhile, so the receivers' routes may be
+    /// read — or returns nil at once when another thread holds it.
+    func withReadingTurn<T>(_ body: () -> T) -> T? {
         guard reading.compareExchange(expected: false, desired: true, ordering: .acquiring).exchanged else { return nil }
         defer { reading.store(false, ordering: .releasing) }
-        return routes.withCurrent { table -> Int in
-            guard let table else { return 0 }
-            var count = 0
-            while count < maximum, let (length, source) = udp.receive(into: buffer) {
-                count += 1
-                guard let source else { counters.add(to: \.malformedDatagrams); continue }
-                handle(UnsafeMutableRawBufferPointer(rebasing: buffer[..<length]), from: source, table: table,
-                       deliver: deliver, latched: latched)
-            }
-            return count
-        }
+        return body()
     }
 
     /// Routes one datagram and acts on the verdict.
@@ -168,9 +178,11 @@ public final class DatagramReader: @unchecked Sendable {  // `buffer` is used on
     /// thread never waits for a reader (it publishes new route tables without waiting for this one to leave the old).
     @discardableResult
     public func read(maximum: Int = 64, _ deliver: (UnsafeRawBufferPointer, PeerID) -> Void) -> Int {
-        let latches = path.latches, waker = latchWaker
+        let path = path, waker = latchWaker
         return path.read(into: buffer, maximum: maximum, deliver: deliver, latched: { link, address in
-            if latches.push((link, address)) { waker.wake() }
+            // A full queue loses nothing: the loop then reads every route's address itself.
+            if !path.latches.push((link, address)) { path.latchesLost.store(true, ordering: .releasing) }
+            waker.wake()
         }) ?? 0
     }
 }

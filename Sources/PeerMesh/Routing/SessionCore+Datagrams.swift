@@ -199,6 +199,23 @@ extension SessionCore {
         return true
     }
 
+    /// Some latches did not fit in the reader's queue: takes each route's address from its receiver, under the reading
+    /// turn. When a reader holds the turn, tries again a millisecond later. Returns whether a route moved now.
+    func followLostLatches() -> Bool {
+        let current = datagrams.withReadingTurn { io.value.routes.mapValues { $0.receiver.route.remote } }
+        guard let current else {
+            datagrams.latchesLost.store(true, ordering: .releasing)
+            _ = loop.schedule(at: MonotonicClock.nowNanos() &+ 1_000_000) { [weak self] in
+                guard let self, datagrams.latchesLost.exchange(false, ordering: .acquiring) else { return }
+                if followLostLatches() { publishSendTable() }
+            }
+            return false
+        }
+        var moved = false
+        for (link, address) in current { moved = latch(link, to: address) || moved }
+        return moved
+    }
+
     // MARK: Loop: datagrams
 
     func sendPing(to address: SocketAddress, token: UInt64, counters lc: LinkCounters, key: SecretKey?, now: Nanos) {

@@ -144,6 +144,7 @@ final class SessionCore: Sendable {
                     latchWaker.drain()
                     var moved = false
                     while let (link, address) = datagrams.latches.pop() { moved = latch(link, to: address) || moved }
+                    if datagrams.latchesLost.exchange(false, ordering: .acquiring) { moved = followLostLatches() || moved }
                     if moved { publishSendTable() }
                 }
             } else {
