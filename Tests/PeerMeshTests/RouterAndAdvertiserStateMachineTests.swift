@@ -68,6 +68,23 @@ struct DatagramRouterTests {
         #expect(inviter.route(for: 1)?.remote == bobAddress)
     }
 
+    @Test func onlyTheNewestDatagramLatches() {
+        // Someone on the path holds back datagram 2 and lets it go, from another port, after 3 arrived: it is the
+        // peer's, so it is delivered, but it must not move where the answers go.
+        var r = router(latches: true)
+        let held = bobAddress.with(port: 41_000)
+        #expect(r.received(header(77, 1), from: bobAddress, now: 1, open: open).1.latched == false)
+        #expect(r.received(header(77, 3), from: bobAddress, now: 2, open: open).1.latched == false)
+        let (v, e) = r.received(header(77, 2), from: held, now: 3, open: open)
+        #expect(v == .deliver(bob))
+        #expect(!e.latched)
+        #expect(r.route(for: 1)?.remote == bobAddress)
+        // The peer's own next datagram from a new port (a NAT rebinding) latches as before.
+        let rebound = bobAddress.with(port: 42_000)
+        #expect(r.received(header(77, 4), from: rebound, now: 4, open: open).1.latched)
+        #expect(r.route(for: 1)?.remote == rebound)
+    }
+
     @Test func proofOfLifeAtMostOncePerMillisecond() {
         var r = router()
         #expect(r.received(header(77, 1), from: bobAddress, now: 2_000_000, open: open).1.proofOfLife == 1)

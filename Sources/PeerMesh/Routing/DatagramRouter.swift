@@ -32,8 +32,8 @@ enum DatagramDrop: Error, Equatable, Sendable {
 /// 1. **Token and source.** The token must name a route, and the source host must be the link's peer host.
 /// 2. **Authenticity.** The caller's `authenticate` check (the link's AEAD, when the link has keys) must pass.
 /// 3. **Replay.** The sequence number must be new to the route's replay window.
-/// 4. **Latching.** The invitee follows the source port of authentic datagrams (NATs, relays such as
-///    `mesh-impair`); the inviter never latches (see docs/PROTOCOL.md).
+/// 4. **Latching.** The invitee follows the source port of authentic datagrams newer than any before (NATs,
+///    relays such as `mesh-impair`); the inviter never latches (see docs/PROTOCOL.md).
 /// 5. **Liveness and RTT.** An accepted datagram is proof of life (reported at most once a millisecond per
 ///    route); a pong is an RTT sample.
 ///
@@ -154,9 +154,12 @@ extension DatagramRouter.Route {
         case .success(let b): body = b
         case .failure(let why): return (.drop(why), DatagramRouter.Effects())
         }
+        let newest = header.sequence > replay.highest
         guard replay.accept(header.sequence) else { return (.drop(.duplicate), DatagramRouter.Effects()) }
         var effects = DatagramRouter.Effects()
-        effects.latched = latch(to: source)
+        // Only the newest datagram moves the send address: an older one, held back and let go later from another
+        // port by someone on the path, is still delivered but cannot steer the answers away from the peer.
+        if newest { effects.latched = latch(to: source) }
         if now &- lastProof > DatagramRouter.proofInterval || now < lastProof {
             lastProof = now
             effects.proofOfLife = link

@@ -2,7 +2,8 @@
 /// (RFC 4303's anti-replay window). Pure.
 struct ReplayWindow: Sendable {
     static let width: UInt64 = 1024
-    private var highest: UInt64 = 0
+    /// The highest sequence number accepted so far (0: none).
+    private(set) var highest: UInt64 = 0
     private var bits = [UInt64](repeating: 0, count: Int(width / 64))
 
     /// Returns `true` the first time `sequence` is seen and it is inside or ahead of the window; `false` for a
