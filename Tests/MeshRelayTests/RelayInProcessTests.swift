@@ -148,6 +148,55 @@ struct RelayInProcessTests {
         #expect(player.statistics.playout.received > before + 200, "the paired player's stream went on")
     }
 
+    @Test("A paired player that pushes a file and a byte stream at the host is refused both, and nothing reaches the host's disk")
+    func pairedPeerCannotPushFilesOrStreams() throws {
+        final class Pusher: SessionDelegate, Sendable {
+            let connected = Atomic<Bool>(false)
+            func session(_ session: Session, peer: PeerID, didChange state: SessionState) {
+                if state == .connected { connected.store(true, ordering: .releasing) }
+            }
+        }
+        let host = try makeHost(name: "no-push-host")
+        defer { host.stop() }
+        let endpoint = PeerEndpoint(host: "127.0.0.1", port: host.port)
+        let listener = try makePlayer(0, endpoint: endpoint, out: Rig.tempPath("no-push.wav"))
+        defer { listener.stop() }
+        #expect(eventually(10) { listener.statistics.playout.received > 50 })
+        // Player 1 is paired, so it gets in; then it uses the whole PeerMesh API, not just the relay's.
+        let pusher = try Session(securityIdentity: try paired.playerIdentity(1))
+        let delegate = Pusher()
+        pusher.delegate = delegate
+        try pusher.connect(to: endpoint, timeout: .seconds(3))
+        #expect(eventually(5) { delegate.connected.load(ordering: .acquiring) })
+        let hostPeer = try #require(pusher.connectedPeers.first)
+        let resourcesBefore = Self.resourceDirectories()
+        let scratch = Rig.tempPath("push-\(UUID().uuidString.prefix(6)).bin")
+        try Data(repeating: 0x5a, count: 200_000).write(to: URL(fileURLWithPath: scratch))
+        defer { try? FileManager.default.removeItem(atPath: scratch) }
+        let outcome = Mutex<PeerMeshError??>(nil)  // .some(nil): delivered
+        try pusher.sendResource(at: URL(fileURLWithPath: scratch), withName: "payload.bin", toPeer: hostPeer) { error in
+            outcome.withLock { $0 = .some(error) }
+        }
+        #expect(eventually(5) { outcome.withLock { $0 != nil } }, "the host answered the transfer")
+        let error = outcome.withLock { $0 ?? nil }
+        #expect(error != nil, "the host refused the file")
+        #expect("\(error.map { "\($0)" } ?? "")".contains("refused"), "\(String(describing: error))")
+        let stream = try pusher.startStream(withName: "pushed", toPeer: hostPeer)
+        try? stream.write(Data(repeating: 1, count: 4_096), timeout: .seconds(1))
+        #expect(eventually(5) { stream.isClosed }, "the host closed the stream")
+        #expect(Self.resourceDirectories() == resourcesBefore, "no directory was made for the file: nothing was written")
+        let before = listener.statistics.playout.received
+        Thread.sleep(forTimeInterval: 0.5)
+        #expect(listener.statistics.playout.received > before + 100, "the paired listener's stream went on")
+        pusher.disconnect()
+    }
+
+    /// The directories sessions make for incoming resources (`peermesh-resource-…` in the system's temporary one).
+    static func resourceDirectories() -> Set<String> {
+        let all = (try? FileManager.default.contentsOfDirectory(atPath: TemporaryDirectory.system)) ?? []
+        return Set(all.filter { $0.hasPrefix("peermesh-resource-") })
+    }
+
     /// Pearson's χ² of the byte histogram of `bytes` against a uniform one (255 degrees of freedom: about 255 ± 23
     /// for random bytes).
     static func chiSquare(_ bytes: [UInt8]) -> Double {
