@@ -229,28 +229,37 @@ struct DatagramReaderTests {
         // `deliver`; there the app drops one guest (the loop removes its route and publishes a new table), then asks
         // the session about the other, which the loop answers. A loop that waited for the reader to leave the old
         // table before going on would never answer: each would wait for the other for ever.
-        let pair = try Pair(hostConfig: readerConfiguration())
-        let second = try pair.join(as: "second")
-        #expect(second.log.wait(5) { s in s.states.contains { $0.0 == pair.hostPeer && $0.1 == .connected } })
+        // The reader reads from the start, as an app's would: a link whose datagrams nobody reads times out.
+        let pair = try Pair(hostConfig: readerConfiguration(peerTimeout: .seconds(10)))
         let reader = try #require(pair.host.datagramReader)
-        let host = pair.host, guestPeer = pair.guestPeer, secondPeer = second.peer
+        let host = pair.host, guestPeer = pair.guestPeer
+        let secondPeer = Mutex<PeerID?>(nil)
         let answered = Atomic<Int>(0)  // 0: not yet; 1: false; 2: true
-        let delivered = Atomic<Bool>(false)
+        let delivered = Atomic<Bool>(false), stop = Atomic<Bool>(false), stopped = WakeSignal()
         Thread {
             let polls = PollSet(capacity: 1)
-            let until = MonotonicClock.nowNanos() + 10_000_000_000
-            while !delivered.load(ordering: .acquiring), MonotonicClock.nowNanos() < until {
+            while !stop.load(ordering: .acquiring) {
                 polls.removeAll()
                 polls.appendReadable(reader.descriptor)
                 _ = polls.wait(untilNanos: MonotonicClock.nowNanos() + 20_000_000)
-                reader.read(maximum: 1) { _, _ in
-                    delivered.store(true, ordering: .releasing)
-                    host.disconnect(secondPeer)
+                reader.read(maximum: 1) { bytes, _ in
+                    guard Data(bytes) == Data("hello".utf8), !delivered.exchange(true, ordering: .acquiringAndReleasing),
+                          let second = secondPeer.withLock({ $0 }) else { return }
+                    host.disconnect(second)
                     usleep(200_000)  // the loop has dropped the second guest and published the table without it
                     answered.store(host.isEncrypted(guestPeer) ? 2 : 1, ordering: .releasing)
                 }
             }
+            stopped.signal()
         }.start()
+        defer {
+            stop.store(true, ordering: .releasing)
+            stopped.wait()
+        }
+        let second = try pair.join(as: "second")
+        #expect(second.log.wait(5) { s in s.states.contains { $0.0 == pair.hostPeer && $0.1 == .connected } })
+        #expect(eventually(5) { host.connectedPeers.count == 2 })
+        secondPeer.withLock { $0 = second.peer }
         try pair.guest.send(Data("hello".utf8), toPeers: [pair.hostPeer], with: .unreliable)
         guard eventually(10, { answered.load(ordering: .acquiring) != 0 }) else {
             // The process's one event loop is stuck for good, and every later test would hang on it: end the run.
