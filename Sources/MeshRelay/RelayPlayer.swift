@@ -170,6 +170,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     /// The thread that reads datagrams for a sink that does not (started the first time one is used).
     private let pump = Mutex<DatagramPump?>(nil)
     private let control = DispatchQueue(label: "peermesh.relay-player.control")
+    /// Marks `control`, so that `onControl` knows when it already runs there.
+    private let onControlKey = DispatchSpecificKey<Bool>()
     private let seen = Mutex<[PeerID: SeenHost]>([:])
     private let accounting = Mutex(Accounting())
     private let ticking = Atomic<Bool>(false)
@@ -224,7 +226,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     ///   - log: one human-readable line per event.
     ///   - onGiveUp: called once, with the reason, when joining cannot succeed (direct connects exhausted, not
     ///     paired, declined, a name that does not resolve) or playing cannot go on (the output device failed or
-    ///     stopped taking audio, the output file could not be written); the reason is not also logged.
+    ///     stopped taking audio, the output file could not be written); the reason is not also logged. It, `log`
+    ///     and `makeSink` run on the player's control queue; they may call `stop()`.
     public init(configuration: Configuration, makeSink: @escaping SinkFactory,
                 log: @escaping @Sendable (String) -> Void = { _ in },
                 onGiveUp: @escaping @Sendable (String) -> Void = { _ in }) throws {
@@ -255,18 +258,26 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 session.sendDatagram(bytes, toConnected: peers) == 0
             })
         }
+        control.setSpecific(key: onControlKey, value: true)
         session.delegate = self
         browser?.delegate = self
+    }
+
+    /// Runs `body` on the control queue and waits for it — or at once when called there already: `log`, `onGiveUp`
+    /// and `makeSink` run on it, and an app may well stop (or restart) the player from them.
+    private func onControl<T>(_ body: () throws -> T) rethrows -> T {
+        if DispatchQueue.getSpecific(key: onControlKey) == true { return try body() }
+        return try control.sync(execute: body)
     }
 
     /// Builds the playback chain, starts the sink (it plays silence until audio arrives) and starts joining.
     public func start() throws {
         started.store(monotonicNow(), ordering: .releasing)
-        try control.sync { try buildPipeline(configuration.initialFormat) }
+        try onControl { try buildPipeline(configuration.initialFormat) }
         try browser?.startBrowsingForPeers()
         ticking.store(true, ordering: .releasing)
         // Join actions all run on the control queue, one at a time.
-        control.sync { perform(join.withLock { $0.start(now: monotonicNow()) }) }
+        onControl { perform(join.withLock { $0.start(now: monotonicNow()) }) }
         scheduleTick()
         try talkCapture?.start()
     }
@@ -279,7 +290,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         join.withLock { $0.stop() }
         browser?.stopBrowsingForPeers()
         session.disconnect()
-        control.sync { playout.replace(with: nil) }?.stop()
+        onControl { playout.replace(with: nil) }?.stop()
         pump.withLock { $0 }?.stop()
     }
 

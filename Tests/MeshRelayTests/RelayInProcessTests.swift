@@ -191,6 +191,28 @@ struct RelayInProcessTests {
         pusher.disconnect()
     }
 
+    @Test("An app may stop the player from its give-up callback (which runs on the player's control queue)")
+    func stopFromGiveUp() throws {
+        var config = RelayPlayer.Configuration(target: .direct(PeerEndpoint(host: "127.0.0.1", port: 1)),
+                                               identity: try paired.playerIdentity(0), hosts: .paired(paired.playerTrust(0)),
+                                               discovery: InProcessDiscovery())
+        config.maximumConnectAttempts = 1
+        let box = Mutex<RelayPlayer?>(nil)
+        let stopped = Mutex<String?>(nil)
+        let player = try RelayPlayer(configuration: config, makeSink: { format, _ in
+            try WAVFileSink(path: Rig.tempPath("give-up-\(UUID().uuidString.prefix(6)).wav"), format: format, periodFrames: 128)
+        }, onGiveUp: { why in
+            box.withLock { $0 }?.stop()  // on the control queue: used to be a dispatch_sync onto itself
+            stopped.withLock { $0 = why }
+        })
+        box.withLock { $0 = player }
+        try player.start()
+        #expect(eventually(10) { stopped.withLock { $0 } != nil }, "gave up, and stop() returned inside the callback")
+        #expect(stopped.withLock { $0 }?.contains("127.0.0.1:1") == true, "\(stopped.withLock { $0 } ?? "")")
+        player.stop()  // and again from the app's own thread: a second stop is harmless
+        box.withLock { $0 = nil }
+    }
+
     /// The directories sessions make for incoming resources (`peermesh-resource-…` in the system's temporary one).
     static func resourceDirectories() -> Set<String> {
         let all = (try? FileManager.default.contentsOfDirectory(atPath: TemporaryDirectory.system)) ?? []
