@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 import MeshTestSupport
 import PeerMesh
@@ -62,7 +63,14 @@ struct AvahiDiscoveryTests {
                                                                   "_v=2", "_d=Remote", "_k=\(good.publicKey!.hex)", "k=v", "__u=w"])
         defer { badChild.stop(); goodChild.stop() }
 
-        let backend = try AvahiDiscovery()
+        // The skip is logged once, and the log handler may call back into discovery: here it ends another browse.
+        let lines = Mutex<[String]>([])
+        let other = Mutex<(any DiscoveryRegistration)?>(nil)
+        let backend = try AvahiDiscovery(log: { line in
+            lines.withLock { $0.append(line) }
+            other.withLock { r in defer { r = nil }; return r }?.cancel()
+        })
+        other.withLock { $0 = try? backend.browse(serviceType: AvahiRig.uniqueServiceType(), localPeer: peer("Me"), onEvent: { _ in }) }
         let log = AvahiEventLog<BrowseEvent>()
         let reg = try backend.browse(serviceType: type, localPeer: peer("Me"), onEvent: log.handler)
         let hit = await log.wait { $0.avahiFound?.peer == good }
@@ -75,6 +83,10 @@ struct AvahiDiscoveryTests {
         #expect(!log.all.contains { $0.avahiFound?.peer.identity == bad })
         #expect(!log.all.contains { if case .failed = $0 { true } else { false } })
         #expect(badChild.isRunning && goodChild.isRunning)
+        #expect(eventually(3) { lines.withLock { $0.contains { $0.contains("skipping DNS-SD service \"\(badName)\"") } } },
+                "\(lines.withLock { $0 })")
+        #expect(lines.withLock { $0.filter { $0.contains(badName) }.count } == 1, "logged once")
+        #expect(other.withLock { $0 == nil }, "the log handler's call into discovery returned")
         reg.cancel()
     }
 

@@ -95,7 +95,10 @@ final class AvahiCore: @unchecked Sendable {
     private var browses: [Int: Browse] = [:]
 
     init(reconfirmWindow: Duration, waitForDaemon: Bool, log: @escaping @Sendable (String) -> Void) throws(PeerMeshError) {
-        self.log = log
+        // The lines arise inside avahi's callbacks, with its poll lock held: the app's handler runs on a queue of its
+        // own, in order, so that it may call back into discovery (stop a browse, update a publication) or wait.
+        let lines = DispatchQueue(label: "peermesh.avahi.log")
+        self.log = { line in lines.async { log(line) } }
         let (s, atto) = reconfirmWindow.components
         reconfirmSeconds = max(0, Double(s) + Double(atto) / 1e18)
         guard let p = avahi_threaded_poll_new() else { throw .discovery("avahi: cannot create a poll loop (out of memory)") }

@@ -27,7 +27,8 @@ public final class AvahiDiscovery: DiscoveryBackend {
     /// - Parameter reconfirmWindow: after the daemon comes back from a restart, how long a previously found peer
     ///   may take to be seen again before it is reported lost.
     /// - Parameter log: receives the backend's diagnostics (a skipped malformed record, a resolver that could not
-    ///   start); by default they are dropped. Libraries never write to stderr themselves.
+    ///   start), in order, on a queue of its own (it may call back into discovery); by default they are dropped.
+    ///   Libraries never write to stderr themselves.
     /// - Throws: `PeerMeshError.discovery(AvahiDiscovery.daemonMissingMessage)` when the daemon is not reachable.
     /// - Parameter waitForDaemon: when avahi-daemon is not running, wait for it (publications go out and browses
     ///   start as soon as it appears; publications report `.waitingForDaemon` meanwhile) instead of throwing.
