@@ -82,8 +82,13 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
         browser?.delegate = self
     }
 
-    /// Pairs, waiting until it is done or `configuration.timeout` passes.
+    /// Pairs, waiting until it is done or `configuration.timeout` passes. Not on a session's I/O thread (from a
+    /// delegate call, say): the answer arrives on that thread, so the wait would hold every session up until the
+    /// timeout and then fail; that call fails at once instead.
     public func run() -> Outcome {
+        if (try? EventLoop.shared())?.inLoop == true {
+            return .failed("PairingClient.run() was called on the session I/O thread, which it waits on: call it from another thread")
+        }
         do {
             try browser?.startBrowsingForPeers()
             if case .direct(let endpoint) = configuration.target {

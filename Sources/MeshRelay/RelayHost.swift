@@ -681,6 +681,7 @@ public enum JoinDecision: Sendable, Equatable {
 /// Asks someone whether a player may join (`RelayHost.AcceptPolicy.ask`).
 public protocol PlayerApproval: Sendable {
     /// Asks about `request`; call `decide` exactly once, from any thread. If the request is withdrawn first,
-    /// take the question down (`request.onWithdrawn`); a late answer changes nothing.
+    /// take the question down (`request.onWithdrawn`); a late answer changes nothing. The take-down runs on the host's
+    /// I/O thread, possibly while `RelayHost.stop()` waits for it: it must not wait for the thread that stops the host.
     func ask(_ request: JoinRequest, decide: @escaping @Sendable (JoinDecision) -> Void)
 }

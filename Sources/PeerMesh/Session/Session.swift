@@ -11,7 +11,8 @@ public enum SendMode: Sendable, Equatable {
 }
 
 /// Receives a session's events. Every method is called on the session's I/O thread, in order, never on the
-/// thread that caused the event. Keep the methods short: a slow delegate delays the session's I/O.
+/// thread that caused the event. Keep the methods short: a slow delegate delays the session's I/O. Never wait there
+/// for a thread that may be stopping or releasing a session: that waits for the I/O thread, and both would hang.
 public protocol SessionDelegate: AnyObject, Sendable {
     /// `peer` changed state. Each change is reported exactly once, in order.
     func session(_ session: Session, peer: PeerID, didChange state: SessionState)
@@ -319,7 +320,8 @@ public final class Session: Sendable {
     /// - Parameters:
     ///   - name: what the peer's app sees, and its file name there: one path component of 1–255 bytes.
     ///   - completion: called once on the session's I/O thread: nil when the peer has the verified file, else why
-    ///     not (`.cancelled`, `.resource`, `.notConnected`).
+    ///     not (`.cancelled`, `.resource`, `.notConnected`) — also while the session shuts down, so it must not wait
+    ///     for the thread that releases the session.
     /// - Returns: the transfer's progress, which also cancels it.
     /// - Throws: `invalidParameter` for a bad name or a URL that is not a file URL, `notConnected`, or `resource`
     ///   when the file cannot be opened; then nothing was sent.
