@@ -642,8 +642,8 @@ public final class JoinRequest: Sendable {
     /// Six digits the player can show too.
     public let shortAuthenticationString: String
     private let invitation: Invitation
-    private let withdrawn = Mutex<[@Sendable () -> Void]>([])
-    private let isWithdrawn = Atomic<Bool>(false)
+    /// Whether the request went away unanswered, and (until then) who wants to hear of it.
+    private let withdrawal = Mutex<(done: Bool, waiting: [@Sendable () -> Void])>((false, []))
 
     init(peer: PeerID, address: String, fingerprint: String, shortAuthenticationString: String, invitation: Invitation) {
         self.peer = peer
@@ -653,18 +653,28 @@ public final class JoinRequest: Sendable {
         self.invitation = invitation
     }
 
-    /// Runs `body` if the request goes away unanswered (the player gave up, or it timed out).
+    /// Runs `body` once if the request goes away unanswered (the player gave up, or it timed out) — at once if it
+    /// already has.
     public func onWithdrawn(_ body: @escaping @Sendable () -> Void) {
-        if isWithdrawn.load(ordering: .acquiring) { return body() }
-        withdrawn.withLock { $0.append(body) }
+        // Checked and registered under one lock: a withdrawal between the two would otherwise never reach `body`.
+        let now = withdrawal.withLock { w -> Bool in
+            if !w.done { w.waiting.append(body) }
+            return w.done
+        }
+        if now { body() }
     }
 
     /// Whether the request still waits for an answer.
     public var isOpen: Bool { invitation.isOpen }
 
     func withdraw() {
-        isWithdrawn.store(true, ordering: .releasing)
-        for b in withdrawn.withLock({ l -> [@Sendable () -> Void] in defer { l = [] }; return l }) { b() }
+        let waiting = withdrawal.withLock { w -> [@Sendable () -> Void] in
+            guard !w.done else { return [] }
+            w.done = true
+            defer { w.waiting = [] }
+            return w.waiting
+        }
+        for body in waiting { body() }
     }
 }
 
