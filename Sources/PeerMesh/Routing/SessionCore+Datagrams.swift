@@ -43,6 +43,15 @@ struct SendRoute: Sendable {
 /// Sequence numbers never wrap: past this a link refuses to send (reconnect to get fresh keys).
 let maximumDatagramSequence: UInt64 = 1 << 62
 
+/// Runs `body` with room for one whole datagram — header, the largest payload, tag: 1,220 bytes — on the stack.
+/// (`withUnsafeTemporaryAllocation` takes the heap above 1,024 bytes on Linux: a malloc and a free per packet on the
+/// capture thread, for stereo or long periods.)
+@inline(__always)
+func withDatagramScratch<R>(_ body: (UnsafeMutableRawBufferPointer) -> R) -> R {
+    var scratch = InlineArray<1220, UInt8>(repeating: 0)
+    return withUnsafeMutableBytes(of: &scratch, body)
+}
+
 /// What the loop keeps of a connected link's datagram route, for sending and pinging (the reading thread judges
 /// arrivals with its own copy, in the `LinkReceiver`).
 struct LoopRoute {
@@ -97,10 +106,10 @@ extension SessionCore {
     func sendDatagram(_ payload: UnsafeRawBufferPointer, to peers: [PeerID], table: SendTable,
                               noteMissing: (PeerID) -> Void) -> Int {
         var missing = 0
-        // No heap allocation: each datagram is assembled (and sealed, on an encrypted link) in stack space.
-        let size = DatagramHeader.size + payload.count + Sodium.tagSize
         var sent: UInt64 = 0, failed: UInt64 = 0
-        withUnsafeTemporaryAllocation(byteCount: size, alignment: 16) { buf in
+        // No heap allocation: each datagram is assembled (and sealed, on an encrypted link) in stack space.
+        precondition(payload.count <= Session.maximumDatagramSize, "datagram payload over maximumDatagramSize")
+        withDatagramScratch { buf in
             for p in peers {
                 guard let r = table.routes[p] else {
                     if let link = table.relayed[p] {
