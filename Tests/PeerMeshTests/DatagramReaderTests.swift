@@ -265,7 +265,8 @@ struct DatagramReaderTests {
             // The process's one event loop is stuck for good, and every later test would hang on it: end the run.
             fatalError("deadlock: the event loop waits for the reader's route table, the reader for the loop")
         }
-        #expect(answered.load(ordering: .acquiring) == 2, "the first guest's link is encrypted")
+        let history = "host saw \(pair.hostLog.snapshot.states.map { "\($0.0.displayName) \($0.1)" }); guest saw \(pair.guestLog.snapshot.states.map { "\($0.0.displayName) \($0.1)" }) \(pair.guestLog.snapshot.failures.map(\.2)); host stats \(host.statistics)"
+        #expect(answered.load(ordering: .acquiring) == 2, "the first guest's link is encrypted: \(history)")
         #expect(host.statistics.datagramsReceived == 1)
         #expect(host.connectedPeers == [guestPeer])
         // The table the reader held is released on the loop once the reader has left it; the current one routes
