@@ -39,6 +39,15 @@ struct RelayInProcessTests {
         return player
     }
 
+    /// A host named `name` with paired player 0 listening to it (playing to a WAV file), and where to reach the host.
+    func makeListenedHost(name: String) throws -> (RelayHost, RelayPlayer, PeerEndpoint) {
+        let host = try makeHost(name: name)
+        let endpoint = PeerEndpoint(host: "127.0.0.1", port: host.port)
+        let player = try makePlayer(0, endpoint: endpoint, out: Rig.tempPath("\(name).wav"))
+        #expect(eventually(10) { player.statistics.playout.received > 50 }, "player 0 is listening")
+        return (host, player, endpoint)
+    }
+
     @Test("Fan-out: one host serves eight players at once, each gets the tone with nothing lost")
     func fanOutEight() throws {
         let host = try makeHost(name: "fan-host")
@@ -121,12 +130,8 @@ struct RelayInProcessTests {
                 failures.withLock { $0.append((reason, detail)) }
             }
         }
-        let host = try makeHost(name: "private-host")
-        defer { host.stop() }
-        let endpoint = PeerEndpoint(host: "127.0.0.1", port: host.port)
-        let player = try makePlayer(0, endpoint: endpoint, out: Rig.tempPath("private.wav"))
-        defer { player.stop() }
-        #expect(eventually(10) { player.statistics.playout.received > 50 })
+        let (host, player, endpoint) = try makeListenedHost(name: "private-host")
+        defer { player.stop(); host.stop() }
         // 1. A complete handshake with a key the host never paired: declined, "not paired".
         let stranger = try Session(securityIdentity: try PeerIdentity.generate(displayName: "stranger"))
         let watcher = Watcher()
@@ -156,12 +161,8 @@ struct RelayInProcessTests {
                 if state == .connected { connected.store(true, ordering: .releasing) }
             }
         }
-        let host = try makeHost(name: "no-push-host")
-        defer { host.stop() }
-        let endpoint = PeerEndpoint(host: "127.0.0.1", port: host.port)
-        let listener = try makePlayer(0, endpoint: endpoint, out: Rig.tempPath("no-push.wav"))
-        defer { listener.stop() }
-        #expect(eventually(10) { listener.statistics.playout.received > 50 })
+        let (host, listener, endpoint) = try makeListenedHost(name: "no-push-host")
+        defer { listener.stop(); host.stop() }
         // Player 1 is paired, so it gets in; then it uses the whole PeerMesh API, not just the relay's.
         let pusher = try Session(securityIdentity: try paired.playerIdentity(1))
         let delegate = Pusher()

@@ -169,6 +169,16 @@ struct DatagramReaderTests {
             return moved
         }
 
+        /// A pair whose host (the invitee) reads through a reader on its own thread, with the guest's first datagram
+        /// read, from the guest's own port. The caller stops the thread.
+        fileprivate static func readingHost() throws -> (Pair, ReaderThread) {
+            let pair = try Pair(hostConfig: readerConfiguration())
+            let thread = ReaderThread(try #require(pair.host.datagramReader))
+            try pair.guest.send(Data("first".utf8), toPeers: [pair.hostPeer], with: .unreliable)
+            #expect(eventually(3) { thread.count == 1 })
+            return (pair, thread)
+        }
+
         /// Whether the host's datagrams reach `socket` (the host sends until one does, for a second at most).
         static func hostAnswers(_ pair: Pair, at socket: FileDescriptor) throws -> Bool {
             var buffer = [UInt8](repeating: 0, count: 2048)
@@ -185,11 +195,8 @@ struct DatagramReaderTests {
     func latchingThroughTheReader() throws {
         // The host (the invitee) reads through a reader; the guest's datagrams start coming from another port (a NAT
         // rebinding). The first authentic one moves where the host answers, and the loop's send table follows.
-        let pair = try Pair(hostConfig: readerConfiguration())
-        let thread = ReaderThread(try #require(pair.host.datagramReader))
+        let (pair, thread) = try MovingGuest.readingHost()
         defer { thread.stop() }
-        try pair.guest.send(Data("first".utf8), toPeers: [pair.hostPeer], with: .unreliable)
-        #expect(eventually(3) { thread.count == 1 })
         let payload: [UInt8] = Array("from the new port".utf8)
         let moved = try MovingGuest(pair).send(payload)
         #expect(eventually(3) { thread.received.withLock { $0.contains { $0.1 == Data(payload) } } })
@@ -200,11 +207,8 @@ struct DatagramReaderTests {
     func latchesBeyondTheQueueAreNotLost() throws {
         // As above, but the guest moves to a new port 80 times while the session's loop is busy (blocked here), more
         // than the reader's latch queue holds. Once the loop is free, the host must send to the last port.
-        let pair = try Pair(hostConfig: readerConfiguration())
-        let thread = ReaderThread(try #require(pair.host.datagramReader))
+        let (pair, thread) = try MovingGuest.readingHost()
         defer { thread.stop() }
-        try pair.guest.send(Data("first".utf8), toPeers: [pair.hostPeer], with: .unreliable)
-        #expect(eventually(3) { thread.count == 1 })
         let guest = try MovingGuest(pair)
         let gate = WakeSignal()
         pair.guest.core.loop.execute { gate.wait() }  // the host's loop too: one loop per process
