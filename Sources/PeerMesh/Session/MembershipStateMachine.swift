@@ -24,8 +24,15 @@ struct MembershipStateMachine: Sendable {
     private(set) var members: Set<PeerID> = []
     /// Peers whose link to us came from an introduction (ours or theirs): they introduce no one.
     private var introduced: Set<UInt64> = []
-    /// For each newcomer we introduce, the members we asked and have not heard from.
-    private var asked: [UInt64: Set<UInt64>] = [:]
+    /// For each newcomer we introduce, the members we asked and how many of our requests each has yet to answer.
+    /// Each member answers every request, in order, on its link; so a newcomer that leaves (and may come back) keeps
+    /// its entry until those answers come: an answer about a peer that has gone is late, not unasked for.
+    private var asked: [UInt64: [UInt64: Int]] = [:]
+    /// Newcomers that left while answers about them were owed, oldest first. Only the latest `maximumDeparted` keep
+    /// their entries, so a member that never answers cannot make the table grow with every newcomer that comes and
+    /// goes; an answer older than that is then judged unasked for.
+    private var departed: [UInt64] = []
+    static let maximumDeparted = 32
 
     init(me: PeerID, topology: Session.Topology, maximumPeers: Int) {
         self.me = me
@@ -41,8 +48,9 @@ struct MembershipStateMachine: Sendable {
         guard members.insert(peer).inserted, topology == .mesh, !introduced.contains(peer.identity),
               peer.publicKey != nil else { return [] }
         let others = members.filter { $0 != peer && $0.publicKey != nil }.sorted { $0.identity < $1.identity }
+        departed.removeAll { $0 == peer.identity }
         guard !others.isEmpty else { return [] }
-        asked[peer.identity] = Set(others.map(\.identity))
+        for other in others { asked[peer.identity, default: [:]][other.identity, default: 0] += 1 }
         return others.map { .send($0, .introRequest(peer: peer)) }
     }
 
@@ -50,10 +58,15 @@ struct MembershipStateMachine: Sendable {
     mutating func disconnected(_ peer: PeerID) -> [Action] {
         members.remove(peer)
         introduced.remove(peer.identity)
-        asked[peer.identity] = nil
+        // Requests to `peer` will not be answered; requests about it stay open, as its answers are still coming.
         for key in asked.keys {
-            asked[key]?.remove(peer.identity)
+            asked[key]?[peer.identity] = nil
             if asked[key]?.isEmpty == true { asked[key] = nil }
+        }
+        departed.removeAll { asked[$0] == nil }
+        if asked[peer.identity] != nil {
+            departed.append(peer.identity)
+            if departed.count > Self.maximumDeparted { asked[departed.removeFirst()] = nil }
         }
         return []
     }
@@ -70,10 +83,12 @@ struct MembershipStateMachine: Sendable {
             introduced.insert(newcomer.identity)
             return [.makeData(for: newcomer, replyTo: peer)]
         case .introData(let id, let data):
-            guard var waiting = asked[id], waiting.remove(peer.identity) != nil else {
+            guard var waiting = asked[id], let open = waiting[peer.identity] else {
                 return [.fault(peer, .unexpectedFrame("MESH_INTRO_DATA that was not asked for"))]
             }
+            waiting[peer.identity] = open > 1 ? open - 1 : nil
             asked[id] = waiting.isEmpty ? nil : waiting
+            if asked[id] == nil { departed.removeAll { $0 == id } }
             guard !data.isEmpty, let newcomer = members.first(where: { $0.identity == id }) else { return [] }
             return [.send(newcomer, .introduce(peer: peer, data: data))]
         case .introduce(let other, let data):

@@ -1,0 +1,94 @@
+import Foundation
+import Testing
+import MeshPOSIX
+import MeshTestSupport
+@testable import PeerMesh
+
+/// A member's honest MESH_INTRO_DATA that reaches the introducer after the newcomer it was about has left. It was
+/// judged "not asked for", and the introducer closed the innocent member's link (seen as a rare flake of the reader
+/// deadlock test: the first guest gone 0.45 s in, `peerFaults` 1).
+@Suite("Mesh introductions answered after the newcomer left")
+struct LateIntroductionTests {
+    let host: PeerID, guest: PeerID, second: PeerID
+    init() throws {
+        (host, guest, second) = (try PeerID(displayName: "host"), try PeerID(displayName: "guest"), try PeerID(displayName: "second"))
+    }
+
+    func isFault(_ actions: [MembershipStateMachine.Action]) -> Bool { actions.contains { if case .fault = $0 { true } else { false } } }
+
+    @Test("Pure: an answer about a newcomer that left meanwhile is dropped, not a fault; a second one is unasked for")
+    func anAnswerAboutANewcomerThatLeftIsNoFault() {
+        var m = MembershipStateMachine(me: host, topology: .mesh, maximumPeers: 8)
+        #expect(m.connected(guest).isEmpty)
+        #expect(m.connected(second) == [.send(guest, .introRequest(peer: second))])
+        #expect(m.disconnected(second).isEmpty, "the newcomer leaves before the guest answers")
+        #expect(m.received(.introData(forIdentity: second.identity, data: [1, 2, 3]), from: guest) == [])
+        #expect(m.received(.introData(forIdentity: second.identity, data: [1]), from: guest)
+                == [.fault(guest, .unexpectedFrame("MESH_INTRO_DATA that was not asked for"))])
+    }
+
+    @Test("Pure: a newcomer that leaves and comes back before the answers: one answer per request, both passed on")
+    func aNewcomerThatComesBackGetsBothAnswers() {
+        var m = MembershipStateMachine(me: host, topology: .mesh, maximumPeers: 8)
+        _ = m.connected(guest)
+        _ = m.connected(second)
+        _ = m.disconnected(second)
+        #expect(m.connected(second) == [.send(guest, .introRequest(peer: second))], "asked again")
+        #expect(m.received(.introData(forIdentity: second.identity, data: [1]), from: guest)
+                == [.send(second, .introduce(peer: guest, data: [1]))])
+        #expect(m.received(.introData(forIdentity: second.identity, data: [2]), from: guest)
+                == [.send(second, .introduce(peer: guest, data: [2]))])
+        #expect(isFault(m.received(.introData(forIdentity: second.identity, data: [3]), from: guest)), "a third was not asked for")
+    }
+
+    @Test("Pure: a member that never answers keeps the requests about the last 32 newcomers that left, no more")
+    func openRequestsAboutDepartedNewcomersAreBounded() throws {
+        var m = MembershipStateMachine(me: host, topology: .mesh, maximumPeers: 8)
+        _ = m.connected(guest)
+        let count = MembershipStateMachine.maximumDeparted + 8
+        let newcomers = try (0..<count).map { try PeerID(displayName: "newcomer \($0)") }
+        for n in newcomers {
+            #expect(m.connected(n) == [.send(guest, .introRequest(peer: n))])
+            _ = m.disconnected(n)
+        }
+        // The oldest eight were forgotten: their answers now count as unasked for. The latest 32 are still owed.
+        #expect(isFault(m.received(.introData(forIdentity: newcomers[0].identity, data: []), from: guest)))
+        for n in newcomers.suffix(MembershipStateMachine.maximumDeparted) {
+            #expect(m.received(.introData(forIdentity: n.identity, data: [7]), from: guest) == [], "\(n.displayName)")
+        }
+        // A member that leaves owes nothing: requests to it are dropped, and so are their newcomers' entries.
+        _ = m.connected(second)
+        _ = m.disconnected(second)
+        _ = m.disconnected(guest)
+        _ = m.connected(guest)
+        #expect(isFault(m.received(.introData(forIdentity: second.identity, data: []), from: guest)))
+    }
+
+    @Test("Sockets: the host reads the first guest's answer only after it dropped the second guest; the first stays")
+    func theHostReadsALateAnswerAndKeepsTheMember() throws {
+        let pair = try Pair(hostConfig: .init(peerTimeout: .seconds(10)), guestConfig: .init(peerTimeout: .seconds(10)))
+        let host = pair.host, core = host.core, guestPeer = pair.guestPeer
+        let link = try #require(core.shared.withLock { $0.machine.primaryLink(for: guestPeer) })
+        // A loop that gets to the first guest's link late: the host does not read it for now.
+        core.loop.submitAndWait { core.io.value.connections[link]?.pause() }
+        let second = try pair.join(as: "second")
+        #expect(second.log.wait(5) { s in s.states.contains { $0.0 == pair.hostPeer && $0.1 == .connected } })
+        #expect(eventually(5) { host.connectedPeers.count == 2 })
+        // The first guest has made its data for the second (its direct listener is up) and sent the answer.
+        #expect(eventually(5) { pair.guest.direct.withLock { $0 } != nil })
+        usleep(100_000)
+        host.disconnect(second.peer)
+        #expect(pair.hostLog.wait(5) { s in s.states.contains { $0.0 == second.peer && $0.1 == .notConnected } })
+        let faultsBefore = host.statistics.peerFaults
+        core.loop.submitAndWait {
+            core.io.value.connections[link]?.rehome(onFrame: { [unowned core] f in core.received(f, on: link) },
+                                                    onEnd: { [unowned core] why in core.ended(link, why) })
+        }
+        // The answer is read now; the link must outlive it.
+        usleep(300_000)
+        let history = "host saw \(pair.hostLog.snapshot.states.map { "\($0.0.displayName) \($0.1)" }); peerFaults \(faultsBefore) → \(host.statistics.peerFaults)"
+        #expect(host.isEncrypted(guestPeer), "the first guest's link is up: \(history)")
+        #expect(host.connectedPeers == [guestPeer])
+        #expect(host.statistics.peerFaults == faultsBefore, "no fault: \(history)")
+    }
+}
