@@ -34,7 +34,8 @@ let package = Package(
         // Header-only: MeshAudio loads libsndfile with dlopen when it opens the first sound file.
         .systemLibrary(name: "CSndfile", providers: [.apt(["libsndfile1-dev"])]),
         .systemLibrary(name: "CSpeexDSP", pkgConfig: "speexdsp", providers: [.apt(["libspeexdsp-dev"])]),
-        .systemLibrary(name: "COpus", pkgConfig: "opus", providers: [.apt(["libopus-dev"])]),
+        // Header-only: MeshPipeline loads libopus with dlopen when it makes the first Opus encoder or decoder.
+        .systemLibrary(name: "COpus", providers: [.apt(["libopus-dev"])]),
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
         // Header-only: PeerMesh loads libcrypto with dlopen when it first hashes a resource (the audio CLIs never do).
         .systemLibrary(name: "COpenSSL", providers: [.apt(["libssl-dev"])]),

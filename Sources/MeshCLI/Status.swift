@@ -160,6 +160,7 @@ package enum StatusReport {
         o.add("underruns", p.underruns)
         o.add("malformed", p.malformed)
         o.add("stalePackets", p.stalePackets)
+        o.add("undecodedPackets", p.undecodedPackets)
         o.add("sanitizedSamples", s.sanitizedSamples)
         o.add("stretchedFrames", p.stretchedFrames)
         o.add("skippedFrames", p.skippedFrames)

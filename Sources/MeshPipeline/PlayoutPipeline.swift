@@ -93,6 +93,9 @@ public final class PlayoutPipeline: Sendable {
     /// The other format the host switched to, taken (each report once); nil when there is none.
     public func takePendingFormat() -> AudioFormat? { ingress.takePendingFormat() }
 
+    /// Why the Opus packets that arrive cannot be decoded (libopus is missing…), or nil.
+    public var opusFailure: String? { ingress.opusFailure }
+
     /// A snapshot of the counters and levels (any thread).
     public var stats: PlayoutStats {
         let counters = ingress.counters

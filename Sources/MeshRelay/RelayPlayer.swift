@@ -495,6 +495,11 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         if let fault = configuration.talkSource?.fault, !talkInputEnded.exchange(true, ordering: .acquiringAndReleasing) {
             log("talk input ended: \(fault); push-to-talk is off")
         }
+        // The decoder is made when the first Opus packet arrives. A player that cannot make it (libopus is missing)
+        // plays nothing of this host: it ends, and says why.
+        if let why = playout.withCurrent({ $0?.opusFailure }) {
+            giveUp("the host sends Opus, which this player cannot decode: \(why)")
+        }
         // A host with another format: build a pipeline for it here, off the network thread — as often as the
         // limiter allows (a host that flaps formats would otherwise rebuild playback, and reopen its file, each time).
         if let f = playout.withCurrent({ $0?.takePendingFormat() }) {

@@ -86,10 +86,63 @@ struct OpusCodecTests {
         #expect(mean > 20 && mean < 40, "mean Opus payload \(mean) B")
     }
 
+    @Test("The decoder is made on the first Opus packet, off the producer's thread: that packet is counted undecoded, the stream then decodes")
+    func theDecoderIsMadeWhenTheFirstOpusPacketArrives() throws {
+        let packets = try Self.tonePackets(seconds: 0.5)
+        let ring = PacketRing(capacity: 256)
+        let ingress = PacketIngress(format: Self.wire48k, ring: ring)
+        #expect(!ingress.hasOpusDecoder, "nothing is made before an Opus packet arrives")
+        #expect(packets[0].withUnsafeBytes { ingress.receive($0, arrivalNanos: 0) } == .undecoded)
+        #expect(ingress.counters.undecodedPackets == 1)
+        // The I/O loop makes it; the producer only asked.
+        #expect(eventually(5) { ingress.hasOpusDecoder })
+        for (i, p) in packets.enumerated().dropFirst() {
+            #expect(p.withUnsafeBytes { ingress.receive($0, arrivalNanos: UInt64(i)) } == .queued(frames: 120))
+        }
+        let got = Self.drain(ring)
+        #expect(got.count == packets.count - 1 && got.allSatisfy { !$0.0.concealed })
+        #expect(got.first?.0.header.sequence == 1, "the stream starts at the first packet decoded")
+        var expected = PacketIngress.Counters()
+        expected.undecodedPackets = 1
+        #expect(ingress.counters == expected)
+        #expect(ingress.opusFailure == nil)
+    }
+
+    @Test("A PCM stream never makes an Opus decoder")
+    func aPCMStreamMakesNoDecoder() throws {
+        let ring = PacketRing(capacity: 64)
+        let ingress = PacketIngress(format: .default, ring: ring)
+        var packetizer = try Packetizer(format: .default)
+        let tone = (0..<128).map { Float(sin(Double($0) * 0.06)) * 0.5 }
+        for chunk in 0..<20 {
+            for p in packetizer.packets(tone, chunk: ChunkInfo(firstFrameIndex: UInt64(chunk * 128), frames: 128, timestampNanos: 0)) {
+                #expect(p.withUnsafeBytes { ingress.receive($0, arrivalNanos: 0) } == .queued(frames: 128))
+            }
+        }
+        usleep(50_000)
+        #expect(!ingress.hasOpusDecoder)
+        #expect(ingress.counters == PacketIngress.Counters())
+    }
+
+    @Test("A decoder libopus refuses is tried once: its Opus packets are counted undecoded and the reason is kept")
+    func aDecoderThatCannotBeMadeIsReported() throws {
+        let slot = try OpusDecoderSlot(channels: 3, outputRate: 48_000)  // libopus decodes one or two channels
+        #expect(slot.decoder() == nil)
+        #expect(eventually(5) { slot.failure != nil })
+        let failure = try #require(slot.failure)
+        #expect(failure.contains("opus: invalid argument"), "\(failure)")
+        #expect(throws: OpusDecoderUnavailable(reason: failure)) { try slot.prepare() }
+        #expect(slot.decoder() == nil && !slot.isMade)
+        // What a missing library says.
+        let missing = OpusError(code: -3, loadFailure: "dlopen(libopus.so.0): libopus.so.0: cannot open shared object file")
+        #expect(missing.description == "opus: libopus is not available (dlopen(libopus.so.0): libopus.so.0: cannot open shared object file); install libopus0")
+    }
+
     @Test func thePlayerDecodesTheToneCleanly() throws {
         let packets = try Self.tonePackets(seconds: 0.5)
         let ring = PacketRing(capacity: 256)
         let ingress = PacketIngress(format: Self.wire48k, ring: ring)
+        try ingress.prepareOpusDecoder()
         for (i, p) in packets.enumerated() {
             #expect(p.withUnsafeBytes { ingress.receive($0, arrivalNanos: UInt64(i)) } == .queued(frames: 120))
         }
@@ -109,6 +162,7 @@ struct OpusCodecTests {
         let lost = packets.remove(at: 40)
         let ring = PacketRing(capacity: 256)
         let ingress = PacketIngress(format: Self.wire48k, ring: ring)
+        try ingress.prepareOpusDecoder()
         for (i, p) in packets.enumerated() { _ = p.withUnsafeBytes { ingress.receive($0, arrivalNanos: UInt64(i)) } }
         let got = Self.drain(ring)
         // In its place, in order: the decoder's 120 frames, with the lost packet's number, index and time.
@@ -140,6 +194,7 @@ struct OpusCodecTests {
         let packets = try Self.tonePackets(seconds: 0.1)
         let ring = PacketRing(capacity: 256)
         let ingress = PacketIngress(format: Self.wire48k, ring: ring)
+        try ingress.prepareOpusDecoder()
         func send(_ bytes: [UInt8]) -> PacketIngress.Outcome { bytes.withUnsafeBytes { ingress.receive($0, arrivalNanos: 1) } }
         #expect(send(packets[0]) == .queued(frames: 120))
         #expect(send(packets[1]) == .queued(frames: 120))
@@ -180,6 +235,7 @@ struct OpusCodecTests {
         packets.remove(at: 100)  // one loss, concealed by the decoder before the resampler
         let ring = PacketRing(capacity: 512)
         let ingress = PacketIngress(format: .default, ring: ring)
+        try ingress.prepareOpusDecoder()
         var queued = 0
         for (i, p) in packets.enumerated() {
             let outcome = p.withUnsafeBytes { ingress.receive($0, arrivalNanos: UInt64(i)) }
@@ -214,6 +270,7 @@ struct OpusCodecTests {
         for format in [AudioFormat.default, Self.wire48k] {
             let ring = PacketRing(capacity: 64)
             let ingress = PacketIngress(format: format, ring: ring)
+            try ingress.prepareOpusDecoder()
             for (i, value) in [UInt64.max, UInt64.max - 1, 1 << 63, 0].enumerated() {
                 var p = packets[i]
                 p.withUnsafeMutableBytes {

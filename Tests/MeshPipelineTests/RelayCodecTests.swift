@@ -95,7 +95,7 @@ struct RelayCodecTests {
             switch outcome {
             case .queued: ok = true; queued += 1
             case .formatChanged: ok = true; otherFormat += 1
-            case .malformed, .ringFull, .stale: ok = false
+            case .malformed, .ringFull, .stale, .undecoded: ok = false
             }
             #expect(ok == decodes)
             if decodes { successes += 1 } else { failures += 1 }

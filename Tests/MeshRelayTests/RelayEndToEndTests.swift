@@ -119,9 +119,10 @@ struct RelayEndToEndTests {
 
     /// mesh-record `--codec CODEC --input INPUT` → mesh-play `--output` a Float32 WAV for `seconds`, with a fixed
     /// 20 ms target (these tests are about the wire format, not the adaptive buffer). Checks that mesh-play exited 0;
-    /// returns both processes, the player's final status and the WAV's path.
+    /// returns both processes, the player's final status, the WAV's path, and which of the two had libopus mapped
+    /// while audio flowed (each loads it when it makes its first encoder or decoder).
     func relayWithCodec(_ codec: String, input: String, seconds: Int) throws
-        -> (host: CLIProcess, player: CLIProcess, final: [String: Any], out: String) {
+        -> (host: CLIProcess, player: CLIProcess, final: [String: Any], out: String, mapsLibopus: (host: Bool, player: Bool)) {
         let service = Rig.uniqueService()
         let paired = try PairedStates()
         let out = Rig.tempPath("\(codec)-\(service).wav")
@@ -130,17 +131,27 @@ struct RelayEndToEndTests {
         let player = try CLIProcess("mesh-play", paired.playerArgs() + ["--find", "--service", service, "--output", out,
                                                     "--sample-format", "f32", "--duration", String(seconds), "--json",
                                                     "--latency", "20"])
+        func mapsLibopus(_ process: CLIProcess) -> Bool {
+            ((try? String(contentsOfFile: "/proc/\(process.pid)/maps", encoding: .utf8)) ?? "").contains("libopus")
+        }
+        var mapped = (host: false, player: false)
+        if eventually(10, { (player.jsonObjects.last?["receivedFrames"] as? Int ?? 0) > 4_410 }) {
+            mapped = (mapsLibopus(host), mapsLibopus(player))
+        } else {
+            Issue.record("no audio reached the player within 10 s: \(player.stderr)")
+        }
         let code = player.waitForExit(seconds: 20)
         host.kill(SIGINT)
         _ = host.waitForExit(seconds: 5)
         #expect(code == 0, "mesh-play: \(player.stderr)")
         let final = try #require(player.jsonObjects.last { $0["final"] as? Bool == true })
-        return (host, player, final, out)
+        return (host, player, final, out, mapped)
     }
 
     @Test("--codec opus: a 44.1 kHz tone travels as 48 kHz Opus of about 30 bytes a 2.5 ms packet and plays at 44.1 kHz, clean and without loss")
     func opusCodec() throws {
-        let (host, player, final, out) = try relayWithCodec("opus", input: "tone:440", seconds: 4)
+        let (host, player, final, out, mapped) = try relayWithCodec("opus", input: "tone:440", seconds: 4)
+        #expect(mapped.host && mapped.player, "both ends loaded libopus for the Opus stream")
         #expect(final["codec"] as? String == "opus")
         #expect(host.jsonObjects.last?["codec"] as? String == "opus")
         #expect(host.stderr.contains { $0.contains("codec opus 96 kbit/s") })
@@ -172,7 +183,7 @@ struct RelayEndToEndTests {
     @Test("--codec s16: half the bytes on the wire, and every sample within 1.5 LSB of 16 bits of the host's")
     func int16Codec() throws {
         let (signal, input) = try signalFile("input-s16.wav")
-        let (host, _, final, out) = try relayWithCodec("s16", input: input, seconds: 5)
+        let (host, _, final, out, _) = try relayWithCodec("s16", input: input, seconds: 5)
         #expect(final["codec"] as? String == "s16")
         #expect(host.jsonObjects.last?["codec"] as? String == "s16")
         #expect(host.stderr.contains { $0.contains("codec s16") })

@@ -36,6 +36,8 @@ final class OpusFramer: @unchecked Sendable {  // Owned by one Packetizer, which
             resampler = inputFormat.sampleRate == Opus.sampleRate ? nil
                 : try SpeexResampler(channels: inputFormat.channels, inputRate: inputFormat.sampleRate,
                                      outputRate: Opus.sampleRate, quality: 5, maximumCorrectionPPM: 0)
+        } catch let error as OpusError where error.loadFailure != nil {
+            throw .codecUnavailable(error.description)
         } catch {
             throw .unsupportedFormat
         }

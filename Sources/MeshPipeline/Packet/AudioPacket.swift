@@ -328,6 +328,8 @@ public enum AudioPacketError: Error, Equatable, Sendable, CustomStringConvertibl
     case badFrameCount(Int)
     case lengthMismatch(expected: Int, actual: Int)
     case tooLarge(Int)
+    /// Not about a packet: the codec's library could not be loaded (the loader's text), so nothing can be encoded.
+    case codecUnavailable(String)
 
     public var description: String {
         switch self {
@@ -339,6 +341,7 @@ public enum AudioPacketError: Error, Equatable, Sendable, CustomStringConvertibl
         case .badFrameCount(let n): "audio packet frame count \(n) is invalid"
         case .lengthMismatch(let e, let a): "audio packet length \(a) does not match the expected \(e)"
         case .tooLarge(let n): "audio packet of \(n) bytes exceeds \(AudioPacket.maximumSize)"
+        case .codecUnavailable(let why): why
         }
     }
 }

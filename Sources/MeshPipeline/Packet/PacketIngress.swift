@@ -8,8 +8,9 @@ import Synchronization
 ///
 /// A packet in another format than the pipeline's is not queued: it is counted (`formatMismatches`) and reported
 /// upward as `pendingFormat`, which the owner polls from its control queue to build a pipeline for that format.
-/// Opus packets (48 kHz pipelines) go through the stream's decoder (`OpusIngress`), which conceals short gaps itself.
-/// One producer thread; lock-free and allocation-free.
+/// Opus packets go through the stream's decoder (`OpusIngress`), which conceals short gaps itself. The decoder is made
+/// when the first Opus packet arrives, off this thread (`OpusDecoderSlot`): packets that come before it is ready are
+/// counted as `undecodedPackets`. One producer thread; lock-free and allocation-free.
 public final class PacketIngress: Sendable {
     /// What became of one datagram.
     public enum Outcome: Sendable, Equatable {
@@ -23,6 +24,8 @@ public final class PacketIngress: Sendable {
         case ringFull
         /// An Opus packet older than one already decoded: the decoder has moved on (counted as stale).
         case stale
+        /// An Opus packet that came before its decoder was ready, or when it cannot be made (counted as undecoded).
+        case undecoded
     }
 
     /// Exact counts of the datagrams dropped here.
@@ -39,6 +42,9 @@ public final class PacketIngress: Sendable {
         public var stalePackets: UInt64 = 0
         /// Frames the Opus decoder synthesized for packets the network lost (played, and counted as concealed).
         public var decoderConcealedFrames: UInt64 = 0
+        /// Opus packets dropped because their decoder was not ready: the first of a stream while libopus loads (about
+        /// a millisecond), or every one when the decoder cannot be made (`PacketIngress.opusFailure` says why).
+        public var undecodedPackets: UInt64 = 0
         public init() {}
     }
 
@@ -56,8 +62,9 @@ public final class PacketIngress: Sendable {
     public let format: AudioFormat
     private let ring: PacketRing
     private let counts = AtomicRecord(Counters())
-    /// The Opus decoder, resampling to this pipeline's rate (nil for more than two channels, which Opus does not carry).
-    private let opus: OpusIngress?
+    /// The Opus decoder, resampling to this pipeline's rate, made on the first Opus packet (nil for more than two
+    /// channels, which Opus does not carry).
+    private let opus: OpusDecoderSlot?
     private let queuedBytes = Atomic<UInt64>(0)
     /// `SampleEncoding.rawValue` of the latest queued packet (0 = none yet).
     private let latestEncoding = Atomic<UInt8>(0)
@@ -68,8 +75,21 @@ public final class PacketIngress: Sendable {
     public init(format: AudioFormat, ring: PacketRing) {
         self.format = format
         self.ring = ring
-        opus = format.channels <= 2 ? try? OpusIngress(channels: format.channels, outputRate: format.sampleRate) : nil
+        opus = format.channels <= 2 ? try? OpusDecoderSlot(channels: format.channels, outputRate: format.sampleRate) : nil
     }
+
+    /// Makes the Opus decoder now rather than on the first Opus packet (for an owner that knows Opus is coming, and
+    /// for tests). Throws why it cannot be made.
+    public func prepareOpusDecoder() throws(OpusDecoderUnavailable) {
+        guard let opus else { throw OpusDecoderUnavailable(reason: "Opus carries at most two channels, not \(format.channels)") }
+        try opus.prepare()
+    }
+
+    /// Why this stage cannot decode the Opus packets that arrive (libopus is missing…), or nil.
+    public var opusFailure: String? { opus?.failure }
+
+    /// Whether the Opus decoder has been made (a PCM stream never makes it).
+    public var hasOpusDecoder: Bool { opus?.isMade ?? false }
 
     /// Producer side (one network thread): takes one datagram that arrived at `arrivalNanos` (receiver clock).
     @discardableResult
@@ -92,11 +112,15 @@ public final class PacketIngress: Sendable {
         // Frames queued at this pipeline's rate (Opus: what the resampler made of it, possibly none yet).
         var queuedFrames = header.frameCount
         if header.encoding == .opus {
-            guard let opus else {
+            guard let slot = opus else {
                 counts.add(to: \.malformed)
                 return .malformed(.unsupportedFormat)
             }
-            let r = opus.receive(datagram, header: header, arrivalNanos: arrivalNanos, ring: ring)
+            guard let decoder = slot.decoder() else {
+                counts.add(to: \.undecodedPackets)
+                return .undecoded
+            }
+            let r = decoder.receive(datagram, header: header, arrivalNanos: arrivalNanos, ring: ring)
             if r.concealedFrames > 0 { counts.add(UInt64(r.concealedFrames), to: \.decoderConcealedFrames) }
             if r.concealedOverflows > 0 { counts.add(UInt64(r.concealedOverflows), to: \.ringOverflows) }
             guard let p = r.push else {

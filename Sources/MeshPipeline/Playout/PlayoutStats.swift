@@ -81,4 +81,7 @@ public struct PlayoutStats: Sendable, Equatable, BitwiseCopyable {
     public var sanitizedSamples: UInt64 { ingress.sanitizedSamples }
     /// Packets of a format other than the pipeline's (each one reported upward, for a new pipeline).
     public var formatMismatches: UInt64 { ingress.formatMismatches }
+    /// Opus packets dropped because their decoder was not ready (the stream's first while libopus loads) or cannot
+    /// be made.
+    public var undecodedPackets: UInt64 { ingress.undecodedPackets }
 }
