@@ -103,9 +103,17 @@ enum FuzzTarget: String, CaseIterable {
     /// codec bytes of a well-formed header whose sequence number and frame count come from its first bytes (so gaps,
     /// stale packets, restarts and lying frame counts are all reached). Whatever is queued is finite and in range.
     private static let opusRings = [PacketRing(capacity: 16), PacketRing(capacity: 16), PacketRing(capacity: 16)]
-    private static let opusIngress = [PacketIngress(format: AudioFormat(sampleRate: 48_000, channels: 1), ring: opusRings[0]),
-                                      PacketIngress(format: AudioFormat(sampleRate: 48_000, channels: 2), ring: opusRings[1]),
-                                      PacketIngress(format: .default, ring: opusRings[2])]
+    /// Their decoders are made up front (a player makes its own when the first Opus packet arrives, on its I/O
+    /// thread): every input, the first included, reaches the decoder.
+    private static let opusIngress = {
+        let ingresses = [PacketIngress(format: AudioFormat(sampleRate: 48_000, channels: 1), ring: opusRings[0]),
+                         PacketIngress(format: AudioFormat(sampleRate: 48_000, channels: 2), ring: opusRings[1]),
+                         PacketIngress(format: .default, ring: opusRings[2])]
+        for ingress in ingresses {
+            do { try ingress.prepareOpusDecoder() } catch { fatalError("\(error)") }
+        }
+        return ingresses
+    }()
     nonisolated(unsafe) private static var opusSequence: UInt32 = 0
 
     static func opus(_ input: [UInt8]) {
