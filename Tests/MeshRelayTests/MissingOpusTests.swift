@@ -2,11 +2,19 @@ import Foundation
 import MeshTestSupport
 import Testing
 
-/// The file libopus.so.0 resolves to (nil: not installed).
+/// The file libopus.so.0 resolves to, as the loader's cache names it (`ldconfig -p`); nil: not installed.
 private let libopusFile: String? = {
-    let soname = "/usr/lib/x86_64-linux-gnu/libopus.so.0"
-    guard FileManager.default.fileExists(atPath: soname) else { return nil }
-    return URL(fileURLWithPath: soname).resolvingSymlinksInPath().path
+    let ldconfig = Process(), out = Pipe()
+    ldconfig.executableURL = URL(fileURLWithPath: "/sbin/ldconfig")
+    ldconfig.arguments = ["-p"]
+    ldconfig.standardOutput = out
+    guard (try? ldconfig.run()) != nil else { return nil }
+    let listing = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    ldconfig.waitUntilExit()
+    // "	libopus.so.0 (libc6,x86-64) => /lib/x86_64-linux-gnu/libopus.so.0"
+    guard let line = listing.split(separator: "\n").first(where: { $0.trimmingCharacters(in: .whitespaces).hasPrefix("libopus.so.0 ") }),
+          let arrow = line.range(of: "=> ") else { return nil }
+    return URL(fileURLWithPath: String(line[arrow.upperBound...])).resolvingSymlinksInPath().path
 }()
 
 /// libopus is loaded when the first Opus encoder or decoder is made, not at start. These tests run the CLIs where it is

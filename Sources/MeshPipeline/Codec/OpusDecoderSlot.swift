@@ -64,7 +64,8 @@ final class OpusDecoderSlot: Sendable {
         if let p = UnsafeRawPointer(bitPattern: published.load(ordering: .acquiring)) {
             return Unmanaged<OpusIngress>.fromOpaque(p).takeUnretainedValue()
         }
-        if !requested.exchange(true, ordering: .relaxed) { waker.wake() }
+        // A plain load first: once asked (or failed), later packets write no shared cache line.
+        if !requested.load(ordering: .relaxed), !requested.exchange(true, ordering: .relaxed) { waker.wake() }
         return nil
     }
 

@@ -63,8 +63,10 @@ public final class PacketIngress: Sendable {
     private let ring: PacketRing
     private let counts = AtomicRecord(Counters())
     /// The Opus decoder, resampling to this pipeline's rate, made on the first Opus packet (nil for more than two
-    /// channels, which Opus does not carry).
+    /// channels, which Opus does not carry, or when the slot could not be set up: `opusSlotFailure`).
     private let opus: OpusDecoderSlot?
+    /// Why there is no slot for a format Opus does carry (no eventfd, no I/O loop), or nil.
+    private let opusSlotFailure: String?
     private let queuedBytes = Atomic<UInt64>(0)
     /// `SampleEncoding.rawValue` of the latest queued packet (0 = none yet).
     private let latestEncoding = Atomic<UInt8>(0)
@@ -75,18 +77,27 @@ public final class PacketIngress: Sendable {
     public init(format: AudioFormat, ring: PacketRing) {
         self.format = format
         self.ring = ring
-        opus = format.channels <= 2 ? try? OpusDecoderSlot(channels: format.channels, outputRate: format.sampleRate) : nil
+        var slot: OpusDecoderSlot?, failure: String?
+        if format.channels <= 2 {
+            do { slot = try OpusDecoderSlot(channels: format.channels, outputRate: format.sampleRate) } catch {
+                failure = "cannot watch for Opus packets: \(error)"
+            }
+        }
+        opus = slot
+        opusSlotFailure = failure
     }
 
     /// Makes the Opus decoder now rather than on the first Opus packet (for an owner that knows Opus is coming, and
     /// for tests). Throws why it cannot be made.
     public func prepareOpusDecoder() throws(OpusDecoderUnavailable) {
-        guard let opus else { throw OpusDecoderUnavailable(reason: "Opus carries at most two channels, not \(format.channels)") }
+        guard let opus else {
+            throw OpusDecoderUnavailable(reason: opusSlotFailure ?? "Opus carries at most two channels, not \(format.channels)")
+        }
         try opus.prepare()
     }
 
     /// Why this stage cannot decode the Opus packets that arrive (libopus is missing…), or nil.
-    public var opusFailure: String? { opus?.failure }
+    public var opusFailure: String? { opus?.failure ?? opusSlotFailure }
 
     /// Whether the Opus decoder has been made (a PCM stream never makes it).
     public var hasOpusDecoder: Bool { opus?.isMade ?? false }
@@ -113,6 +124,10 @@ public final class PacketIngress: Sendable {
         var queuedFrames = header.frameCount
         if header.encoding == .opus {
             guard let slot = opus else {
+                if opusSlotFailure != nil {
+                    counts.add(to: \.undecodedPackets)
+                    return .undecoded
+                }
                 counts.add(to: \.malformed)
                 return .malformed(.unsupportedFormat)
             }

@@ -29,10 +29,13 @@ struct MembershipStateMachine: Sendable {
     /// its entry until those answers come: an answer about a peer that has gone is late, not unasked for.
     private var asked: [UInt64: [UInt64: Int]] = [:]
     /// Newcomers that left while answers about them were owed, oldest first. Only the latest `maximumDeparted` keep
-    /// their entries, so a member that never answers cannot make the table grow with every newcomer that comes and
-    /// goes; an answer older than that is then judged unasked for.
+    /// their entries, so that a member that never answers cannot make the table grow with every newcomer that comes
+    /// and goes (newcomers choose their identities); what older ones were still owed moves to `owedUntracked`.
     private var departed: [UInt64] = []
     static let maximumDeparted = 32
+    /// For each member asked: answers it still owes about newcomers whose entries were forgotten. One count per member,
+    /// so that no number of newcomers coming and going makes an honest member's late answer a fault.
+    private var owedUntracked: [UInt64: Int] = [:]
 
     init(me: PeerID, topology: Session.Topology, maximumPeers: Int) {
         self.me = me
@@ -45,10 +48,11 @@ struct MembershipStateMachine: Sendable {
     /// Introductions pin keys: a peer whose link carries none (a plaintext link of an `.optional` session) is
     /// neither introduced to the others nor asked to make data for a newcomer.
     mutating func connected(_ peer: PeerID) -> [Action] {
-        guard members.insert(peer).inserted, topology == .mesh, !introduced.contains(peer.identity),
-              peer.publicKey != nil else { return [] }
-        let others = members.filter { $0 != peer && $0.publicKey != nil }.sorted { $0.identity < $1.identity }
+        guard members.insert(peer).inserted else { return [] }
+        // Back, by whatever path: its entry is a member's again, not a departed newcomer's.
         departed.removeAll { $0 == peer.identity }
+        guard topology == .mesh, !introduced.contains(peer.identity), peer.publicKey != nil else { return [] }
+        let others = members.filter { $0 != peer && $0.publicKey != nil }.sorted { $0.identity < $1.identity }
         guard !others.isEmpty else { return [] }
         for other in others { asked[peer.identity, default: [:]][other.identity, default: 0] += 1 }
         return others.map { .send($0, .introRequest(peer: peer)) }
@@ -63,10 +67,13 @@ struct MembershipStateMachine: Sendable {
             asked[key]?[peer.identity] = nil
             if asked[key]?.isEmpty == true { asked[key] = nil }
         }
-        departed.removeAll { asked[$0] == nil }
+        owedUntracked[peer.identity] = nil
+        departed.removeAll { $0 == peer.identity || asked[$0] == nil }
         if asked[peer.identity] != nil {
             departed.append(peer.identity)
-            if departed.count > Self.maximumDeparted { asked[departed.removeFirst()] = nil }
+            if departed.count > Self.maximumDeparted, let gone = asked.removeValue(forKey: departed.removeFirst()) {
+                for (member, count) in gone { owedUntracked[member, default: 0] += count }
+            }
         }
         return []
     }
@@ -84,7 +91,12 @@ struct MembershipStateMachine: Sendable {
             return [.makeData(for: newcomer, replyTo: peer)]
         case .introData(let id, let data):
             guard var waiting = asked[id], let open = waiting[peer.identity] else {
-                return [.fault(peer, .unexpectedFrame("MESH_INTRO_DATA that was not asked for"))]
+                // About a newcomer long gone, perhaps: the member may owe that much.
+                guard let owed = owedUntracked[peer.identity] else {
+                    return [.fault(peer, .unexpectedFrame("MESH_INTRO_DATA that was not asked for"))]
+                }
+                owedUntracked[peer.identity] = owed > 1 ? owed - 1 : nil
+                return []
             }
             waiting[peer.identity] = open > 1 ? open - 1 : nil
             asked[id] = waiting.isEmpty ? nil : waiting
