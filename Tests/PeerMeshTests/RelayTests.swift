@@ -236,12 +236,17 @@ private struct RelayedGroup {
     let advertiser: NearbyServiceAdvertiser
     var peers: [PeerID] { sessions.map(\.myPeerID) }
 
-    init(_ n: Int, scratch: String? = nil) throws {
+    /// `n` members; member i waits `peerTimeouts[i]` for a silent peer (default 2 s each).
+    init(_ n: Int, scratch: String? = nil, peerTimeouts: [Duration]? = nil) throws {
         var config = Session.Configuration(peerTimeout: .seconds(2), bindHost: "127.0.0.1")
         if let scratch { config.resourceDirectory = scratch }
         var relaying = config
         relaying.relaysIntroductions = true
-        let made = try (0..<n).map { try Session(peer: try PeerID(displayName: "r\($0)"), configuration: $0 == 0 ? config : relaying) }
+        let made = try (0..<n).map { i in
+            var c = i == 0 ? config : relaying
+            if let peerTimeouts { c.peerTimeout = peerTimeouts[i] }
+            return try Session(peer: try PeerID(displayName: "r\(i)"), configuration: c)
+        }
         let madeLogs = made.map { _ in MeshEventLog() }
         for (s, l) in zip(made, madeLogs) { s.delegate = l }
         madeLogs[0].acceptInto.withLock { $0 = made[0] }
@@ -295,6 +300,22 @@ struct RelayedSessionTests {
         #expect(eventually(5) { r1.connectedPeers == [g.peers[0]] && r0.connectedPeers == [g.peers[1]] })
         #expect(eventually(5) { r0.core.loop.submitAndWait { r0.core.io.value.relay.counts == (0, 0, 0) } },
                 "the introducer holds no pipe after both ends went")
+    }
+
+    @Test("A member that waits 20 s for silent peers still beats often enough for one that waits 2 s, over a relayed link")
+    func aLongTimeoutStillBeatsForAShortOne() throws {
+        // A relayed link has no UDP path: its only proof of life is the connection's HEARTBEATs. r1 waits 20 s, r2 the
+        // default 2 s; neither sends anything else. r1 used to beat every 5 s (a quarter of its own timeout), so r2
+        // dropped it after 2 s.
+        let g = try RelayedGroup(3, peerTimeouts: [.seconds(2), .seconds(20), .seconds(2)])
+        #expect(eventually(10) { g.converged() }, "views: \(g.sessions.map { $0.connectedPeers.map(\.displayName).sorted() })")
+        let (r1, r2) = (g.sessions[1], g.sessions[2])
+        #expect(r1.isRelayed(g.peers[2]) && r2.isRelayed(g.peers[1]))
+        #expect(r1.core.heartbeat == 500_000_000, "a quarter of 20 s, capped at the default's 0.5 s")
+        usleep(4_000_000)  // twice r2's timeout, in silence
+        #expect(r2.connectedPeers.contains(g.peers[1]), "r2 still hears r1: \(g.logs[2].snapshot.states.map { "\($0.0.displayName) \($0.1)" })")
+        #expect(r1.connectedPeers.contains(g.peers[2]))
+        for s in g.sessions { #expect(s.statistics.peerFaults == 0) }
     }
 
     @Test("A 6 MB resource and a stream cross a relayed link intact; the introducer leaving takes the link down")

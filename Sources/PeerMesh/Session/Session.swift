@@ -131,8 +131,14 @@ public final class Session: Sendable {
         public var maximumPeers: Int = 8
         /// A connected peer silent for this long is `notConnected` (default 2 s).
         public var peerTimeout: Duration = .seconds(2)
-        /// How often each side proves it is alive (default: a quarter of `peerTimeout`).
+        /// How often each side proves it is alive (default: a quarter of `peerTimeout`, and at most
+        /// `longestDefaultHeartbeat`).
         public var heartbeatInterval: Duration?
+        /// The longest default `heartbeatInterval`: a quarter of the default `peerTimeout`. The wire does not tell a
+        /// peer the other side's timeout, so a session that waits longer than the default for its peers still proves
+        /// it is alive this often: a peer with the default timeout hears from it in time even where no datagram
+        /// does it (a relayed link, or an app that has stopped reading its `DatagramReader`).
+        public static let longestDefaultHeartbeat: Duration = .milliseconds(500)
         /// UDP port for datagrams; 0 picks one. Give it the advertiser's port to keep one port number per host.
         public var udpPort: UInt16 = 0
         /// Local address to bind the UDP socket to, and to connect from: a numeric IPv4 or IPv6 address, or `""`

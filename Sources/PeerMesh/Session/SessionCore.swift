@@ -97,7 +97,7 @@ final class SessionCore: Sendable {
         Sys.raiseFileLimit()
         let timeout = c.peerTimeout.nanoseconds
         peerTimeout = timeout
-        var beat = timeout / 4
+        var beat = min(timeout / 4, Session.Configuration.longestDefaultHeartbeat.nanoseconds)
         if let h = c.heartbeatInterval {
             beat = h.nanoseconds
             guard beat > 0, beat < timeout else { throw .invalidParameter("heartbeatInterval must be positive and below peerTimeout") }
