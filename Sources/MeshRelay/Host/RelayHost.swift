@@ -13,130 +13,6 @@ import Synchronization
 /// The chain is MeshPipeline's `CapturePipeline` (source → packetize → send, on the `pm-send` thread); the host
 /// gives it the source and the network end: the connected players, and `Session.sendDatagram`.
 public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, Sendable {
-    /// How the host answers players who want to join.
-    public enum AcceptPolicy: Sendable {
-        /// Only players whose key is in the trust store (paired). The default.
-        case paired
-        /// Ask `approval` about players not in the trust store (the CLI prompts on the terminal).
-        case ask(any PlayerApproval)
-        /// Every player, paired or not: anyone on the network can listen. For public installations.
-        case all
-    }
-
-    /// What the host needs to run.
-    public struct Configuration: Sendable {
-        /// Who the host is: its key pair and the name players see.
-        public var identity: PeerIdentity
-        /// The keys of paired players (also where pairing and "always" answers are written).
-        public var trust: TrustStore?
-        /// The service type advertised.
-        public var serviceType: String = "mesh-audio"
-        /// TCP port of the advertiser and UDP port of the session (0 picks one; both use the same number).
-        public var port: UInt16 = 0
-        /// Local address to listen on ("" = every address, IPv4 and IPv6).
-        public var bindHost: String = ""
-        /// Peers in the session including the host.
-        public var maximumPeers: Int = 33
-        /// Most players from one address (one machine cannot take every slot).
-        public var maximumPlayersPerAddress: Int = 4
-        /// How players are admitted.
-        public var accept: AcceptPolicy = .paired
-        /// Discovery backend; `nil` means Avahi.
-        public var discovery: (any DiscoveryBackend)?
-        /// Whether `discovery` reaches the network. False when an in-process backend stands in because there is no
-        /// DNS-SD at all: then the host never says (or reports) that it is advertised.
-        public var discoveryReachesNetwork = true
-        /// A player silent this long is dropped.
-        public var peerTimeout: Duration = .seconds(2)
-        /// Extra discovery info published beside the audio format.
-        public var discoveryInfo: [String: String] = [:]
-        /// The audio session's encryption. `.required` (the default) is the product; `.none` exists so that
-        /// `scripts/bench` can measure what encryption costs. With `.none` no key is proven, so only `.all` admits.
-        public var encryption: EncryptionPreference = .required
-        /// Clip capture (`--clips DIR`): where clips go and how long they are; nil keeps no clips.
-        public var clips: ClipRecorder.Configuration?
-        /// Talkback (`--talk-output`, `--talk-device`): where a talking player is played; nil takes no talkback.
-        public var talk: TalkOutput?
-        /// How the samples travel (`--codec`): Float32 (the default), dithered Int16 at half the bandwidth, or Opus
-        /// (48 kHz, 2.5 ms frames, `opusBitrate`). Players follow whatever arrives.
-        public var codec: SampleEncoding = .float32
-        /// The Opus bitrate in bits per second (`--bitrate`), for `codec == .opus`.
-        public var opusBitrate: Int = Packetizer.defaultOpusBitrate
-
-        /// The settings most hosts set; every other one keeps its default.
-        public init(identity: PeerIdentity, trust: TrustStore?, serviceType: String = "mesh-audio", port: UInt16 = 0,
-                    maximumPeers: Int = 33, accept: AcceptPolicy = .paired, discovery: (any DiscoveryBackend)? = nil) {
-            self.identity = identity
-            self.trust = trust
-            self.serviceType = serviceType
-            self.port = port
-            self.maximumPeers = maximumPeers
-            self.accept = accept
-            self.discovery = discovery
-        }
-    }
-
-    /// Counters and levels, for the status line and `--json`.
-    public struct Statistics: Sendable {
-        /// The players connected now.
-        public var players: [PlayerInfo] = []
-        /// Audio packets sent (to all players together).
-        public var packetsSent: UInt64 = 0
-        /// Frames read from the capture source.
-        public var framesCaptured: UInt64 = 0
-        /// Capture over- and underruns recovered (`snd_pcm_recover`).
-        public var captureXruns: UInt64 = 0
-        /// The capture device's latest delay (`snd_pcm_delay`), frames.
-        public var captureDelayFrames: Int = 0
-        /// Peak |sample| of the latest captured chunk.
-        public var peakLevel: Float = 0
-        /// RMS of the latest captured chunk.
-        public var rmsLevel: Float = 0
-        /// How the samples travel (`Configuration.codec`).
-        public var codec: SampleEncoding = .float32
-        /// Whether the pairing window is open.
-        public var pairing = false
-        /// Whether the advertisement is out (false while avahi-daemon is missing).
-        public var advertised = false
-        /// Whether the operator muted the microphone (players get silence).
-        public var muted = false
-        /// The clip state players see (`off` without `--clips`).
-        public var capture: CaptureState = .off
-        /// Control commands received from players.
-        public var controlCommands: UInt64 = 0
-        /// Control messages from players that did not decode (dropped).
-        public var malformedControl: UInt64 = 0
-    }
-
-    /// Where talkback from the players is played: a sink for the talker's format, and whether the talker keeps
-    /// hearing the host meanwhile.
-    public struct TalkOutput: Sendable {
-        /// Builds the sink (an ALSA `Player`, or a `WAVFileSink`) for the talkback format.
-        public var makeSink: @Sendable (AudioFormat) throws -> any AudioSink
-        /// `--talk-duplex full`: the talker keeps hearing the host. By default (half duplex) the host stops sending its
-        /// microphone to the player that talks, which avoids echo without echo cancellation.
-        public var fullDuplex = false
-        /// A talkback output that plays into the sinks `makeSink` builds.
-        public init(fullDuplex: Bool = false, makeSink: @escaping @Sendable (AudioFormat) throws -> any AudioSink) {
-            self.makeSink = makeSink
-            self.fullDuplex = fullDuplex
-        }
-    }
-
-    /// A connected player, as the host sees it.
-    public struct PlayerInfo: Sendable, Equatable {
-        /// The player (its display name is raw remote text: escape it before printing).
-        public var peer: PeerID
-        /// The numeric address its invitation came from.
-        public var address: String?
-        /// The short fingerprint of the key its handshake proved.
-        public var fingerprint: String?
-        /// Whether the player paused its audio (the host sends it none meanwhile).
-        public var paused = false
-        /// Whether the player talks back now.
-        public var talking = false
-    }
-
     /// The host's own peer (name and key), as players see it.
     public let peer: PeerID
     /// The configuration the host was made with.
@@ -180,8 +56,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         var advertised = false
     }
 
-    /// The connected players, shared with the capture thread; a paused player is connected but not in the audience.
-    /// The audience is published whole (`SnapshotCell`): the capture thread reads it once per chunk without a lock.
+    /// The connected players, and the audience the capture thread sends to: a paused player, or one that talks
+    /// (half duplex), is connected but not in it.
     private final class Players: Sendable {
         private struct List {
             var connected: [PeerID] = []
@@ -190,18 +66,9 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             var talking: Set<PeerID> = []
             var audience: [PeerID] { connected.filter { !paused.contains($0) && !talking.contains($0) } }
         }
-        /// An audience as published.
-        private final class Audience: Sendable {
-            let peers: [PeerID]?
-            init(_ peers: [PeerID]) { self.peers = peers.isEmpty ? nil : peers }
-        }
         private let list = Mutex(List())
-        private let published = SnapshotCell<Audience>(Audience([]))
-        /// Lends `use` the players audio goes to now; does not call it when there are none. Lock-free (the capture
-        /// thread), and the snapshot stays alive through `use`: one replaced meanwhile is freed by its writer.
-        func withAudience(_ use: ([PeerID]) -> Void) {
-            published.withCurrent { if let peers = $0?.peers { use(peers) } }
-        }
+        /// Whom the capture thread sends to (read there without a lock).
+        let audience = Audience()
         var all: [PeerID] { list.withLock { $0.connected } }
         var paused: Set<PeerID> { list.withLock { $0.paused } }
         func update(_ peer: PeerID, connected: Bool) {
@@ -216,11 +83,12 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         func setPaused(_ peer: PeerID, _ paused: Bool) {
             change { l in if paused { l.paused.insert(peer) } else { l.paused.remove(peer) } }
         }
-        /// Changes the list and publishes the audience, under the lock (which keeps the publishers in turn).
+        /// Changes the list and publishes the audience under the list's lock, so that audiences are published in
+        /// the order the list changed.
         private func change(_ body: (inout List) -> Void) {
             list.withLock { l in
                 body(&l)
-                published.replace(with: Audience(l.audience))
+                audience.publish(l.audience)
             }
         }
     }
@@ -296,7 +164,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         self.clips = clips
         var tap: (@Sendable (UnsafeBufferPointer<Float>) -> Void)?
         if let recorder = clips { tap = { recorder.tap($0) } }
-        capture = try CapturePipeline(source: source, encoding: configuration.codec, opusBitrate: configuration.opusBitrate, withAudience: { [players] use in players.withAudience(use) }, send: { bytes, peers in
+        capture = try CapturePipeline(source: source, encoding: configuration.codec, opusBitrate: configuration.opusBitrate, withAudience: { [audience = players.audience] use in audience.withPeers(use) }, send: { bytes, peers in
             session.sendDatagram(bytes, toConnected: peers) == 0
         }, tap: tap)
         session.delegate = self
@@ -531,39 +399,34 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         controlQueue.async { [self] in perform(control.withLock { $0.received(bytes, from: peer) }) }
     }
 
+    /// Admits a player by `Admission`'s table: to the pairing window, in, to the operator, or out.
     public func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceive invitation: Invitation) {
         let peer = invitation.peer
-        if invitation.context == Self.pairingContext {
-            let closed = "the pairing window is closed; open it with mesh-record --pair"
-            if pairing?.take(invitation, closedMessage: closed) != true { invitation.decline(.declined, message: closed) }
-            return
-        }
-        guard let key = invitation.certificate?.publicKey else {
-            // No proven key: only a plaintext host that admits all (the bench's baseline) lets it in.
-            if case .all = configuration.accept, configuration.encryption == .none {
-                state.withLock { $0.addresses[peer] = invitation.address }
-                return invitation.accept(into: session)
-            }
-            return invitation.decline(.notTrusted, message: "an unencrypted player cannot join")
-        }
-        let trusted = (try? configuration.trust?.contains(key)) ?? false
+        let key = invitation.certificate?.publicKey
+        let trusted = key.map { (try? configuration.trust?.contains($0)) ?? false } ?? false
         @Sendable func admit(byTrust: Bool) {
             state.withLock {
                 $0.addresses[peer] = invitation.address
-                if byTrust { $0.admittedByTrust[peer] = key }
+                if byTrust, let key { $0.admittedByTrust[peer] = key }
             }
             invitation.accept(into: session)
         }
-        switch configuration.accept {
-        case .all:
-            admit(byTrust: trusted)
-        case .paired:
-            if trusted { admit(byTrust: true) } else {
-                events("refused \(peer.displayName) from \(invitation.address ?? "?") (\(key.shortFingerprint)): not paired")
-                invitation.decline(.notTrusted, message: "not paired")
+        switch Admission.decide(context: invitation.context, key: key, trusted: trusted, policy: configuration.accept,
+                                encryption: configuration.encryption) {
+        case .pairing:
+            let closed = "the pairing window is closed; open it with mesh-record --pair"
+            if pairing?.take(invitation, closedMessage: closed) != true { invitation.decline(.declined, message: closed) }
+        case .accept(let byTrust):
+            admit(byTrust: byTrust)
+        case .decline(let reason, let message):
+            if let key {
+                events("refused \(peer.displayName) from \(invitation.address ?? "?") (\(key.shortFingerprint)): \(message)")
             }
-        case .ask(let approval):
-            if trusted { return admit(byTrust: true) }
+            invitation.decline(reason, message: message)
+        case .askOperator:
+            guard case .ask(let approval) = configuration.accept, let key else {
+                preconditionFailure("Admission asked the operator of a host whose policy is not .ask, or about no key")
+            }
             let address = invitation.address ?? "?"
             guard state.withLock({ $0.asking.insert(address).inserted }) else {
                 return invitation.decline(.declined, message: "a request from \(address) is already waiting for an answer")
@@ -623,75 +486,9 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         }
     }
 
-    /// The invitation context a player sends to pair.
     /// The invitation context of a player that comes to pair (`mesh-play --pair`) rather than to listen.
     public static let pairingContext = PairingResponder.context
 
     /// The largest reliable message the relay's sessions take: room for any control message (`ControlMessage`).
     static let maximumControlMessageSize = 1024
-}
-
-/// A player asking to join a host whose policy is `.ask`: what the operator sees, and how to answer.
-public final class JoinRequest: Sendable {
-    /// The player (its display name is raw remote text: escape it before printing).
-    public let peer: PeerID
-    /// The numeric address the invitation came from.
-    public let address: String
-    /// The player's short key fingerprint.
-    public let fingerprint: String
-    /// Six digits the player can show too.
-    public let shortAuthenticationString: String
-    private let invitation: Invitation
-    /// Whether the request went away unanswered, and (until then) who wants to hear of it.
-    private let withdrawal = Mutex<(done: Bool, waiting: [@Sendable () -> Void])>((false, []))
-
-    init(peer: PeerID, address: String, fingerprint: String, shortAuthenticationString: String, invitation: Invitation) {
-        self.peer = peer
-        self.address = address
-        self.fingerprint = fingerprint
-        self.shortAuthenticationString = shortAuthenticationString
-        self.invitation = invitation
-    }
-
-    /// Runs `body` once if the request goes away unanswered (the player gave up, or it timed out) — at once if it
-    /// already has.
-    public func onWithdrawn(_ body: @escaping @Sendable () -> Void) {
-        // Checked and registered under one lock: a withdrawal between the two would otherwise never reach `body`.
-        let now = withdrawal.withLock { w -> Bool in
-            if !w.done { w.waiting.append(body) }
-            return w.done
-        }
-        if now { body() }
-    }
-
-    /// Whether the request still waits for an answer.
-    public var isOpen: Bool { invitation.isOpen }
-
-    func withdraw() {
-        let waiting = withdrawal.withLock { w -> [@Sendable () -> Void] in
-            guard !w.done else { return [] }
-            w.done = true
-            defer { w.waiting = [] }
-            return w.waiting
-        }
-        for body in waiting { body() }
-    }
-}
-
-/// The operator's answer to a `JoinRequest`.
-public enum JoinDecision: Sendable, Equatable {
-    /// Let the player in this time.
-    case once
-    /// Let it in and trust its key from now on (pairs it).
-    case always
-    /// Turn it down (the player does not retry).
-    case no
-}
-
-/// Asks someone whether a player may join (`RelayHost.AcceptPolicy.ask`).
-public protocol PlayerApproval: Sendable {
-    /// Asks about `request`; call `decide` exactly once, from any thread. If the request is withdrawn first,
-    /// take the question down (`request.onWithdrawn`); a late answer changes nothing. The take-down runs on the host's
-    /// I/O thread, possibly while `RelayHost.stop()` waits for it: it must not wait for the thread that stops the host.
-    func ask(_ request: JoinRequest, decide: @escaping @Sendable (JoinDecision) -> Void)
 }

@@ -18,110 +18,6 @@ import MeshPOSIX
 /// thread that reads for it). When the host switches format, the pipeline reports it and the control queue builds a
 /// new one and swaps it in.
 public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, Sendable {
-    /// Which hosts a player joins.
-    public enum HostPolicy: Sendable {
-        /// Only hosts whose key is in the trust store (paired). The default.
-        case paired(TrustStore)
-        /// Any host (still encrypted, but not authenticated to anyone you know): for tests and demos.
-        case any
-    }
-
-    /// What the player needs to run.
-    public struct Configuration: Sendable {
-        /// Where the host is.
-        public var target: JoinTarget
-        /// The service type browsed.
-        public var serviceType: String = "mesh-audio"
-        /// Who the player is: its key pair and the name hosts see.
-        public var identity: PeerIdentity
-        /// Which hosts it joins.
-        public var hosts: HostPolicy
-        /// Local address to use ("" = every address, IPv4 and IPv6).
-        public var bindHost: String = ""
-        /// Jitter-buffer policy (`--latency`).
-        public var latency: JitterBuffer.Mode = .auto
-        /// Discovery backend; `nil` means Avahi.
-        public var discovery: (any DiscoveryBackend)?
-        /// Host silent this long is gone.
-        public var peerTimeout: Duration = .seconds(2)
-        /// Direct connects in a row before giving up.
-        public var maximumConnectAttempts: Int = 5
-        /// The format assumed before the first packet says otherwise.
-        public var initialFormat: AudioFormat = .default
-        /// The session's encryption: `.required` (the default); `.none` only for `scripts/bench`'s comparison (with no
-        /// proven key, only `.any` hosts are joined).
-        public var encryption: EncryptionPreference = .required
-        /// A short local beep confirms a clip the player asked for (`--no-beep` turns it off).
-        public var beep = true
-        /// Push-to-talk: what the player captures while talk is on (`--talk-device`, `--talk-input`); nil has none.
-        public var talkSource: (any AudioSource)?
-
-        /// The settings most players set; every other one keeps its default.
-        public init(target: JoinTarget, identity: PeerIdentity, hosts: HostPolicy, serviceType: String = "mesh-audio",
-                    latency: JitterBuffer.Mode = .auto, discovery: (any DiscoveryBackend)? = nil) {
-            self.target = target
-            self.identity = identity
-            self.hosts = hosts
-            self.serviceType = serviceType
-            self.latency = latency
-            self.discovery = discovery
-        }
-    }
-
-    /// A snapshot for the status line and `--json`.
-    public struct Statistics: Sendable {
-        /// Where joining stands: searching, joining a host, joined, stopped.
-        public var phase: JoinStateMachine.Phase = .searching
-        /// The host joined (nil while none is).
-        public var host: PeerID?
-        /// The playout pipeline's counters and levels (jitter buffer, ingress, drift, concealment).
-        public var playout = PlayoutStats()
-        /// The output device's counters (frames written, xruns, delay).
-        public var device = AudioStats()
-        /// The session's latest round-trip time to the host (`Session.roundTripTime(to:)`; nil before one is measured).
-        public var roundTripMilliseconds: Double?
-        /// Network one-way (half the RTT) + jitter buffer + both devices' delays.
-        public var mouthToEarMilliseconds: Double?
-        /// Datagrams delivered by the session (audio and control).
-        public var datagrams: UInt64 = 0
-        /// Well-formed datagrams from an address or token that is not the host's link (dropped by the session).
-        public var strangerDatagrams: UInt64 = 0
-        /// Datagrams that were not PeerMesh's or not well formed (dropped by the session).
-        public var malformedDatagrams: UInt64 = 0
-        /// Seconds from `start()` to the first datagram of audio, or nil before.
-        public var firstAudioSeconds: Double?
-        /// Frames of audio that arrived from hosts (before the jitter buffer).
-        public var framesReceived: UInt64 = 0
-        /// The format of the pipeline now playing (the host's).
-        public var format: AudioFormat = .default
-        /// Hosts the browser saw, and whether each is paired (trusted).
-        public var seen: [SeenHost] = []
-        /// Concealed audio while joined to a host and after its first packet (what loss cost), frames.
-        public var concealedFrames: UInt64 = 0
-        /// The same in milliseconds.
-        public var concealedMilliseconds: Double = 0
-        /// Time played with no host (searching, joining, or after the host left), milliseconds: not concealment.
-        public var waitingMilliseconds: Double = 0
-        /// Samples from the host that had to be clamped or zeroed.
-        public var sanitizedSamples: UInt64 = 0
-        /// Datagrams that came with a link's token but did not authenticate.
-        public var unauthenticDatagrams: UInt64 = 0
-        /// The host's control state for this player (nil until it sends one; hosts without control never do).
-        public var hostControl: HostControlState?
-        /// The listener's volume, dB.
-        public var volumeDB: Double = 0
-        /// Whether the listener muted its own output.
-        public var muted = false
-        /// Time played as silence because the host holds this player's audio (paused): not loss, not concealment.
-        public var pausedMilliseconds: Double = 0
-        /// Control messages from the host that were not valid answers.
-        public var malformedControl: UInt64 = 0
-        /// Whether talk is on (the host accepted it and the talk input is being sent).
-        public var talking = false
-        /// Talkback packets sent to the host.
-        public var talkPacketsSent: UInt64 = 0
-    }
-
     /// Concealment and waiting time, attributed on the control queue every tick.
     private struct Accounting {
         var lastConcealed: UInt64 = 0
@@ -129,27 +25,6 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         var waitingConcealed: UInt64 = 0
         var waitingFrames: UInt64 = 0
     }
-
-    /// A host the browser saw.
-    public struct SeenHost: Sendable, Equatable {
-        /// The host as its advertisement names it.
-        public var peer: PeerID
-        /// Whether its key is in the trust store (paired).
-        public var trusted: Bool
-    }
-
-    /// Why a sink is asked for.
-    public enum SinkRequest: Sendable, Equatable {
-        /// The first sink, or one replacing a sink that never played audio from a host (it was stopped first, so a
-        /// file at the same path may be written again: nothing in it is lost).
-        case fresh
-        /// The host changed format mid-stream: the previous sink carried its audio (a file output must not be
-        /// truncated: write another one).
-        case formatChange
-    }
-
-    /// Builds the sink for a format (an ALSA `Player`, or a `WAVFileSink`).
-    public typealias SinkFactory = @Sendable (AudioFormat, SinkRequest) throws -> any AudioSink
 
     /// The configuration the player was made with.
     public let configuration: Configuration
@@ -193,34 +68,11 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     /// Whether the clip being recorded is one this player asked for (it beeps when it is saved).
     private let ownsClip = Atomic<Bool>(false)
     /// Push-to-talk: the capture chain of the talk input (talk input → packetize → send), and where it goes now
-    /// (the host, while talk is on; nil: nowhere, and nothing is packetized).
+    /// (the host, while talk is on; nobody otherwise, and then nothing is packetized).
     private let talkCapture: CapturePipeline<[PeerID]>?
-    private let talkTarget: TalkTarget
+    private let talkTarget: Audience
     /// Whether the listener's latest talk command was "on" (the control queue's; an atomic for `Sendable`).
     private let talkWanted = Atomic<Bool>(false)
-
-    /// Where the talk input goes, shared with the talk input's capture thread. The host is kept as the
-    /// one-element audience that thread reads, so it allocates nothing per chunk.
-    private final class TalkTarget: Sendable {
-        /// The one-element audience as published: read without a lock, replaced whole.
-        private final class Audience: Sendable {
-            let peers: [PeerID]?
-            init(_ peer: PeerID?) { peers = peer.map { [$0] } }
-        }
-        private let published = SnapshotCell<Audience>(Audience(nil))
-        /// Keeps `set` calls in turn (the cell takes one writer at a time).
-        private let writer = Mutex(())
-        /// The host while talk is on.
-        var peer: PeerID? { published.withCurrent { $0?.peers?.first } }
-        /// Lends `use` where each chunk goes now, if anywhere (the capture thread: no lock, nothing freed there).
-        func withAudience(_ use: ([PeerID]) -> Void) {
-            published.withCurrent { if let peers = $0?.peers { use(peers) } }
-        }
-        func set(_ peer: PeerID?) {
-            let new = Audience(peer)
-            _ = writer.withLock { _ in published.replace(with: new) }  // the old audience is freed here, after the lock
-        }
-    }
 
     /// - Parameters:
     ///   - log: one human-readable line per event.
@@ -251,10 +103,10 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
             browser = nil
         }
         join = Mutex(JoinStateMachine(target: configuration.target, maximumAttempts: configuration.maximumConnectAttempts))
-        let target = TalkTarget()
+        let target = Audience()
         talkTarget = target
         talkCapture = try configuration.talkSource.map { source in
-            try CapturePipeline(source: source, withAudience: { use in target.withAudience(use) }, send: { bytes, peers in
+            try CapturePipeline(source: source, withAudience: { use in target.withPeers(use) }, send: { bytes, peers in
                 session.sendDatagram(bytes, toConnected: peers) == 0
             })
         }
@@ -285,7 +137,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     /// Says goodbye to the host, stops the sink (a WAV file is finalized) and stops browsing.
     public func stop() {
         ticking.store(false, ordering: .releasing)
-        talkTarget.set(nil)
+        talkTarget.publish([])
         talkCapture?.stop()
         join.withLock { $0.stop() }
         browser?.stopBrowsingForPeers()
@@ -317,7 +169,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         s.volumeDB = controls.volumeDB
         s.muted = controls.muted
         s.pausedMilliseconds = Double(s.playout.heldFrames) * 1000 / Double(s.format.sampleRate)
-        s.talking = talkTarget.peer != nil
+        s.talking = !talkTarget.peers.isEmpty
         s.talkPacketsSent = talkCapture?.statistics.packetsSent ?? 0
         let st = session.statistics
         s.unauthenticDatagrams = st.unauthenticDatagrams
@@ -388,7 +240,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 // Talk off stops sending at once, before the host answers; and whichever the listener asked for
                 // last is what an answer may act on.
                 if case .talk(let on) = command { talkWanted.store(on, ordering: .relaxed) }
-                if case .talk(false) = command { talkTarget.set(nil) }
+                if case .talk(false) = command { talkTarget.publish([]) }
                 action = remote.withLock { $0.request(command) }
             }
             performControl([action], host: host)
@@ -411,13 +263,13 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 // Talk on, accepted: the talk input goes to the host from the next chunk — unless the listener has
                 // turned talk off since (an answer that comes late must not turn the microphone back on).
                 if case .talk(true) = command, reply == .ok, let host, talkWanted.load(ordering: .relaxed) {
-                    talkTarget.set(host)
+                    talkTarget.publish([host])
                 }
                 log("\(command): \(reply)")
             case .stateChanged(let state, let previous):
                 controls.held = state.paused
                 if previous?.paused != state.paused, previous != nil || state.paused {
-                    let talking = talkTarget.peer != nil
+                    let talking = !talkTarget.peers.isEmpty
                     log(state.paused ? (talking ? "talking: the host holds its audio meanwhile (half duplex)"
                                                 : "paused (the host holds this player's audio)") : "playing")
                 }
@@ -564,7 +416,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 }
             case .notConnected:
                 let left = self.remote.withLock { $0.left() }
-                self.talkTarget.set(nil)
+                self.talkTarget.publish([])
                 self.controls.held = false
                 self.ownsClip.store(false, ordering: .relaxed)
                 self.performControl(left, host: nil)
