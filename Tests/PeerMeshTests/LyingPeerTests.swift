@@ -202,4 +202,65 @@ struct LyingPeerTests {
         #expect(try host.aRealGuestJoins())
         withExtendedLifetime(guest) {}
     }
+
+    @Test("A peer that asks for introductions and never reads the answers: cut off at twice the queue limit, the host unharmed")
+    func askerThatNeverReads() throws {
+        let limit = 1 << 20
+        let host = try OpenHost(service: "pm-noread", configuration: .init(bindHost: "127.0.0.1", maximumQueuedBytes: limit))
+        let asker = try host.admit("asker")
+        // From here on the asker reads nothing: a small receive buffer, so the host's answers pile up on its side.
+        var small: Int32 = 4096
+        _ = setsockopt(asker.fd.fd, SOL_SOCKET, SO_RCVBUF, &small, socklen_t(MemoryLayout<Int32>.size))
+        let loop = try EventLoop.shared()
+        let core = host.session.core
+        /// The most bytes the host holds queued towards any peer now.
+        func queued() -> Int { loop.submitAndWait { core.io.value.connections.values.map(\.queuedBytes).max() ?? 0 } }
+        // Each request names a newcomer and is answered with its connection data (MESH_INTRO_DATA): legal, and each
+        // answer larger than the question.
+        let requests = try (0..<16).flatMap { _ in ControlFrame.mesh(.introRequest(peer: try PeerID(displayName: "n"))).encoded() }
+        var sent = 0, most = 0
+        while sent < 64 * limit, host.session.statistics.peerFaults == 0 {
+            var batch: [UInt8] = []
+            for _ in 0..<100 { batch += requests }
+            guard sendAll(asker.fd, asker.seal(frames: batch), seconds: 5) else { break }  // the host hung up
+            sent += batch.count
+            most = max(most, queued())
+        }
+        print("never-reading asker: \(sent) bytes of MESH_INTRO_REQUEST; at most \(most) bytes queued towards it (limit \(2 * limit))")
+        #expect(eventually(5) { host.lastState(of: "asker") == .notConnected }, "the asker's link was cut")
+        #expect(most <= 2 * limit + 64 << 10, "the host's queue stayed near twice the limit: \(most) bytes")
+        #expect(queued() == 0)
+        let stats = host.session.statistics
+        #expect(stats.peerFaults == 1, "counted as this peer's fault")
+        #expect(stats.garbageConnections == 0, "it sent nothing malformed")
+        #expect(host.session.connectedPeers.isEmpty)
+        #expect(try host.aRealGuestJoins())
+        withExtendedLifetime(asker) {}
+    }
+
+    @Test("Tens of thousands of frames packed into a few records: every one is taken, in order, and the link stays up")
+    func thousandsOfFramesInOneRead() throws {
+        let host = try OpenHost(service: "pm-packed")
+        let packer = try host.admit("packer")
+        let heartbeat = ControlFrame.heartbeat.encoded()
+        let perRecord = SecureChannel.maximumRecordPlaintext / heartbeat.count
+        var bytes: [UInt8] = []
+        for record in 0..<6 {
+            var frames: [UInt8] = []
+            for _ in 0..<perRecord { frames += heartbeat }
+            // Reliable messages among the heartbeats: they must come out in the order they went in.
+            frames.replaceSubrange(0..<heartbeat.count * 2, with: ControlFrame.data(Array("m\(record)".utf8)).encoded())
+            bytes += packer.seal(frames: frames)
+        }
+        bytes += packer.seal(.data(Array("end".utf8)))
+        let start = Date()
+        #expect(packer.sendRaw(bytes))
+        #expect(host.log.wait(20) { s in s.reliable.contains { $0.1 == Data("end".utf8) } })
+        print("packed frames: \(6 * perRecord) frames in \(bytes.count) bytes taken in \(String(format: "%.2f", Date().timeIntervalSince(start))) s")
+        let messages = host.log.snapshot.reliable.filter { $0.0.displayName == "packer" }.map { String(decoding: $0.1, as: UTF8.self) }
+        #expect(messages == ["m0", "m1", "m2", "m3", "m4", "m5", "end"])
+        #expect(host.session.connectedPeers.map(\.displayName) == ["packer"])
+        #expect(host.session.statistics.peerFaults == 0)
+        withExtendedLifetime(packer) {}
+    }
 }

@@ -305,6 +305,25 @@ private let sampleFrames: [ControlFrame] = [
                 == .success(.decline(.declined, "ab" + String(repeating: "🎧", count: 255))))
     }
 
+    /// What the decoder takes is what PROTOCOL.md allows, and no more: a DECLINE's text up to 1024 bytes (a peer
+    /// cannot send 64 KiB of it), a data datagram's payload up to 1184 bytes.
+    @Test func receiversEnforceTheDocumentedLimits() {
+        let at = [UInt8](repeating: 0x61, count: 1024), over = at + [0x61]
+        #expect(decode([4, 1, 0x04, 0x00] + at) == .success(.decline(.declined, String(repeating: "a", count: 1024))))
+        /// The decoder's error, or nil when it decoded (a failed expectation then prints no 64 KiB text).
+        func error(_ r: Result<ControlFrame, ControlFrame.DecodeError>) -> ControlFrame.DecodeError? {
+            if case .failure(let e) = r { e } else { nil }
+        }
+        #expect(error(decode([4, 1, 0x04, 0x01] + over)) == .badField("text"), "1025 bytes of text")
+        #expect(error(decode([4, 1, 0xff, 0xff] + [UInt8](repeating: 0x61, count: 65_535))) == .badField("text"))
+        for (size, ok) in [(1, true), (Session.maximumDatagramSize, true), (Session.maximumDatagramSize + 1, false),
+                           (4_000, false), (65_000, false)] {
+            let payload = [UInt8](repeating: 7, count: size)
+            let parsed = payload.withUnsafeBytes { DatagramBody.parse(kind: .data, payload: $0) }
+            #expect(parsed == (ok ? .success(.data) : .failure(.malformed)), "a \(size)-byte data payload")
+        }
+    }
+
     // MARK: Datagram header
 
     @Test func datagramHeaderRoundTrips() {

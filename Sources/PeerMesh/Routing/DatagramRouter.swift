@@ -180,12 +180,12 @@ extension DatagramRouter.Route {
 }
 
 extension DatagramBody {
-    /// Parses the body of a datagram of `kind`: data needs at least one byte, ping and pong exactly an 8-byte
-    /// timestamp.
+    /// Parses the body of a datagram of `kind`: data needs 1 … `Session.maximumDatagramSize` bytes (what a sender
+    /// may send), ping and pong exactly an 8-byte timestamp.
     static func parse(kind: DatagramHeader.Kind, payload: UnsafeRawBufferPointer) -> Result<DatagramBody, DatagramDrop> {
         switch kind {
         case .data:
-            return payload.isEmpty ? .failure(.malformed) : .success(.data)
+            return payload.isEmpty || payload.count > Session.maximumDatagramSize ? .failure(.malformed) : .success(.data)
         case .ping:
             return payload.count == 8 ? .success(.ping) : .failure(.malformed)
         case .pong:

@@ -20,6 +20,9 @@ public enum PeerFault: Error, Equatable, Sendable, CustomStringConvertible {
     case downgrade
     /// An encrypted record did not authenticate (tampered, replayed, truncated).
     case unauthentic
+    /// The peer stopped reading while it kept asking for answers: what was queued to it went past the connection's
+    /// limit (`Connection.maximumQueued`, twice what the app may queue), which only unread replies can reach.
+    case notReading
 
     static func malformedFrame(_ e: ControlFrame.DecodeError) -> PeerFault { .malformedFrame(e.description) }
 
@@ -32,6 +35,7 @@ public enum PeerFault: Error, Equatable, Sendable, CustomStringConvertible {
         case .handshake(let why): "the secure handshake failed (\(why))"
         case .downgrade: "the peer tried to connect without the encryption this side requires"
         case .unauthentic: "an encrypted record did not authenticate"
+        case .notReading: "the peer stopped reading what it asked for"
         }
     }
 }

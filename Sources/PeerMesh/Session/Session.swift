@@ -139,6 +139,8 @@ public final class Session: Sendable {
         /// it is alive this often: a peer with the default timeout hears from it in time even where no datagram
         /// does it (a relayed link, or an app that has stopped reading its `DatagramReader`).
         public static let longestDefaultHeartbeat: Duration = .milliseconds(500)
+        /// The default `maximumQueuedBytes`: 8 MiB.
+        public static let defaultMaximumQueuedBytes = 8 << 20
         /// UDP port for datagrams; 0 picks one. Give it the advertiser's port to keep one port number per host.
         public var udpPort: UInt16 = 0
         /// Local address to bind the UDP socket to, and to connect from: a numeric IPv4 or IPv6 address, or `""`
@@ -150,7 +152,7 @@ public final class Session: Sendable {
         /// session's slots.
         public var maximumPeersPerHost: Int = 4
         /// Most bytes queued towards one peer before `send` refuses with `.busy` (default 8 MiB).
-        public var maximumQueuedBytes: Int = 8 << 20
+        public var maximumQueuedBytes: Int = Self.defaultMaximumQueuedBytes
         /// Where incoming resources are written, each in a new directory of its own with mode 0700 (default `""`:
         /// `$TMPDIR`, else `/tmp`).
         public var resourceDirectory: String = ""
@@ -167,7 +169,7 @@ public final class Session: Sendable {
         /// The settings, each named for its property above and with the same default.
         public init(maximumPeers: Int = 8, peerTimeout: Duration = .seconds(2), heartbeatInterval: Duration? = nil,
                     udpPort: UInt16 = 0, bindHost: String = "", maximumMessageSize: Int = 1 << 20,
-                    maximumPeersPerHost: Int = 4, maximumQueuedBytes: Int = 8 << 20, resourceDirectory: String = "",
+                    maximumPeersPerHost: Int = 4, maximumQueuedBytes: Int = Self.defaultMaximumQueuedBytes, resourceDirectory: String = "",
                     maximumResourceSize: UInt64 = 1 << 36, topology: Topology = .mesh) {
             self.maximumPeers = maximumPeers
             self.peerTimeout = peerTimeout

@@ -23,6 +23,7 @@ extension SessionCore {
             return decline(.peerLimit, "too many peers from \(connection.remote?.host ?? "one address") (at most \(configuration.maximumPeersPerHost))")
         }
         connection.setMaximumFrameLength(max(configuration.maximumMessageSize + 1, ResourceFrame.maximumFrameLength))
+        connection.maximumQueued = 2 * configuration.maximumQueuedBytes
         guard connection.isEncrypted, let key = peer.publicKey else {
             return admit(connection, from: peer, invite: invite, listenerPort: listenerPort)
         }

@@ -214,6 +214,7 @@ final class SessionCore: Sendable {
         loop.execute { [self] in
             let c = Connection(socket: sock, remote: addr, connecting: true, loop: loop, channel: channelConfiguration(.initiator),
                                relayed: relayed)
+            c.maximumQueued = 2 * configuration.maximumQueuedBytes
             io.value.connections[link] = c
             io.value.localTokens[link] = token
             if let pinned { io.value.expectedKeys[link] = pinned }
@@ -319,7 +320,8 @@ final class SessionCore: Sendable {
         case .failed(let text):
             io.value.failureDetail[link] = text
         case .fault(let fault):
-            counters.add(to: \.garbageConnections)
+            // A peer that stopped reading sent nothing wrong: it is at fault, but its bytes were frames.
+            if fault != .notReading { counters.add(to: \.garbageConnections) }
             counters.add(to: \.peerFaults)
             io.value.failureDetail[link] = fault.description
         }

@@ -55,6 +55,11 @@ final class Connection {
     }
     /// See `onSendSpace`.
     static let sendSpaceMark = 128 << 10
+    /// The most bytes the queue may hold: past it the peer is faulted (`PeerFault.notReading`) and the connection
+    /// ends. The owner's own sends stop at its limit (`Session.Configuration.maximumQueuedBytes`; this is set to twice
+    /// that), so only the replies a peer provokes and never reads — MESH_INTRO_DATA for each MESH_INTRO_REQUEST,
+    /// say — can reach it: a peer that asks without reading cannot grow our memory.
+    var maximumQueued = 2 * Session.Configuration.defaultMaximumQueuedBytes
     private var onFrame: (ControlFrame) -> Void = { _ in }
     private var onApproval: (PeerID) -> Void = { _ in }
     private var onEnd: (ConnectionEnd) -> Void = { _ in }
@@ -142,9 +147,17 @@ final class Connection {
     /// Queues `frame` and writes what the socket takes now.
     func send(_ frame: ControlFrame) {
         guard !ended, !hasFailed else { return }
-        outbound.append(contentsOf: channel.send(frame))
-        if connected { flush() }
+        enqueue(channel.send(frame))
         updateInterest()
+    }
+
+    /// Appends `bytes` to the queue and writes what the socket takes now; a queue past `maximumQueued` ends the
+    /// connection (on the loop's next turn, as a failed write does) with the peer at fault.
+    private func enqueue(_ bytes: [UInt8]) {
+        guard !hasFailed else { return }
+        outbound.append(contentsOf: bytes)
+        if connected { flush() }
+        if queuedBytes > maximumQueued { failLater(.fault(.notReading)) }
     }
 
     /// Writes what it can of the queue, shuts the socket down and closes it. Delivers nothing more.
@@ -207,12 +220,7 @@ final class Connection {
             if n > 0 { sent += n; continue }
             if n < 0, errno == EINTR { continue }
             if n < 0, errno == EAGAIN || errno == EWOULDBLOCK { break }
-            // Never end inside `send` (the owner may be in the middle of its own actions): end on the next turn.
-            let text = Sys.errorText(errno)
-            hasFailed = true
-            outbound = []
-            sent = 0
-            loop.schedule(at: 0) { [weak self] in self?.end(.failed(text)) }
+            failLater(.failed(Sys.errorText(errno)))
             return
         }
         if sent == outbound.count {
@@ -224,6 +232,15 @@ final class Connection {
         }
     }
 
+    /// Drops the queue and ends the connection on the loop's next turn: never inside `send` (the owner may be in the
+    /// middle of its own actions). Whatever is sent meanwhile is dropped (`hasFailed`).
+    private func failLater(_ why: ConnectionEnd) {
+        hasFailed = true
+        outbound = []
+        sent = 0
+        loop.schedule(at: 0) { [weak self] in self?.end(why) }
+    }
+
     /// Reads one turn of the loop may make on one connection (of up to 64 KiB each): a peer that keeps its socket
     /// full (of tiny records, say, each a decryption) gets this much and then waits its turn behind the loop's other
     /// work — timers, heartbeats, other peers. The loop is level-triggered, so what is left is read on the next turn.
@@ -232,7 +249,7 @@ final class Connection {
     private func read() {
         let buffer = loop.readBuffer
         var reads = 0
-        while !ended && !paused && reads < Self.readsPerTurn {
+        while !ended && !paused && !hasFailed && reads < Self.readsPerTurn {
             let n = recv(socket.fd, buffer.baseAddress, buffer.count, 0)
             if n > 0 {
                 reads += 1
@@ -251,8 +268,12 @@ final class Connection {
         }
     }
 
-    /// Frames decoded but not yet delivered (the connection was paused in the middle of a read).
+    /// Events decoded but not yet carried out: `pendingEvents[nextPending...]` (the connection was paused in the
+    /// middle of a read, or a handler is carrying out an earlier one). One read can decode thousands of tiny frames:
+    /// they are walked by index, and the array is emptied once all are done, so a read costs linear time.
     private var pendingEvents: [SecureChannel.Event] = []
+    /// See `pendingEvents`. Stored, not local: a handler may re-enter `deliverPending` (through `approve`).
+    private var nextPending = 0
 
     /// Carries out the channel's events: writes, frames to the owner, approval requests, faults.
     private func perform(_ events: [SecureChannel.Event]) {
@@ -261,12 +282,18 @@ final class Connection {
     }
 
     private func deliverPending() {
-        while !ended, !paused, !pendingEvents.isEmpty {
-            let e = pendingEvents.removeFirst()
+        defer {
+            if nextPending == pendingEvents.count {
+                pendingEvents.removeAll(keepingCapacity: pendingEvents.count <= 64)
+                nextPending = 0
+            }
+        }
+        while !ended, !paused, !hasFailed, nextPending < pendingEvents.count {
+            let e = pendingEvents[nextPending]
+            nextPending += 1
             switch e {
             case .write(let bytes):
-                outbound.append(contentsOf: bytes)
-                if connected { flush() }
+                enqueue(bytes)
             case .frame(let f): onFrame(f)
             case .needsApproval(let peer): onApproval(peer)
             case .refused(let why):
@@ -297,6 +324,7 @@ final class Connection {
         onEnd = { _ in }
         onFirstBytes = nil
         pendingEvents = []
+        nextPending = 0
         outbound = []
         sent = 0
     }

@@ -224,7 +224,9 @@ enum ControlFrame: Equatable, Sendable {
         case .decline:
             guard let raw = r.u8(), let n = r.u16(), let t = r.bytes(Int(n)) else { return .failure(.truncated) }
             guard let reason = DeclineReason(rawValue: raw) else { return .failure(.badField("reason")) }
-            guard let text = String(validating: t, as: UTF8.self) else { return .failure(.badField("text")) }
+            guard n <= Self.maximumDeclineText, let text = String(validating: t, as: UTF8.self) else {
+                return .failure(.badField("text"))
+            }
             frame = .decline(reason, text)
         case .data:
             frame = .data(Array(r.rest()))

@@ -67,6 +67,10 @@ final class RawGuest: @unchecked Sendable { // one thread at a time: a test hand
     /// A plaintext frame sealed as the next record, without sending it.
     func seal(_ frame: ControlFrame) -> [UInt8] { channel.send(frame) }
 
+    /// Encoded frames (`ControlFrame.encoded()`, concatenated) sealed as the next records, without sending them:
+    /// many frames to a record, as no honest sender packs them.
+    func seal(frames bytes: [UInt8]) -> [UInt8] { channel.seal(bytes) }
+
     /// An INVITE into the host's session, as a `Session` would send it.
     static func invite(token: UInt64 = 0x5eed_0001) -> ControlFrame {
         .invite(.init(context: [], timeoutMillis: 10_000, udpPort: 9, token: token))
