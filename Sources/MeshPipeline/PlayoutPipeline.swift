@@ -276,7 +276,9 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
         let c = upstream.jitterBuffer.snapshot
         let ms = 1000 / rate
         let latency = latest.measuredLatencyFrames
-        let sent = c.lostPackets &+ c.accepted &+ c.late
+        // Of the packets the host sent (by sequence number): packets the Opus decoder concealed are stored, but
+        // were lost, so `accepted` is no measure of what was sent.
+        let sent = upstream.jitterBuffer.expectedPackets
         var s = PlayoutStats()
         s.bufferedMilliseconds = latency * ms
         s.steadyLatencyMilliseconds = latest.steadyLatencyFrames * ms

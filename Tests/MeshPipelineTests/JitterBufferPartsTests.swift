@@ -94,6 +94,47 @@ struct JitterBufferPartsTests {
         #expect(tooOld && stillTooOld)
     }
 
+    /// Counts `sequences` received, in the order given.
+    private static func receive(_ sequences: [UInt32], into losses: inout LossTracker) {
+        for s in sequences where losses.noteSequence(s) { losses.countReceived() }
+    }
+
+    @Test func oneWildSequenceNumberCountsNothingLostAndTheStreamCountsOn() {
+        var losses = LossTracker()
+        losses.startStream(at: 0)
+        Self.receive(Array(1..<100), into: &losses)
+        // Packet 100 numbered a million ahead, its frames in place (a host's bug, or a lie): received, on probation.
+        Self.receive([1_000_100], into: &losses)
+        Self.receive(Array(101..<200), into: &losses)
+        #expect(losses.lostPackets == 0, "every packet came; one lied about its number")
+        #expect(losses.expectedPackets == 200)
+        // Duplicates are still told apart after it, and a real gap still counts.
+        let duplicate = losses.noteSequence(150)
+        #expect(!duplicate)
+        Self.receive([201], into: &losses)
+        #expect(losses.lostPackets == 1)
+        // And it stays right after the stream closes.
+        losses.closeStream()
+        #expect(losses.lostPackets == 1 && losses.expectedPackets == 202)
+    }
+
+    @Test func aLongGapThatTheNextPacketConfirmsIsCountedLost() {
+        var losses = LossTracker()
+        losses.startStream(at: 0)
+        Self.receive(Array(1..<10), into: &losses)
+        let jump = UInt32(10 + LossTracker.maximumDropout + 500)
+        Self.receive([jump], into: &losses)
+        #expect(losses.lostPackets == 0, "not believed yet")
+        Self.receive([jump + 1, jump + 2], into: &losses)
+        #expect(losses.lostPackets == UInt64(jump) - 10, "every packet between 9 and the jump")
+        #expect(losses.expectedPackets == UInt64(jump) + 3)
+        // A jump within the dropout is taken at once.
+        var near = LossTracker()
+        near.startStream(at: 0)
+        Self.receive([UInt32(LossTracker.maximumDropout)], into: &near)
+        #expect(near.lostPackets == UInt64(LossTracker.maximumDropout) - 1)
+    }
+
     // MARK: JitterEstimator
 
     @Test func jitterEstimatorSeesNoJitterInSteadyTransits() {

@@ -188,6 +188,66 @@ struct OpusCodecTests {
         let c = jb.snapshot
         #expect(c.lostPackets == 1)
         #expect(c.accepted == UInt64(got.count))
+        // What the loss is a fraction of: the packets the host sent, not those stored (the concealed one was lost).
+        #expect(jb.expectedPackets == UInt64(packets.count + 1))
+    }
+
+    @Test("A packet that does not decode, or not to its header's frame count, costs its own frames only: every later packet keeps its place")
+    func aPacketThatDoesNotDecodeCostsItsOwnFramesOnly() throws {
+        for corruptBody in [false, true] {
+            let packets = try Self.tonePackets(seconds: 0.1)
+            for format in [Self.wire48k, AudioFormat.default] {
+                let ring = PacketRing(capacity: 256)
+                let ingress = PacketIngress(format: format, ring: ring)
+                try ingress.prepareOpusDecoder()
+                for (i, var p) in packets.enumerated() {
+                    if i == 10 {
+                        if corruptBody {
+                            p = Array(p.prefix(AudioPacket.headerSize)) + [0xFF]  // TOC code 3 without its frame count
+                        } else {
+                            p.withUnsafeMutableBytes { $0.storeBytes(of: UInt16(240).bigEndian, toByteOffset: 16, as: UInt16.self) }
+                        }
+                    }
+                    _ = p.withUnsafeBytes { ingress.receive($0, arrivalNanos: UInt64(i)) }
+                }
+                let got = Self.drain(ring)
+                #expect(ingress.counters.malformed == 1)
+                #expect(!got.contains { $0.0.header.sequence == 10 }, "nothing stands in for the bad packet: the jitter buffer conceals it")
+                // Each packet's first frame sits where its own index puts it at the pipeline's rate, less what the
+                // resampler holds back after a (re)start: the same few frames before the bad packet and after it,
+                // not a whole packet more (±2 frames of rounding; the packets that start the decoder aside).
+                let offsets = got.map { packet, _ in
+                    (packet.header.sequence, Int(packet.header.firstFrameIndex) - Int(packet.header.sequence) * 120 * format.sampleRate / 48_000)
+                }
+                let settled = offsets.filter { $0.0 != 0 && $0.0 != 11 }
+                let reference = settled.first?.1 ?? 0
+                let misplaced = settled.filter { abs($0.1 - reference) > 2 }
+                #expect(misplaced.count == 0, "corrupt body \(corruptBody), \(format): \(misplaced.count) of \(got.count) packets misplaced, first \(misplaced.first.map { "seq \($0.0) off by \($0.1 - reference)" } ?? "")")
+                #expect(got.last?.0.header.sequence == UInt32(packets.count - 1))
+            }
+        }
+    }
+
+    @Test func anOpusHeaderWithMoreThanTwoChannelsIsMalformedNotAFormatChange() throws {
+        var packet = try Self.tonePackets(seconds: 0.02)[0]
+        packet[18] = 3
+        #expect(throws: AudioPacketError.unsupportedFormat) { try packet.withUnsafeBytes { try AudioPacket.decodeHeader($0) } }
+        let ingress = PacketIngress(format: AudioFormat(sampleRate: 48_000, channels: 2), ring: PacketRing(capacity: 4))
+        #expect(packet.withUnsafeBytes { ingress.receive($0, arrivalNanos: 1) } == .malformed(.unsupportedFormat))
+        #expect(ingress.takePendingFormat() == nil, "the player does not rebuild playback for it")
+    }
+
+    @Test func theHostsCaptureDelayReachesA44_1kHzPipelineInItsOwnFrames() throws {
+        let ring = PacketRing(capacity: 256)
+        let ingress = PacketIngress(format: .default, ring: ring)
+        try ingress.prepareOpusDecoder()
+        for (i, var p) in try Self.tonePackets(seconds: 0.05).enumerated() {
+            // 10 ms, as the host reports it: in 48 kHz frames.
+            p.withUnsafeMutableBytes { $0.storeBytes(of: UInt32(480).bigEndian, toByteOffset: 32, as: UInt32.self) }
+            _ = p.withUnsafeBytes { ingress.receive($0, arrivalNanos: UInt64(i)) }
+        }
+        let got = Self.drain(ring)
+        #expect(!got.isEmpty && got.allSatisfy { $0.0.header.hostLatencyFrames == 441 }, "10 ms at 44.1 kHz")
     }
 
     @Test func hostilePacketsAreDroppedAndCountedAndTheStreamGoesOn() throws {
@@ -201,9 +261,9 @@ struct OpusCodecTests {
         // A header that lies about the frame count (240 for a 120-frame Opus packet): malformed, nothing stored.
         var liar = packets[2]
         liar.withUnsafeMutableBytes { $0.storeBytes(of: UInt16(240).bigEndian, toByteOffset: 16, as: UInt16.self) }
-        guard case .malformed = send(liar) else { Issue.record("a lying frame count was taken"); return }
         // A replayed or duplicated packet: the decoder is past it.
         #expect(send(packets[1]) == .stale)
+        guard case .malformed = send(liar) else { Issue.record("a lying frame count was taken"); return }
         // Garbage codec bytes under a valid header: libopus refuses them or decodes them; nothing out of range.
         var garbage = Array(packets[3].prefix(AudioPacket.headerSize))
         var rng = SystemRandomNumberGenerator()

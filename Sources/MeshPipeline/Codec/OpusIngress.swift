@@ -123,7 +123,7 @@ final class OpusIngress: @unchecked Sendable {  // The decoder, resampler and tr
             restart(at: header)
         case .decode(let missing):
             let n = header.frameCount
-            for k in stride(from: missing, to: 0, by: -1) {
+            concealing: for k in stride(from: missing, to: 0, by: -1) {
                 var h = header
                 h.sequence = header.sequence &- UInt32(k)
                 h.firstFrameIndex = header.firstFrameIndex &- UInt64(k * n)
@@ -131,8 +131,10 @@ final class OpusIngress: @unchecked Sendable {  // The decoder, resampler and tr
                 h.captureTimeNanos = header.captureTimeNanos > back ? header.captureTimeNanos - back : 0
                 let frames: Int
                 do { frames = try decoder.conceal(into: decoded, frames: n) } catch {
-                    result.concealedOverflows += 1
-                    continue
+                    // libopus would not conceal: start afresh at this packet, at its own index (the jitter buffer
+                    // sees the gap, and counts the missing packets lost).
+                    restart(at: header)
+                    break concealing
                 }
                 switch store(frames: frames, of: h, concealed: true, arrivalNanos: arrivalNanos, ring: ring) {
                 case .pushed: result.concealedFrames += lastStored
@@ -143,14 +145,18 @@ final class OpusIngress: @unchecked Sendable {  // The decoder, resampler and tr
         }
         let payload = UnsafeRawBufferPointer(rebasing: datagram[AudioPacket.headerSize...])
         let frames: Int
+        // A packet that does not decode, or not to the frames its header claims (a lying header), is malformed, and
+        // the decoder's state is no longer the stream's: the next packet starts it afresh at its own index, so the
+        // bad packet's frames are a gap the jitter buffer conceals, not a splice that moves every later packet early.
         do {
             frames = try decoder.decode(payload, into: decoded, maximumFrames: 2_880)
         } catch {
+            sequence.reset()
             result.push = .malformed(.unsupportedFormat)
             return result
         }
-        // The packet must decode to exactly the frames its header claims (a lying header is malformed).
         guard frames == header.frameCount else {
+            sequence.reset()
             result.push = .malformed(.badFrameCount(frames))
             return result
         }
@@ -205,6 +211,8 @@ final class OpusIngress: @unchecked Sendable {  // The decoder, resampler and tr
         let inputFrame = Double(nextOutputFrame) * Double(Opus.sampleRate) / Double(outputRate)
         let time = Double(header.captureTimeNanos) + (inputFrame - Double(header.firstFrameIndex)) * 1e9 / Double(Opus.sampleRate)
         h.captureTimeNanos = Opus.nanos(time)
+        // The host reports its capture delay in 48 kHz frames; the pipeline reads it at its own rate.
+        h.hostLatencyFrames = UInt32(UInt64(header.hostLatencyFrames) * UInt64(outputRate) / UInt64(Opus.sampleRate))
         nextOutputFrame &+= UInt64(produced)
         let samples = out
         let r = ring.push(ReceivedPacket(header: h, arrivalNanos: arrivalNanos, concealed: concealed)) { slot throws(AudioPacketError) in

@@ -230,6 +230,10 @@ public struct JitterBuffer {
         return latencyFrames(cursor, nowNanos: nowNanos)
     }
 
+    /// Packets the host sent by their sequence numbers (received or lost, over every stream): the whole that
+    /// `Counters.lostPackets` is a part of.
+    public var expectedPackets: UInt64 { losses.expectedPackets }
+
     /// The exact counters (with `lostPackets` from the sequence numbers seen so far).
     public var snapshot: Counters {
         var c = counters

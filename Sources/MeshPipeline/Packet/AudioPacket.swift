@@ -139,8 +139,9 @@ public enum AudioPacket {
         if let expected = encodedSize(frames: frames, format: format, encoding: encoding) {
             guard bytes.count == expected else { throw .lengthMismatch(expected: expected, actual: bytes.count) }
         } else {
-            // Opus: 48 kHz, one of its frame sizes, and at least one byte (the TOC) of codec data.
-            guard rate == Opus.sampleRate else { throw .unsupportedFormat }
+            // Opus: 48 kHz, mono or stereo (what the player's decoder takes), one of its frame sizes, and at least
+            // one byte (the TOC) of codec data.
+            guard rate == Opus.sampleRate, channels <= 2 else { throw .unsupportedFormat }
             guard Opus.frameSizes.contains(frames) else { throw .badFrameCount(frames) }
             guard bytes.count > headerSize else { throw .truncated(bytes.count) }
         }
