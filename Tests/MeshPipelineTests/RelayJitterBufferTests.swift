@@ -138,6 +138,25 @@ struct RelayJitterBufferTests {
         }
     }
 
+    @Test func aNewStreamsPacketsSetItsStructuralLatencyNotTheOldStreams() {
+        var jb = JitterBuffer(format: .default, configuration: .init(mode: .low))
+        var now: UInt64 = 0
+        func step(_ first: UInt64, _ frames: Int, _ seq: UInt32) {
+            now += relayNanos(Double(frames))
+            let (_, h, s) = relayIndexPacket(first: first, frames: frames, sequence: seq)
+            jb.insert(h, s, arrival: now)
+            _ = jb.read(frames: 64, now: now)
+        }
+        for k in 0..<50 { step(UInt64(k * 64), 64, UInt32(k)) }
+        // One outsized packet (a host's bug, or a lie) raises the floor for its stream...
+        step(50 * 64, 574, 50)
+        #expect(jb.packetFrames == 574)
+        // ...and a new stream (the host restarted, with 64-frame packets again) starts from its own.
+        for k in 0..<20 { step(1 << 40 + UInt64(k * 64), 64, UInt32(1000 + k)) }
+        #expect(jb.snapshot.resyncs == 1)
+        #expect(jb.packetFrames == 64)
+    }
+
     @Test func hostRestartResyncs() {
         var jb = JitterBuffer(format: .default, configuration: .init(mode: .fixed(milliseconds: 10)))
         var now: UInt64 = 0

@@ -227,6 +227,26 @@ struct RelayStateMachineTests {
         #expect(refused == 64)
         #expect(fault, "then cut off")
     }
+
+    @Test("Calls opened and closed without end to a member that never answers CLOSE: that member is cut off, the table stays bounded")
+    func aMemberThatNeverAnswersClose() throws {
+        var w = try RelayLine()
+        var faults: [LinkID] = []
+        var calls = 0
+        for id in UInt32(1)...400 where faults.isEmpty {
+            // N asks H to splice it to M, then hangs up; H closes the leg to M, and M never answers.
+            let spliced = w.h.received(.request(pipe: id, peer: w.pm), on: 10, from: w.pn, members: w.hMembers)
+            #expect(spliced.count == 1, "spliced, not refused")
+            let closed = w.h.received(.close(pipe: id, opener: true), on: 10, from: w.pn, members: w.hMembers)
+            for case .fault(let link, _) in spliced + closed { faults.append(link) }
+            calls += 1
+        }
+        #expect(faults == [20], "M, which owes the answers, is at fault; N, which answered everything, is not")
+        #expect(calls == w.h.limits.maximumUnansweredPerLink + 1)
+        #expect(w.h.counts.closing == w.h.limits.maximumUnansweredPerLink + 1, "bounded until the driver closes M's link")
+        _ = w.h.linkClosed(20)
+        #expect(w.h.counts == (0, 0, 0))
+    }
 }
 
 /// Sessions whose introduced members call through their introducer (`relaysIntroductions`), on 127.0.0.1.

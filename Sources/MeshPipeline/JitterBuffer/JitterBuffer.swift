@@ -468,7 +468,8 @@ public struct JitterBuffer {
         target.streamStarted(atNanos: packet.arrivalNanos)
         losses.startStream(at: h.sequence)
         counters.accepted &+= 1
-        maxPacketFrames = max(maxPacketFrames, h.frameCount)
+        // The new stream's packets, not the old one's (nor one outsized packet of it), set the structural latency.
+        maxPacketFrames = h.frameCount
         if !packet.concealed { noteTransit(packet) }
         frames.store(samples, first: h.firstFrameIndex, count: h.frameCount)
     }

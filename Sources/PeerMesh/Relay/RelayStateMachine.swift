@@ -44,6 +44,10 @@ struct RelayStateMachine: Sendable {
         var maximumSpliced = 64
         /// Refusals on one link not yet answered before further requests are a fault.
         var maximumRefusedPerLink = 64
+        /// Pipes on one link that we closed (or refused) and its peer has not answered yet; one more is a fault of
+        /// that peer. Each of our CLOSEs is answered at once by an honest peer, so this bounds the table against a
+        /// member that never answers while another opens and closes pipes to it through us.
+        var maximumUnansweredPerLink = 256
     }
 
     private enum Pipe: Equatable {
@@ -119,8 +123,7 @@ struct RelayStateMachine: Sendable {
     /// Our end of `key` is finished (its connection closed, or the driver could not take the call).
     mutating func endClosed(_ key: PipeKey) -> [Action] {
         guard case .end = pipes[key] else { return [] }
-        pipes[key] = .closing
-        return [.send(key.link, .close(pipe: key.id, opener: key.mine))]
+        return close(key)
     }
 
     // MARK: The peer's frames
@@ -222,16 +225,22 @@ struct RelayStateMachine: Sendable {
         return refused >= limits.maximumRefusedPerLink ? nil : .refuse
     }
 
-    private mutating func refuse(_ key: PipeKey) -> [Action] {
-        pipes[key] = .closing
-        return [.send(key.link, .close(pipe: key.id, opener: key.mine))]
-    }
+    private mutating func refuse(_ key: PipeKey) -> [Action] { close(key) }
 
     /// Closes a spliced leg whose partner went.
     private mutating func closeLeg(_ key: PipeKey) -> [Action] {
         guard case .splice = pipes[key] else { return [] }
+        return close(key)
+    }
+
+    /// Sends CLOSE for `key` and keeps its id taken until the answer; a peer that has left more than
+    /// `maximumUnansweredPerLink` of them unanswered is at fault.
+    private mutating func close(_ key: PipeKey) -> [Action] {
         pipes[key] = .closing
-        return [.send(key.link, .close(pipe: key.id, opener: key.mine))]
+        let actions: [Action] = [.send(key.link, .close(pipe: key.id, opener: key.mine))]
+        let unanswered = pipes.lazy.filter { $0.key.link == key.link && $0.value == .closing }.count
+        guard unanswered > limits.maximumUnansweredPerLink else { return actions }
+        return actions + fault(key.link, "no answer to \(unanswered) RELAY_CLOSEs")
     }
 
     private mutating func freshKey(on link: LinkID) -> PipeKey {
