@@ -142,6 +142,31 @@ struct MembershipStateMachineTests {
         #expect(m.received(.introRequest(peer: a), from: b) == [.send(b, .introData(forIdentity: a.identity, data: []))], "not about ourselves")
     }
 
+    @Test("A member that names newcomers without end: we still answer, but expect at most 16 of its newcomers, and none once it leaves")
+    func aMemberThatNamesNewcomersWithoutEnd() throws {
+        let a = try PeerIdentity.generate(displayName: "a").peerID, liar = try PeerIdentity.generate(displayName: "liar").peerID
+        let honest = try PeerIdentity.generate(displayName: "honest").peerID
+        var m = MembershipStateMachine(me: a, topology: .mesh, maximumPeers: 8)
+        _ = m.connected(liar)
+        _ = m.connected(honest)
+        let expected = try PeerIdentity.generate(displayName: "expected").peerID
+        #expect(m.received(.introRequest(peer: expected), from: honest) == [.makeData(for: expected, replyTo: honest)])
+        for i in 0..<200 {
+            let newcomer = try PeerIdentity.generate(displayName: "n\(i)").peerID
+            #expect(m.received(.introRequest(peer: newcomer), from: liar) == [.makeData(for: newcomer, replyTo: liar)])
+        }
+        #expect(m.expectedIntroductions.introduced == 17, "the liar's latest 16, and the honest member's one")
+        #expect(m.expectedIntroductions.named == [liar.identity: 16, honest.identity: 1])
+        // The honest member's newcomer joins: it is not introduced again (it came through an introduction).
+        #expect(m.connected(expected).isEmpty)
+        #expect(m.expectedIntroductions.named[honest.identity] == 0)
+        _ = m.disconnected(liar)
+        #expect(m.expectedIntroductions.introduced == 0 && m.expectedIntroductions.named[liar.identity] == nil)
+        // A newcomer the liar named and that joins after it left is a plain newcomer: introduced to the others.
+        let late = try PeerIdentity.generate(displayName: "late").peerID
+        #expect(m.connected(late).contains(.send(honest, .introRequest(peer: late))))
+    }
+
     /// Random joins (each to a random member) and leaves, or joins across partitions (each newcomer cannot reach a
     /// random part of the others directly): the views always match the links, no peer appears twice, only
     /// unreachable pairs are relayed, and with room for all every member is connected to every other one. (Leaves

@@ -96,6 +96,24 @@ struct NearbyConnectionTests {
         #expect(p.guestLog.states(of: p.hostPeer) == [.connecting, .connected])
     }
 
+    @Test("A member asking for introductions without end spends its own 16 tickets, never the app's or another member's")
+    func introducersSpendOnlyTheirOwnTickets() throws {
+        let session = try Session(securityIdentity: try PeerIdentity.generate(displayName: "me"),
+                                  configuration: .init(bindHost: "127.0.0.1"))
+        defer { session.disconnect() }
+        let appPeer = try PeerIdentity.generate(displayName: "app").peerID
+        let otherNewcomer = try PeerIdentity.generate(displayName: "other").peerID
+        _ = try session.nearbyConnectionData(forPeer: appPeer)
+        _ = try session.nearbyConnectionData(forPeer: otherNewcomer, preferring: nil, introducer: 2)
+        let flood = try (0..<300).map { try PeerIdentity.generate(displayName: "n\($0)").peerID }
+        for newcomer in flood { _ = try session.nearbyConnectionData(forPeer: newcomer, preferring: nil, introducer: 1) }
+        let tickets = try session.directAcceptor()
+        #expect(tickets.hasTicket(for: appPeer), "the app's data still works")
+        #expect(tickets.hasTicket(for: otherNewcomer), "so does another member's introduction")
+        #expect(flood.suffix(16).allSatisfy { tickets.hasTicket(for: $0) })
+        #expect(flood.dropLast(16).filter { tickets.hasTicket(for: $0) }.isEmpty, "the flooder's older ones are gone")
+    }
+
     @Test("A ticket works once; cancelConnectPeer closes on both sides and withdraws unused data")
     func oneUseAndCancel() throws {
         let p = try Peers()

@@ -24,6 +24,11 @@ struct MembershipStateMachine: Sendable {
     private(set) var members: Set<PeerID> = []
     /// Peers whose link to us came from an introduction (ours or theirs): they introduce no one.
     private var introduced: Set<UInt64> = []
+    /// For each member: the newcomers it asked us to make connection data for that have not joined us yet, oldest
+    /// first, at most `maximumNamedPerMember`. A member that names newcomers without end pushes out only its own
+    /// oldest (which leave `introduced` unless they are members, or another member named them too).
+    private var named: [UInt64: [UInt64]] = [:]
+    static let maximumNamedPerMember = 16
     /// For each newcomer we introduce, the members we asked and how many of our requests each has yet to answer.
     /// Each member answers every request, in order, on its link; so a newcomer that leaves (and may come back) keeps
     /// its entry until those answers come: an answer about a peer that has gone is late, not unasked for.
@@ -49,6 +54,8 @@ struct MembershipStateMachine: Sendable {
     /// neither introduced to the others nor asked to make data for a newcomer.
     mutating func connected(_ peer: PeerID) -> [Action] {
         guard members.insert(peer).inserted else { return [] }
+        // It has joined: no member's naming of it is outstanding any more.
+        for member in named.keys { named[member]?.removeAll { $0 == peer.identity } }
         // Back, by whatever path: its entry is a member's again, not a departed newcomer's.
         departed.removeAll { $0 == peer.identity }
         guard topology == .mesh, !introduced.contains(peer.identity), peer.publicKey != nil else { return [] }
@@ -62,6 +69,7 @@ struct MembershipStateMachine: Sendable {
     mutating func disconnected(_ peer: PeerID) -> [Action] {
         members.remove(peer)
         introduced.remove(peer.identity)
+        for newcomer in named.removeValue(forKey: peer.identity) ?? [] { forgetNamed(newcomer) }
         // Requests to `peer` will not be answered; requests about it stay open, as its answers are still coming.
         for key in asked.keys {
             asked[key]?[peer.identity] = nil
@@ -88,6 +96,16 @@ struct MembershipStateMachine: Sendable {
                   members.count + 1 < maximumPeers
             else { return [.send(peer, .introData(forIdentity: newcomer.identity, data: []))] }
             introduced.insert(newcomer.identity)
+            var list = named[peer.identity, default: []]
+            list.removeAll { $0 == newcomer.identity }
+            list.append(newcomer.identity)
+            if list.count > Self.maximumNamedPerMember {
+                let oldest = list.removeFirst()
+                named[peer.identity] = list
+                forgetNamed(oldest)
+            } else {
+                named[peer.identity] = list
+            }
             return [.makeData(for: newcomer, replyTo: peer)]
         case .introData(let id, let data):
             guard var waiting = asked[id], let open = waiting[peer.identity] else {
@@ -108,5 +126,17 @@ struct MembershipStateMachine: Sendable {
             introduced.insert(other.identity)
             return [.connect(other, data: data, introducer: peer)]
         }
+    }
+
+    /// `newcomer` is no longer named by the member that named it: unless it has joined, or another member named it
+    /// too, it is no longer expected through an introduction.
+    private mutating func forgetNamed(_ newcomer: UInt64) {
+        guard !members.contains(where: { $0.identity == newcomer }), !named.values.contains(where: { $0.contains(newcomer) }) else { return }
+        introduced.remove(newcomer)
+    }
+
+    /// Newcomers expected through an introduction and not yet members, and how many each member has named (tests).
+    var expectedIntroductions: (introduced: Int, named: [UInt64: Int]) {
+        (introduced.filter { id in !members.contains { $0.identity == id } }.count, named.mapValues(\.count))
     }
 }

@@ -117,6 +117,8 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
     private struct Ticket {
         var forPeer: PeerID
         var expires: Nanos
+        /// The member whose MESH_INTRO_REQUEST it was made for (nil: the app asked).
+        var introducer: UInt64?
     }
 
     /// How long connection data stays good.
@@ -137,17 +139,26 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
 
     deinit { advertiser.stopAdvertisingPeer() }
 
-    /// Live tickets at most; past it the oldest goes (a member that asks for introductions without end).
+    /// Live tickets at most; past it the oldest goes.
     static let maximumTickets = 256
+    /// Live tickets made for one member's introductions at most; past it that member's oldest goes, so that a member
+    /// that asks for introductions without end spends its own tickets, never those made for others or for the app.
+    static let maximumTicketsPerIntroducer = 16
 
-    /// A new ticket for `peer`.
-    func issue(for peer: PeerID) -> [UInt8] {
+    /// A new ticket for `peer`, made at the app's request or, with `introducer`, for a member's introduction.
+    func issue(for peer: PeerID, introducer: UInt64? = nil) -> [UInt8] {
         let ticket = Sodium.randomBytes(NearbyConnectionData.ticketSize)
         let now = MonotonicClock.nowNanos()
         tickets.withLock { t in
             t = t.filter { $0.value.expires > now }
-            if t.count >= Self.maximumTickets, let oldest = t.min(by: { $0.value.expires < $1.value.expires }) { t[oldest.key] = nil }
-            t[ticket] = Ticket(forPeer: peer, expires: now + Self.lifetime)
+            func evictOldest(where matches: (Ticket) -> Bool) {
+                if let oldest = t.filter({ matches($0.value) }).min(by: { $0.value.expires < $1.value.expires }) { t[oldest.key] = nil }
+            }
+            if let introducer, t.values.count(where: { $0.introducer == introducer }) >= Self.maximumTicketsPerIntroducer {
+                evictOldest { $0.introducer == introducer }
+            }
+            if t.count >= Self.maximumTickets { evictOldest { _ in true } }
+            t[ticket] = Ticket(forPeer: peer, expires: now + Self.lifetime, introducer: introducer)
         }
         return ticket
     }
@@ -201,8 +212,10 @@ extension Session {
     }
 
     /// The same, listing `preferred` (an address this session is reached at, such as the local end of the link an
-    /// introduction came over) first.
-    func nearbyConnectionData(forPeer peer: PeerID, preferring preferred: String?) throws(PeerMeshError) -> Data {
+    /// introduction came over) first; `introducer` is the member whose introduction it is for (its tickets are
+    /// counted apart).
+    func nearbyConnectionData(forPeer peer: PeerID, preferring preferred: String?,
+                              introducer: UInt64? = nil) throws(PeerMeshError) -> Data {
         guard encryptionPreference != .none, myPeerID.publicKey != nil else {
             throw .invalidParameter("nearbyConnectionData needs an encrypted session (the data pins the keys)")
         }
@@ -217,7 +230,7 @@ extension Session {
         }
         addresses = NearbyConnectionData.listedAddresses(addresses, preferring: preferred)
         guard !addresses.isEmpty else { throw .transport("this machine has no address to give") }
-        let data = NearbyConnectionData(peer: myPeerID, forIdentity: peer.identity, ticket: acceptor.issue(for: peer),
+        let data = NearbyConnectionData(peer: myPeerID, forIdentity: peer.identity, ticket: acceptor.issue(for: peer, introducer: introducer),
                                         port: port, addresses: addresses)
         return Data(data.encoded())
     }
@@ -262,8 +275,8 @@ extension Session {
         disconnect(peer)
     }
 
-    /// The listener behind `nearbyConnectionData`, started on first use.
-    private func directAcceptor() throws(PeerMeshError) -> DirectAcceptor {
+    /// The listener behind `nearbyConnectionData` (and its tickets), started on first use.
+    func directAcceptor() throws(PeerMeshError) -> DirectAcceptor {
         if let existing = direct.withLock({ $0 }) { return existing }
         let made = try DirectAcceptor(session: self, bindHost: core.configuration.bindHost)
         return direct.withLock { d in
