@@ -81,14 +81,14 @@ package struct BenchOptions: CommandLineTool, Sendable, Equatable {
 
     package static func parse(_ arguments: [String]) throws(UsageError) -> ParsedCommand<BenchOptions> {
         var cursor = ArgumentCursor(arguments)
-        guard let first = cursor.next() else {
+        guard let first = try cursor.next() else {
             throw UsageError("say which measurement: throughput, fanout, pair, serve, resource, resource-receiver or meshjoin")
         }
         if first == "--help" || first == "-h" { return .help }
         if first == "--version" { return .version }
         guard let mode = Mode(rawValue: first) else { throw UsageError("unknown measurement \"\(first)\"") }
         var o = BenchOptions(mode: mode)
-        while let flag = cursor.next() {
+        while let flag = try cursor.next() {
             switch flag {
             case "--seconds": o.seconds = try cursor.number(for: flag, in: 0.1...3_600)
             case "--rounds": o.rounds = try cursor.int(for: flag, in: 1...100)

@@ -56,7 +56,7 @@ package struct ChatOptions: CommandLineTool, Sendable, Equatable {
     package static func parse(_ arguments: [String]) throws(UsageError) -> ParsedCommand<ChatOptions> {
         var cursor = ArgumentCursor(arguments)
         var o = ChatOptions()
-        while let flag = cursor.next() {
+        while let flag = try cursor.next() {
             switch flag {
             case "--help", "-h": return .help
             case "--version": return .version
@@ -71,7 +71,7 @@ package struct ChatOptions: CommandLineTool, Sendable, Equatable {
                 let v = try cursor.value(for: flag)
                 guard let mode = Accept(rawValue: v) else { throw UsageError("--accept takes paired or all, got \"\(v)\"") }
                 o.accept = mode
-            case "--state-dir": o.state = StateDirectory(try cursor.value(for: flag))
+            case "--state-dir": o.state = StateDirectory(try cursor.directory(for: flag))
             case "--receive-dir": o.receiveDirectory = try cursor.value(for: flag)
             case "--bind": o.bind = try cursor.value(for: flag)
             case "--peer-timeout": o.peerTimeout = try cursor.number(for: flag, in: 0.2...3_600)

@@ -65,11 +65,16 @@ package struct ArgumentCursor {
     private let args: [String]
     private var i = 0
     private var inline: String?
+    /// The flag `next` returned last.
+    private var current: String?
 
     package init(_ args: [String]) { self.args = args }
 
-    /// The next flag (for `--flag=value`, the `--flag` part; the value waits for `value(for:)`).
-    package mutating func next() -> String? {
+    /// The next flag (for `--flag=value`, the `--flag` part; the value waits for `value(for:)`). A `--flag=value`
+    /// whose value was never taken is a flag that takes none: that is a usage error (`--quiet=no` must not mean
+    /// `--quiet`), whatever parser walks the arguments.
+    package mutating func next() throws(UsageError) -> String? {
+        if let current, inline != nil { throw UsageError("\(current) takes no value") }
         guard i < args.count else { return nil }
         var a = args[i]
         i += 1
@@ -78,6 +83,7 @@ package struct ArgumentCursor {
             inline = String(a[a.index(after: eq)...])
             a = String(a[..<eq])
         }
+        current = a
         return a
     }
 
@@ -90,6 +96,14 @@ package struct ArgumentCursor {
         guard i < args.count, !args[i].hasPrefix("--") || args[i] == "-" else { throw UsageError("\(flag) needs a value") }
         defer { i += 1 }
         return args[i]
+    }
+
+    /// A directory for PeerMesh's keys or sockets: not empty (an unset variable) and not the root, which would be
+    /// taken over (and tightened to 0700).
+    package mutating func directory(for flag: String) throws(UsageError) -> String {
+        let v = try value(for: flag)
+        guard v.contains(where: { $0 != "/" }) else { throw UsageError("\(flag) needs a directory of its own, got \"\(v)\"") }
+        return v
     }
 
     /// The flag's value if one follows (`--flag=value`, or a next argument that is not a flag), else nil.
@@ -119,11 +133,6 @@ package struct ArgumentCursor {
             throw UsageError("\(flag) must be a number in \(Self.text(range.lowerBound))…\(Self.text(range.upperBound)), got \"\(v)\"")
         }
         return d
-    }
-
-    /// A flag that takes no value must not be given one (`--quiet=yes`).
-    package mutating func noValue(for flag: String) throws(UsageError) {
-        if inline != nil { throw UsageError("\(flag) takes no value") }
     }
 
     private static func text(_ d: Double) -> String { d == d.rounded() && abs(d) < 1e15 ? String(Int64(d)) : String(d) }

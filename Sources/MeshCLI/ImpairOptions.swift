@@ -54,7 +54,7 @@ package struct ImpairOptions: CommandLineTool, Sendable, Equatable {
         func endpoint(_ flag: String, _ text: String) throws(UsageError) -> ImpairmentProxy.Endpoint {
             do throws(ImpairmentError) { return try ImpairmentProxy.Endpoint(parsing: text) } catch { throw UsageError("\(flag): \(error)") }
         }
-        while let flag = cursor.next() {
+        while let flag = try cursor.next() {
             switch flag {
             case "--help", "-h": return .help
             case "--version": return .version

@@ -50,14 +50,14 @@ package struct ProbeOptions: CommandLineTool, Sendable, Equatable {
     package static func parse(_ arguments: [String]) throws(UsageError) -> ParsedCommand<ProbeOptions> {
         var cursor = ArgumentCursor(arguments)
         var o: ProbeOptions
-        switch cursor.next() {
+        switch try cursor.next() {
         case "host": o = ProbeOptions(mode: .host)
         case "join": o = ProbeOptions(mode: .join)
         case "--help", "-h": return .help
         case "--version": return .version
         case let other: throw UsageError("the first argument must be host or join, got \"\(other ?? "")\"")
         }
-        while let flag = cursor.next() {
+        while let flag = try cursor.next() {
             switch flag {
             case "--help", "-h": return .help
             case "--service":

@@ -179,7 +179,7 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
         if arguments.first == "ctl" { return try parseControl(Array(arguments.dropFirst())) }
         var cursor = ArgumentCursor(arguments)
         var sawHost = false, sawDevice = false, sawInput = false, sawPaired = false, sawBitrate = false, forget: String?
-        while let a = cursor.next() {
+        while let a = try cursor.next() {
             switch a {
             case "--host": sawHost = true
             case "--help", "-h": return .help
@@ -188,7 +188,7 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
                 let name = try cursor.value(for: a)
                 do { try PeerID.validate(displayName: name) } catch { throw UsageError("--name: \(error)") }
                 o.name = name
-            case "--state-dir": o.state = StateDirectory(try cursor.value(for: a))
+            case "--state-dir": o.state = StateDirectory(try cursor.directory(for: a))
             case "--service":
                 o.service = try cursor.value(for: a)
                 do { try DiscoveryValidation.validate(serviceType: o.service) } catch { throw UsageError("--service: \(error)") }
@@ -239,7 +239,7 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
                 o.talkFullDuplex = v == "full"
             case "--paired": sawPaired = true
             case "--forget": forget = try cursor.value(for: a)
-            case "--runtime-dir": o.runtime = RuntimeDirectory(try cursor.value(for: a))
+            case "--runtime-dir": o.runtime = RuntimeDirectory(try cursor.directory(for: a))
             case "--quiet": o.quiet = true
             case "--json": o.json = true
             default: throw UsageError("unknown option \"\(a)\"")
@@ -265,14 +265,13 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
         var o = RecordOptions()
         var words: [String] = []
         var cursor = ArgumentCursor(arguments)
-        while let a = cursor.next() {
+        while let a = try cursor.next() {
             switch a {
             case "--help", "-h": return .help
             case "--version": return .version
             case "--runtime-dir":
-                o.runtime = RuntimeDirectory(try cursor.value(for: a))
+                o.runtime = RuntimeDirectory(try cursor.directory(for: a))
                 o.runtimeGiven = true
-            case "--json": o.json = true
             default:
                 guard !a.hasPrefix("--") else { throw UsageError("ctl: unknown option \"\(a)\"") }
                 words.append(a)
@@ -373,7 +372,7 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
         var cursor = ArgumentCursor(arguments)
         var sawFind = false, sawDevice = false, sawOutput = false, sawList = false, sawPaired = false
         var pair: String?, forget: String?, outputPath: String?, sampleFormat: String?
-        while let a = cursor.next() {
+        while let a = try cursor.next() {
             switch a {
             case "--find": sawFind = true
             case "--help", "-h": return .help
@@ -392,7 +391,7 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
             case "--list": sawList = true
             case "--paired": sawPaired = true
             case "--forget": forget = try cursor.value(for: a)
-            case "--state-dir": o.state = StateDirectory(try cursor.value(for: a))
+            case "--state-dir": o.state = StateDirectory(try cursor.directory(for: a))
             case "--service":
                 o.service = try cursor.value(for: a)
                 do { try DiscoveryValidation.validate(serviceType: o.service) } catch { throw UsageError("--service: \(error)") }

@@ -7,7 +7,7 @@ import Musl
 /// Small files that must be private and never half-written: identities, trust stores.
 package enum PrivateFile {
     /// Creates `path` as a directory with mode 0700, or checks that it is one; an existing one readable by others
-    /// has its mode tightened to 0700. Missing parents are created with the usual 0755 (less the umask); existing
+    /// has its mode tightened to 0700 if it holds only files (one that holds directories is refused, `EPERM`). Missing parents are created with the usual 0755 (less the umask); existing
     /// parents are never touched (`/tmp`, `~/.config` and `/var/lib` keep their modes).
     ///
     /// A path that is a symbolic link, a directory owned by another user, or a shared one (sticky or writable by
@@ -28,7 +28,27 @@ package enum PrivateFile {
         guard st.st_mode & (S_ISVTX | 0o002) == 0 else {
             throw SyscallError(call: "use \(path) (a shared directory, mode \(String(st.st_mode & 0o7777, radix: 8)): give one of its own)", code: EPERM)
         }
-        if st.st_mode & 0o077 != 0 { try Sys.call("chmod(\(path), 0700)") { chmod(path, 0o700) } }
+        if st.st_mode & 0o077 != 0 {
+            // Tightened only if it holds files, as PeerMesh's own directory does: one that holds directories is a
+            // tree of someone else's (`/`, `/var/lib`, a home), and is never taken over.
+            guard !holdsDirectories(path) else {
+                throw SyscallError(call: "use \(path) (open to others, mode \(String(st.st_mode & 0o7777, radix: 8)), and it holds directories: give a directory of its own)", code: EPERM)
+            }
+            try Sys.call("chmod(\(path), 0700)") { chmod(path, 0o700) }
+        }
+    }
+
+    /// Whether the directory `path` holds a directory (unreadable counts as yes: nothing is changed then).
+    private static func holdsDirectories(_ path: String) -> Bool {
+        guard let dir = opendir(path) else { return true }
+        defer { closedir(dir) }
+        while let entry = readdir(dir) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            guard name != ".", name != ".." else { continue }
+            var st = stat()
+            if lstat(path + "/" + name, &st) != 0 || st.st_mode & S_IFMT == S_IFDIR { return true }
+        }
+        return false
     }
 
     /// Creates the missing directories above `path` (0755 less the umask), leaving existing ones as they are.
@@ -89,6 +109,16 @@ package enum PrivateFile {
     package static func mode(_ path: String) -> mode_t? {
         var st = stat()
         return stat(path, &st) == 0 ? st.st_mode & 0o7777 : nil
+    }
+
+    /// Why nobody but this user may rely on the file at `path`, or nil when only this user (or root) can change it:
+    /// it is writable by its group or by all, or owned by another user.
+    package static func openToOthers(_ path: String) -> String? {
+        var st = stat()
+        guard stat(path, &st) == 0 else { return nil }
+        if st.st_uid != geteuid() && st.st_uid != 0 { return "it is owned by uid \(st.st_uid), not by this user" }
+        if st.st_mode & 0o022 != 0 { return "others can change it (mode \(String(st.st_mode & 0o7777, radix: 8))); run chmod 600 \(path)" }
+        return nil
     }
 }
 

@@ -234,14 +234,14 @@ do {
 
 if options.pair {
     do {
-        let code = try host.openPairingWindow(timeout: .seconds(Int64(options.pairTimeout)))
+        let code = try host.openPairingWindow(timeout: .milliseconds(Int64(options.pairTimeout * 1000)))
         // The code is printed even with --quiet: it is what the person asked for.
         terminal.error("pairing code: \(code)")
         let uri = "peermesh://pair?code=\(Pairing.normalize(code))&fp=\(device.identity.publicKey.shortFingerprint)"
         if terminal.isTTY, let qr = QRCode.lines(for: uri) {
             terminal.raw(qr.joined(separator: "\n") + "\n" + uri + "\n")
         }
-        terminal.error("on the player: mesh-play --pair \(code)   (the window closes in \(Int(options.pairTimeout)) s)")
+        terminal.error("on the player: mesh-play --pair \(code)   (the window closes in \(JSONObject.number(options.pairTimeout)) s)")
     } catch {
         terminal.fail("\(error)")
     }

@@ -57,6 +57,39 @@ struct OptionsTests {
         #expect(throws: UsageError.self) { try RecordOptions.parse(args) }
     }
 
+    @Test("A flag that takes no value refuses one, in every tool: --quiet=no is not --quiet")
+    func flagsWithoutValuesRefuseOne() {
+        for args in [["--host", "--quiet=no"], ["--host", "--pair=1234-5678"], ["--host=kitchen"], ["--paired=no"],
+                     ["--host", "--json=false"]] {
+            #expect(throws: UsageError("\(args.last!.split(separator: "=")[0]) takes no value"), "mesh-record \(args)") {
+                try RecordOptions.parse(args)
+            }
+        }
+        for args in [["--find", "--quiet=no"], ["--find=kitchen"], ["--list=yes"], ["--find", "--no-beep=false"]] {
+            #expect(throws: UsageError.self, "mesh-play \(args)") { try PlayOptions.parse(args) }
+        }
+        // A flag that takes a value still takes it either way.
+        guard case .run(let o) = try? RecordOptions.parse(["--host", "--name=kitchen", "--rate", "48000"]) else {
+            Issue.record("--name=kitchen refused"); return
+        }
+        #expect(o.name == "kitchen" && o.rate == 48_000)
+    }
+
+    @Test("An empty or root --state-dir or --runtime-dir (an unset variable, say) is refused: it would take over /")
+    func stateAndRuntimeDirectoriesOfTheirOwn() {
+        for dir in ["", "/", "//"] {
+            #expect(throws: UsageError.self) { try RecordOptions.parse(["--host", "--state-dir", dir]) }
+            #expect(throws: UsageError.self) { try RecordOptions.parse(["--host", "--runtime-dir", dir]) }
+            #expect(throws: UsageError.self) { try RecordOptions.parse(["ctl", "status", "--runtime-dir", dir]) }
+            #expect(throws: UsageError.self) { try PlayOptions.parse(["--find", "--state-dir", dir]) }
+            #expect(throws: UsageError.self) { try ChatOptions.parse(["--name", "a", "--state-dir", dir]) }
+        }
+        #expect(throws: Never.self) { try RecordOptions.parse(["--host", "--state-dir", "/var/lib/peermesh"]) }
+        #expect(throws: UsageError.self, "ctl has no --json: its status carries the JSON already") {
+            try RecordOptions.parse(["ctl", "status", "--json"])
+        }
+    }
+
     @Test("peermesh-probe: --offer-for is the host's, --offer the joiner's, each with two files")
     func probeOfferFlags() throws {
         guard case .run(let h) = try ProbeOptions.parse(["host", "--offer-for", "g.json", "o.json"]),

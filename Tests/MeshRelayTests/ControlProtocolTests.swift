@@ -281,7 +281,8 @@ struct PlayerControlTests {
     @Test func nothingIsOfferedBeforeTheHostSaysWhatItSupports() {
         var p = PlayerControl()
         p.joined()
-        guard case .refused(.pause, _) = p.request(.pause) else { Issue.record("sent before the host's state"); return }
+        guard case .refused(.pause, let early) = p.request(.pause) else { Issue.record("sent before the host's state"); return }
+        #expect(early.contains("not said yet"), "not a verdict on the host before it spoke: \(early)")
         p.discovered(["ctl": "1"])
         guard case .send = p.request(.pause) else { Issue.record("the TXT record offers control"); return }
         guard case .refused(_, let why) = p.request(.capture(.single, .primary)) else { Issue.record("no clips offered"); return }

@@ -164,6 +164,7 @@ struct RemoteControlTests {
         defer { readOnly.undo() }
         let (p2, stdin2) = try Self.player(paired, port: port, seconds: 3, out: out)
         #expect(eventually(10) { p2.stderr.contains { $0.contains("joined ctl-host") } })
+        Thread.sleep(forTimeInterval: 1)  // the host says what it offers a moment after the join
         Self.say("capture", to: stdin2)
         #expect(eventually(5) { p2.stderr.contains { $0.contains("capture single: failed: cannot write ctl-host-") } }, "\(p2.stderr)")
         #expect(p2.waitForExit(seconds: 20) == 0, "\(p2.stderr)")

@@ -67,6 +67,47 @@ struct IdentityFileTests {
         }
     }
 
+    @Test("An existing state directory open to others is tightened only if it holds files: /, a home or /var/lib never")
+    func onlyADirectoryOfFilesIsTightened() throws {
+        let ours = temporaryDirectory(), tree = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: ours); try? FileManager.default.removeItem(atPath: tree) }
+        for dir in [ours, tree] {
+            try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+            chmod(dir, 0o755)
+        }
+        FileManager.default.createFile(atPath: ours + "/identity.json", contents: Data("{}".utf8))
+        try PrivateFile.ensureDirectory(ours)
+        #expect(PrivateFile.mode(ours) == 0o700, "a directory of files, as PeerMesh's own is, is made private")
+        try FileManager.default.createDirectory(atPath: tree + "/someone-elses", withIntermediateDirectories: true)
+        #expect(throws: SyscallError.self) { try PrivateFile.ensureDirectory(tree) }
+        #expect(PrivateFile.mode(tree) == 0o755, "a tree of directories keeps its mode")
+    }
+
+    @Test("A trust store or identity that others can change is not trusted")
+    func filesOthersCanChangeAreRefused() throws {
+        let dir = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = TrustStore(path: dir + "/paired.json")
+        let intruder = try PeerIdentity.generate(displayName: "intruder").publicKey
+        try store.add(intruder, name: "intruder")
+        #expect(try store.contains(intruder))
+        chmod(dir + "/paired.json", 0o666)
+        #expect(throws: PeerMeshError.self) { try store.contains(intruder) }
+        chmod(dir + "/paired.json", 0o620)
+        #expect(throws: PeerMeshError.self) { try store.contains(intruder) }
+        chmod(dir + "/paired.json", 0o600)
+        #expect(try store.contains(intruder))
+        // Owned by another user (not root): refused, whatever its mode.
+        let identity = dir + "/identity.json"
+        _ = try PeerIdentity.loadOrCreate(at: identity, displayName: "kitchen")
+        chown(identity, 65_534, 65_534)
+        if geteuid() == 0 {
+            #expect(throws: PeerMeshError.self) { try PeerIdentity.load(from: identity) }
+            chown(dir + "/paired.json", 65_534, 65_534)
+            #expect(throws: PeerMeshError.self) { try store.contains(intruder) }
+        }
+    }
+
     @Test func trustStoreAddsRenamesForgetsAndPersists() throws {
         let path = temporaryDirectory() + "/trust.json"
         let store = TrustStore(path: path)

@@ -61,11 +61,15 @@ public struct PlayerControl: Sendable {
         case .talk: needed = .talk
         }
         guard features.contains(needed) else {
+            // Joined by address, the host says what it offers in its first state, a moment after the join.
+            guard host != nil || advertised != nil else {
+                return .refused(command, "the host has not said yet what it offers; try again in a moment")
+            }
             let why: String
             switch needed {
             case .clips: why = "the host keeps no clips (mesh-record --clips DIR)"
             case .talk: why = "the host takes no talkback"
-            default: why = host == nil && advertised == nil ? "not joined to a host yet" : "the host has no remote control"
+            default: why = "the host has no remote control"
             }
             return .refused(command, why)
         }

@@ -92,13 +92,19 @@ public final class PairingResponder: SessionDelegate, Sendable {
     // MARK: The exchange
 
     /// A pairing message from `peer`.
+    ///
+    /// Every answer to a first message (message 2) lets its peer check one guess of the code offline, whether or not
+    /// it ever sends message 3. So answers in flight count against the wrong codes the window has left: with one
+    /// wrong code left, one exchange at a time; an exchange that ends without proof (message 3 wrong, or the peer
+    /// gone) is a wrong code.
     private func message(_ m: [UInt8], from peer: PeerID) {
-        enum Next { case reply([UInt8]), paired, failed(closedAfter: Int?), ignore }
+        enum Next { case reply([UInt8]), paired, failed(closedAfter: Int?), closed, busy, ignore }
         let binding = session.channelBinding(for: peer)
         let next = state.withLock { s -> Next in
-            guard let window = s.window else { return .failed(closedAfter: nil) }
+            guard let window = s.window else { return .closed }
             guard let responder = s.responders.removeValue(forKey: peer) else {
                 guard let binding else { return .ignore }
+                guard window.failures + s.responders.count < window.maximumFailures else { return .busy }
                 var responder = Pairing.Responder(code: window.code, binding: binding)
                 guard let m2 = try? responder.answer(m) else { return .ignore }
                 s.responders[peer] = responder
@@ -111,19 +117,34 @@ public final class PairingResponder: SessionDelegate, Sendable {
                 return .failed(closedAfter: Self.countFailure(&s))
             }
         }
+        func answer(_ r: Pairing.Result) { try? session.send(Data(Pairing.resultMessage(r)), toPeers: [peer], with: .reliable) }
         switch next {
         case .ignore:
             session.disconnect(peer)
         case .reply(let m2):
             try? session.send(Data(m2), toPeers: [peer], with: .reliable)
         case .paired:
-            if let key = peer.publicKey { try? trust.add(key, name: peer.displayName) }
-            try? session.send(Data(Pairing.resultMessage(.paired)), toPeers: [peer], with: .reliable)
+            // Paired only once its key is stored: a player told "paired" by a host that forgot it would be refused
+            // at its next join, with nothing to say why.
+            do {
+                guard let key = peer.publicKey else { throw PeerMeshError.trust("its link proved no key") }
+                try trust.add(key, name: peer.displayName)
+            } catch {
+                answer(.notStored)
+                return notices("pairing with \(peer.displayName) failed: its key could not be stored: \(error)")
+            }
+            answer(.paired)
             notices("paired \(peer.displayName) (\(peer.publicKey?.shortFingerprint ?? "?"))")
         case .failed(let closedAfter):
-            try? session.send(Data(Pairing.resultMessage(.wrongCode)), toPeers: [peer], with: .reliable)
+            answer(.wrongCode)
             notices("pairing attempt by \(peer.displayName) failed: wrong code")
             if let n = closedAfter { close(why: "\(n) wrong codes") }
+        case .closed:
+            answer(.windowClosed)
+            notices("pairing attempt by \(peer.displayName) came after the window closed")
+        case .busy:
+            answer(.busy)
+            notices("pairing attempt by \(peer.displayName) turned away: other attempts hold the wrong codes left")
         }
     }
 

@@ -175,7 +175,7 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
                 guard let key = peer.publicKey else { return finish(.failed("the host has no key")) }
                 do { try configuration.trust.add(key, name: peer.displayName) } catch { return finish(.failed("\(error)")) }
                 finish(.paired(peer))
-            case .wrongCode, .windowClosed:
+            case .wrongCode, .windowClosed, .notStored, .busy:
                 finish(.failed(result.description))
             }
             return

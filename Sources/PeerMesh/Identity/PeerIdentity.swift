@@ -73,6 +73,7 @@ public struct PeerIdentity: Sendable {
         if let mode = PrivateFile.mode(path), mode & 0o077 != 0 {
             throw .identity("the identity \(path) is readable by others (mode \(String(mode, radix: 8))); run chmod 600 \(path)")
         }
+        if let why = PrivateFile.openToOthers(path) { throw .identity("the identity \(path) is not this user's: \(why)") }
         let damaged = "the identity \(path) is damaged; restore it from a backup, or move it away to make a new identity (paired devices must then pair again)"
         guard let file = try? JSONDecoder().decode(File.self, from: Data(bytes)), file.format == format,
               var secret = Data(base64Encoded: file.secretKey).map(Array.init), secret.count == 32,

@@ -95,6 +95,8 @@ public final class TrustStore: Sendable {
         do { bytes = try PrivateFile.read(path, limit: 8 << 20) } catch {
             throw .trust("cannot read the trust store \(path): \(error.text)")
         }
+        // A store someone else can write could name their key as paired: it is not trusted.
+        if let why = PrivateFile.openToOthers(path) { throw .trust("the trust store \(path) is not trusted: \(why)") }
         let decoder = JSONDecoder()
         decoder.dateDecodingStrategy = .iso8601
         guard let file = try? decoder.decode(File.self, from: Data(bytes)), file.format == Self.format else {

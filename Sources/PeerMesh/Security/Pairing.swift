@@ -25,12 +25,18 @@ public enum Pairing {
         case paired = 0
         case wrongCode = 1
         case windowClosed = 2
+        /// The code was right, but the responder could not store the pairing (its disk): nothing was paired.
+        case notStored = 3
+        /// Other pairing attempts are being checked and hold the wrong codes left: try again in a moment.
+        case busy = 4
 
         public var description: String {
             switch self {
             case .paired: "paired"
             case .wrongCode: "wrong pairing code"
             case .windowClosed: "the pairing window is closed"
+            case .notStored: "the host could not store the pairing (see its log); nothing was paired"
+            case .busy: "the host is checking other pairing attempts; try again in a moment"
             }
         }
     }
