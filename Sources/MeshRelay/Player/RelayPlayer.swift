@@ -134,16 +134,21 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         try talkCapture?.start()
     }
 
-    /// Says goodbye to the host, stops the sink (a WAV file is finalized) and stops browsing.
+    /// Says goodbye to the host, stops the sink (a WAV file is finalized) and the threads reading datagrams, and stops
+    /// browsing.
     public func stop() {
         ticking.store(false, ordering: .releasing)
         talkTarget.publish([])
         talkCapture?.stop()
         join.withLock { $0.stop() }
         browser?.stopBrowsingForPeers()
-        session.disconnect()
+        // Goodbye first (the host hears it at once, even if the device then hangs in closing); the session's socket
+        // is closed last, once the threads that read it (the sink's, or pm-net) have stopped: a descriptor number
+        // closed while one of them still polls it could be reused by anything.
+        for peer in session.connectedPeers { session.disconnect(peer) }
         onControl { playout.replace(with: nil) }?.stop()
         pump.withLock { $0 }?.stop()
+        session.disconnect()
     }
 
     /// A snapshot of every counter.
