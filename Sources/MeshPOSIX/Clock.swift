@@ -27,6 +27,14 @@ public enum MonotonicClock {
         while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nil) == EINTR {}
     }
 
+    /// The deadline `timeout` after `now`, saturated at `UInt64.max`: a timeout of "for ever" (`.max`) gives a
+    /// deadline that never comes, not one wrapped round into the past.
+    @inline(__always)
+    package static func deadline(after timeout: Nanos, from now: Nanos = nowNanos()) -> Nanos {
+        let (deadline, overflow) = now.addingReportingOverflow(timeout)
+        return overflow ? .max : deadline
+    }
+
     /// Converts a frame count at `sampleRate` to nanoseconds.
     @inline(__always)
     public static func nanos(frames: Int, sampleRate: Int) -> Nanos {

@@ -29,7 +29,12 @@ package final class OSThread: Sendable {
     /// Whether the thread got `SCHED_FIFO`.
     package let isRealtime: Bool
     private let thread: pthread_t
+    /// Set by the first `join`, the one that calls `pthread_join`.
     private let joined = Atomic<Bool>(false)
+    /// Set once `pthread_join` has returned: the thread has ended.
+    private let ended = Atomic<Bool>(false)
+    /// Wakes the other joiners once the thread has ended (each passes it on to the next).
+    private let endedSignal = WakeSignal()
 
     /// Boxes the body and the thread's name so they can cross the C thread-start boundary.
     private final class Body {
@@ -100,11 +105,24 @@ package final class OSThread: Sendable {
         return String(cut)
     }
 
-    /// Waits for the body to return. Safe to call more than once and from any thread but the audio thread itself.
+    /// Waits for the body to return. Safe to call more than once and from several threads at once: every caller
+    /// returns only after the thread has ended. On the thread itself, which cannot wait for its own end, it returns
+    /// at once.
     package func join() {
-        guard !joined.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        pthread_join(thread, nil)
+        guard !isCurrent else { return }
+        if !joined.exchange(true, ordering: .acquiringAndReleasing) {
+            pthread_join(thread, nil)
+            ended.store(true, ordering: .releasing)
+            endedSignal.signal()
+        } else {
+            // Another caller is joining: wait for it, then wake the next waiter.
+            while !ended.load(ordering: .acquiring) { endedSignal.wait() }
+            endedSignal.signal()
+        }
     }
+
+    /// Whether the caller is this thread.
+    private var isCurrent: Bool { pthread_equal(pthread_self(), thread) != 0 }
 
     deinit {
         // An un-joined thread would leak its resources; the owners always stop and join before releasing us.

@@ -42,7 +42,8 @@ package final class WakeSignal: @unchecked Sendable {  // sem_t is designed for 
             guard now < deadlineNanos else { return sem_trywait(semaphore) == 0 }
             var wall = timespec()
             clock_gettime(CLOCK_REALTIME, &wall)
-            let wallDeadline = UInt64(wall.tv_sec) * 1_000_000_000 + UInt64(wall.tv_nsec) + (deadlineNanos - now)
+            let wallNow = UInt64(wall.tv_sec) * 1_000_000_000 + UInt64(wall.tv_nsec)
+            let wallDeadline = MonotonicClock.deadline(after: deadlineNanos - now, from: wallNow)
             var ts = timespec(tv_sec: Int(wallDeadline / 1_000_000_000), tv_nsec: Int(wallDeadline % 1_000_000_000))
             if sem_timedwait(semaphore, &ts) == 0 { return true }
             let error = errno

@@ -10,9 +10,10 @@ import MeshPOSIX
 ///
 /// `OutputControls` (set by the listener, any thread) hold playback — silence, nothing queued, a fresh start at the
 /// live edge when released — and set the volume, mute and beep the `OutputStage` applies.
-/// Datagrams reach `receive` one of two ways: a network thread hands them in, or — `start(reading:)` with a
-/// `PacketSource` — the sink's own real-time thread reads them, waiting on the source's descriptor beside its device
+/// Datagrams reach the ingress one of two ways: a network thread hands them to `receive`, or — `start(reading:)` with
+/// a `PacketSource` — the sink's own real-time thread reads them, waiting on the source's descriptor beside its device
 /// (one thread, one wake-up per period; the sink renders each block as soon as its packets are in, `RenderSchedule`).
+/// Released while running, the pipeline stops its sink.
 /// The sink's thread pulls `renderer`, which walks the chain block by block (`PlayoutRenderer.render`). The sink is an
 /// input — an ALSA `Player`, a `WAVFileSink`, a test's virtual-time sink — so the pipeline depends on no device and
 /// not on PeerMesh.
@@ -74,10 +75,14 @@ public final class PlayoutPipeline: Sendable {
                                       maximumCorrectionPPM: configuration.drift.maximumCorrectionPPM))
     }
 
+    deinit {
+        sink.stop()
+    }
+
     /// Starts the sink: it plays silence until audio arrives. With a `source`, the sink's thread reads the datagrams
     /// itself (if the sink serves inputs, `AudioSink.servesInput`; otherwise the owner must hand them to `receive`).
     public func start(reading source: (any PacketSource)? = nil) throws {
-        if let source { renderer.input = SourceInput(source: source, pipeline: self) }
+        if let source { renderer.input = SourceInput(source: source, ingress: ingress) }
         try sink.start(renderer: renderer)
     }
 
@@ -113,23 +118,24 @@ public final class PlayoutPipeline: Sendable {
 public protocol PacketSource: AnyObject, Sendable {
     /// What to wait on for `POLLIN`.
     var descriptor: Int32 { get }
-    /// Reads the datagrams that have arrived (never blocks) and hands each to `pipeline.receive`.
-    func read(into pipeline: PlayoutPipeline)
+    /// Reads the datagrams that have arrived (never blocks) and hands each to `ingress.receive`.
+    func read(into ingress: PacketIngress)
 }
 
-/// A `PacketSource` as the sink sees it: the render input that reads into this pipeline.
+/// A `PacketSource` as the sink sees it: the render input that reads into a pipeline's ingress. It holds the
+/// ingress, not the pipeline, so the sink's thread never touches a pipeline being released (whose `deinit` stops
+/// the sink).
 final class SourceInput: RenderInput {
     let source: any PacketSource
-    /// The pipeline that owns the renderer that holds this input (so: alive while the sink runs).
-    unowned let pipeline: PlayoutPipeline
+    let ingress: PacketIngress
 
-    init(source: any PacketSource, pipeline: PlayoutPipeline) {
+    init(source: any PacketSource, ingress: PacketIngress) {
         self.source = source
-        self.pipeline = pipeline
+        self.ingress = ingress
     }
 
     var descriptor: Int32 { source.descriptor }
-    func pump() { source.read(into: pipeline) }
+    func pump() { source.read(into: ingress) }
 }
 
 /// The render-thread end of a `PlayoutPipeline`, pulled by its sink. Each pull walks the chain once per block of at

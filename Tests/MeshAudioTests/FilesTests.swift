@@ -188,6 +188,15 @@ struct FilesTests {
         sink.stop()
     }
 
+    @Test func waitingForeverForASinkWaitsUntilItHasFinished() throws {
+        let path = temporaryPath("forever.wav")
+        let sink = try WAVFileSink(path: path, periodFrames: 441, realtime: true, maxFrames: 4410)  // 0.1 s, paced
+        try sink.start(renderer: SignalRenderer([Float](repeating: 0.5, count: 4410)))
+        #expect(sink.waitUntilFinished(timeoutNanos: .max), "waitUntilFinished(timeoutNanos: .max) gave up")
+        #expect(sink.stats.framesOut == 4410)
+        sink.stop()
+    }
+
     @Test func garbageWAVGivesAClearError() throws {
         let path = temporaryPath("garbage.wav")
         try Data((0..<4_000).map { UInt8(truncatingIfNeeded: $0 &* 37 &+ 11) }).write(to: URL(fileURLWithPath: path))

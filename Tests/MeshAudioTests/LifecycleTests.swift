@@ -3,6 +3,7 @@ import Foundation
 import Synchronization
 @testable import MeshAudio
 import MeshPOSIX
+import MeshTestSupport
 
 /// The OS names of this process's threads (`/proc/self/task/*/comm`).
 func threadNames() -> [String] {
@@ -62,6 +63,59 @@ struct LifecycleTests {
         let before = MonotonicClock.nowNanos()
         #expect(lifecycle.stop { signal.signal() })
         #expect(MonotonicClock.nowNanos() - before < 5_000_000_000, "the waiting thread was woken, not waited out")
+    }
+
+    @Test func aSecondConcurrentStopReturnsOnlyOnceTheThreadHasEnded() throws {
+        let lifecycle = StageLifecycle(stage: "Slow", threadName: "pm-slow", scheduling: .normal)
+        let ended = Box(false)
+        try lifecycle.start {
+            while lifecycle.isRunning { usleep(1_000) }
+            usleep(300_000)  // the thread's last period, a file close…
+            ended.set(true)
+        }
+        let first = Thread { lifecycle.stop() }
+        first.start()
+        usleep(50_000)  // the first stop is joining now
+        #expect(!lifecycle.stop(), "the first stop stopped the thread")
+        #expect(ended.current, "the second stop returned while the thread was still running")
+        while !ended.current { usleep(10_000) }
+    }
+
+    @Test func aStageMayStopItselfFromItsOwnThread() throws {
+        let lifecycle = StageLifecycle(stage: "Quitting", threadName: "pm-quit", scheduling: .normal)
+        let stoppedItself = Box(false)
+        try lifecycle.start {
+            lifecycle.stop()
+            stoppedItself.set(true)
+        }
+        #expect(eventually(5) { stoppedItself.current }, "stop() on the stage's own thread returned")
+        lifecycle.stop()
+        #expect(!lifecycle.isRunning)
+    }
+
+    @Test func everyJoinerWaitsForTheThreadToEnd() throws {
+        let ended = Box(false)
+        let sawEnd = (0..<3).map { _ in Box(false) }
+        let thread = try OSThread(name: "pm-joined", scheduling: .normal) {
+            usleep(300_000)
+            ended.set(true)
+        }
+        let joiners = sawEnd.map { saw in
+            Thread {
+                thread.join()
+                saw.set(ended.current)
+            }
+        }
+        joiners.forEach { $0.start() }
+        thread.join()
+        #expect(ended.current)
+        #expect(eventually(5) { sawEnd.allSatisfy(\.current) }, "a joiner returned before the thread ended")
+    }
+
+    @Test func aWaitWithTheLatestDeadlineWaitsForTheSignal() {
+        let signal = WakeSignal()
+        DispatchQueue.global().asyncAfter(deadline: .now() + 0.1) { signal.signal() }
+        #expect(signal.wait(untilNanos: .max))
     }
 
     @Test func aFailedPrepareLeavesTheStageIdle() throws {

@@ -97,6 +97,18 @@ struct RingTests {
         #expect(ring.isDrained)
     }
 
+    @Test func aReadWithTheLongestTimeoutWaitsForAChunk() {
+        let ring = ChunkRing(channels: 1, maxChunkFrames: 4, minimumChunks: 2)
+        DispatchQueue.global().asyncAfter(deadline: .now() + 0.2) {
+            _ = [Float](repeating: 1, count: 4).withUnsafeBufferPointer {
+                ring.push($0, info: ChunkInfo(firstFrameIndex: 0, frames: 4, timestampNanos: 1))
+            }
+        }
+        var out = [Float](repeating: 0, count: 4)
+        let info = out.withUnsafeMutableBufferPointer { ring.read(into: $0, timeoutNanos: .max) }
+        #expect(info?.frames == 4, "read(timeoutNanos: .max) returned without the chunk")
+    }
+
     @Test func blockedReaderWakesWhenAChunkArrives() async {
         let ring = ChunkRing(channels: 1, maxChunkFrames: 1, minimumChunks: 2)
         let pusher = Thread {

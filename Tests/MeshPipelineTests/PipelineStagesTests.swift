@@ -89,6 +89,55 @@ struct PipelineStagesTests {
         #expect(sink.stopped.current)
     }
 
+    @Test func droppingARunningPlayoutPipelineStopsItsSink() throws {
+        final class RecordingSink: AudioSink, Sendable {
+            let format = AudioFormat.default
+            let periodFrames = 128
+            let stopped = Shared(false)
+            func start(renderer: any AudioRenderer) throws {}
+            func stop() { stopped.update { $0 = true } }
+            var stats: AudioStats { AudioStats() }
+        }
+        let sink = RecordingSink()
+        do {
+            let pipeline = try PlayoutPipeline(format: .default, sink: sink)
+            try pipeline.start()
+        }
+        #expect(sink.stopped.current, "the pipeline went without stopping its sink")
+    }
+
+    @Test func droppingARunningPipelineWhoseSinkReadsItsSourceEndsTheSinksThread() throws {
+        /// Always readable (a pipe holding a byte never read), and reads nothing.
+        final class AlwaysReadable: PacketSource, @unchecked Sendable {
+            let fds: [Int32]
+            let reads = Atomic<Int>(0)
+            init() {
+                var f: [Int32] = [-1, -1]
+                _ = pipe(&f)
+                var b: UInt8 = 1
+                _ = write(f[1], &b, 1)
+                fds = f
+            }
+            deinit { fds.forEach { close($0) } }
+            var descriptor: Int32 { fds[0] }
+            func read(into ingress: PacketIngress) { reads.add(1, ordering: .relaxed) }
+        }
+        let path = NSTemporaryDirectory() + "pm-dropped-\(getpid()).wav"
+        defer { unlink(path) }
+        let source = AlwaysReadable()
+        do {
+            let sink = try WAVFileSink(path: path, format: .default, periodFrames: 128, realtime: true)
+            let pipeline = try PlayoutPipeline(format: .default, sink: sink)
+            try pipeline.start(reading: source)
+            let reading = waitUntil { source.reads.load(ordering: .relaxed) >= 1000 }
+            #expect(reading)
+        }
+        let readsWhenDropped = source.reads.load(ordering: .relaxed)
+        usleep(50_000)
+        let readsLater = source.reads.load(ordering: .relaxed)
+        #expect(readsLater == readsWhenDropped, "the sink's thread still reads the dropped pipeline's source")
+    }
+
     @Test(arguments: [CapturePipeline<String>.SendThread.own, .source])
     func theCapturePipelinePacketizesOnlyWhatSomeoneHears(on thread: CapturePipeline<String>.SendThread) throws {
         let tone = try ToneSource(frequency: 440, format: .default, periodFrames: 128, realtime: false)

@@ -172,7 +172,8 @@ final class PlaybackLoop: @unchecked Sendable {  // `block` and `polls` are used
                 var deviceSlot = -1, deviceSlots = 0
                 if forDevice {
                     // A device short of its start threshold by less than a period would never start: start it.
-                    if handle.startIfStuck(periodFrames: period) < 0 { continue }
+                    let started = handle.startIfStuck(periodFrames: period)
+                    if started < 0 { fault.record(Int(started), from: .start); return }
                     deviceSlot = polls.reserve(handle.pollDescriptorCount) { handle.fillPollDescriptors($0, space: $1) }
                     deviceSlots = polls.count - deviceSlot
                 }

@@ -6,7 +6,8 @@ import Synchronization
 ///
 /// The thread's loop runs while `isRunning`. `start` creates the thread while holding the lock, so a concurrent
 /// `stop` can never miss it; that (and the caller's `prepare`) is all that happens under the lock. `stop` decides
-/// under the lock, then clears `isRunning`, wakes the thread and joins it after.
+/// under the lock, then clears `isRunning`, wakes the thread and joins it after. The stopped stage keeps its
+/// thread, so that every `stop`, however many run at once, joins it and returns only once it has ended.
 public final class StageLifecycle: Sendable {
     /// The stage as errors name it, e.g. `Recorder(default)`.
     public let stage: String
@@ -19,7 +20,8 @@ public final class StageLifecycle: Sendable {
     private enum State {
         case idle
         case running(OSThread)
-        case stopped
+        /// The thread it ran, if any: every `stop` joins it.
+        case stopped(OSThread?)
     }
 
     /// A stage not started yet.
@@ -54,19 +56,27 @@ public final class StageLifecycle: Sendable {
     }
 
     /// Stops the stage for good: clears `isRunning`, calls `wake` (to unblock a thread waiting on something other
-    /// than the flag), then joins the thread. Safe to call more than once, and before `start`. Returns whether a
-    /// thread was running (it has ended now).
+    /// than the flag), then joins the thread. Safe to call more than once, from several threads at once, and
+    /// before `start`: every call returns only once the thread has ended (but a call on the stage's own thread,
+    /// which cannot wait for itself). Returns whether this call stopped a running thread.
     @discardableResult
     public func stop(wake: () -> Void = {}) -> Bool {
-        let thread = state.withLock { state -> OSThread? in
-            defer { state = .stopped }
-            if case .running(let thread) = state { return thread }
-            return nil
+        let (thread, wasRunning) = state.withLock { state -> (OSThread?, Bool) in
+            switch state {
+            case .idle:
+                state = .stopped(nil)
+                return (nil, false)
+            case .running(let thread):
+                state = .stopped(thread)
+                return (thread, true)
+            case .stopped(let thread):
+                return (thread, false)
+            }
         }
         running.store(false, ordering: .releasing)
         wake()
         thread?.join()
-        return thread != nil
+        return wasRunning
     }
 
     /// Whether the thread got `SCHED_FIFO` (false unless running).

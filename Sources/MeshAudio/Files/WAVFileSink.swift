@@ -59,7 +59,7 @@ public final class WAVFileSink: AudioSink {
 
     /// Waits until `maxFrames` have been written (or a write failed). Returns `false` on timeout.
     public func waitUntilFinished(timeoutNanos: UInt64) -> Bool {
-        let deadline = MonotonicClock.nowNanos() &+ timeoutNanos
+        let deadline = MonotonicClock.deadline(after: timeoutNanos)
         while !loop.done.load(ordering: .acquiring) {
             if !loop.doneSignal.wait(untilNanos: deadline) { return loop.done.load(ordering: .acquiring) }
         }
@@ -93,6 +93,8 @@ final class SinkLoop: @unchecked Sendable {  // `file`, `block` and `polls` are 
     /// What the paced loop waits on: the renderer's input.
     private let polls = PollSet(capacity: 1)
     private let failureStore = Mutex<SndfileError?>(nil)
+    /// Held while the file is closed: a second, concurrent `stop` finds it closed.
+    private let closing = Mutex(())
 
     init(file: SoundFile, format: AudioFormat, periodFrames: Int, realtime: Bool, maxFrames: Int?,
          lifecycle: StageLifecycle) {
@@ -182,11 +184,11 @@ final class SinkLoop: @unchecked Sendable {  // `file`, `block` and `polls` are 
 
     /// Closes the file; records a close error. Called after the thread has been joined (or never started).
     func close() {
-        do {
-            try file.close()
-        } catch {
-            failureStore.withLock { if $0 == nil { $0 = error } }
+        let error = closing.withLock { _ -> SndfileError? in
+            do throws(SndfileError) { try file.close() } catch { return error }
+            return nil
         }
+        if let error { failureStore.withLock { if $0 == nil { $0 = error } } }
         done.store(true, ordering: .releasing)
         doneSignal.signal()
     }

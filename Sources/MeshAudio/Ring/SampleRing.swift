@@ -170,7 +170,7 @@ public final class ChunkRing: @unchecked Sendable {  // SPSC: info slots are han
     /// `timeoutNanos` for one. Returns `nil` on timeout, or once the stream is finished and drained.
     public func read(into buffer: UnsafeMutableBufferPointer<Float>, timeoutNanos: UInt64) -> ChunkInfo? {
         precondition(buffer.count >= maxChunkSamples, "read buffer smaller than a chunk")
-        let deadline = MonotonicClock.nowNanos() &+ timeoutNanos
+        let deadline = MonotonicClock.deadline(after: timeoutNanos)
         while true {
             let tail = infoTail.load(ordering: .relaxed)
             if infoHead.load(ordering: .acquiring) != tail {

@@ -54,10 +54,10 @@ public final class PairingResponder: SessionDelegate, Sendable {
     @discardableResult
     public func open(code: String = Pairing.newCode(), timeout: Duration = .seconds(30), maximumFailures: Int = 3) -> String {
         state.withLock {
-            $0.window = Window(code: code, deadline: MonotonicClock.nowNanos() + timeout.nanoseconds, maximumFailures: maximumFailures)
+            $0.window = Window(code: code, deadline: MonotonicClock.deadline(after: timeout.nanoseconds), maximumFailures: maximumFailures)
         }
         windowChanged(true)
-        timers.asyncAfter(deadline: .now() + .nanoseconds(Int(timeout.nanoseconds))) { [weak self] in
+        timers.asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: timeout.nanoseconds))) { [weak self] in
             guard let self else { return }
             let expired = self.state.withLock { s -> Bool in
                 guard let w = s.window, w.code == code, MonotonicClock.nowNanos() >= w.deadline else { return false }

@@ -98,7 +98,7 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
         } catch {
             return .failed("\(error)")
         }
-        _ = finished.wait(untilNanos: MonotonicClock.nowNanos() + configuration.timeout.nanoseconds)
+        _ = finished.wait(untilNanos: MonotonicClock.deadline(after: configuration.timeout.nanoseconds))
         browser?.stopBrowsingForPeers()
         session.disconnect()
         return state.withLock { s in

@@ -43,11 +43,11 @@ final class SessionPackets: PacketSource {
     /// reads again).
     static let batch = 32
 
-    func read(into pipeline: PlayoutPipeline) {
+    func read(into ingress: PacketIngress) {
         let arrivals = self.arrivals
         reader.read(maximum: Self.batch) { bytes, _ in
             let now = MonotonicClock.nowNanos()
-            arrivals.note(pipeline.receive(bytes, arrivalNanos: now), at: now)
+            arrivals.note(ingress.receive(bytes, arrivalNanos: now), at: now)
         }
     }
 }

@@ -103,7 +103,7 @@ extension SessionCore {
             }
         }
         guard let s = owner.withLock({ $0.value }), let d = delegate.withLock({ $0.value }) else { return resolve(true) }
-        if let timeout { expiry.value = loop.schedule(at: MonotonicClock.nowNanos() &+ timeout) { resolve(nil) } }
+        if let timeout { expiry.value = loop.schedule(at: MonotonicClock.deadline(after: timeout)) { resolve(nil) } }
         d.session(s, didReceiveCertificate: certificate, fromPeer: peer, certificateHandler: { ok in resolve(ok) })
     }
 

@@ -110,7 +110,8 @@ struct SessionStateMachine: Sendable {
         if expected.map({ reported[$0] == nil }) ?? true, occupancy >= config.maximumPeers {
             return [.close(link), .invitationFailed(link, expected, .peerLimit)]
         }
-        links[link] = .inviting(expected: expected, deadline: now &+ timeout, localToken: localToken)
+        let (deadline, overflow) = now.addingReportingOverflow(timeout)  // a timeout of .max never comes
+        links[link] = .inviting(expected: expected, deadline: overflow ? .max : deadline, localToken: localToken)
         let invite = ControlFrame.InviteBody(context: context, timeoutMillis: UInt32(clamping: timeout / 1_000_000),
                                              udpPort: localUDPPort, token: localToken)
         var actions: [Action] = [.send(link, .hello(peer: config.localPeer)), .send(link, .invite(invite))]

@@ -63,7 +63,7 @@ public final class OutputByteStream: ByteStream, @unchecked Sendable {  // its o
         _ = try link.coreForWaiting("write")
         let bytes = [UInt8](data)
         var offset = 0
-        var deadline = MonotonicClock.nowNanos() + timeout.nanoseconds
+        var deadline = MonotonicClock.deadline(after: timeout.nanoseconds)
         while offset < bytes.count {
             let grant = try state.withLock { (s) throws(PeerMeshError) -> Int in
                 if let e = s.ended { throw e }
@@ -80,7 +80,7 @@ public final class OutputByteStream: ByteStream, @unchecked Sendable {  // its o
             }
             let chunk = Array(bytes[offset..<(offset + grant)])
             offset += grant
-            deadline = MonotonicClock.nowNanos() + timeout.nanoseconds
+            deadline = MonotonicClock.deadline(after: timeout.nanoseconds)
             link.onLoop { core, key in core.writeStream(key, chunk) }
         }
     }
@@ -133,7 +133,7 @@ public final class InputByteStream: ByteStream, @unchecked Sendable {  // its ow
     public func read(maxLength: Int = 65_536, timeout: Duration = .seconds(30)) throws(PeerMeshError) -> Data? {
         guard maxLength > 0 else { throw .invalidParameter("read: maxLength must be positive") }
         _ = try link.coreForWaiting("read")
-        let deadline = MonotonicClock.nowNanos() + timeout.nanoseconds
+        let deadline = MonotonicClock.deadline(after: timeout.nanoseconds)
         while true {
             let taken = try state.withLock { (s) throws(PeerMeshError) -> [UInt8]? in
                 if s.closed { throw .invalidParameter("read: the stream is closed") }
