@@ -33,6 +33,9 @@ public struct AudioStats: Sendable, Equatable {
     public var xruns: UInt64 = 0
     /// Frames dropped because the consumer did not keep up (sources only).
     public var overflowFrames: UInt64 = 0
+    /// Frames the device lost in capture overruns, as the capture clock measures them (`Recorder` only): the
+    /// `firstFrameIndex` skips them. Never counted in `framesIn`.
+    public var overrunFrames: UInt64 = 0
     /// The device's current delay (`snd_pcm_delay`) in frames; 0 for file siblings.
     public var delayFrames: Int = 0
 

@@ -41,6 +41,37 @@ struct DeviceErrorTests {
     }
 }
 
+/// How many frames an overrun cost, from the capture clock: what the capture loop skips in the index after one.
+@Suite("Capture overrun gap (pure)")
+struct OverrunGapTests {
+    private static let due: UInt64 = 1_000 * 1_000_000_000
+
+    private static func lost(lateNanos: Int64, rate: UInt64 = 44_100, period: Int = 128) -> UInt64 {
+        CaptureLoop.framesLost(timestampNanos: UInt64(Int64(due) + lateNanos), dueNanos: due, sampleRate: rate,
+                               periodFrames: period)
+    }
+
+    @Test("A chunk on time, early, or late by less than half a period costs nothing: jitter never moves the index")
+    func jitterIsNotAGap() {
+        #expect(Self.lost(lateNanos: 0) == 0)
+        #expect(Self.lost(lateNanos: -5_000_000) == 0, "never back")
+        #expect(Self.lost(lateNanos: 1_000_000) == 0, "1 ms: 44 frames, under half of 128")
+        #expect(Self.lost(lateNanos: 1_450_000) == 0, "64 frames is half a period, not more")
+    }
+
+    @Test("A stall costs its length rounded to frames")
+    func stallsCostTheirLength() {
+        #expect(Self.lost(lateNanos: 1_480_000) == 65)
+        #expect(Self.lost(lateNanos: 12_000_000) == 529, "12 ms at 44.1 kHz is 529.2 frames")
+        #expect(Self.lost(lateNanos: 300_000_000) == 13_230)
+        #expect(Self.lost(lateNanos: 300_000_000, rate: 48_000, period: 480) == 14_400)
+        #expect(Self.lost(lateNanos: 10_000_011_000) == 441_000, "10 s and 0.49 frames: rounded down")
+        #expect(Self.lost(lateNanos: 10_000_011_338) == 441_001, "10 s and 0.50 frames: rounded up")
+        // A day's stall does not overflow.
+        #expect(Self.lost(lateNanos: 86_400 * 1_000_000_000, rate: 384_000) == 86_400 * 384_000)
+    }
+}
+
 /// Real capture and playback through ALSA's jack plugin on the JACK dummy rig (scripts/lib/jack-rig.sh).
 @Suite("ALSA devices on the JACK rig", .serialized, .enabled(if: JackRig.isRunning, "needs MESH_JACK_RIG=1 (scripts/lib/jack-rig.sh)"))
 struct DeviceRigTests {
@@ -60,7 +91,7 @@ struct DeviceRigTests {
         #expect(capture.elapsedSeconds >= 0.7 && capture.elapsedSeconds <= 3, "1 s of audio took \(capture.elapsedSeconds) s")
         let stats = recorder.stats
         #expect(stats.xruns == 0)
-        #expect(stats.overflowFrames == 0)
+        #expect(stats.overflowFrames == 0 && stats.overrunFrames == 0)
         #expect(stats.framesOut == UInt64(capture.samples.count))
         #expect(stats.framesIn >= stats.framesOut)
         #expect(recorder.failure == nil)
@@ -107,9 +138,48 @@ struct DeviceRigTests {
         #expect(zip(taken.chunks, taken.chunks.dropFirst()).allSatisfy { $0.firstFrameIndex + UInt64($0.frames) == $1.firstFrameIndex })
         let stats = recorder.stats
         #expect(stats.framesOut == UInt64(taken.samples.count) && stats.overflowFrames == 0 && stats.xruns == 0)
+        #expect(stats.overrunFrames == 0, "no overrun, no gap")
         // The ring is not used: a reader gets nothing.
         var buffer = [Float](repeating: 0, count: 128)
         #expect(buffer.withUnsafeMutableBufferPointer { recorder.read(into: $0, timeoutNanos: 1_000_000) } == nil)
+    }
+
+    /// A consumer late once by 300 ms makes the device overrun (its buffer holds 11.6 ms). The frames lost then leave
+    /// a gap in `firstFrameIndex` as wide as the jump in the timestamps, so a receiver sees missing audio, not a
+    /// timeline that slipped for good (measured before: index 0.30 s behind the clock, no gap).
+    @Test func anOverrunLeavesAGapAsWideAsTheClockSays() throws {
+        final class LateOnce: CaptureConsumer, @unchecked Sendable {  // `count` is touched only by the capture thread.
+            let chunks = Mutex<[ChunkInfo]>([])
+            private var count = 0
+            func consume(_ samples: UnsafeMutableBufferPointer<Float>, info: ChunkInfo, deviceDelayFrames: Int) {
+                count += 1
+                if count == 100 { usleep(300_000) }
+                chunks.withLock { $0.append(info) }
+            }
+        }
+        let recorder = try Recorder(device: "pm_cap", periodFrames: 128)
+        let consumer = LateOnce()
+        try recorder.start(consumer: consumer)
+        let deadline = Date().addingTimeInterval(5)
+        while consumer.chunks.withLock({ $0.count }) < 400, Date() < deadline { usleep(10_000) }
+        recorder.stop()
+        let chunks = consumer.chunks.withLock { $0 }
+        let stats = recorder.stats
+        try #require(chunks.count >= 400 && stats.xruns >= 1, "\(chunks.count) chunks, \(stats.xruns) xruns")
+        #expect(recorder.failure == nil)
+
+        let gaps = zip(chunks, chunks.dropFirst()).map { Int64($1.firstFrameIndex) - Int64($0.firstFrameIndex) - Int64($0.frames) }
+        #expect(gaps.allSatisfy { $0 >= 0 }, "the index never goes back")
+        #expect(gaps.filter { $0 > 0 }.count <= Int(stats.xruns), "only an overrun leaves a gap")
+        let skipped = gaps.reduce(0, +)
+        #expect(UInt64(skipped) == stats.overrunFrames, "every frame skipped is counted")
+        #expect(skipped > 8_820 && skipped < 22_050, "about the 300 ms the consumer was late: \(skipped) frames")
+        // From chunk 20 on (the JACK dummy server may stall a period or two at start), index time tracks clock time.
+        // Without the gap they part by the 0.3 s stall; jitter is a few milliseconds.
+        let first = chunks[20], last = chunks[chunks.count - 1]
+        let clock = Double(last.timestampNanos - first.timestampNanos) / 1e9
+        let index = Double(last.firstFrameIndex - first.firstFrameIndex) / 44_100
+        #expect(abs(clock - index) < 0.1, "clock span \(clock) s, index span \(index) s")
     }
 
     @Test func playedSignalComesBackSampleExact() throws {

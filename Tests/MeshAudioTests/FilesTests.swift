@@ -135,19 +135,70 @@ struct FilesTests {
             if encoding != .oggVorbis {
                 #expect(zip(back, signal).allSatisfy { abs($0 - $1) <= tolerance }, "\(encoding) is lossless to its depth")
             }
-            let header = Array(try Data(contentsOf: URL(fileURLWithPath: path)).prefix(40))
+            let header = Array(try Data(contentsOf: URL(fileURLWithPath: path)).prefix(120))
             switch encoding {
             case .pcm16, .pcm24:
+                #expect(Array(header.prefix(4)) == Array("RIFF".utf8))
                 #expect(header[20] == 1 && header[21] == 0, "WAVE_FORMAT_PCM: what every reader takes")
             case .float32:
-                #expect(header[16] == 40, "a 40-byte extensible fmt chunk")
-                #expect(header[20] == 0xFE && header[21] == 0xFF, "WAVE_FORMAT_EXTENSIBLE")
+                // Below 4 GiB the RF64 writer leaves a plain WAV, with a JUNK chunk where ds64 would go.
+                #expect(Array(header.prefix(4)) == Array("RIFF".utf8), "a small RF64 output is a plain WAV")
+                let fmt = try #require(wavChunk("fmt ", in: header), "a fmt chunk")
+                #expect(fmt.size == 40, "a 40-byte extensible fmt chunk")
+                #expect(header[fmt.offset] == 0xFE && header[fmt.offset + 1] == 0xFF, "WAVE_FORMAT_EXTENSIBLE")
             case .flac: #expect(Array(header.prefix(4)) == Array("fLaC".utf8))
             case .oggVorbis: #expect(Array(header.prefix(4)) == Array("OggS".utf8))
             }
         }
         #expect(SoundFileEncoding.forPath("x.WAV") == .pcm16 && SoundFileEncoding.forPath("x.wav", sampleFormat: "f32") == .float32)
         #expect(SoundFileEncoding.forPath("x.mp3") == nil && SoundFileEncoding.forPath("x.wav", sampleFormat: "u8") == nil)
+    }
+
+    /// A 32-bit float WAV past 4 GiB: RF64, whose 64-bit sizes read back every frame (a WAV's 32-bit sizes wrapped
+    /// there, and the file read back as the 44 100 frames past 4 GiB). 4.3 GB written unpaced: about 10 s.
+    @Test(.enabled(if: freeBytes(at: NSTemporaryDirectory()) >= 6_000_000_000, "needs 6 GB free"))
+    func floatWAVPast4GiBIsRF64AndKeepsEveryFrame() throws {
+        final class Quarter: AudioRenderer, @unchecked Sendable {
+            func render(into buffer: UnsafeMutableBufferPointer<Float>, context: RenderContext) { buffer.update(repeating: 0.25) }
+        }
+        let path = temporaryPath("big.wav")
+        defer { unlink(path) }
+        let frames = (1 << 30) + 44_100  // mono Float32: 4 GiB and 1 s at 44.1 kHz
+        let sink = try WAVFileSink(path: path, format: AudioFormat(sampleRate: 44_100, channels: 1), periodFrames: 1 << 16,
+                                   encoding: .float32, realtime: false, maxFrames: frames)
+        try sink.start(renderer: Quarter())
+        #expect(sink.waitUntilFinished(timeoutNanos: 600_000_000_000))
+        sink.stop()
+        #expect(sink.failure == nil)
+        let header = Array(try #require(FileHandle(forReadingAtPath: path)).readData(ofLength: 120))
+        #expect(Array(header.prefix(4)) == Array("RF64".utf8))
+        let ds64 = try #require(wavChunk("ds64", in: header), "a ds64 chunk")
+        let dataBytes = header[(ds64.offset + 8)..<(ds64.offset + 16)].reversed().reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+        #expect(dataBytes == UInt64(frames) * 4)
+        #expect(try SoundFile.openForReading(path: path).frameCount == frames)
+    }
+
+    /// A 16- or 24-bit WAV stays WAVE_FORMAT_PCM (RF64 from libsndfile is WAVE_FORMAT_EXTENSIBLE), so it ends at its
+    /// 4 GiB limit instead of wrapping: the write that would pass it is short and says why, and the file holds every
+    /// frame up to it. Here with a limit of 4 000 bytes.
+    @Test func integerWAVEndsAtItsLimitReadable() throws {
+        let path = temporaryPath("limit.wav")
+        defer { unlink(path) }
+        let format = AudioFormat(sampleRate: 44_100, channels: 2)
+        let file = try SoundFile.create(path: path, format: format, encoding: .pcm16, wavDataLimitBytes: 4_000)
+        let block = [Float](repeating: 0.5, count: 600 * 2)
+        #expect(block.withUnsafeBufferPointer { file.writeFrames(from: $0.baseAddress!, frames: 600) } == 600)
+        #expect(file.error(operation: "write") == nil)
+        #expect(block.withUnsafeBufferPointer { file.writeFrames(from: $0.baseAddress!, frames: 600) } == 400, "1 000 frames fit")
+        let error = try #require(file.error(operation: "write"))
+        #expect(error.message.contains("4 GiB") && error.message.contains("1000 frames"), "\(error)")
+        #expect(block.withUnsafeBufferPointer { file.writeFrames(from: $0.baseAddress!, frames: 600) } == 0)
+        try file.close()
+        let back = try SoundFile.openForReading(path: path)
+        #expect(back.frameCount == 1_000)
+        let header = Array(try Data(contentsOf: URL(fileURLWithPath: path)).prefix(44))
+        #expect(Array(header.prefix(4)) == Array("RIFF".utf8) && header[20] == 1 && header[21] == 0)
+        #expect(SoundFile.wavDataLimitBytes + 44 <= Int(UInt32.max), "the real limit leaves room for the header")
     }
 
     @Test("libsndfile's errors come in our words, without its \"System error :\" prefix")
@@ -242,4 +293,22 @@ struct FilesTests {
         #expect(clock.time(ofFrame: 44_100 * 3_600) == 1_000 + 3_600 * 1_000_000_000)
         #expect(clock.time(ofFrame: 441) == 1_000 + 10_000_000)
     }
+}
+
+/// Where the chunk `tag` of a RIFF/RF64 file starting with `bytes` has its body, and the size its header gives.
+private func wavChunk(_ tag: String, in bytes: [UInt8]) -> (offset: Int, size: Int)? {
+    var at = 12
+    while at + 8 <= bytes.count {
+        let size = bytes[(at + 4)..<(at + 8)].reversed().reduce(0) { $0 << 8 | Int($1) }
+        if Array(bytes[at..<(at + 4)]) == Array(tag.utf8) { return (at + 8, size) }
+        at += 8 + size + size % 2
+    }
+    return nil
+}
+
+/// Bytes free for an unprivileged writer on the file system holding `path` (0 if it cannot be told).
+private func freeBytes(at path: String) -> Int {
+    var fs = statvfs()
+    guard statvfs(path, &fs) == 0 else { return 0 }
+    return Int(fs.f_bavail) * Int(fs.f_frsize)
 }

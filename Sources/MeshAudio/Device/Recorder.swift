@@ -6,11 +6,12 @@ import MeshPOSIX
 /// The capture thread waits for a period (`snd_pcm_wait`, at most 100 ms at a time), reads it (`snd_pcm_readi`),
 /// stamps it with its frame index and the monotonic time its first frame was captured, and hands it to the
 /// `CaptureConsumer` on the same thread (`start(consumer:)`) or pushes it into a preallocated `ChunkRing`
-/// (`start()`). It never allocates, locks or logs itself. Over/underruns are recovered with `snd_pcm_recover` and counted in `stats.xruns`;
-/// chunks that do not fit because the consumer is late are dropped and counted in `stats.overflowFrames`
-/// (the next chunk's `firstFrameIndex` then jumps, so the consumer can see the gap). A device that delivers no
-/// period for eight buffers (at least 4 s; its sound server died) ends capture with an `ALSAError` of kind `.stalled`
-/// in `failure`, and `stop` returns promptly even then.
+/// (`start()`). It never allocates, locks or logs itself. Over/underruns are recovered with `snd_pcm_recover` and
+/// counted in `stats.xruns`; the frames an overrun lost, as the capture clock measures them, are counted in
+/// `stats.overrunFrames`. Chunks that do not fit because the consumer is late are dropped and counted in
+/// `stats.overflowFrames`. Either way the next chunk's `firstFrameIndex` jumps, so the consumer can see the gap.
+/// A device that delivers no period for eight buffers (at least 4 s; its sound server died) ends capture with an
+/// `ALSAError` of kind `.stalled` in `failure`, and `stop` returns promptly even then.
 ///
 /// A device that refuses Float32LE or the requested rate/channels is re-opened as `plug:<device>` automatically.
 public final class Recorder: AudioSource {
@@ -126,6 +127,10 @@ final class CaptureLoop: @unchecked Sendable {  // `scratch` is used only by the
         let channels = handle.format.channels
         let rate = UInt64(handle.format.sampleRate)
         var frameIndex: UInt64 = 0
+        // When the next chunk's first frame is due on the capture clock (0 before the first chunk), and whether the
+        // device overran since the last chunk.
+        var dueNanos: UInt64 = 0
+        var overran = false
         // A device that stops delivering (its server died) must neither hold this thread forever nor go unnoticed:
         // wait for each period in short waits, and read only what is there (`snd_pcm_readi` then never blocks).
         var watchdog = DeviceWatchdog(limitNanos: fault.stallLimitNanos, nowNanos: MonotonicClock.nowNanos())
@@ -140,12 +145,14 @@ final class CaptureLoop: @unchecked Sendable {  // `scratch` is used only by the
                 let waited = handle.waitForPeriod(milliseconds: watchdog.waitMilliseconds(nowNanos: now))
                 if waited >= 0 { continue }
                 guard fault.recover(handle, from: Int(waited), returnedBy: .wait, counters: counters) else { break }
+                overran = true
                 continue
             }
             let got = available < 0 ? available : handle.readFrames(into: scratch, frames: period)
             let now = MonotonicClock.nowNanos()
             if got < 0 {
                 guard fault.recover(handle, from: got, returnedBy: available < 0 ? .avail : .readi, counters: counters) else { break }
+                overran = true
                 continue
             }
             guard got > 0 else { continue }
@@ -154,7 +161,17 @@ final class CaptureLoop: @unchecked Sendable {  // `scratch` is used only by the
             let waiting = max(handle.delayFrames() ?? 0, 0)
             counters.delayFrames.store(waiting, ordering: .relaxed)
             let age = UInt64(waiting + got) &* 1_000_000_000 / rate
-            let info = ChunkInfo(firstFrameIndex: frameIndex, frames: got, timestampNanos: now >= age ? now - age : 0)
+            let timestamp = now >= age ? now - age : 0
+            if overran {
+                // The device dropped what it held and what came while it stood: skip as many frames in the index as
+                // the clock says were lost, so the gap shows. Before the first chunk there is nothing to go by.
+                overran = false
+                let lost = dueNanos == 0 ? 0 : Self.framesLost(timestampNanos: timestamp, dueNanos: dueNanos,
+                                                              sampleRate: rate, periodFrames: period)
+                frameIndex &+= lost
+                counters.overrunFrames.wrappingAdd(lost, ordering: .relaxed)
+            }
+            let info = ChunkInfo(firstFrameIndex: frameIndex, frames: got, timestampNanos: timestamp)
             AudioCounters.bump(counters.framesIn, by: got)
             if let consumer {
                 consumer.consume(UnsafeMutableBufferPointer(start: scratch, count: got * channels), info: info,
@@ -164,7 +181,20 @@ final class CaptureLoop: @unchecked Sendable {  // `scratch` is used only by the
                 AudioCounters.bump(counters.overflowFrames, by: got)
             }
             frameIndex &+= UInt64(got)
+            dueNanos = timestamp &+ UInt64(got) &* 1_000_000_000 / rate
         }
         ring.finish()
+    }
+
+    /// Frames lost before a chunk stamped `timestampNanos` that was due at `dueNanos` (the last chunk's timestamp
+    /// plus its length): the lateness rounded to frames. Timestamps jitter by about a period, so a lateness under half
+    /// a period is 0, as is a chunk stamped early: the index never moves back or on jitter alone. Plain integer
+    /// arithmetic, for the real-time thread.
+    static func framesLost(timestampNanos: UInt64, dueNanos: UInt64, sampleRate: UInt64, periodFrames: Int) -> UInt64 {
+        guard timestampNanos > dueNanos else { return 0 }
+        let late = timestampNanos - dueNanos
+        // Whole seconds apart from the rest, so no lateness overflows.
+        let lost = late / 1_000_000_000 * sampleRate + (late % 1_000_000_000 * sampleRate + 500_000_000) / 1_000_000_000
+        return lost * 2 > UInt64(periodFrames) ? lost : 0
     }
 }

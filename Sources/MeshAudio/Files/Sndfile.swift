@@ -53,12 +53,18 @@ public struct SndfileError: Error, Equatable, Sendable, CustomStringConvertible 
 }
 
 /// The sample encoding of a WAV file written by `WAVFileSink`.
+///
+/// A WAV file's sizes are 32-bit, so it holds at most 4 GiB. A 32-bit float WAV goes on past that as RF64 (EBU Tech
+/// 3306: the same chunks with 64-bit sizes, which libsndfile, ffmpeg and sox read) and stays a plain WAV below it. The
+/// 16- and 24-bit WAVs stay WAVE_FORMAT_PCM, which every reader takes (libsndfile writes RF64 only as
+/// WAVE_FORMAT_EXTENSIBLE, which Python's `wave` before 3.12 refuses), so they end at their limit instead: the write
+/// that would pass it is short, and the file holds everything up to it.
 public enum SoundFileEncoding: Sendable, Equatable, CaseIterable, CustomStringConvertible {
-    /// WAV, 16-bit signed integer (clipped to [-1, 1)): what every tool reads.
+    /// WAV, 16-bit signed integer (clipped to [-1, 1)): what every tool reads. At most 4 GiB.
     case pcm16
-    /// WAV, 24-bit signed integer.
+    /// WAV, 24-bit signed integer. At most 4 GiB.
     case pcm24
-    /// WAV, 32-bit IEEE float, as WAVE_FORMAT_EXTENSIBLE: lossless for the pipeline's samples.
+    /// WAV, 32-bit IEEE float, as WAVE_FORMAT_EXTENSIBLE: lossless for the pipeline's samples. RF64 past 4 GiB.
     case float32
     /// FLAC, 24-bit: lossless and about half the size.
     case flac
@@ -96,7 +102,7 @@ public enum SoundFileEncoding: Sendable, Equatable, CaseIterable, CustomStringCo
         switch self {
         case .pcm16: Int32(SF_FORMAT_WAV | SF_FORMAT_PCM_16)
         case .pcm24: Int32(SF_FORMAT_WAV | SF_FORMAT_PCM_24)
-        case .float32: Int32(SF_FORMAT_WAVEX | SF_FORMAT_FLOAT)
+        case .float32: Int32(SF_FORMAT_RF64 | SF_FORMAT_FLOAT)
         case .flac: Int32(SF_FORMAT_FLAC | SF_FORMAT_PCM_24)
         case .oggVorbis: Int32(SF_FORMAT_OGG | SF_FORMAT_VORBIS)
         }
@@ -107,6 +113,15 @@ public enum SoundFileEncoding: Sendable, Equatable, CaseIterable, CustomStringCo
         switch self {
         case .pcm16, .pcm24, .float32: true
         case .flac, .oggVorbis: false
+        }
+    }
+
+    /// Bytes per sample of a WAV that ends at its 32-bit limit; nil for the encodings that have none.
+    fileprivate var limitedSampleBytes: Int? {
+        switch self {
+        case .pcm16: 2
+        case .pcm24: 3
+        case .float32, .flac, .oggVorbis: nil
         }
     }
 }
@@ -120,14 +135,24 @@ final class SoundFile: @unchecked Sendable {  // Used by one thread at a time: t
     let frameCount: Int
     let sampleRate: Int
     let channels: Int
+    /// Frames a WAV that ends at its 32-bit limit can hold (nil: no limit), frames written, and whether a write
+    /// reached the limit.
+    private let limitFrames: Int?
+    private var framesWritten = 0
+    private var reachedLimit = false
 
-    private init(lib: LibSndfile, file: OpaquePointer, path: String, info: SF_INFO) {
+    /// The data a 16- or 24-bit WAV holds at most: 4 GiB less room for its header (44 bytes from libsndfile), so the
+    /// RIFF and data sizes never wrap.
+    static let wavDataLimitBytes = Int(UInt32.max) - 4_095
+
+    private init(lib: LibSndfile, file: OpaquePointer, path: String, info: SF_INFO, limitFrames: Int? = nil) {
         self.lib = lib
         self.file = file
         self.path = path
         self.frameCount = Int(info.frames)
         self.sampleRate = Int(info.samplerate)
         self.channels = Int(info.channels)
+        self.limitFrames = limitFrames
     }
 
     deinit {
@@ -162,8 +187,10 @@ final class SoundFile: @unchecked Sendable {  // Used by one thread at a time: t
     }
 
     /// Creates (or truncates) a sound file in `encoding`. A WAV header is rewritten after every write, so the file
-    /// stays valid even if the process dies before `close()`; FLAC and Ogg are finalized by `close()`.
-    static func create(path: String, format: AudioFormat, encoding: SoundFileEncoding) throws(SndfileError) -> SoundFile {
+    /// stays valid even if the process dies before `close()`; FLAC and Ogg are finalized by `close()`. A 16- or
+    /// 24-bit WAV takes at most `wavDataLimitBytes` of samples (see `SoundFileEncoding`).
+    static func create(path: String, format: AudioFormat, encoding: SoundFileEncoding,
+                       wavDataLimitBytes: Int = wavDataLimitBytes) throws(SndfileError) -> SoundFile {
         let lib = try LibSndfile.shared.get()
         var info = SF_INFO()
         info.samplerate = Int32(format.sampleRate)
@@ -175,9 +202,15 @@ final class SoundFile: @unchecked Sendable {  // Used by one thread at a time: t
         guard let file = lib.open(path, Int32(SFM_WRITE), &info) else {
             throw SndfileError(path: path, operation: "create", message: reworded(LibSndfile.text(lib.strerror(nil))))
         }
+        // RF64 is written as a plain WAV until the file passes 4 GiB (decided before the first write).
+        if encoding == .float32 && lib.command(file, Int32(SFC_RF64_AUTO_DOWNGRADE), nil, Int32(SF_TRUE)) != SF_TRUE {
+            _ = lib.close(file)
+            throw SndfileError(path: path, operation: "create", message: "this libsndfile cannot write RF64 as WAV below 4 GiB")
+        }
         if encoding.updatesHeader { _ = lib.command(file, Int32(SFC_SET_UPDATE_HEADER_AUTO), nil, Int32(SF_TRUE)) }
         _ = lib.command(file, Int32(SFC_SET_CLIPPING), nil, Int32(SF_TRUE))
-        return SoundFile(lib: lib, file: file, path: path, info: info)
+        let limitFrames = encoding.limitedSampleBytes.map { wavDataLimitBytes / ($0 * format.channels) }
+        return SoundFile(lib: lib, file: file, path: path, info: info, limitFrames: limitFrames)
     }
 
     /// Reads up to `frames` interleaved frames; returns the number read (0 at the end or on error, see `error`).
@@ -186,10 +219,16 @@ final class SoundFile: @unchecked Sendable {  // Used by one thread at a time: t
         return Int(lib.readFloat(file, buffer, sf_count_t(frames)))
     }
 
-    /// Writes `frames` interleaved frames; returns the number written.
+    /// Writes `frames` interleaved frames; returns the number written. Short at a WAV's size limit too, and `error`
+    /// then says so.
     func writeFrames(from buffer: UnsafePointer<Float>, frames: Int) -> Int {
         guard let file else { return 0 }
-        return Int(lib.writeFloat(file, buffer, sf_count_t(frames)))
+        guard let limitFrames else { return Int(lib.writeFloat(file, buffer, sf_count_t(frames))) }
+        let fits = min(frames, limitFrames - framesWritten)
+        let written = fits > 0 ? Int(lib.writeFloat(file, buffer, sf_count_t(fits))) : 0
+        framesWritten += written
+        if fits < frames { reachedLimit = true }
+        return written
     }
 
     /// Seeks back to the first frame. Returns `false` if the file cannot seek.
@@ -198,9 +237,14 @@ final class SoundFile: @unchecked Sendable {  // Used by one thread at a time: t
         return lib.seek(file, 0, SEEK_SET) == 0
     }
 
-    /// libsndfile's error for this handle, if its last operation failed.
+    /// libsndfile's error for this handle, if its last operation failed, or the size limit a write reached.
     func error(operation: String) -> SndfileError? {
-        guard let file, lib.error(file) != 0 else { return nil }
+        guard let file else { return nil }
+        if lib.error(file) == 0 {
+            guard reachedLimit, let limitFrames else { return nil }
+            return SndfileError(path: path, operation: operation, message: "a 16- or 24-bit WAV holds at most 4 GiB "
+                                + "(\(limitFrames) frames here); a 32-bit float WAV (RF64 past 4 GiB) or FLAC has no such limit")
+        }
         return SndfileError(path: path, operation: operation, message: reworded(LibSndfile.text(lib.strerror(file))))
     }
 

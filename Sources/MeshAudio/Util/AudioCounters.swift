@@ -13,6 +13,8 @@ public final class AudioCounters: Sendable {
     public let xruns = Atomic<UInt64>(0)
     /// `AudioStats.overflowFrames`.
     public let overflowFrames = Atomic<UInt64>(0)
+    /// `AudioStats.overrunFrames`.
+    public let overrunFrames = Atomic<UInt64>(0)
     /// `AudioStats.delayFrames`.
     public let delayFrames = Atomic<Int>(0)
 
@@ -31,6 +33,7 @@ public final class AudioCounters: Sendable {
         stats.framesOut = framesOut.load(ordering: .relaxed)
         stats.xruns = xruns.load(ordering: .relaxed)
         stats.overflowFrames = overflowFrames.load(ordering: .relaxed)
+        stats.overrunFrames = overrunFrames.load(ordering: .relaxed)
         stats.delayFrames = delayFrames.load(ordering: .relaxed)
         return stats
     }
