@@ -65,7 +65,8 @@ package enum PrivateFile {
     }
 
     /// Writes `bytes` to `path` atomically with mode 0600: a temporary file in the same directory, `fsync`, then
-    /// `rename` over the old one. Readers see the old file or the new one, never a mixture.
+    /// `rename` over the old one, and `fsync` of the directory (best effort) so that the rename itself survives a power
+    /// cut (a pairing is not undone). Readers see the old file or the new one, never a mixture.
     package static func write(_ bytes: [UInt8], to path: String) throws(SyscallError) {
         let tmp = "\(path).tmp.\(getpid()).\(UInt32.random(in: 0...UInt32.max))"
         let fd = try Sys.call("open(\(tmp))") { open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600) }
@@ -84,6 +85,14 @@ package enum PrivateFile {
         try Sys.call("fsync(\(tmp))") { fsync(fd) }
         try Sys.call("rename(\(tmp), \(path))") { rename(tmp, path) }
         ok = true
+        // Best effort: the new file is in place either way, and a file system that cannot sync a directory has
+        // nothing better to offer.
+        let parent = path.contains("/") ? String(path[..<path.lastIndex(of: "/")!]) : "."
+        let dir = open(parent.isEmpty ? "/" : parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        if dir >= 0 {
+            _ = fsync(dir)
+            close(dir)
+        }
     }
 
     /// The contents of `path` (at most `limit` bytes; a larger file is an error, not a truncation).
