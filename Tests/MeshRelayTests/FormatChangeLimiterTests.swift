@@ -36,4 +36,14 @@ struct FormatChangeLimiterTests {
         #expect(allowed <= 3 + 6 && allowed >= 3)
         #expect(said <= allowed * 2 + 2, "refusals are not said on every packet")
     }
+
+    @Test("A format the output could not play is refused quietly from then on, and spends no token")
+    func aFormatTheOutputRefusedIsNotTriedAgain() {
+        var l = FormatChangeLimiter()
+        #expect(l.request(a, now: 1) == .allow)
+        l.cannotPlay(a)
+        for t in 2..<100 { #expect(l.request(a, now: UInt64(t)) == .refuse) }
+        #expect(l.request(b, now: 100) == .allow, "the burst's other tokens are still there")
+        #expect(l.request(a, now: 20_000_000_000) == .refuse, "even once tokens are back")
+    }
 }

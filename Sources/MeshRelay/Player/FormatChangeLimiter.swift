@@ -3,7 +3,8 @@ import MeshAudio
 /// How often a host may make the player rebuild its playback for a new format: a token bucket (a burst of
 /// `burst` changes, then one per `refill`). A hostile host that flaps formats gets a few rebuilds, then one line
 /// saying the change is refused, and its packets in other formats are dropped and counted until a token is back.
-/// Pure: time is passed in (nanoseconds).
+/// A format the output could not play (`cannotPlay`) is not tried again: its packets are dropped and counted, and
+/// no token is spent on it. Pure: time is passed in (nanoseconds).
 public struct FormatChangeLimiter: Sendable, Equatable {
     /// What to do with a format change the stream asks for.
     public enum Verdict: Sendable, Equatable {
@@ -23,6 +24,9 @@ public struct FormatChangeLimiter: Sendable, Equatable {
     private var updated: UInt64?
     /// Formats refused (and said) since the last allowed change; a few at most.
     private var refused: [AudioFormat] = []
+    /// Formats the output could not play, the latest `maximumUnplayable`.
+    private var unplayable: [AudioFormat] = []
+    static let maximumUnplayable = 8
 
     /// At most `burst` changes at once, then one per `refillNanos` (default: 3, then one per 10 s).
     public init(burst: Int = 3, refillNanos: UInt64 = 10_000_000_000) {
@@ -34,6 +38,7 @@ public struct FormatChangeLimiter: Sendable, Equatable {
 
     /// The stream asks to change to `format` at `now`.
     public mutating func request(_ format: AudioFormat, now: UInt64) -> Verdict {
+        if unplayable.contains(format) { return .refuse }  // said when it failed
         if let t = updated, now > t { tokens = min(Double(burst), tokens + Double(now - t) / Double(refill)) }
         updated = now
         if tokens >= 1 {
@@ -45,5 +50,12 @@ public struct FormatChangeLimiter: Sendable, Equatable {
         if refused.count >= 4 { return .refuse }   // a host cycling through many formats is said to a few times only
         refused.append(format)
         return .refuseAndSay
+    }
+
+    /// Playback could not be built for `format` (the output refuses it): it is not tried again.
+    public mutating func cannotPlay(_ format: AudioFormat) {
+        unplayable.removeAll { $0 == format }
+        unplayable.append(format)
+        if unplayable.count > Self.maximumUnplayable { unplayable.removeFirst() }
     }
 }

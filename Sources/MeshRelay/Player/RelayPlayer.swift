@@ -364,7 +364,9 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
             case .allow:
                 log("host sends \(f); reopening playback")
                 do { try buildPipeline(f) } catch {
-                    log("cannot play \(f): \(error)")
+                    // Not tried again: the output said no (its packets are dropped and counted as another format).
+                    formatChanges.withLock { $0.cannotPlay(f) }
+                    log("cannot play \(f): \(error); its packets are dropped")
                     // The idle pipeline was stopped for it: put one back in the format the player started with, so
                     // that packets are still read (and counted) and a later format can still be played.
                     if playout.withCurrent({ $0 == nil }) {
