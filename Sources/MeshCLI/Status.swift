@@ -89,6 +89,7 @@ package enum StatusReport {
         o.add("framesCaptured", s.framesCaptured)
         o.add("captureDelayMs", format.milliseconds(frames: s.captureDelayFrames))
         o.add("xruns", s.captureXruns)
+        o.add("overrunMs", format.milliseconds(frames: Int(clamping: s.captureOverrunFrames)))
         o.add("capture", s.capture.description)
         o.add("controlCommands", s.controlCommands)
         o.add("malformedControl", s.malformedControl)

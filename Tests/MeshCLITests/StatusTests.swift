@@ -2,9 +2,21 @@ import Foundation
 import MeshPOSIX
 import Testing
 @testable import MeshCLI
+@testable import MeshRelay
 
 /// The status line's meter and the JSON numbers: what a hostile stream reaches every second, even with --quiet.
 @Suite struct StatusTests {
+    @Test("The host's JSON says how much audio capture overruns lost, in milliseconds")
+    func hostReportsOverrunLoss() throws {
+        var s = RelayHost.Statistics()
+        s.captureXruns = 2
+        s.captureOverrunFrames = 441
+        let line = StatusReport.json(host: s, name: "kitchen", port: 1, format: .default).description
+        let o = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+        #expect(o["xruns"] as? Int == 2)
+        #expect(o["overrunMs"] as? Double == 10)
+    }
+
     @Test("dBFS and the meter never trap, whatever the level: ±FLT_MAX, NaN, ±inf, 0, subnormals")
     func hostileLevels() {
         let levels: [Float] = [.greatestFiniteMagnitude, -.greatestFiniteMagnitude, .nan, .infinity, -.infinity, 0,

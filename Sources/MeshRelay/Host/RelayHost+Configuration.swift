@@ -77,6 +77,8 @@ extension RelayHost {
         public var framesCaptured: UInt64 = 0
         /// Capture over- and underruns recovered (`snd_pcm_recover`).
         public var captureXruns: UInt64 = 0
+        /// Frames those overruns lost, as the capture clock measured them (players conceal them as a gap).
+        public var captureOverrunFrames: UInt64 = 0
         /// The capture device's latest delay (`snd_pcm_delay`), frames.
         public var captureDelayFrames: Int = 0
         /// Peak |sample| of the latest captured chunk.

@@ -270,6 +270,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         s.rmsLevel = c.rmsLevel
         let a = source.stats
         s.captureXruns = a.xruns
+        s.captureOverrunFrames = a.overrunFrames
         s.captureDelayFrames = a.delayFrames
         return s
     }
