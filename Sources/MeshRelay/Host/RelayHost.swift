@@ -352,15 +352,31 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     /// waiting for the next check.
     public func trustChanged() { timers.async { [weak self] in self?.checkTrust() } }
 
-    /// Disconnects players admitted by the trust store whose key was forgotten since.
+    /// Disconnects players admitted by the trust store whose key was forgotten since. A store that can no longer be
+    /// read (damaged, or now writable by others) vouches for nobody: every player it admitted is disconnected, and the
+    /// operator is told why.
     private func checkTrust() {
         guard let trust = configuration.trust else { return }
         let admitted = state.withLock { $0.admittedByTrust }
-        guard !admitted.isEmpty, let keys = try? Set(trust.list().map(\.publicKey)) else { return }
+        guard !admitted.isEmpty else { return }
+        let keys: Set<PublicKey>
+        do { keys = Set(try trust.list().map(\.publicKey)) } catch {
+            notices("\(error); disconnecting the \(admitted.count == 1 ? "player" : "players") it admitted")
+            keys = []
+        }
         for (peer, key) in admitted where !keys.contains(key) {
             state.withLock { _ = $0.admittedByTrust.removeValue(forKey: peer) }
             events("forgot \(peer.displayName); disconnecting it")
             session.disconnect(peer)
+        }
+    }
+
+    /// Whether the trust store holds `key`. A store that cannot be read trusts nobody; the operator is told why.
+    private func isTrusted(_ key: PublicKey?, peer: PeerID) -> Bool {
+        guard let key, let trust = configuration.trust else { return false }
+        do { return try trust.contains(key) } catch {
+            notices("\(error); \(peer.displayName) (\(key.shortFingerprint)) is not admitted as paired")
+            return false
         }
     }
 
@@ -404,7 +420,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     public func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceive invitation: Invitation) {
         let peer = invitation.peer
         let key = invitation.certificate?.publicKey
-        let trusted = key.map { (try? configuration.trust?.contains($0)) ?? false } ?? false
+        let trusted = isTrusted(key, peer: peer)
         @Sendable func admit(byTrust: Bool) {
             state.withLock {
                 $0.addresses[peer] = invitation.address
@@ -442,9 +458,16 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                     events("accepted \(peer.displayName) once")
                     admit(byTrust: false)
                 case .always:
-                    try? configuration.trust?.add(key, name: peer.displayName)
-                    events("accepted \(peer.displayName) and paired it")
-                    admit(byTrust: true)
+                    // Paired only if its key is stored: otherwise it is let in this once, and the operator is told.
+                    do throws(PeerMeshError) {
+                        guard let trust = configuration.trust else { throw .trust("this host keeps no trust store") }
+                        try trust.add(key, name: peer.displayName)
+                        events("accepted \(peer.displayName) and paired it")
+                        admit(byTrust: true)
+                    } catch {
+                        notices("accepted \(peer.displayName) once; it could not be paired: \(error)")
+                        admit(byTrust: false)
+                    }
                 case .no:
                     events("declined \(peer.displayName)")
                     invitation.decline(.declined, message: "declined by the host's operator")

@@ -463,11 +463,17 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         control.async { self.perform(actions) }
     }
 
-    /// Whether this player may join the host with `key`.
+    /// Whether this player may join the host with `key`. A trust store that cannot be read trusts nobody, and the log
+    /// says why.
     private func trusts(_ key: PublicKey?) -> Bool {
         switch configuration.hosts {
-        case .any: true
-        case .paired(let store): key.map { (try? store.contains($0)) ?? false } ?? false
+        case .any: return true
+        case .paired(let store):
+            guard let key else { return false }
+            do { return try store.contains(key) } catch {
+                log("\(error); no host counts as paired")
+                return false
+            }
         }
     }
 
