@@ -140,6 +140,22 @@ package final class ControlServer: Sendable {
 
 /// The client end: `mesh-record ctl …`.
 package enum ControlClient {
+    /// Whether a client run by `client` may believe the host, run by `uid`, whose socket is in `directory`: a host of
+    /// this user or of root; and, for root, the host of a service account in a directory only that account can
+    /// change, inside one only root can change (`/run/peermesh` of mesh-record.service, run as `peermesh`). Nobody
+    /// else could have put a socket there. Someone's socket in a shared directory (`/tmp`) is never believed.
+    package static func serves(uid: uid_t, client: uid_t, in directory: String) -> Bool {
+        if uid == client || uid == 0 { return true }
+        guard client == 0 else { return false }
+        var dir = directory
+        while dir.count > 1, dir.hasSuffix("/") { dir.removeLast() }
+        let parent = dir.split(separator: "/", omittingEmptySubsequences: false).dropLast().joined(separator: "/")
+        var own = stat(), above = stat()
+        guard lstat(dir, &own) == 0, own.st_mode & S_IFMT == S_IFDIR, own.st_uid == uid, own.st_mode & 0o022 == 0,
+              stat(parent.isEmpty ? "/" : parent, &above) == 0, above.st_uid == 0, above.st_mode & 0o022 == 0 else { return false }
+        return true
+    }
+
     /// Why a command did not reach a host.
     package enum Failure: Error, CustomStringConvertible {
         case noHost(String)
@@ -165,9 +181,11 @@ package enum ControlClient {
             throw .refused(error.description)
         }
         defer { s.close() }
-        // Only a host run by this user (or root) is told anything: a socket someone else put there is not ours.
-        if let uid = try? UnixSocket.peerUID(s), uid != getuid(), uid != 0 {
-            throw .refused("the socket \(path) belongs to uid \(uid), not to this user or root; not talking to it")
+        // Only a host we can vouch for is told anything: a socket someone else put there is not ours.
+        let uid: uid_t
+        do { uid = try UnixSocket.peerUID(s) } catch { throw .refused("cannot tell who runs \(path): \(error)") }
+        guard serves(uid: uid, client: getuid(), in: directory.path) else {
+            throw .refused("the socket \(path) belongs to uid \(uid), not to this user, root, or an account that alone controls \(directory.path); not talking to it")
         }
         do {
             try UnixSocket.write(s, command.line + "\n")
