@@ -6,6 +6,7 @@
 #include <sndfile.h>
 
 typedef __typeof__(&sf_open) pm_sf_open_fn;
+typedef __typeof__(&sf_open_fd) pm_sf_open_fd_fn;
 typedef __typeof__(&sf_close) pm_sf_close_fn;
 typedef __typeof__(&sf_strerror) pm_sf_strerror_fn;
 typedef __typeof__(&sf_error) pm_sf_error_fn;

@@ -160,5 +160,41 @@ struct ClipRecorderTests {
         }
         #expect(try FileManager.default.contentsOfDirectory(atPath: dir).isEmpty)
     }
-}
 
+    @Test func clipsAreTheHostOwnersOnly() throws {
+        let dir = try Self.directory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let saved = Mutex<String?>(nil)
+        let recorder = try ClipRecorder(configuration: .init(directory: dir, name: "h", prerollSeconds: 0.1), format: .default) { o in
+            if case .saved(let n) = o { saved.withLock { $0 = n } }
+        }
+        try recorder.start()
+        defer { recorder.stop() }
+        var next = 0
+        Self.tap(recorder, from: &next, count: 4_410)
+        usleep(60_000)
+        let name = try recorder.open(prerollOnly: true)
+        #expect(eventually(5) { saved.withLock { $0 } == name })
+        let mode = try #require(try FileManager.default.attributesOfItem(atPath: dir + "/" + name)[.posixPermissions] as? Int)
+        #expect(mode == 0o600, "what the microphone heard is readable by the host's owner only: mode \(String(mode, radix: 8))")
+        #expect(try readWAV(dir + "/" + name).samples.count == 4_410, "the pre-roll, whole, through the descriptor made for it")
+    }
+
+    @Test func stopsFromManyThreadsAtOnceSaveTheClipOnce() throws {
+        for round in 0..<20 {
+            let dir = try Self.directory()
+            defer { try? FileManager.default.removeItem(atPath: dir) }
+            let outcomes = Mutex<[ClipRecorder.Outcome]>([])
+            let recorder = try ClipRecorder(configuration: .init(directory: dir, name: "h", prerollSeconds: 0.1, maximumSeconds: 60),
+                                            format: .default) { o in outcomes.withLock { $0.append(o) } }
+            try recorder.start()
+            var next = 0
+            Self.tap(recorder, from: &next, count: 4_410)
+            let name = try recorder.open(prerollOnly: false)
+            Self.tap(recorder, from: &next, count: 4_410)
+            DispatchQueue.concurrentPerform(iterations: 8) { _ in recorder.stop() }
+            #expect(outcomes.withLock { $0 } == [.saved(name)], "round \(round): saved once")
+            #expect(try readWAV(dir + "/" + name).samples.count == 8_820, "round \(round): the pre-roll and what followed")
+        }
+    }
+}

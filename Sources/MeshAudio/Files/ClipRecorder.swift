@@ -68,6 +68,9 @@ public final class ClipRecorder: Sendable {
                             onFinished: onFinished)
     }
 
+    /// Held by `stop()`: the worker's state is the clip thread's, or, once it has ended, one stopper's at a time.
+    private let stopping = Mutex(())
+
     deinit { stop() }
 
     /// Starts the clip thread (the pre-roll fills from now on).
@@ -76,11 +79,14 @@ public final class ClipRecorder: Sendable {
         try lifecycle.start { worker.run() }
     }
 
-    /// Stops the clip thread; a clip being recorded is saved first.
+    /// Stops the clip thread; a clip being recorded is saved first. Concurrent calls are taken one at a time: the
+    /// first saves the clip, the others find nothing left to do.
     public func stop() {
         let worker = self.worker
-        lifecycle.stop(wake: { worker.wake.signal() })
-        worker.finishOnStop()
+        stopping.withLock { _ in
+            lifecycle.stop(wake: { worker.wake.signal() })
+            worker.finishOnStop()
+        }
     }
 
     /// The send thread: one captured chunk (interleaved). Never blocks; what does not fit is dropped and counted.
@@ -100,14 +106,15 @@ public final class ClipRecorder: Sendable {
     /// (or, with `prerollOnly`, close it at once). Returns the file's name; throws `ClipError` with the reason
     /// when it cannot be created.
     public func open(prerollOnly: Bool) throws -> String {
-        let (path, name) = try reserveName()
+        let (descriptor, path, name) = try reserveName()
         do { try checkFreeSpace() } catch {
+            close(descriptor)
             unlink(path)
             throw error
         }
         let file: SoundFile
         do {
-            file = try SoundFile.create(path: path, format: format, encoding: .float32)
+            file = try SoundFile.create(descriptor: descriptor, path: path, format: format, encoding: .float32)
         } catch {
             unlink(path)
             throw ClipError("cannot write \(name): \(error.message)")
@@ -142,18 +149,17 @@ public final class ClipRecorder: Sendable {
         }
     }
 
-    /// `<name>-<YYYYMMDD-HHMMSS>.wav`, created exclusively (`-2`, `-3`… when taken): a clip never overwrites one.
-    private func reserveName() throws -> (path: String, name: String) {
+    /// `<name>-<YYYYMMDD-HHMMSS>.wav`, created exclusively (`-2`, `-3`… when taken): a clip never overwrites one, and
+    /// never follows a link someone put in its place. Mode 0600: what a microphone heard is for the host's owner. The
+    /// file is written through the descriptor returned, never reopened by name.
+    private func reserveName() throws -> (descriptor: Int32, path: String, name: String) {
         let stamp = WallClock.iso8601().filter { $0.isNumber }.prefix(14) // YYYYMMDDHHMMSS
         let base = Self.safeName(configuration.name) + "-" + stamp.prefix(8) + "-" + stamp.dropFirst(8)
         for n in 1...100 {
             let name = base + (n == 1 ? "" : "-\(n)") + ".wav"
             let path = configuration.directory + "/" + name
-            let fd = Glibc.open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
-            if fd >= 0 {
-                close(fd)
-                return (path, name)
-            }
+            let fd = Glibc.open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
+            if fd >= 0 { return (fd, path, name) }
             let e = errno
             guard e == EEXIST else {
                 throw ClipError("cannot write \(name): \(String(cString: strerror(e)).lowercased())")

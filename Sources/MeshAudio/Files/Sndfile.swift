@@ -11,6 +11,7 @@ import Glibc
 /// libsndfile's entry points, resolved once, when the first file is opened.
 private struct LibSndfile: Sendable {
     let open: pm_sf_open_fn
+    let openDescriptor: pm_sf_open_fd_fn
     let close: pm_sf_close_fn
     let strerror: pm_sf_strerror_fn
     let error: pm_sf_error_fn
@@ -28,6 +29,7 @@ private struct LibSndfile: Sendable {
     static let shared = Result { () throws(SharedLibrary.LoadError) -> LibSndfile in
         let lib = try SharedLibrary.load(["libsndfile.so.1"])
         return LibSndfile(open: try lib.function("sf_open", as: pm_sf_open_fn.self),
+                          openDescriptor: try lib.function("sf_open_fd", as: pm_sf_open_fd_fn.self),
                           close: try lib.function("sf_close", as: pm_sf_close_fn.self),
                           strerror: try lib.function("sf_strerror", as: pm_sf_strerror_fn.self),
                           error: try lib.function("sf_error", as: pm_sf_error_fn.self),
@@ -191,15 +193,35 @@ final class SoundFile: @unchecked Sendable {  // Used by one thread at a time: t
     /// 24-bit WAV takes at most `wavDataLimitBytes` of samples (see `SoundFileEncoding`).
     static func create(path: String, format: AudioFormat, encoding: SoundFileEncoding,
                        wavDataLimitBytes: Int = wavDataLimitBytes) throws(SndfileError) -> SoundFile {
-        let lib = try LibSndfile.shared.get()
+        try create(path: path, descriptor: nil, format: format, encoding: encoding, wavDataLimitBytes: wavDataLimitBytes)
+    }
+
+    /// Creates a sound file in `encoding` on `descriptor`, a new, empty file opened for reading and writing, which the
+    /// `SoundFile` then owns (closed with it, also when this throws); `path` only names it in errors. The file is never
+    /// reopened by name, so what was created (exclusively, with its mode) is what is written.
+    static func create(descriptor: Int32, path: String, format: AudioFormat,
+                       encoding: SoundFileEncoding) throws(SndfileError) -> SoundFile {
+        try create(path: path, descriptor: descriptor, format: format, encoding: encoding, wavDataLimitBytes: wavDataLimitBytes)
+    }
+
+    private static func create(path: String, descriptor: Int32?, format: AudioFormat, encoding: SoundFileEncoding,
+                               wavDataLimitBytes: Int) throws(SndfileError) -> SoundFile {
+        let lib: LibSndfile
+        do { lib = try LibSndfile.shared.get() } catch {
+            if let descriptor { Glibc.close(descriptor) }
+            throw error
+        }
         var info = SF_INFO()
         info.samplerate = Int32(format.sampleRate)
         info.channels = Int32(format.channels)
         info.format = encoding.sndfileFormat
         guard lib.formatCheck(&info) != 0 else {
+            if let descriptor { Glibc.close(descriptor) }
             throw SndfileError(path: path, operation: "create", message: "this libsndfile cannot write \(encoding) at \(format)")
         }
-        guard let file = lib.open(path, Int32(SFM_WRITE), &info) else {
+        // sf_open_fd closes the descriptor with the file (SF_TRUE), and on failure too.
+        let opened = descriptor.map { lib.openDescriptor($0, Int32(SFM_WRITE), &info, Int32(SF_TRUE)) } ?? lib.open(path, Int32(SFM_WRITE), &info)
+        guard let file = opened else {
             throw SndfileError(path: path, operation: "create", message: reworded(LibSndfile.text(lib.strerror(nil))))
         }
         // RF64 is written as a plain WAV until the file passes 4 GiB (decided before the first write).
