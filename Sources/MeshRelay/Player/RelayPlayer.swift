@@ -48,6 +48,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     /// Marks `control`, so that `onControl` knows when it already runs there.
     private let onControlKey = DispatchSpecificKey<Bool>()
     private let seen = Mutex<[PeerID: SeenHost]>([:])
+    /// Hosts whose handshake this player finished and that have not answered yet, with their check code.
+    private let unanswered = Mutex<[PeerID: String]>([:])
     private let accounting = Mutex(Accounting())
     private let ticking = Atomic<Bool>(false)
     private let log: @Sendable (String) -> Void
@@ -407,7 +409,10 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         host.withLock { host in
             if state == .connected { host = peer } else if host == peer { host = nil }
         }
-        if state != .connecting { arrivals.sinceJoin.store(false, ordering: .releasing) }
+        if state != .connecting {
+            arrivals.sinceJoin.store(false, ordering: .releasing)
+            unanswered.withLock { _ = $0.removeValue(forKey: peer) }
+        }
         // Trust follows the key: the paired entry takes the host's current name, and notes when it was last seen.
         if state == .connected, case .paired(let store) = configuration.hosts, let key = peer.publicKey {
             try? store.touch(key, name: peer.displayName)
@@ -480,8 +485,22 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     public func session(_ session: Session, didReceiveCertificate certificate: PeerCertificate, fromPeer peer: PeerID,
                         certificateHandler: @escaping @Sendable (Bool) -> Void) {
         // Pinned by key: a host that is not paired is not joined, whatever its name.
-        certificateHandler(trusts(certificate.publicKey))
+        let trusted = trusts(certificate.publicKey)
+        certificateHandler(trusted)
+        // A host that does not let this player in at once may be asking its operator (`--accept ask`), whose prompt
+        // shows a check code: this side shows the same one, so that the person there can tell this player's request
+        // from anyone else's.
+        guard trusted, !certificate.shortAuthenticationString.isEmpty else { return }
+        unanswered.withLock { $0[peer] = certificate.shortAuthenticationString }
+        control.asyncAfter(deadline: .now() + Self.answerPatience) { [weak self] in
+            guard let self, let code = self.unanswered.withLock({ $0.removeValue(forKey: peer) }) else { return }
+            self.log("waiting for \(peer.displayName) to let this player in; if its operator is asked, the check code "
+                     + "there is \(code)")
+        }
     }
+
+    /// How long a host may take to answer before the player says it is waiting, and shows the check code.
+    static let answerPatience: DispatchTimeInterval = .seconds(1)
 
     public func browser(_ browser: NearbyServiceBrowser, foundPeer peer: PeerID, withDiscoveryInfo info: [String: String]?) {
         let trusted = trusts(peer.publicKey)

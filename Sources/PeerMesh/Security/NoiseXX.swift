@@ -178,8 +178,9 @@ enum Noise {
         private var symmetric: SymmetricState
         private var step = Step.first
 
-        /// `prologue` must be the same bytes on both sides (PeerMesh puts both clear preambles there, so a
-        /// tampered negotiation fails the handshake).
+        /// `prologue` must be the same bytes on both sides (PeerMesh puts the inviter's clear preamble there, so a
+        /// tampered offer fails the handshake; the advertiser's answer must repeat the offered mode or the inviter
+        /// closes).
         init(role: Role, localStatic: KeyPair, localEphemeral: KeyPair = .generate(), prologue: [UInt8]) {
             self.role = role
             self.localStatic = localStatic

@@ -151,8 +151,9 @@ struct SecureChannel: Sendable {
     }
 
     /// The short authentication string both sides can compare (six digits, `123 456`), from the handshake hash
-    /// after message 2 — known to both sides from then on, and different on each side of a man in the middle
-    /// (who cannot make both handshakes share ephemeral keys). Nil in plaintext or before message 2.
+    /// after message 2 — known to both sides from then on, and different on each side of a man in the middle who
+    /// does not search for a match (nothing commits message 2 in advance: see docs/PROTOCOL.md §3.2 for what the
+    /// digits prove). Nil in plaintext or before message 2.
     var shortAuthenticationString: String? { sasSource.map(Self.sas) }
 
     private var sasSource: [UInt8]?

@@ -48,7 +48,9 @@ public protocol SessionDelegate: AnyObject, Sendable {
 public struct PeerCertificate: Sendable, Equatable {
     /// The peer's long-term public key.
     public let publicKey: PublicKey
-    /// Six digits (`123 456`) that are the same on both sides of this handshake and differ for any other.
+    /// Six digits (`123 456`) that are the same on both sides of this handshake, and tell it from another one. They
+    /// stop a man in the middle only where a side also pins the other's key: one can search about 10⁶ variants of
+    /// its message 2 for a match (docs/PROTOCOL.md §3.2). Where no key is known, pair (`Pairing`) instead.
     public let shortAuthenticationString: String
     /// Where the peer connected from (or was reached at).
     public let address: String?

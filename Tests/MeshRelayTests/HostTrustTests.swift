@@ -6,10 +6,11 @@ import Synchronization
 import Testing
 @testable import MeshRelay
 
-/// A host whose trust store cannot be read or written vouches for nobody: it fails closed, and says why.
+/// Whom a host lets in beyond its trust store: a store that cannot be read or written vouches for nobody (the host
+/// fails closed, and says why); an operator who is asked sees the check code the waiting player shows.
 /// In one process: real UDP on 127.0.0.1, a paced tone, WAV sinks, in-process discovery.
-@Suite("Host trust store failures", .serialized)
-struct TrustFailureTests {
+@Suite("Host trust: store failures, and the operator's check code", .serialized)
+struct HostTrustTests {
     /// Lines a host logged, by kind.
     final class Lines: Sendable {
         let events = Mutex<[String]>([]), notices = Mutex<[String]>([])
@@ -19,10 +20,16 @@ struct TrustFailureTests {
         func logged(_ text: String) -> Bool { events.withLock { $0.contains { $0.contains(text) } } }
     }
 
-    /// Answers every join request with `decision`.
+    /// Answers every join request with `decision`, `after` seconds later; the check codes it was shown go to `shown`.
     struct Operator: PlayerApproval {
         let decision: JoinDecision
-        func ask(_ request: JoinRequest, decide: @escaping @Sendable (JoinDecision) -> Void) { decide(decision) }
+        var after = 0.0
+        var shown: Lines?
+        func ask(_ request: JoinRequest, decide: @escaping @Sendable (JoinDecision) -> Void) {
+            shown?.events.withLock { $0.append(request.shortAuthenticationString) }
+            guard after > 0 else { return decide(decision) }
+            DispatchQueue.global().asyncAfter(deadline: .now() + after) { [decision] in decide(decision) }
+        }
     }
 
     /// Bytes that are no trust store: the host must neither trust them nor overwrite them.
@@ -113,5 +120,37 @@ struct TrustFailureTests {
         Thread.sleep(forTimeInterval: 0.5)
         #expect(host.statistics.players.isEmpty)
         #expect(player.statistics.playout.received == 0, "nothing heard from a host it cannot vouch for")
+    }
+
+    @Test("An operator who takes a while sees the same check code as the waiting player shows; a prompt answered at once shows none")
+    func theWaitingPlayerShowsTheOperatorsCheckCode() throws {
+        let paired = try PairedStates(players: 1, hostName: "asking-host")
+        try FileManager.default.removeItem(atPath: paired.hostDirectory + "/paired.json")
+        let lines = Lines(), shown = Lines(), playerLog = Lines()
+        let host = try makeHost(paired, name: "asking-host", accept: .ask(Operator(decision: .once, after: 2.5, shown: shown)),
+                                lines: lines)
+        defer { host.stop() }
+        let player = try makePlayer(paired, host: host, out: Rig.tempPath("trust-ask.wav"),
+                                    log: { line in playerLog.events.withLock { $0.append(line) } })
+        defer { player.stop() }
+        #expect(eventually(10) { player.statistics.playout.received > 50 }, "the operator let it in")
+        let codes = shown.events.withLock { $0 }
+        #expect(codes.count == 1, "asked once: \(codes)")
+        let code = try #require(codes.first)
+        #expect(code.count == 7 && code.filter(\.isNumber).count == 6, "six digits: \(code)")
+        let waiting = playerLog.events.withLock { $0 }.filter { $0.contains("waiting for asking-host") }
+        #expect(waiting.count == 1 && waiting[0].hasSuffix("check code there is \(code)"), "\(playerLog.events.withLock { $0 })")
+
+        // Paired now (the same host, asked nothing): no waiting line.
+        let quick = try makeHost(paired, name: "quick-host", accept: .paired, lines: Lines())
+        defer { quick.stop() }
+        try paired.hostTrust.add(try paired.playerIdentity(0).publicKey, name: "player-0")
+        let quickLog = Lines()
+        let again = try makePlayer(paired, host: quick, out: Rig.tempPath("trust-quick.wav"),
+                                   log: { line in quickLog.events.withLock { $0.append(line) } })
+        defer { again.stop() }
+        #expect(eventually(10) { again.statistics.playout.received > 50 })
+        Thread.sleep(forTimeInterval: 1.2)
+        #expect(!quickLog.logged("check code"), "\(quickLog.events.withLock { $0 })")
     }
 }
