@@ -2,7 +2,9 @@
 public enum EncryptionPreference: Sendable, Equatable, CustomStringConvertible {
     /// Every link is encrypted and mutually authenticated; a peer that cannot is refused. The default.
     case required
-    /// Links this side opens are encrypted; a peer that offers only plaintext is still accepted.
+    /// Links this side opens are encrypted; a peer that offers only plaintext is still accepted. Such a peer proves
+    /// nothing: its HELLO may claim any identity, a keyed peer's included, and it then stands for that peer (its
+    /// `PeerID` compares equal) until it leaves. Check `PeerID.publicKey` (nil for it) before trusting a peer.
     case optional
     /// INSECURE: no encryption, no authentication — anyone on the network can listen, inject and impersonate.
     /// For tests and benchmarks only.
