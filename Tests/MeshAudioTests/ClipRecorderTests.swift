@@ -14,6 +14,27 @@ struct ClipRecorderTests {
         return dir
     }
 
+    /// A started recorder in a fresh directory (0.1 s of pre-roll, clips up to 60 s), and the outcomes it reported.
+    final class Clips: Sendable {
+        /// The outcomes, in the order reported.
+        final class Reported: Sendable { let list = Mutex<[ClipRecorder.Outcome]>([]) }
+        let directory: String
+        let reported: Reported
+        let recorder: ClipRecorder
+
+        init() throws {
+            directory = try ClipRecorderTests.directory()
+            let reported = Reported()
+            self.reported = reported
+            recorder = try ClipRecorder(configuration: .init(directory: directory, name: "h", prerollSeconds: 0.1, maximumSeconds: 60),
+                                        format: .default) { o in reported.list.withLock { $0.append(o) } }
+            try recorder.start()
+        }
+
+        var outcomes: [ClipRecorder.Outcome] { reported.list.withLock { $0 } }
+        func remove() { try? FileManager.default.removeItem(atPath: directory) }
+    }
+
     /// Taps `count` samples of a ramp that counts up from `start` (a value per sample, so order and gaps show).
     static func tap(_ recorder: ClipRecorder, from start: inout Int, count: Int) {
         let samples = (0..<count).map { Float((start + $0) % 100_000) / 100_000 }
@@ -121,12 +142,9 @@ struct ClipRecorderTests {
     }
 
     @Test func discardRemovesTheFileAndStopSavesAClipInProgress() throws {
-        let dir = try Self.directory()
-        defer { try? FileManager.default.removeItem(atPath: dir) }
-        let outcomes = Mutex<[ClipRecorder.Outcome]>([])
-        let recorder = try ClipRecorder(configuration: .init(directory: dir, name: "h", prerollSeconds: 0.1, maximumSeconds: 60),
-                                        format: .default) { o in outcomes.withLock { $0.append(o) } }
-        try recorder.start()
+        let clips = try Clips()
+        defer { clips.remove() }
+        let (dir, recorder) = (clips.directory, clips.recorder)
         var next = 0
         Self.tap(recorder, from: &next, count: 8_820)
         let gone = try recorder.open(prerollOnly: false)
@@ -137,7 +155,7 @@ struct ClipRecorderTests {
         Self.tap(recorder, from: &next, count: 4_410)
         usleep(60_000)
         recorder.stop()
-        #expect(outcomes.withLock { $0 } == [.saved(kept)], "a discarded clip reports nothing; stop saves the one in progress")
+        #expect(clips.outcomes == [.saved(kept)], "a discarded clip reports nothing; stop saves the one in progress")
     }
 
     @Test func aDirectoryThatCannotBeWrittenFailsWithTheReasonAndLeavesNothing() throws {
@@ -182,19 +200,16 @@ struct ClipRecorderTests {
 
     @Test func stopsFromManyThreadsAtOnceSaveTheClipOnce() throws {
         for round in 0..<20 {
-            let dir = try Self.directory()
-            defer { try? FileManager.default.removeItem(atPath: dir) }
-            let outcomes = Mutex<[ClipRecorder.Outcome]>([])
-            let recorder = try ClipRecorder(configuration: .init(directory: dir, name: "h", prerollSeconds: 0.1, maximumSeconds: 60),
-                                            format: .default) { o in outcomes.withLock { $0.append(o) } }
-            try recorder.start()
+            let clips = try Clips()
+            defer { clips.remove() }
+            let recorder = clips.recorder
             var next = 0
             Self.tap(recorder, from: &next, count: 4_410)
             let name = try recorder.open(prerollOnly: false)
             Self.tap(recorder, from: &next, count: 4_410)
             DispatchQueue.concurrentPerform(iterations: 8) { _ in recorder.stop() }
-            #expect(outcomes.withLock { $0 } == [.saved(name)], "round \(round): saved once")
-            #expect(try readWAV(dir + "/" + name).samples.count == 8_820, "round \(round): the pre-roll and what followed")
+            #expect(clips.outcomes == [.saved(name)], "round \(round): saved once")
+            #expect(try readWAV(clips.directory + "/" + name).samples.count == 8_820, "round \(round): the pre-roll and what followed")
         }
     }
 }
