@@ -3,7 +3,8 @@
 #
 # Source this file, then:
 #   avahi_rig_start DIR   start (or reuse) a system dbus and an avahi-daemon on `lo` only; exports
-#                         MESH_AVAHI_RIG=1, MESH_AVAHI_PIDFILE, MESH_AVAHI_RESTART, MESH_AVAHI_CTL
+#                         MESH_AVAHI_RIG=1, MESH_AVAHI_PIDFILE, MESH_AVAHI_RESTART, MESH_AVAHI_CTL. Refuses a DIR
+#                         whose pid files name running processes (a rig started from DIR that still runs).
 #   avahi_rig_stop DIR    stop exactly what avahi_rig_start started (by PID), nothing else
 #
 # mDNS never leaves the machine: the daemon's config names its only interface (allow-interfaces=lo) and IPv6,
@@ -12,6 +13,10 @@
 #
 # DIR/avahi-ctl {stop|start|restart} controls the daemon this rig started (tests use it to prove reconnection);
 # it is only installed when this rig owns the daemon. Every wait is bounded.
+#
+# The daemons' paths (/run/dbus/system_bus_socket, /run/avahi-daemon/pid) are the machine's: one such rig per
+# machine. The scripts that start it hold the run lock of scripts/lib/rig-lock.sh for their whole run, and its
+# daemons do not inherit the lock's descriptor.
 
 AVAHI_RIG_SYSTEM_BUS=/run/dbus/system_bus_socket
 
@@ -129,7 +134,7 @@ stop() {
 }
 start() {
   if [[ -s \$dir/avahi.pid ]] && kill -0 "\$(cat "\$dir/avahi.pid")" 2>/dev/null; then return 0; fi
-  avahi-daemon --no-drop-root --no-chroot --no-rlimits -f "\$dir/avahi-daemon.conf" >>"\$dir/avahi.log" 2>&1 </dev/null &
+  avahi-daemon --no-drop-root --no-chroot --no-rlimits -f "\$dir/avahi-daemon.conf" >>"\$dir/avahi.log" 2>&1 </dev/null 9>&- &
   echo \$! >"\$dir/avahi.pid"
   for _ in \$(seq 100); do
     timeout 3 dbus-send --system --print-reply --dest=org.freedesktop.Avahi / org.freedesktop.Avahi.Server.GetState \
@@ -158,6 +163,16 @@ avahi_rig_start() {
   local dir=${1:?usage: avahi_rig_start DIR}
   mkdir -p "$dir" || return 1
   dir=$(cd "$dir" && pwd)
+  # A rig already running from DIR keeps its records: overwriting them would leave its daemons with nobody to stop them.
+  local f other_pid
+  for f in dbus.pid avahi.pid; do
+    other_pid=$(cat "$dir/$f" 2>/dev/null) || continue
+    if [[ -n $other_pid ]] && kill -0 "$other_pid" 2>/dev/null; then
+      avahi_rig__log "$dir/$f names a running process (pid $other_pid): a rig started from $dir still runs;" \
+        "stop it first (avahi_rig_stop $dir, or scripts/avahi-up --stop $dir)"
+      return 1
+    fi
+  done
   rm -f "$dir/dbus.pid" "$dir/avahi.pid" "$dir/avahi-ctl" "$dir/avahi-restart"
 
   # 1. A system bus: reuse a live one, else start our own (clearing a stale socket/pidfile nobody owns).
@@ -169,7 +184,8 @@ avahi_rig_start() {
     fi
     rm -f /run/dbus/pid "$AVAHI_RIG_SYSTEM_BUS"
     local pid
-    pid=$(dbus-daemon --system --fork --print-pid) || { avahi_rig__log "dbus-daemon --system failed to start"; return 1; }
+    # 9>&-: no daemon keeps the run lock's descriptor (scripts/lib/rig-lock.sh).
+    pid=$(dbus-daemon --system --fork --print-pid 9>&-) || { avahi_rig__log "dbus-daemon --system failed to start"; return 1; }
     echo "$pid" >"$dir/dbus.pid"
     local deadline=$((SECONDS + 10))
     until avahi_rig__bus_alive; do

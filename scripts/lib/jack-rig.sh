@@ -88,8 +88,9 @@ jack_rig_start() {
     # until a server of the same name starts (never, for names like pmsoak$$): free the slots of dead servers first.
     python3 "$JACK_RIG_LIB/jack_registry.py" reclaim || true
     local flags=${JACK_RIG_JACKD_FLAGS:-}
+    # 9>&-: the daemon must not keep the run lock's descriptor (scripts/lib/rig-lock.sh).
     # shellcheck disable=SC2086  # flags are intentionally word-split
-    jackd $flags -n "$name" -d dummy -r "${JACK_RIG_RATE:-44100}" -p "$period" -C 2 -P 2 >"$dir/jackd.log" 2>&1 </dev/null &
+    jackd $flags -n "$name" -d dummy -r "${JACK_RIG_RATE:-44100}" -p "$period" -C 2 -P 2 >"$dir/jackd.log" 2>&1 </dev/null 9>&- &
     echo $! >"$dir/jackd.pid"
 
     local tries=0

@@ -45,10 +45,11 @@ netns_rig__in() {
 netns_rig__start_host() {
   local dir=$1 host=$2 ns=$3 iface=$4 addr=$5 lower
   lower=$(tr 'AB' 'ab' <<<"$host")
-  # The holder keeps the host's mount namespace (tmpfs /run) alive; on-host enters it by PID.
+  # The holder keeps the host's mount namespace (tmpfs /run) alive; on-host enters it by PID. Like the daemons below,
+  # it does not keep the run lock's descriptor 9 (scripts/lib/rig-lock.sh).
   ip netns exec "$ns" unshare -m --propagation private \
     sh -c 'mount -t tmpfs -o mode=755 tmpfs /run && mkdir -p /run/dbus /run/avahi-daemon && exec sleep infinity' \
-    </dev/null >/dev/null 2>"$dir/$host.holder.log" &
+    </dev/null >/dev/null 2>"$dir/$host.holder.log" 9>&- &
   echo $! >"$dir/$host.holder"
   local deadline=$((SECONDS + 10))
   # Ready when the holder's /run is the tmpfs: it has exec'd sleep (so the mount is done), its dbus dir exists and
@@ -63,14 +64,14 @@ netns_rig__start_host() {
   done
 
   local pid
-  pid=$(netns_rig__in "$dir" "$host" dbus-daemon --system --fork --print-pid) ||
+  pid=$(netns_rig__in "$dir" "$host" dbus-daemon --system --fork --print-pid 9>&-) ||
     { netns_rig__log "host $host: dbus-daemon failed"; return 1; }
   echo "$pid" >"$dir/$host.dbus.pid"
 
   avahi_rig__write_conf "$dir/$host.avahi-daemon.conf" "$iface" "pm-$lower" ipv6
   # exec, so that $! is avahi-daemon itself (nsenter without a PID namespace execs, it does not fork).
   (exec nsenter -t "$(cat "$dir/$host.holder")" -m -n -- avahi-daemon --no-drop-root --no-chroot --no-rlimits \
-    -f "$dir/$host.avahi-daemon.conf" </dev/null >"$dir/$host.avahi.log" 2>&1) &
+    -f "$dir/$host.avahi-daemon.conf" </dev/null >"$dir/$host.avahi.log" 2>&1 9>&-) &
   echo $! >"$dir/$host.avahi.pid"
   deadline=$((SECONDS + 15))
   until netns_rig__in "$dir" "$host" timeout 3 dbus-send --system --print-reply --dest=org.freedesktop.Avahi / \
