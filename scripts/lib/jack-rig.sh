@@ -143,7 +143,8 @@ if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
     if [[ ${1:-} == run && $# -ge 4 && $3 == -- ]]; then
         rig_dir=$2; shift 3
         trap 'jack_rig_stop "$rig_dir"' EXIT
-        trap 'exit 130' INT TERM
+        trap 'exit 130' INT
+        trap 'exit 143' TERM
         jack_rig_start "$rig_dir" || exit 1
         "$@"
         exit $?
