@@ -86,7 +86,13 @@ jack_rig_start() {
     export JACK_NO_AUDIO_RESERVATION=1 JACK_DEFAULT_SERVER=$name JACK_NO_START_SERVER=1
     # JACK's machine-wide registry has 8 server slots, and a jackd that ends without unregistering keeps its slot
     # until a server of the same name starts (never, for names like pmsoak$$): free the slots of dead servers first.
-    python3 "$JACK_RIG_LIB/jack_registry.py" reclaim || true
+    # python3 missing is a broken setup, not a registry problem: say so instead of starting with full slots.
+    if ! command -v python3 >/dev/null; then
+        echo "jack-rig: python3 is missing (scripts/setup installs it); it frees the JACK registry slots" >&2
+        return 1
+    fi
+    python3 "$JACK_RIG_LIB/jack_registry.py" reclaim ||
+        echo "jack-rig: could not reclaim the registry slots of dead JACK servers (see above); starting jackd anyway" >&2
     local flags=${JACK_RIG_JACKD_FLAGS:-}
     # 9>&-: the daemon must not keep the run lock's descriptor (scripts/lib/rig-lock.sh).
     # shellcheck disable=SC2086  # flags are intentionally word-split
