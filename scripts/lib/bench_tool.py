@@ -7,6 +7,7 @@
   bench_tool.py freeport                     a free TCP+UDP port number on 127.0.0.1
   bench_tool.py join RUNS SERVICE MESH_PLAY STATE_DIR  join time: see join() below
   bench_tool.py report RAW.jsonl OUT.json TABLE.md META.json   merge results, write JSON and the Markdown table
+  bench_tool.py smoke RAW.jsonl SECTIONS     --smoke's verdict (exit 1 with the reasons): see smoke() below
 """
 import json
 import os
@@ -542,6 +543,38 @@ def report(raw_path, out_json, out_md, meta_path):
     return 0 if any(line.startswith("| ") for line in md) else 1
 
 
+def smoke(raw_path, sections):
+    """--smoke's verdict on the raw results: fails (1) when a process crashed (a "CRASH:" note), when the latency
+    section ran and the mesh default path (mesh-record --host → mesh-play --find) has no measured latency (its table
+    row shows n/m), or when the join section ran and no join time was measured (its row shows n/m, or there is none).
+    SECTIONS is bench's --only list: a section that was not run is not judged."""
+    rows = []
+    with open(raw_path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    pass
+    wanted = set(sections.split(","))
+    problems = [r.get("text", "") for r in rows if r.get("section") == "note" and r.get("text", "").startswith("CRASH:")]
+    if "latency" in wanted:
+        default = [r for r in rows if r.get("section") == "latency" and r.get("path") == "mesh-default"]
+        if not any(r.get("frames") for r in default):
+            why = "; ".join(r.get("note", "") for r in default if r.get("note")) or "no row"
+            problems.append(f"the mesh default latency (mesh-record --host → mesh-play --find) is n/m: {why}")
+    if "join" in wanted:
+        join_rows = [r for r in rows if r.get("section") == "join"]
+        if not join_rows or join_rows[-1].get("medianMs") is None:
+            why = "; ".join(r.get("text", "") for r in rows if r.get("section") == "note"
+                            and r.get("text", "").startswith("join")) or "no measured run"
+            problems.append(f"the join time is n/m: {why}")
+    for p in problems:
+        print(f"bench: smoke: FAIL: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
 def main():
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "snap":
@@ -554,6 +587,8 @@ def main():
         print(json.dumps(join(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])))
     elif cmd == "report":
         sys.exit(report(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]))
+    elif cmd == "smoke":
+        sys.exit(smoke(sys.argv[2], sys.argv[3]))
     else:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
