@@ -11,7 +11,8 @@
 #                         MESH_NETNS_RIG=DIR, MESH_NETNS_A_ADDR, MESH_NETNS_B_ADDR, MESH_NETNS_A_ADDR6,
 #                         MESH_NETNS_B_ADDR6, MESH_NETNS_A_IF, MESH_NETNS_B_IF.
 #   netns_rig_stop DIR    stops every process in both namespaces (by PID), then deletes the namespaces (which
-#                         deletes the veth). Safe to call twice and after a failed start.
+#                         deletes the veth). Safe to call twice and after a failed start: DIR/names lists only the
+#                         namespaces and veths this run created, each written once it exists.
 #   scripts/on-host A|B CMD…  runs CMD on a host (its network and mount namespaces, so it sees that host's bus).
 #
 # The suffix is the starting shell's PID (in base 36), so parallel runs never share names. Nothing here touches
@@ -33,6 +34,21 @@ netns_rig__b36() {
   local n=$1 digits=0123456789abcdefghijklmnopqrstuvwxyz out=""
   while ((n > 0)); do out=${digits:n%36:1}$out; n=$((n / 36)); done
   echo "${out:-0}"
+}
+
+# netns_rig__note FILE KEY VALUE — records one name this run created (KEY=VALUE in FILE). Called only after the
+# object exists: a name that was taken already (an earlier run's namespace or veth) is never recorded, so stop never
+# deletes what this run did not create.
+netns_rig__note() {
+  printf '%s=%s\n' "$2" "$3" >>"$1"
+}
+
+# netns_rig__ns_exists NAME — true when network namespace NAME exists. (The list is read first: `ip netns list |
+# grep -q` fails under pipefail whenever grep's early exit makes ip die of SIGPIPE.)
+netns_rig__ns_exists() {
+  local list
+  list=$(ip netns list 2>/dev/null) || return 1
+  grep -qw -- "$1" <<<"$list"
 }
 
 # netns_rig__in HOST CMD… — runs CMD in HOST's holder namespaces (network + mount).
@@ -92,11 +108,15 @@ netns_rig_start() {
   case $dir in /run|/run/*) netns_rig__log "DIR must not be under /run (each host mounts its own /run)"; return 1 ;; esac
   local sfx
   sfx=$(netns_rig__b36 "$$")$(netns_rig__b36 $((RANDOM % 36)))
-  local nsA=pmA$sfx nsB=pmB$sfx ifA=pma$sfx ifB=pmb$sfx
-  printf 'NS_A=%s\nNS_B=%s\nIF_A=%s\nIF_B=%s\n' "$nsA" "$nsB" "$ifA" "$ifB" >"$dir/names"
+  [[ -e $dir/names ]] && { netns_rig__log "$dir already holds a two-host rig (netns_rig_stop it first)"; return 1; }
+  local nsA=pmA$sfx nsB=pmB$sfx ifA=pma$sfx ifB=pmb$sfx names=$dir/names
+  # Each name is written down once its namespace or veth exists (netns_rig__note).
+  : >"$names"
 
-  if ! { ip netns add "$nsA" && ip netns add "$nsB" &&
+  if ! { ip netns add "$nsA" && netns_rig__note "$names" NS_A "$nsA" &&
+         ip netns add "$nsB" && netns_rig__note "$names" NS_B "$nsB" &&
          ip link add "$ifA" type veth peer name "$ifB" &&
+         netns_rig__note "$names" IF_A "$ifA" && netns_rig__note "$names" IF_B "$ifB" &&
          ip link set "$ifA" netns "$nsA" && ip link set "$ifB" netns "$nsB" &&
          ip -n "$nsA" addr add "$NETNS_RIG_A_ADDR/30" dev "$ifA" && ip -n "$nsB" addr add "$NETNS_RIG_B_ADDR/30" dev "$ifB" &&
          ip -n "$nsA" addr add "$NETNS_RIG_A_ADDR6/64" dev "$ifA" nodad &&
@@ -129,7 +149,9 @@ netns_rig__kill() {
 netns_rig_stop() {
   local dir=${1:?usage: netns_rig_stop DIR} host ns pid
   [[ -r $dir/names ]] || return 0
-  local NS_A NS_B IF_A IF_B
+  # Only the names this run created are in the file (a start that failed half-way wrote fewer).
+  # shellcheck disable=SC2034  # IF_B is recorded for completeness; deleting IF_A deletes its peer
+  local NS_A="" NS_B="" IF_A="" IF_B=""
   # shellcheck disable=SC1091
   source "$dir/names"
   for host in A B; do
@@ -140,7 +162,8 @@ netns_rig_stop() {
   done
   # Anything else still running on the hosts (a probe, an avahi-publish) was started through this rig.
   for ns in "$NS_A" "$NS_B"; do
-    ip netns list 2>/dev/null | grep -qw "$ns" || continue
+    [[ -n $ns ]] || continue
+    netns_rig__ns_exists "$ns" || continue
     for pid in $(ip netns pids "$ns" 2>/dev/null); do
       [[ -s $dir/A.holder && $pid == "$(cat "$dir/A.holder")" ]] && continue
       [[ -s $dir/B.holder && $pid == "$(cat "$dir/B.holder")" ]] && continue
@@ -152,10 +175,11 @@ netns_rig_stop() {
     rm -f "$dir/$host.holder"
   done
   for ns in "$NS_A" "$NS_B"; do
-    ip netns list 2>/dev/null | grep -qw "$ns" && { ip netns del "$ns" || true; }
+    [[ -n $ns ]] || continue
+    netns_rig__ns_exists "$ns" && { ip netns del "$ns" || true; }
   done
   # A veth that never reached its namespace lives in the root namespace.
-  ip link show "$IF_A" >/dev/null 2>&1 && { ip link del "$IF_A" || true; }
+  [[ -n $IF_A ]] && ip link show "$IF_A" >/dev/null 2>&1 && { ip link del "$IF_A" || true; }
   rm -f "$dir/names"
   [[ ${MESH_NETNS_RIG:-} == "$dir" ]] &&
     unset MESH_NETNS_RIG MESH_NETNS_A_ADDR MESH_NETNS_B_ADDR MESH_NETNS_A_ADDR6 MESH_NETNS_B_ADDR6 MESH_NETNS_A_IF MESH_NETNS_B_IF
@@ -181,7 +205,8 @@ netns_rig_stop() {
 #                         veths). Safe to call twice and after a failed start.
 #   netns_rig3_on DIR A|H|B CMD…  runs CMD on a host (foreground; its exit status is CMD's).
 #
-# The names live in DIR/names3, the holders in DIR/{A,H,B}.holder: one DIR holds one rig. The two-host functions
+# The names live in DIR/names3 (each written once the namespace or veth exists), the holders in DIR/{A,H,B}.holder:
+# one DIR holds one rig. The two-host functions
 # above are independent of these (a different DIR may hold a two-host rig at the same time; names never clash).
 
 NETNS_RIG3_A_ADDR=10.77.1.2
@@ -208,13 +233,17 @@ netns_rig3_start() {
   [[ -e $dir/names3 ]] && { netns_rig__log "$dir already holds a three-host rig (netns_rig3_stop it first)"; return 1; }
   local sfx
   sfx=$(netns_rig__b36 "$$")$(netns_rig__b36 $((RANDOM % 36)))$(netns_rig__b36 $((RANDOM % 36)))
-  local nsA=pm3a$sfx nsH=pm3h$sfx nsB=pm3b$sfx ifA=p3a$sfx ifHA=p3ha$sfx ifHB=p3hb$sfx ifB=p3b$sfx
-  printf 'NS3_A=%s\nNS3_H=%s\nNS3_B=%s\nIF3_A=%s\nIF3_HA=%s\nIF3_HB=%s\nIF3_B=%s\n' \
-    "$nsA" "$nsH" "$nsB" "$ifA" "$ifHA" "$ifHB" "$ifB" >"$dir/names3"
+  local nsA=pm3a$sfx nsH=pm3h$sfx nsB=pm3b$sfx ifA=p3a$sfx ifHA=p3ha$sfx ifHB=p3hb$sfx ifB=p3b$sfx names=$dir/names3
+  # Each name is written down once its namespace or veth pair exists (netns_rig__note).
+  : >"$names"
 
-  if ! { ip netns add "$nsA" && ip netns add "$nsH" && ip netns add "$nsB" &&
+  if ! { ip netns add "$nsA" && netns_rig__note "$names" NS3_A "$nsA" &&
+         ip netns add "$nsH" && netns_rig__note "$names" NS3_H "$nsH" &&
+         ip netns add "$nsB" && netns_rig__note "$names" NS3_B "$nsB" &&
          ip link add "$ifA" type veth peer name "$ifHA" &&
+         netns_rig__note "$names" IF3_A "$ifA" && netns_rig__note "$names" IF3_HA "$ifHA" &&
          ip link add "$ifHB" type veth peer name "$ifB" &&
+         netns_rig__note "$names" IF3_HB "$ifHB" && netns_rig__note "$names" IF3_B "$ifB" &&
          ip link set "$ifA" netns "$nsA" && ip link set "$ifHA" netns "$nsH" &&
          ip link set "$ifHB" netns "$nsH" && ip link set "$ifB" netns "$nsB" &&
          ip netns exec "$nsH" sysctl -q -w net.ipv4.ip_forward=0 net.ipv6.conf.all.forwarding=0 &&
@@ -282,8 +311,9 @@ netns_rig3_on() {
 netns_rig3_stop() {
   local dir=${1:?usage: netns_rig3_stop DIR} host ns pid f holders=" "
   [[ -r $dir/names3 ]] || return 0
+  # Only the names this run created are in the file (a start that failed half-way wrote fewer).
   # shellcheck disable=SC2034  # names3 sets them all; only some are needed here
-  local NS3_A NS3_H NS3_B IF3_A IF3_HA IF3_HB IF3_B
+  local NS3_A="" NS3_H="" NS3_B="" IF3_A="" IF3_HA="" IF3_HB="" IF3_B=""
   # shellcheck disable=SC1091
   source "$dir/names3"
   for host in A H B; do
@@ -295,7 +325,8 @@ netns_rig3_stop() {
   done
   # Anything else still running on the hosts was started through this rig (the names are this run's own).
   for ns in "$NS3_A" "$NS3_H" "$NS3_B"; do
-    ip netns list 2>/dev/null | grep -qw "$ns" || continue
+    [[ -n $ns ]] || continue
+    netns_rig__ns_exists "$ns" || continue
     for pid in $(ip netns pids "$ns" 2>/dev/null); do
       [[ $holders == *" $pid "* ]] && continue
       netns_rig__kill "$pid"
@@ -306,10 +337,12 @@ netns_rig3_stop() {
     rm -f "$dir/$host.holder"
   done
   for ns in "$NS3_A" "$NS3_H" "$NS3_B"; do
-    ip netns list 2>/dev/null | grep -qw "$ns" && { ip netns del "$ns" || true; }
+    [[ -n $ns ]] || continue
+    netns_rig__ns_exists "$ns" && { ip netns del "$ns" || true; }
   done
   # A veth that never reached its namespace lives in the root namespace (deleting one end deletes its peer).
   for f in "$IF3_A" "$IF3_HB"; do
+    [[ -n $f ]] || continue
     ip link show "$f" >/dev/null 2>&1 && { ip link del "$f" || true; }
   done
   rm -f "$dir/names3" "$dir/on-host"
