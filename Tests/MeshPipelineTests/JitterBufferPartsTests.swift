@@ -401,46 +401,46 @@ struct JitterBufferPartsTests {
     @Test func farTooLittleLatencyStretchesAtOnce() {
         var c = LatencyCorrector(rate: 44_100)
         #expect(decide(&c, -200, at: 1) == .stretchBlock)
-        #expect(decide(&c, -100, at: 2) == .none, "within the block: evidence first")
+        #expect(decide(&c, -100, at: 2) == .play, "within the block: evidence first")
     }
 
     @Test func aLastingSmallDeficitHoldsOnceForTheMissingFrames() {
         var c = LatencyCorrector(rate: 44_100)
         let t0: UInt64 = 1_000_000_000
-        #expect(decide(&c, -30.2, at: t0) == .none)
-        #expect(decide(&c, -30.2, at: t0 + 200_000_000) == .none)
+        #expect(decide(&c, -30.2, at: t0) == .play)
+        #expect(decide(&c, -30.2, at: t0 + 200_000_000) == .play)
         #expect(decide(&c, -30.2, at: t0 + 250_000_000) == .hold(frames: 31))
-        #expect(decide(&c, -30.2, at: t0 + 260_000_000) == .none, "the evidence starts over")
+        #expect(decide(&c, -30.2, at: t0 + 260_000_000) == .play, "the evidence starts over")
     }
 
     @Test func aDeficitThatRecoversIsForgotten() {
         var c = LatencyCorrector(rate: 44_100)
         let t0: UInt64 = 1_000_000_000
-        #expect(decide(&c, -30, at: t0) == .none)
-        #expect(decide(&c, 0, at: t0 + 100_000_000) == .none)
-        #expect(decide(&c, -30, at: t0 + 300_000_000) == .none)
-        #expect(decide(&c, -30, at: t0 + 500_000_000) == .none)
+        #expect(decide(&c, -30, at: t0) == .play)
+        #expect(decide(&c, 0, at: t0 + 100_000_000) == .play)
+        #expect(decide(&c, -30, at: t0 + 300_000_000) == .play)
+        #expect(decide(&c, -30, at: t0 + 500_000_000) == .play)
         #expect(decide(&c, -30, at: t0 + 550_000_000) == .hold(frames: 30))
     }
 
     @Test func aLastingExcessSkipsTheLeastExcessSeen() {
         var c = LatencyCorrector(rate: 44_100)   // threshold: block + packet = 256 frames
         let t0: UInt64 = 1_000_000_000
-        #expect(decide(&c, 400, at: t0) == .none)
-        #expect(decide(&c, 300.7, at: t0 + 200_000_000) == .none)
+        #expect(decide(&c, 400, at: t0) == .play)
+        #expect(decide(&c, 300.7, at: t0 + 200_000_000) == .play)
         #expect(decide(&c, 350, at: t0 + 500_000_000) == .skip(frames: 300))
-        #expect(decide(&c, 350, at: t0 + 600_000_000) == .none)
+        #expect(decide(&c, 350, at: t0 + 600_000_000) == .play)
     }
 
     @Test func anExcessThatDipsOrARestartIsForgotten() {
         var c = LatencyCorrector(rate: 44_100)
         let t0: UInt64 = 1_000_000_000
-        #expect(decide(&c, 400, at: t0) == .none)
-        #expect(decide(&c, 20, at: t0 + 300_000_000) == .none, "within 0.5 ms of the target")
-        #expect(decide(&c, 400, at: t0 + 400_000_000) == .none)
-        #expect(decide(&c, 400, at: t0 + 800_000_000) == .none)
+        #expect(decide(&c, 400, at: t0) == .play)
+        #expect(decide(&c, 20, at: t0 + 300_000_000) == .play, "within 0.5 ms of the target")
+        #expect(decide(&c, 400, at: t0 + 400_000_000) == .play)
+        #expect(decide(&c, 400, at: t0 + 800_000_000) == .play)
         c.restart(atNanos: t0 + 850_000_000)
-        #expect(decide(&c, 400, at: t0 + 900_000_000) == .none)
+        #expect(decide(&c, 400, at: t0 + 900_000_000) == .play)
         #expect(decide(&c, 400, at: t0 + 1_400_000_000) == .skip(frames: 400))
     }
 
@@ -449,32 +449,32 @@ struct JitterBufferPartsTests {
         // decayed again. Without the drift loop engaged nothing else would take it away.
         var c = LatencyCorrector(rate: 44_100)
         let t0: UInt64 = 1_000_000_000
-        #expect(decide(&c, 120, at: t0) == .none)
-        #expect(decide(&c, 120, at: t0 + 2_000_000_000) == .none, "no stretch before: a drifting clock's, not ours")
+        #expect(decide(&c, 120, at: t0) == .play)
+        #expect(decide(&c, 120, at: t0 + 2_000_000_000) == .play, "no stretch before: a drifting clock's, not ours")
         #expect(decide(&c, -300, at: t0 + 3_000_000_000) == .stretchBlock, "128 frames added")
-        #expect(decide(&c, -40, at: t0 + 3_100_000_000) == .none)
+        #expect(decide(&c, -40, at: t0 + 3_100_000_000) == .play)
         #expect(decide(&c, -40, at: t0 + 3_350_000_000) == .hold(frames: 40), "40 more: 168 in all")
-        #expect(decide(&c, 120, at: t0 + 4_000_000_000) == .none)
-        #expect(decide(&c, 90.4, at: t0 + 4_700_000_000) == .none, "a small excess is not skipped at 0.5 s")
-        #expect(decide(&c, 130, at: t0 + 5_900_000_000) == .none)
+        #expect(decide(&c, 120, at: t0 + 4_000_000_000) == .play)
+        #expect(decide(&c, 90.4, at: t0 + 4_700_000_000) == .play, "a small excess is not skipped at 0.5 s")
+        #expect(decide(&c, 130, at: t0 + 5_900_000_000) == .play)
         #expect(decide(&c, 110, at: t0 + 6_000_000_000) == .skip(frames: 90), "the least excess seen in 2 s")
-        #expect(decide(&c, 20, at: t0 + 6_100_000_000) == .none)
-        #expect(decide(&c, 20, at: t0 + 9_000_000_000) == .none, "within 0.5 ms: left to the drift controller")
-        #expect(decide(&c, 200, at: t0 + 10_000_000_000) == .none)
+        #expect(decide(&c, 20, at: t0 + 6_100_000_000) == .play)
+        #expect(decide(&c, 20, at: t0 + 9_000_000_000) == .play, "within 0.5 ms: left to the drift controller")
+        #expect(decide(&c, 200, at: t0 + 10_000_000_000) == .play)
         #expect(decide(&c, 200, at: t0 + 12_000_000_000) == .skip(frames: 78), "no more than the 168 stretched")
-        #expect(decide(&c, 122, at: t0 + 12_100_000_000) == .none)
-        #expect(decide(&c, 122, at: t0 + 14_100_000_000) == .none, "all given back")
+        #expect(decide(&c, 122, at: t0 + 12_100_000_000) == .play)
+        #expect(decide(&c, 122, at: t0 + 14_100_000_000) == .play, "all given back")
         // A large excess is skipped soon, stretched or not.
-        #expect(decide(&c, 500, at: t0 + 15_000_000_000) == .none)
+        #expect(decide(&c, 500, at: t0 + 15_000_000_000) == .play)
         #expect(decide(&c, 400, at: t0 + 15_500_000_000) == .skip(frames: 400))
         // A target that falls (it had risen before the stream started, say) leaves latency to give back too.
         c.noteTarget(from: 400, to: 350)
-        #expect(decide(&c, 80, at: t0 + 20_000_000_000) == .none)
+        #expect(decide(&c, 80, at: t0 + 20_000_000_000) == .play)
         #expect(decide(&c, 80, at: t0 + 22_000_000_000) == .skip(frames: 50), "no more than the target fell")
         c.noteTarget(from: 350, to: 330)
         c.noteTarget(from: 330, to: 350)
-        #expect(decide(&c, 80, at: t0 + 23_000_000_000) == .none)
-        #expect(decide(&c, 80, at: t0 + 25_000_000_000) == .none, "a fall and an equal rise give nothing back")
+        #expect(decide(&c, 80, at: t0 + 23_000_000_000) == .play)
+        #expect(decide(&c, 80, at: t0 + 25_000_000_000) == .play, "a fall and an equal rise give nothing back")
     }
 
     @Test func aLateResumeSoonAfterASkipShowsTheLatencyTheStreamNeeds() {
@@ -485,32 +485,32 @@ struct JitterBufferPartsTests {
         let t0: UInt64 = 10_000_000_000
         c.restart(atNanos: t0)
         c.noteLateResume(frames: 44, atNanos: t0 + 6_000_000_000)
-        #expect(decide(&c, 44, at: t0 + 6_100_000_000) == .none)
+        #expect(decide(&c, 44, at: t0 + 6_100_000_000) == .play)
         #expect(decide(&c, 44, at: t0 + 8_100_000_000) == .skip(frames: 44), "a lone late resume is given back")
         #expect(c.neededFrames == 0)
         // The packet that resumes may be stamped a little before the read that skipped.
         c.noteLateResume(frames: 44, atNanos: t0 + 8_098_000_000)
         #expect(c.neededFrames == 344, "300 after the skip + 44 short")
-        #expect(decide(&c, 44, at: t0 + 8_200_000_000) == .none)
-        #expect(decide(&c, 44, at: t0 + 10_200_000_000) == .none, "the 44 frames over the target stay")
-        #expect(decide(&c, 44, at: t0 + 20_000_000_000) == .none)
-        #expect(decide(&c, 44, at: t0 + 22_000_000_000) == .none, "still, ten seconds on")
+        #expect(decide(&c, 44, at: t0 + 8_200_000_000) == .play)
+        #expect(decide(&c, 44, at: t0 + 10_200_000_000) == .play, "the 44 frames over the target stay")
+        #expect(decide(&c, 44, at: t0 + 20_000_000_000) == .play)
+        #expect(decide(&c, 44, at: t0 + 22_000_000_000) == .play, "still, ten seconds on")
         // The target falls 60 frames; the stream still needs 344: nothing is given back.
         c.noteTarget(from: 300, to: 240)
-        #expect(decide(&c, 104, at: t0 + 23_000_000_000, target: 240) == .none)
-        #expect(decide(&c, 104, at: t0 + 25_000_000_000, target: 240) == .none)
+        #expect(decide(&c, 104, at: t0 + 23_000_000_000, target: 240) == .play)
+        #expect(decide(&c, 104, at: t0 + 25_000_000_000, target: 240) == .play)
         // Latency above what it needs is given back, down to it (of the 104 returnable: 44 resumed + the fall).
-        #expect(decide(&c, 160, at: t0 + 26_000_000_000, target: 240) == .none)
+        #expect(decide(&c, 160, at: t0 + 26_000_000_000, target: 240) == .play)
         #expect(decide(&c, 160, at: t0 + 28_000_000_000, target: 240) == .skip(frames: 56))
         // A target above what the stream needs leaves it to the target.
-        #expect(decide(&c, 30, at: t0 + 30_000_000_000, target: 400) == .none)
+        #expect(decide(&c, 30, at: t0 + 30_000_000_000, target: 400) == .play)
         #expect(decide(&c, 30, at: t0 + 32_000_000_000, target: 400) == .skip(frames: 30))
         // A late resume long after a skip is not about it.
         c.noteLateResume(frames: 30, atNanos: t0 + 40_000_000_000)
         #expect(c.neededFrames == 344)
         // After a large skip, a late resume shows a need of what was left plus how late: not what was skipped.
         c.restart(atNanos: t0 + 50_000_000_000)
-        #expect(decide(&c, 900, at: t0 + 56_000_000_000) == .none)
+        #expect(decide(&c, 900, at: t0 + 56_000_000_000) == .play)
         #expect(decide(&c, 900, at: t0 + 56_500_000_000) == .skip(frames: 900))
         c.noteLateResume(frames: 20, atNanos: t0 + 56_600_000_000)
         #expect(c.neededFrames == 320)
@@ -526,30 +526,30 @@ struct JitterBufferPartsTests {
         var c = LatencyCorrector(rate: 44_100, givesBackStartSteps: true)
         let start: UInt64 = 10_000_000_000
         c.restart(atNanos: start)
-        #expect(decide(&c, 0, at: start + 500_000_000) == .none)
-        #expect(decide(&c, 131, at: start + 1_000_000_000) == .none)
-        #expect(decide(&c, 130.6, at: start + 2_000_000_000) == .none, "a small excess must last 2 s")
+        #expect(decide(&c, 0, at: start + 500_000_000) == .play)
+        #expect(decide(&c, 131, at: start + 1_000_000_000) == .play)
+        #expect(decide(&c, 130.6, at: start + 2_000_000_000) == .play, "a small excess must last 2 s")
         #expect(decide(&c, 135, at: start + 3_000_000_000) == .skip(frames: 130), "the least excess seen, whole")
-        #expect(decide(&c, 0, at: start + 3_100_000_000) == .none)
+        #expect(decide(&c, 0, at: start + 3_100_000_000) == .play)
         // After the start-up window an excess nobody added is a clock's: left to the drift controller.
-        #expect(decide(&c, 60, at: start + 5_500_000_000) == .none)
-        #expect(decide(&c, 60, at: start + 8_000_000_000) == .none)
-        #expect(decide(&c, 60, at: start + 12_000_000_000) == .none)
+        #expect(decide(&c, 60, at: start + 5_500_000_000) == .play)
+        #expect(decide(&c, 60, at: start + 8_000_000_000) == .play)
+        #expect(decide(&c, 60, at: start + 12_000_000_000) == .play)
         // A step that began inside the window but is confirmed after it is still the start's.
         c.restart(atNanos: start + 20_000_000_000)
-        #expect(decide(&c, 90, at: start + 24_500_000_000) == .none)
+        #expect(decide(&c, 90, at: start + 24_500_000_000) == .play)
         #expect(decide(&c, 90, at: start + 26_500_000_000) == .skip(frames: 90))
         // A ramp (a clock drifting from the start) crosses the threshold just over it: not a step, left alone.
         c.restart(atNanos: start + 30_000_000_000)
-        #expect(decide(&c, 10, at: start + 31_000_000_000) == .none)
-        #expect(decide(&c, 23, at: start + 32_000_000_000) == .none)
-        #expect(decide(&c, 40, at: start + 33_000_000_000) == .none)
-        #expect(decide(&c, 60, at: start + 34_100_000_000) == .none, "nobody's to give back")
+        #expect(decide(&c, 10, at: start + 31_000_000_000) == .play)
+        #expect(decide(&c, 23, at: start + 32_000_000_000) == .play)
+        #expect(decide(&c, 40, at: start + 33_000_000_000) == .play)
+        #expect(decide(&c, 60, at: start + 34_100_000_000) == .play, "nobody's to give back")
         // Under an adaptive target (the default) the start's step is left alone.
         var adaptive = LatencyCorrector(rate: 44_100)
         adaptive.restart(atNanos: start)
-        #expect(decide(&adaptive, 131, at: start + 1_000_000_000) == .none)
-        #expect(decide(&adaptive, 131, at: start + 3_000_000_000) == .none)
+        #expect(decide(&adaptive, 131, at: start + 1_000_000_000) == .play)
+        #expect(decide(&adaptive, 131, at: start + 3_000_000_000) == .play)
     }
 
     // MARK: CrossfadeGuard

@@ -398,7 +398,7 @@ public struct JitterBuffer {
                 crossfades.noteDiscontinuity()
                 play(into: output, marks: marks, offset: 0, frames: count)
                 return .playing
-            case .none:
+            case .play:
                 play(into: output, marks: marks, offset: 0, frames: count)
                 return .playing
             }

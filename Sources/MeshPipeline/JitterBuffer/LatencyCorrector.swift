@@ -50,8 +50,8 @@ struct LatencyCorrector {
 
     /// What to do with the block about to be played.
     enum Correction: Equatable {
-        /// Play it.
-        case none
+        /// Play it as it is.
+        case play
         /// Far too little latency: hold the playout point for the whole block.
         case stretchBlock
         /// A lasting small deficit: hold the playout point for the block's first `frames` frames.
@@ -132,7 +132,7 @@ struct LatencyCorrector {
         let correction = judge(errorFrames: error, keptFrames: kept, frames: frames, blockFrames: blockFrames,
                                packetFrames: packetFrames, nowNanos: nowNanos)
         switch correction {
-        case .none: break
+        case .play: break
         case .stretchBlock: returnableFrames += Double(frames)
         case .hold(let n): returnableFrames += Double(n)
         case .skip(let n):
@@ -184,6 +184,6 @@ struct LatencyCorrector {
                 if giveBack > 0 { return .skip(frames: giveBack) }
             }
         }
-        return .none
+        return .play
     }
 }
