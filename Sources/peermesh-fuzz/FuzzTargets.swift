@@ -73,9 +73,9 @@ enum FuzzTarget: String, CaseIterable {
         _ = host.joined(1)
         let actions = host.received(input, from: 1)
         let replies = actions.filter { if case .send(1, .reply) = $0 { true } else { false } }.count
-        let opens = actions.filter { if case .openClip = $0 { true } else { false } }.count
-        precondition(replies + opens == 1, "a control message got \(replies) replies")
-        if opens == 1 { _ = host.clipOpened() }
+        let opened = actions.compactMap { action -> UInt64? in if case .openClip(let clip, _) = action { clip } else { nil } }
+        precondition(replies + opened.count == 1, "a control message got \(replies) replies")
+        if let clip = opened.first { _ = host.clipOpened(clip) }
         var player = PlayerControl()
         player.joined()
         _ = player.received(HostControlState(features: [.control, .clips]).encodedState)

@@ -52,11 +52,11 @@ struct ClipRecorderTests {
         var next = 0
         for _ in 0..<40 { Self.tap(recorder, from: &next, count: 1_323); usleep(5_000) } // 1.2 s of capture
         usleep(60_000)
-        let name = try recorder.open(prerollOnly: false)
+        let name = try recorder.open(clip: 1, prerollOnly: false)
         #expect(name.hasPrefix("Kitchen_mic_1-") && name.hasSuffix(".wav"))
         for _ in 0..<20 { Self.tap(recorder, from: &next, count: 1_323); usleep(5_000) }
         #expect(eventually(5) { outcome.withLock { $0 } != nil })
-        #expect(outcome.withLock { $0 } == .saved(name))
+        #expect(outcome.withLock { $0 } == .saved(clip: 1, name: name))
         let (samples, format) = try readWAV(dir + "/" + name)
         #expect(format == .default)
         #expect(samples.count == 22_050 + 11_025, "0.5 s of pre-roll and 0.25 s after the press")
@@ -78,7 +78,7 @@ struct ClipRecorderTests {
         #expect(recorder.largestClipBytes == 88_200 * 4 + 4096)
         try recorder.start()
         do {
-            _ = try recorder.open(prerollOnly: true)
+            _ = try recorder.open(clip: 1, prerollOnly: true)
             Issue.record("a clip was started without the free space it needs")
         } catch let e as ClipError {
             #expect(e.description.contains("not enough free space in \(dir)"), "\(e.description)")
@@ -94,7 +94,7 @@ struct ClipRecorderTests {
         let format = AudioFormat(sampleRate: 8_000, channels: 3, sampleType: .float32LE)
         let saved = Mutex<String?>(nil)
         let recorder = try ClipRecorder(configuration: .init(directory: dir, name: "three", prerollSeconds: 4),
-                                        format: format) { o in if case .saved(let n) = o { saved.withLock { $0 = n } } }
+                                        format: format) { o in if case .saved(_, let n) = o { saved.withLock { $0 = n } } }
         // The clip thread is not running yet (stalled on a disk, as it were): the ring fills, and then overflows.
         var frame = 0
         for _ in 0..<12 {
@@ -109,7 +109,7 @@ struct ClipRecorderTests {
         #expect(recorder.droppedSamples == 36_000 - 32_766, "10 922 whole frames kept, the rest dropped whole")
         try recorder.start()
         usleep(100_000)
-        let name = try recorder.open(prerollOnly: true)
+        let name = try recorder.open(clip: 1, prerollOnly: true)
         #expect(eventually(5) { saved.withLock { $0 } == name })
         let (samples, read) = try readWAV(dir + "/" + name)
         #expect(read == format && samples.count == 10_922 * 3)
@@ -127,14 +127,14 @@ struct ClipRecorderTests {
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let saved = Mutex<[String]>([])
         let recorder = try ClipRecorder(configuration: .init(directory: dir, name: "h", prerollSeconds: 0.2),
-                                        format: .default) { o in if case .saved(let n) = o { saved.withLock { $0.append(n) } } }
+                                        format: .default) { o in if case .saved(_, let n) = o { saved.withLock { $0.append(n) } } }
         try recorder.start()
         var next = 0
         Self.tap(recorder, from: &next, count: 44_100)
         usleep(80_000)
-        let a = try recorder.open(prerollOnly: true)
+        let a = try recorder.open(clip: 1, prerollOnly: true)
         #expect(eventually(5) { saved.withLock { $0.count } == 1 })
-        let b = try recorder.open(prerollOnly: true)
+        let b = try recorder.open(clip: 2, prerollOnly: true)
         #expect(eventually(5) { saved.withLock { $0.count } == 2 })
         #expect(a != b, "two clips in the same second get different names")
         #expect(try readWAV(dir + "/" + a).samples.count == 8_820)
@@ -147,15 +147,46 @@ struct ClipRecorderTests {
         let (dir, recorder) = (clips.directory, clips.recorder)
         var next = 0
         Self.tap(recorder, from: &next, count: 8_820)
-        let gone = try recorder.open(prerollOnly: false)
+        let gone = try recorder.open(clip: 1, prerollOnly: false)
         usleep(60_000)
-        recorder.discard()
+        recorder.discard(clip: 1)
         #expect(eventually(5) { !FileManager.default.fileExists(atPath: dir + "/" + gone) })
-        let kept = try recorder.open(prerollOnly: false)
+        let kept = try recorder.open(clip: 2, prerollOnly: false)
         Self.tap(recorder, from: &next, count: 4_410)
         usleep(60_000)
         recorder.stop()
-        #expect(clips.outcomes == [.saved(kept)], "a discarded clip reports nothing; stop saves the one in progress")
+        #expect(clips.outcomes == [.discarded(clip: 1), .saved(clip: 2, name: kept)],
+                "a discarded clip says so; stop saves the one in progress")
+    }
+
+    @Test func finishAndDiscardActOnlyOnTheClipTheyNameSoALateOneCannotTouchTheNextClip() throws {
+        let dir = try Self.directory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let outcomes = Mutex<[ClipRecorder.Outcome]>([])
+        let recorder = try ClipRecorder(configuration: .init(directory: dir, name: "h", prerollSeconds: 0.1, maximumSeconds: 0.05),
+                                        format: .default) { o in outcomes.withLock { $0.append(o) } }
+        try recorder.start()
+        var next = 0
+        Self.tap(recorder, from: &next, count: 8_820)
+        usleep(60_000)
+        // Clip 1 reaches its length (0.05 s) by itself, and is saved.
+        let first = try recorder.open(clip: 1, prerollOnly: false)
+        Self.tap(recorder, from: &next, count: 4_410)
+        #expect(eventually(5) { outcomes.withLock { $0 } == [.saved(clip: 1, name: first)] })
+        // Its owner's cancel comes after that: the saved clip stays, and nothing more is reported.
+        recorder.discard(clip: 1)
+        let second = try recorder.open(clip: 2, prerollOnly: false)
+        // A late finish or discard of clip 1 does not touch clip 2.
+        recorder.finish(clip: 1)
+        recorder.discard(clip: 1)
+        usleep(100_000)
+        #expect(outcomes.withLock { $0 } == [.saved(clip: 1, name: first)], "clip 2 is still being recorded")
+        #expect(FileManager.default.fileExists(atPath: dir + "/" + first))
+        recorder.discard(clip: 2)
+        #expect(eventually(5) { outcomes.withLock { $0.count } == 2 })
+        #expect(outcomes.withLock { $0 } == [.saved(clip: 1, name: first), .discarded(clip: 2)])
+        #expect(!FileManager.default.fileExists(atPath: dir + "/" + second))
+        recorder.stop()
     }
 
     @Test func aDirectoryThatCannotBeWrittenFailsWithTheReasonAndLeavesNothing() throws {
@@ -170,7 +201,7 @@ struct ClipRecorderTests {
         try recorder.start()
         defer { recorder.stop() }
         do {
-            _ = try recorder.open(prerollOnly: false)
+            _ = try recorder.open(clip: 1, prerollOnly: false)
             Issue.record("a read-only directory took a clip")
         } catch {
             let text = "\(error)"
@@ -184,14 +215,14 @@ struct ClipRecorderTests {
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let saved = Mutex<String?>(nil)
         let recorder = try ClipRecorder(configuration: .init(directory: dir, name: "h", prerollSeconds: 0.1), format: .default) { o in
-            if case .saved(let n) = o { saved.withLock { $0 = n } }
+            if case .saved(_, let n) = o { saved.withLock { $0 = n } }
         }
         try recorder.start()
         defer { recorder.stop() }
         var next = 0
         Self.tap(recorder, from: &next, count: 4_410)
         usleep(60_000)
-        let name = try recorder.open(prerollOnly: true)
+        let name = try recorder.open(clip: 1, prerollOnly: true)
         #expect(eventually(5) { saved.withLock { $0 } == name })
         let mode = try #require(try FileManager.default.attributesOfItem(atPath: dir + "/" + name)[.posixPermissions] as? Int)
         #expect(mode == 0o600, "what the microphone heard is readable by the host's owner only: mode \(String(mode, radix: 8))")
@@ -205,10 +236,10 @@ struct ClipRecorderTests {
             let recorder = clips.recorder
             var next = 0
             Self.tap(recorder, from: &next, count: 4_410)
-            let name = try recorder.open(prerollOnly: false)
+            let name = try recorder.open(clip: 1, prerollOnly: false)
             Self.tap(recorder, from: &next, count: 4_410)
             DispatchQueue.concurrentPerform(iterations: 8) { _ in recorder.stop() }
-            #expect(clips.outcomes == [.saved(name)], "round \(round): saved once")
+            #expect(clips.outcomes == [.saved(clip: 1, name: name)], "round \(round): saved once")
             #expect(try readWAV(clips.directory + "/" + name).samples.count == 8_820, "round \(round): the pre-roll and what followed")
         }
     }

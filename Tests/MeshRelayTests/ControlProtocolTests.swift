@@ -170,8 +170,8 @@ struct HostControlTests {
         var h = HostControl<Int>(clips: true)
         _ = h.joined(1)
         _ = h.joined(2)
-        #expect(h.received(Self.command(1, .capture(.begin, .primary)), from: 1) == [.openClip(prerollOnly: false)])
-        let opened = h.clipOpened()
+        #expect(h.received(Self.command(1, .capture(.begin, .primary)), from: 1) == [.openClip(clip: 1, prerollOnly: false)])
+        let opened = h.clipOpened(1)
         #expect(Self.replies(opened, to: 1) == [.recording])
         #expect(Self.states(opened)[1]?.capture == .recording && Self.states(opened)[2]?.capture == .recording)
         // Someone else: busy, or not theirs to end.
@@ -180,8 +180,8 @@ struct HostControlTests {
             Issue.record("another player's end must be an error"); return
         }
         let end = h.received(Self.command(2, .capture(.end, .primary)), from: 1)
-        #expect(end == [.finishClip, .send(1, .reply(id: 2, .ok))])
-        let saved = h.clipSaved("host-1.wav")
+        #expect(end == [.finishClip(clip: 1), .send(1, .reply(id: 2, .ok))])
+        let saved = h.clipSaved(1, name: "host-1.wav")
         #expect(Self.states(saved)[1]?.capture == .saved("host-1.wav") && Self.states(saved)[2]?.capture == .saved("host-1.wav"))
         // Out of order: an end with nothing recording.
         guard case .error? = Self.replies(h.received(Self.command(3, .capture(.end, .primary)), from: 1), to: 1).first else {
@@ -193,27 +193,73 @@ struct HostControlTests {
     @Test func aSecondaryCaptureKeepsThePrerollAlone() {
         var h = HostControl<Int>(clips: true)
         _ = h.joined(1)
-        #expect(h.received(Self.command(1, .capture(.single, .secondary)), from: 1) == [.openClip(prerollOnly: true)])
-        _ = h.clipOpened()
-        #expect(Self.states(h.clipSaved("x.wav"))[1]?.capture == .saved("x.wav"))
+        #expect(h.received(Self.command(1, .capture(.single, .secondary)), from: 1) == [.openClip(clip: 1, prerollOnly: true)])
+        _ = h.clipOpened(1)
+        #expect(Self.states(h.clipSaved(1, name: "x.wav"))[1]?.capture == .saved("x.wav"))
     }
 
     @Test func cancelDiscardsAndAFailedOpenIsAnswered() {
         var h = HostControl<Int>(clips: true)
         _ = h.joined(1)
         _ = h.received(Self.command(1, .capture(.begin, .primary)), from: 1)
-        _ = h.clipOpened()
-        let cancel = h.received(Self.command(2, .capture(.cancel, .primary)), from: 1)
-        #expect(cancel.first == .discardClip && Self.replies(cancel, to: 1) == [.ok])
+        _ = h.clipOpened(1)
+        // The cancel is answered when the recorder says it discarded the clip.
+        #expect(h.received(Self.command(2, .capture(.cancel, .primary)), from: 1) == [.discardClip(clip: 1)])
+        let discarded = h.clipDiscarded(1)
+        #expect(Self.replies(discarded, to: 1) == [.ok] && Self.states(discarded)[1]?.capture == .armed)
         #expect(h.captureState == .armed)
-        // A late report from the discarded clip's writer changes nothing.
-        #expect(h.clipSaved("late.wav") == [])
-        _ = h.received(Self.command(3, .capture(.single, .primary)), from: 1)
-        let failed = h.clipOpenFailed("cannot write a.wav: read-only file system")
+        // A report about the discarded clip changes nothing.
+        #expect(h.clipSaved(1, name: "late.wav") == [])
+        #expect(h.received(Self.command(3, .capture(.single, .primary)), from: 1) == [.openClip(clip: 2, prerollOnly: false)])
+        let failed = h.clipOpenFailed(2, reason: "cannot write a.wav: read-only file system")
         #expect(Self.replies(failed, to: 1) == [.failed("cannot write a.wav: read-only file system")])
         #expect(h.captureState == .failed("cannot write a.wav: read-only file system"))
         // A new clip may be tried after a failure.
-        #expect(h.received(Self.command(4, .capture(.single, .primary)), from: 1) == [.openClip(prerollOnly: false)])
+        #expect(h.received(Self.command(4, .capture(.single, .primary)), from: 1) == [.openClip(clip: 3, prerollOnly: false)])
+    }
+
+    @Test func aLateReportOfAnEarlierClipDoesNotEndTheOneBeingRecorded() {
+        var h = HostControl<Int>(clips: true)
+        _ = h.joined(1)
+        _ = h.joined(2)
+        _ = h.received(Self.command(1, .capture(.begin, .primary)), from: 1)
+        _ = h.clipOpened(1)
+        #expect(h.received(Self.command(2, .capture(.cancel, .primary)), from: 1) == [.discardClip(clip: 1)])
+        #expect(Self.replies(h.clipDiscarded(1), to: 1) == [.ok])
+        #expect(h.received(Self.command(1, .capture(.begin, .primary)), from: 2) == [.openClip(clip: 2, prerollOnly: false)])
+        #expect(Self.replies(h.clipOpened(2), to: 2) == [.recording])
+        // Clip 1's word arrives late: it is not clip 2's.
+        #expect(h.clipSaved(1, name: "late.wav") == [])
+        #expect(h.clipFailed(1, reason: "late") == [])
+        #expect(h.captureState == .recording)
+        #expect(h.received(Self.command(2, .capture(.end, .primary)), from: 2) == [.finishClip(clip: 2), .send(2, .reply(id: 2, .ok))])
+        #expect(Self.states(h.clipSaved(2, name: "b.wav"))[2]?.capture == .saved("b.wav"))
+        // And the next clip works as well (the error does not repeat clip after clip).
+        #expect(h.received(Self.command(3, .capture(.begin, .primary)), from: 1) == [.openClip(clip: 3, prerollOnly: false)])
+        _ = h.clipOpened(3)
+        #expect(h.received(Self.command(4, .capture(.end, .primary)), from: 1) == [.finishClip(clip: 3), .send(1, .reply(id: 4, .ok))])
+    }
+
+    @Test func aCancelThatCameAfterTheClipReachedItsLengthIsAnsweredSavedNotCancelled() {
+        var h = HostControl<Int>(clips: true)
+        _ = h.joined(1)
+        _ = h.joined(2)
+        _ = h.received(Self.command(1, .capture(.begin, .primary)), from: 1)
+        _ = h.clipOpened(1)
+        #expect(h.received(Self.command(2, .capture(.cancel, .primary)), from: 1) == [.discardClip(clip: 1)])
+        // Until the recorder answers, clip 1 is still in hand.
+        #expect(h.captureState == .recording)
+        #expect(Self.replies(h.received(Self.command(1, .capture(.begin, .primary)), from: 2), to: 2) == [.busy])
+        // The recorder had saved it at its length before the discard reached it: kept, and said so.
+        let saved = h.clipSaved(1, name: "full.wav")
+        #expect(Self.replies(saved, to: 1) == [.failed("too late to cancel: the clip was saved as full.wav")])
+        #expect(Self.states(saved)[1]?.capture == .saved("full.wav") && Self.states(saved)[2]?.capture == .saved("full.wav"))
+        #expect(h.received(Self.command(2, .capture(.begin, .primary)), from: 2) == [.openClip(clip: 2, prerollOnly: false)])
+        _ = h.clipOpened(2)
+        // A clip whose writing failed while it was being cancelled is gone, as asked.
+        #expect(h.received(Self.command(3, .capture(.cancel, .primary)), from: 2) == [.discardClip(clip: 2)])
+        let failed = h.clipFailed(2, reason: "cannot write b.wav: disk full")
+        #expect(Self.replies(failed, to: 2) == [.ok] && h.captureState == .armed)
     }
 
     @Test func oneTalkerAtATimeHalfDuplexByDefault() {
@@ -266,10 +312,19 @@ struct HostControlTests {
             let c = choice[Int(rng.next() % UInt64(choice.count))]
             var actions = h.received(Self.command(UInt32(i + 1), c), from: peer)
             commands += 1
-            if actions.contains(.openClip(prerollOnly: false)) {
-                actions += rng.next() % 4 == 0 ? h.clipOpenFailed("full") : h.clipOpened()
+            for action in actions {
+                switch action {
+                case .openClip(let clip, _):
+                    actions += rng.next() % 4 == 0 ? h.clipOpenFailed(clip, reason: "full") : h.clipOpened(clip)
+                case .finishClip(let clip):
+                    actions += h.clipSaved(clip, name: "c\(i).wav")
+                case .discardClip(let clip):
+                    // Discarded, or saved at its length before the discard reached the recorder.
+                    actions += rng.next() % 4 == 0 ? h.clipSaved(clip, name: "c\(i).wav") : h.clipDiscarded(clip)
+                default:
+                    break
+                }
             }
-            if actions.contains(.finishClip) { actions += h.clipSaved("c\(i).wav") }
             replies += actions.filter { if case .send(_, .reply) = $0 { true } else { false } }.count
         }
         #expect(replies == commands)

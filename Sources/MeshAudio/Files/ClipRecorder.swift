@@ -11,13 +11,20 @@ import Synchronization
 /// recorder's own (`pm-clip`) keeps the pre-roll and writes the file. `open` creates the file on the caller's
 /// thread, so a directory that cannot be written is reported to the caller at once; how a clip ends is reported to
 /// `onFinished`, on the clip thread.
+///
+/// The caller numbers its clips (`open(clip:prerollOnly:)`), and `finish` and `discard` name the clip they are for:
+/// the clip thread acts on the clip being recorded only if it is that one, since it may have ended by itself (reached
+/// its length) meanwhile. Every clip opened gets exactly one outcome, carrying its number: saved, failed or
+/// discarded.
 public final class ClipRecorder: Sendable {
-    /// What a clip came to.
+    /// What a clip came to; `clip` is the number it was opened with.
     public enum Outcome: Sendable, Equatable {
         /// Saved under this file name (in the directory).
-        case saved(String)
+        case saved(clip: UInt64, name: String)
         /// Not saved, for this reason (the partial file is removed).
-        case failed(String)
+        case failed(clip: UInt64, reason: String)
+        /// Thrown away, as `discard` asked, before it ended by itself (its file is removed).
+        case discarded(clip: UInt64)
     }
 
     /// Where and how long.
@@ -102,10 +109,10 @@ public final class ClipRecorder: Sendable {
     /// Samples the clip thread could not take in time.
     public var droppedSamples: UInt64 { worker.dropped.load(ordering: .relaxed) }
 
-    /// Creates the next clip's file now and has the clip thread write the pre-roll into it, then the live capture
-    /// (or, with `prerollOnly`, close it at once). Returns the file's name; throws `ClipError` with the reason
-    /// when it cannot be created.
-    public func open(prerollOnly: Bool) throws -> String {
+    /// Creates the file of clip number `clip` now and has the clip thread write the pre-roll into it, then the live
+    /// capture (or, with `prerollOnly`, close it at once). Returns the file's name; throws `ClipError` with the reason
+    /// when it cannot be created (then no outcome follows).
+    public func open(clip: UInt64, prerollOnly: Bool) throws -> String {
         let (descriptor, path, name) = try reserveName()
         do { try checkFreeSpace() } catch {
             close(descriptor)
@@ -119,15 +126,17 @@ public final class ClipRecorder: Sendable {
             unlink(path)
             throw ClipError("cannot write \(name): \(error.message)")
         }
-        worker.command(.open(file, path: path, name: name, prerollOnly: prerollOnly))
+        worker.command(.open(file, path: path, name: name, clip: clip, prerollOnly: prerollOnly))
         return name
     }
 
-    /// Finishes the clip being recorded and saves it (the outcome goes to `onFinished`).
-    public func finish() { worker.command(.finish) }
+    /// Finishes clip `clip` and saves it, if it is still being recorded (the outcome goes to `onFinished`); a clip
+    /// that ended by itself meanwhile was reported already.
+    public func finish(clip: UInt64) { worker.command(.finish(clip: clip)) }
 
-    /// Throws the clip being recorded away (its file is removed; no outcome is reported).
-    public func discard() { worker.command(.discard) }
+    /// Throws clip `clip` away, if it is still being recorded: its file is removed and `.discarded` is reported. A
+    /// clip that ended by itself meanwhile (saved at its length, or failed) is not touched: its outcome was reported.
+    public func discard(clip: UInt64) { worker.command(.discard(clip: clip)) }
 
     /// The largest a clip's file can grow: the pre-roll and the part after the press, Float32, and a header.
     var largestClipBytes: UInt64 {
@@ -186,15 +195,17 @@ public struct ClipError: Error, Sendable, Equatable, CustomStringConvertible {
 /// What the clip thread owns: the pre-roll ring and the file being written.
 final class ClipWorker: @unchecked Sendable { // pre-roll and file: the clip thread's only; commands through the mutex
     enum Command {
-        case open(SoundFile, path: String, name: String, prerollOnly: Bool)
-        case finish
-        case discard
+        case open(SoundFile, path: String, name: String, clip: UInt64, prerollOnly: Bool)
+        case finish(clip: UInt64)
+        case discard(clip: UInt64)
     }
 
     private struct Recording {
         let file: SoundFile
         let path: String
         let name: String
+        /// The number the clip was opened with.
+        let clip: UInt64
         var framesAfterPress = 0
     }
 
@@ -252,18 +263,20 @@ final class ClipWorker: @unchecked Sendable { // pre-roll and file: the clip thr
 
     private func perform(_ c: Command) {
         switch c {
-        case .open(let file, let path, let name, let prerollOnly):
+        case .open(let file, let path, let name, let clip, let prerollOnly):
             finishClip()
-            recording = Recording(file: file, path: path, name: name)
+            recording = Recording(file: file, path: path, name: name, clip: clip)
             writePreroll()
             if prerollOnly { finishClip() }
-        case .finish:
+        case .finish(let clip):
+            guard recording?.clip == clip else { return }
             finishClip()
-        case .discard:
-            guard let r = recording else { return }
+        case .discard(let clip):
+            guard let r = recording, r.clip == clip else { return }
             recording = nil
             try? r.file.close()
             unlink(r.path)
+            onFinished(.discarded(clip: clip))
         }
     }
 
@@ -306,7 +319,7 @@ final class ClipWorker: @unchecked Sendable { // pre-roll and file: the clip thr
             recording = nil
             try? r.file.close()
             unlink(r.path)
-            onFinished(.failed("cannot write \(r.name): \(reason)"))
+            onFinished(.failed(clip: r.clip, reason: "cannot write \(r.name): \(reason)"))
             return false
         }
         return true
@@ -318,10 +331,10 @@ final class ClipWorker: @unchecked Sendable { // pre-roll and file: the clip thr
         recording = nil
         do {
             try r.file.close()
-            onFinished(.saved(r.name))
+            onFinished(.saved(clip: r.clip, name: r.name))
         } catch {
             unlink(r.path)
-            onFinished(.failed("cannot write \(r.name): \(error.message)"))
+            onFinished(.failed(clip: r.clip, reason: "cannot write \(r.name): \(error.message)"))
         }
     }
 }

@@ -6,6 +6,12 @@
 /// send, a player's audio to hold or release, a clip to open, finish or discard. Every command gets exactly one
 /// reply; a malformed one is answered with an error and counted, and the session goes on. `Peer` is the driver's
 /// name for a player (`PeerID`; tests use integers).
+///
+/// Clips are numbered: every clip action carries the number of the clip it is for, and the driver reports each
+/// clip's end with that number. The clip recorder reports on its own thread, so a report can arrive after a later
+/// command changed the clip (a clip that reached its length while its owner cancelled it); a report is applied only
+/// to the clip it names, and a cancel is answered only once the recorder says whether it discarded the clip or had
+/// saved it already.
 public struct HostControl<Peer: Hashable & Sendable>: Sendable {
     /// What the driver does.
     public enum Action: Sendable, Equatable {
@@ -13,13 +19,15 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
         case send(Peer, ControlMessage)
         /// Stop (true) or resume (false) sending audio to `peer`.
         case setPaused(Peer, Bool)
-        /// Open a clip: the pre-roll, then the live capture (or, with `prerollOnly`, the pre-roll alone, saved at
-        /// once). Report the outcome with `clipOpened()` or `clipOpenFailed(_:)`.
-        case openClip(prerollOnly: Bool)
-        /// Finish the clip being recorded and save it (`clipSaved` or `clipFailed` follows).
-        case finishClip
-        /// Throw the clip being recorded away.
-        case discardClip
+        /// Open clip number `clip`: the pre-roll, then the live capture (or, with `prerollOnly`, the pre-roll alone,
+        /// saved at once). Report the outcome with `clipOpened(_:)` or `clipOpenFailed(_:reason:)`, and later how it
+        /// ended with `clipSaved`, `clipFailed` or `clipDiscarded`.
+        case openClip(clip: UInt64, prerollOnly: Bool)
+        /// Finish clip `clip`, if it is still being recorded, and save it (`clipSaved` or `clipFailed` follows).
+        case finishClip(clip: UInt64)
+        /// Throw clip `clip` away, if it is still being recorded (`clipDiscarded` follows), or else report how it
+        /// ended already.
+        case discardClip(clip: UInt64)
         /// Play this player's talkback datagrams (nil: nobody's).
         case setTalker(Peer?)
         /// Half duplex: hold (true) or release the host's microphone to `peer` while it talks.
@@ -37,18 +45,28 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
         public init() {}
     }
 
-    /// Where the clip stands.
+    /// Where the clip stands; `clip` is the number of the clip in hand.
     private enum Clip: Sendable, Equatable {
         /// The host keeps no clips.
         case disabled
         /// No clip is open; `last` is how the previous one ended (nil: none yet, or it was discarded).
         case idle(last: CaptureState?)
         /// `openClip` was asked for `owner`'s command `id`; the driver reports back.
-        case opening(owner: Peer, id: UInt32)
+        case opening(clip: UInt64, owner: Peer, id: UInt32)
         /// Recording for `owner`.
-        case recording(owner: Peer)
+        case recording(clip: UInt64, owner: Peer)
         /// `finishClip` was asked; the driver reports the outcome.
-        case saving
+        case saving(clip: UInt64)
+        /// `owner` cancelled with command `id` and `discardClip` was asked: the answer waits for the recorder's word
+        /// (discarded, or saved already because the clip reached its length first).
+        case discarding(clip: UInt64, owner: Peer, id: UInt32)
+    }
+
+    /// How a clip ended, as the driver reports it.
+    private enum ClipEnding {
+        case saved(String)
+        case failed(String)
+        case discarded
     }
 
     private let features: ControlFeatures
@@ -58,6 +76,8 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
     private var paused: Set<Peer> = []
     private var muted = false
     private var clip: Clip
+    /// The number of the latest clip opened (the first is 1).
+    private var lastClipNumber: UInt64 = 0
     /// The counters.
     public private(set) var counters = Counters()
 
@@ -86,8 +106,7 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
         switch clip {
         case .disabled: .off
         case .idle(let last): last ?? .armed
-        case .opening, .saving: .recording
-        case .recording: .recording
+        case .opening, .recording, .saving, .discarding: .recording
         }
     }
 
@@ -174,16 +193,18 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
         case (_, .disabled):
             return [reply(peer, id, .unsupported("this host keeps no clips (mesh-record --clips DIR)"))]
         case (.single, .idle), (.begin, .idle):
-            clip = .opening(owner: peer, id: id)
-            return [.openClip(prerollOnly: action == .secondary)]
+            lastClipNumber &+= 1
+            clip = .opening(clip: lastClipNumber, owner: peer, id: id)
+            return [.openClip(clip: lastClipNumber, prerollOnly: action == .secondary)]
         case (.single, _), (.begin, _):
             return [reply(peer, id, .busy)]
-        case (.end, .recording(let owner)) where owner == peer:
-            clip = .saving
-            return [.finishClip, reply(peer, id, .ok)]
-        case (.cancel, .recording(let owner)) where owner == peer:
-            clip = .idle(last: nil)
-            return [.discardClip, reply(peer, id, .ok)] + broadcast()
+        case (.end, .recording(let number, let owner)) where owner == peer:
+            clip = .saving(clip: number)
+            return [.finishClip(clip: number), reply(peer, id, .ok)]
+        case (.cancel, .recording(let number, let owner)) where owner == peer:
+            // Answered when the recorder says what became of the clip: it may have reached its length already.
+            clip = .discarding(clip: number, owner: peer, id: id)
+            return [.discardClip(clip: number)]
         case (.end, .recording), (.cancel, .recording):
             return [reply(peer, id, .error("the clip being recorded is another player's"))]
         case (.end, _), (.cancel, _):
@@ -191,38 +212,59 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
         }
     }
 
-    /// The driver opened the clip asked for: its owner is answered `recording`.
-    public mutating func clipOpened() -> [Action] {
-        guard case .opening(let owner, let id) = clip else { preconditionFailure("clipOpened() with no clip being opened") }
-        clip = .recording(owner: owner)
+    /// The driver opened clip `number` (the one `openClip` asked for, at once): its owner is answered `recording`.
+    public mutating func clipOpened(_ number: UInt64) -> [Action] {
+        guard case .opening(number, let owner, let id) = clip else { preconditionFailure("clipOpened(\(number)) with no such clip being opened") }
+        clip = .recording(clip: number, owner: owner)
         return [reply(owner, id, .recording)] + broadcast()
     }
 
-    /// The clip asked for could not be opened.
-    public mutating func clipOpenFailed(_ reason: String) -> [Action] {
-        guard case .opening(let owner, let id) = clip else { preconditionFailure("clipOpenFailed() with no clip being opened") }
+    /// Clip `number` could not be opened.
+    public mutating func clipOpenFailed(_ number: UInt64, reason: String) -> [Action] {
+        guard case .opening(number, let owner, let id) = clip else { preconditionFailure("clipOpenFailed(\(number)) with no such clip being opened") }
         clip = .idle(last: .failed(reason))
         return [reply(owner, id, .failed(reason))] + broadcast()
     }
 
-    /// The clip was saved as `name` (after `finishClip`, or by itself: the clip length was reached, or it was the
-    /// pre-roll alone).
-    public mutating func clipSaved(_ name: String) -> [Action] {
-        clipEnded(.saved(name))
+    /// Clip `number` was saved as `name` (after `finishClip`, or by itself: the clip length was reached, or it was
+    /// the pre-roll alone).
+    public mutating func clipSaved(_ number: UInt64, name: String) -> [Action] {
+        clipEnded(number, .saved(name))
     }
 
-    /// Writing the clip failed (disk full, say).
-    public mutating func clipFailed(_ reason: String) -> [Action] {
-        clipEnded(.failed(reason))
+    /// Writing clip `number` failed (disk full, say); its file is gone.
+    public mutating func clipFailed(_ number: UInt64, reason: String) -> [Action] {
+        clipEnded(number, .failed(reason))
     }
 
-    private mutating func clipEnded(_ outcome: CaptureState) -> [Action] {
-        switch clip {
-        case .recording, .saving:
-            clip = .idle(last: outcome)
+    /// Clip `number` was thrown away, as `discardClip` asked, before it ended by itself.
+    public mutating func clipDiscarded(_ number: UInt64) -> [Action] {
+        clipEnded(number, .discarded)
+    }
+
+    private mutating func clipEnded(_ number: UInt64, _ ending: ClipEnding) -> [Action] {
+        switch (clip, ending) {
+        case (.recording(number, _), .saved(let name)), (.saving(number), .saved(let name)):
+            clip = .idle(last: .saved(name))
             return broadcast()
-        case .disabled, .idle, .opening:
-            // A discarded clip's writer may still report: the discard already decided.
+        case (.recording(number, _), .failed(let reason)), (.saving(number), .failed(let reason)):
+            clip = .idle(last: .failed(reason))
+            return broadcast()
+        case (.recording(number, _), .discarded), (.saving(number), .discarded):
+            clip = .idle(last: nil)
+            return broadcast()
+        case (.discarding(number, let owner, let id), .discarded), (.discarding(number, let owner, let id), .failed):
+            // Gone, as the owner asked (a clip that failed to write is removed too).
+            clip = .idle(last: nil)
+            return [reply(owner, id, .ok)] + broadcast()
+        case (.discarding(number, let owner, let id), .saved(let name)):
+            // The clip reached its length and was saved before the cancel reached the recorder: it is kept, and the
+            // owner is told so rather than that it was cancelled.
+            clip = .idle(last: .saved(name))
+            return [reply(owner, id, .failed("too late to cancel: the clip was saved as \(name)"))] + broadcast()
+        default:
+            // A report about another clip than the one in hand (none is expected: every clip is reported once, and
+            // the next opens only after it): ignored.
             return []
         }
     }

@@ -308,21 +308,20 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                 guard players.all.contains(peer) else { players.setPaused(peer, false); continue }
                 players.setPaused(peer, paused)
                 events("player \(peer.displayName) \(paused ? "paused" : "resumed")")
-            case .openClip(let prerollOnly):
+            case .openClip(let number, let prerollOnly):
                 guard let clips else { preconditionFailure("HostControl opened a clip on a host without clips") }
                 do {
-                    let name = try clips.open(prerollOnly: prerollOnly)
+                    let name = try clips.open(clip: number, prerollOnly: prerollOnly)
                     events("clip \(name): recording")
-                    perform(control.withLock { $0.clipOpened() })
+                    perform(control.withLock { $0.clipOpened(number) })
                 } catch {
                     events("clip failed: \(error)")
-                    perform(control.withLock { $0.clipOpenFailed("\(error)") })
+                    perform(control.withLock { $0.clipOpenFailed(number, reason: "\(error)") })
                 }
-            case .finishClip:
-                clips?.finish()
-            case .discardClip:
-                clips?.discard()
-                events("clip discarded")
+            case .finishClip(let number):
+                clips?.finish(clip: number)
+            case .discardClip(let number):
+                clips?.discard(clip: number)
             case .setTalker(let peer):
                 let previous = talker.withLock { t -> PeerID? in defer { t = peer }; return t }
                 if let peer { events("player \(peer.displayName) talks") } else if let previous { events("player \(previous.displayName) stopped talking") }
@@ -332,16 +331,19 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         }
     }
 
-    /// The clip recorder's word on how a clip ended (its own thread).
+    /// The clip recorder's word on how a clip ended (its own thread), for the clip it names.
     private func clipEnded(_ outcome: ClipRecorder.Outcome) {
         controlQueue.async { [self] in
             switch outcome {
-            case .saved(let name):
+            case .saved(let number, let name):
                 events("clip saved: \(name)")
-                perform(control.withLock { $0.clipSaved(name) })
-            case .failed(let why):
+                perform(control.withLock { $0.clipSaved(number, name: name) })
+            case .failed(let number, let why):
                 events("clip failed: \(why)")
-                perform(control.withLock { $0.clipFailed(why) })
+                perform(control.withLock { $0.clipFailed(number, reason: why) })
+            case .discarded(let number):
+                events("clip discarded")
+                perform(control.withLock { $0.clipDiscarded(number) })
             }
         }
     }
