@@ -291,6 +291,39 @@ struct HostControlTests {
         #expect(on.first == .setTalker(1))
     }
 
+    @Test func talkbackThatEndsReleasesTheTalkerStopsBeingOfferedAndIsRefusedWithTheReason() {
+        var h = HostControl<Int>(clips: false, talk: true)
+        _ = h.joined(1)
+        _ = h.joined(2)
+        _ = h.received(Self.command(1, .talk(true)), from: 1)
+        #expect(h.currentTalker == 1 && h.state(for: 1).paused)
+        let ended = h.talkbackEnded("the talkback device went away")
+        #expect(ended.prefix(2) == [.setTalker(nil), .holdForTalk(1, false)])
+        #expect(Self.states(ended)[1] == HostControlState(paused: false, talkAccepted: false, features: .control, capture: .off))
+        #expect(Self.states(ended)[2] == HostControlState(paused: false, talkAccepted: false, features: .control, capture: .off))
+        #expect(h.currentTalker == nil && h.offered == .control)
+        // Asked anyway (a player that did not hear yet): refused, with why.
+        #expect(Self.replies(h.received(Self.command(2, .talk(true)), from: 2), to: 2)
+                == [.error("talkback is unavailable: the talkback device went away")])
+        #expect(h.currentTalker == nil && !h.state(for: 2).paused)
+        #expect(h.received(Self.command(3, .talk(false)), from: 1) == [.send(1, .reply(id: 3, .ok))], "talk off is still ok")
+        #expect(h.talkbackEnded("again") == [], "said once")
+        // Full duplex: nobody was held, so nobody is released from a hold.
+        var full = HostControl<Int>(clips: false, talk: true, fullDuplex: true)
+        _ = full.joined(1)
+        _ = full.received(Self.command(1, .talk(true)), from: 1)
+        let fullEnded = full.talkbackEnded("gone")
+        #expect(fullEnded.first == .setTalker(nil) && Self.states(fullEnded)[1]?.talkAccepted == false)
+        #expect(!fullEnded.contains { if case .holdForTalk = $0 { true } else { false } })
+        // A host that never took talkback: nothing changes, and talk stays unsupported.
+        var none = HostControl<Int>(clips: false)
+        _ = none.joined(1)
+        #expect(none.talkbackEnded("gone") == [])
+        guard case .unsupported? = Self.replies(none.received(Self.command(1, .talk(true)), from: 1), to: 1).first else {
+            Issue.record("talk on a host without talkback must be unsupported"); return
+        }
+    }
+
     @Test func muteIsBroadcast() {
         var h = HostControl<Int>(clips: false)
         _ = h.joined(1)

@@ -134,3 +134,133 @@ struct HostControlInProcessTests {
         }
     }
 }
+
+/// A device that went away, as a test says it.
+struct DeviceGone: Error, CustomStringConvertible {
+    let text: String
+    var description: String { text }
+}
+
+/// A tone that fails on demand, as a talk input whose device went away: it stops delivering and reports the fault.
+final class FailingSource: AudioSource, Sendable {
+    private let tone: ToneSource
+    private let failure = Mutex<(any Error)?>(nil)
+    init(frequency: Double) throws { tone = try ToneSource(frequency: frequency, amplitude: 0.5, format: .default, periodFrames: 128) }
+    var format: AudioFormat { tone.format }
+    var periodFrames: Int { tone.periodFrames }
+    func start() throws { try tone.start() }
+    func start(consumer: any CaptureConsumer) throws { try tone.start(consumer: consumer) }
+    func stop() { tone.stop() }
+    func read(into buffer: UnsafeMutableBufferPointer<Float>, timeoutNanos: UInt64) -> ChunkInfo? { tone.read(into: buffer, timeoutNanos: timeoutNanos) }
+    var stats: AudioStats { tone.stats }
+    var fault: (any Error)? { failure.withLock { $0 } }
+    func fail() {
+        tone.stop()
+        failure.withLock { $0 = DeviceGone(text: "the talk device went away") }
+    }
+}
+
+/// A WAV file output that fails on demand, as a talkback device that went away.
+final class FailingSink: AudioSink, Sendable {
+    private let file: WAVFileSink
+    private let failure = Mutex<(any Error)?>(nil)
+    init(path: String, format: AudioFormat) throws { file = try WAVFileSink(path: path, format: format, periodFrames: 128) }
+    var format: AudioFormat { file.format }
+    var periodFrames: Int { file.periodFrames }
+    var servesInput: Bool { file.servesInput }
+    func start(renderer: any AudioRenderer) throws { try file.start(renderer: renderer) }
+    func stop() { file.stop() }
+    var stats: AudioStats { file.stats }
+    var fault: (any Error)? { failure.withLock { $0 } }
+    func fail() { failure.withLock { $0 = DeviceGone(text: "the talkback device went away") } }
+}
+
+/// Push-to-talk when either end of talkback dies: the floor is released, and nobody is held for nothing.
+@Suite("Talkback that ends, in one process", .serialized)
+struct TalkbackEndsInProcessTests {
+    let paired: PairedStates
+
+    init() throws { paired = try PairedStates(players: 2, hostName: "talk-inproc-host") }
+
+    func makeHost(talkSink: @escaping @Sendable (AudioFormat) throws -> any AudioSink) throws -> RelayHost {
+        let tone = try ToneSource(frequency: 440, amplitude: 0.5, format: .default, periodFrames: 128)
+        var config = RelayHost.Configuration(identity: paired.host, trust: paired.hostTrust, serviceType: "pmr-talk-inproc",
+                                             maximumPeers: 8, discovery: InProcessDiscovery())
+        config.maximumPlayersPerAddress = 8
+        config.talk = RelayHost.TalkOutput(makeSink: talkSink)
+        let host = try RelayHost(configuration: config, source: tone)
+        try host.start()
+        return host
+    }
+
+    func makeTalker(endpoint: PeerEndpoint, talk: any AudioSource, log: @escaping @Sendable (String) -> Void) throws -> RelayPlayer {
+        var config = RelayPlayer.Configuration(target: .direct(endpoint), identity: try paired.playerIdentity(0),
+                                               hosts: .paired(paired.playerTrust(0)), discovery: InProcessDiscovery())
+        config.talkSource = talk
+        let out = Rig.tempPath("talker-\(UUID().uuidString.prefix(6)).wav")
+        let player = try RelayPlayer(configuration: config, makeSink: { format, _ in
+            try WAVFileSink(path: out, format: format, periodFrames: 128)
+        }, log: log)
+        try player.start()
+        return player
+    }
+
+    /// Player 0 joins `host` with `talk` as its talk input and talks; returns it once the host plays its talkback.
+    func talkingPlayer(_ host: RelayHost, talk: any AudioSource, log: @escaping @Sendable (String) -> Void) throws -> RelayPlayer {
+        let player = try makeTalker(endpoint: PeerEndpoint(host: "127.0.0.1", port: host.port), talk: talk, log: log)
+        #expect(eventually(10) { player.statistics.hostControl?.features.contains(.talk) == true }, "the host offers talkback")
+        player.send(.talk(true))
+        #expect(eventually(5) { host.statistics.players.first?.talking == true && player.statistics.talking })
+        #expect(eventually(2) { player.statistics.hostControl?.paused == true }, "half duplex: held while it talks")
+        return player
+    }
+
+    @Test("The talk input fails 1 s after talk on: the player says talk off, the host releases it (not talking, not held), and another player may talk")
+    func talkInputThatFailsReleasesTheFloor() throws {
+        let host = try makeHost { format in try WAVFileSink(path: Rig.tempPath("talk-\(UUID().uuidString.prefix(6)).wav"), format: format, periodFrames: 128) }
+        defer { host.stop() }
+        let lines = Mutex<[String]>([])
+        let input = try FailingSource(frequency: 880)
+        let player = try talkingPlayer(host, talk: input) { line in lines.withLock { $0.append(line) } }
+        defer { player.stop() }
+        Thread.sleep(forTimeInterval: 1)
+        input.fail()
+        #expect(eventually(2) { host.statistics.players.first?.talking == false }, "the host still plays player 0's talkback")
+        #expect(eventually(2) { player.statistics.hostControl?.paused == false && !player.controls.held }, "the player is still held")
+        #expect(!player.statistics.talking)
+        #expect(lines.withLock { $0 }.contains { $0.hasPrefix("talk input ended: ") }, "\(lines.withLock { $0 })")
+        // The floor is free: another player talks.
+        let other = try RawControlClient(identity: try paired.playerIdentity(1), endpoint: PeerEndpoint(host: "127.0.0.1", port: host.port))
+        defer { other.stop() }
+        other.send(1, .talk(true))
+        #expect(eventually(3) { other.reply(to: 1) != nil })
+        #expect(other.reply(to: 1) == .ok)
+        // And the player whose input died does not ask again.
+        player.send(.talk(true))
+        #expect(eventually(2) { lines.withLock { $0 }.contains { $0.hasPrefix("talk on: not sent: ") } }, "\(lines.withLock { $0 })")
+    }
+
+    @Test("The host's talkback output fails: the talker is released (not talking, not held), talkback is no longer offered, and a talk request is answered that it is unavailable")
+    func talkbackOutputThatFailsReleasesTheTalker() throws {
+        let sink = Mutex<FailingSink?>(nil)
+        let host = try makeHost { format in
+            let s = try FailingSink(path: Rig.tempPath("talk-\(UUID().uuidString.prefix(6)).wav"), format: format)
+            sink.withLock { $0 = s }
+            return s
+        }
+        defer { host.stop() }
+        let player = try talkingPlayer(host, talk: try ToneSource(frequency: 880, amplitude: 0.5, format: .default, periodFrames: 128)) { _ in }
+        defer { player.stop() }
+        sink.withLock { $0 }?.fail()
+        #expect(eventually(2) { host.statistics.players.first?.talking == false }, "the host still holds the floor for nothing")
+        #expect(eventually(2) { player.statistics.hostControl?.paused == false && !player.controls.held }, "the talker is still held")
+        #expect(eventually(2) { player.statistics.hostControl?.features.contains(.talk) == false }, "talkback is still offered")
+        #expect(eventually(2) { !player.statistics.talking }, "the player still sends its talk input")
+        let other = try RawControlClient(identity: try paired.playerIdentity(1), endpoint: PeerEndpoint(host: "127.0.0.1", port: host.port))
+        defer { other.stop() }
+        other.send(1, .talk(true))
+        #expect(eventually(3) { other.reply(to: 1) != nil })
+        guard case .error(let why)? = other.reply(to: 1) else { Issue.record("talk on: \(String(describing: other.reply(to: 1)))"); return }
+        #expect(why.hasPrefix("talkback is unavailable: "), "\(why)")
+    }
+}

@@ -69,7 +69,10 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
         case discarded
     }
 
-    private let features: ControlFeatures
+    /// What the host offers now (talkback is withdrawn when its output ends).
+    private var features: ControlFeatures
+    /// Why talkback ended, once its output failed: it is no longer offered, and asked for anyway it is refused so.
+    private var talkbackLost: String?
     private let fullDuplex: Bool
     private var talker: Peer?
     private var members: Set<Peer> = []
@@ -95,7 +98,7 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
         clip = clips ? .idle(last: nil) : .disabled
     }
 
-    /// What the host offers (for its TXT record).
+    /// What the host offers now (for its TXT record): talkback no longer once its output ended.
     public var offered: ControlFeatures { features }
 
     /// Whether `peer` is paused.
@@ -150,6 +153,21 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
         return broadcast()
     }
 
+    /// The talkback output ended (its device failed, its file could not be written): the talker, if any, is
+    /// released (and no longer held, in half duplex), talkback is no longer offered, and every player is told.
+    public mutating func talkbackEnded(_ reason: String) -> [Action] {
+        guard features.contains(.talk) else { return [] }
+        features.remove(.talk)
+        talkbackLost = reason
+        var actions: [Action] = []
+        if let released = talker {
+            talker = nil
+            actions.append(.setTalker(nil))
+            if !fullDuplex { actions.append(.holdForTalk(released, false)) }
+        }
+        return actions + broadcast()
+    }
+
     /// A reliable message from `peer`.
     public mutating func received(_ bytes: [UInt8], from peer: Peer) -> [Action] {
         counters.commands &+= 1
@@ -172,7 +190,8 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
             if pause { paused.insert(peer) } else { paused.remove(peer) }
             return [.setPaused(peer, pause), reply(peer, id, .ok), .send(peer, .state(state(for: peer)))]
         case .talk(let on):
-            guard features.contains(.talk) else { return [reply(peer, id, .unsupported("this host takes no talkback"))] }
+            if on, let why = talkbackLost { return [reply(peer, id, .error("talkback is unavailable: \(why)"))] }
+            guard features.contains(.talk) || talkbackLost != nil else { return [reply(peer, id, .unsupported("this host takes no talkback"))] }
             if on {
                 if talker == peer { return [reply(peer, id, .ok)] }
                 guard talker == nil else { return [reply(peer, id, .busy)] }

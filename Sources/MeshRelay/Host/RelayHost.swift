@@ -31,7 +31,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     private let onFailure: @Sendable (String) -> Void
     /// Whether `onFailure` was called (it is called once).
     private let failed = Atomic<Bool>(false)
-    /// Whether the talkback output's end was logged (it is logged once).
+    /// Whether the talkback output's end was handled (said, the talker released, talk withdrawn: once).
     private let talkbackEnded = Atomic<Bool>(false)
     private let notices: @Sendable (String) -> Void
     private let state = Mutex(HostState())
@@ -43,6 +43,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     /// The talkback pipeline (network → jitter buffer → … → the talk sink), and whose datagrams it plays.
     private let talkback: PlayoutPipeline?
     private let talker = Mutex<PeerID?>(nil)
+    /// What the TXT record offers now (shared with the pairing window, which publishes the record again).
+    private let offer: AdvertisedFeatures
     /// Refused commands are logged at most once a second a player (the control queue's; a lock for `Sendable`).
     private let refusals = Mutex(LogThrottle<PeerID>(interval: 1_000_000_000))
 
@@ -54,6 +56,15 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         /// Addresses with a question open to the operator (`.ask`): one at a time per address.
         var asking: Set<String> = []
         var advertised = false
+    }
+
+    /// The control features the TXT record offers: the configuration's, less talkback once its output ended. Shared
+    /// with the pairing window, which publishes the record again when it opens and closes.
+    private final class AdvertisedFeatures: Sendable {
+        private let raw: Atomic<UInt8>
+        init(_ features: ControlFeatures) { raw = Atomic(features.rawValue) }
+        var value: ControlFeatures { ControlFeatures(rawValue: raw.load(ordering: .acquiring)) }
+        func withdraw(_ features: ControlFeatures) { _ = raw.bitwiseAnd(~features.rawValue, ordering: .acquiringAndReleasing) }
     }
 
     /// The connected players, and the audience the capture thread sends to: a paused player, or one that talks
@@ -121,6 +132,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                                                   maximumMessageSize: Self.maximumControlMessageSize,
                                                   maximumPeersPerHost: configuration.maximumPlayersPerAddress,
                                                   maximumResourceSize: 0, topology: .star)
+        let offer = AdvertisedFeatures(HostControl<PeerID>(clips: configuration.clips != nil, talk: configuration.talk != nil).offered)
+        self.offer = offer
         // One port number for UDP and TCP. With no port asked for, the session's free UDP port may be taken for TCP
         // (by any connection's local port): then try another.
         var attempt = 0
@@ -131,7 +144,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                                       configuration: sessionConfig)
             let advertiser: NearbyServiceAdvertiser?
             do {
-                advertiser = try Self.makeAdvertiser(configuration, source: source, port: configuration.port == 0 ? session.udpPort : configuration.port)
+                advertiser = try Self.makeAdvertiser(configuration, source: source, features: offer.value,
+                                                     port: configuration.port == 0 ? session.udpPort : configuration.port)
             } catch {
                 guard configuration.port == 0, attempt < 8, "\(error)".contains("Address already in use") else { throw error }
                 advertiser = nil
@@ -145,7 +159,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         pairing = try configuration.trust.map { trust in
             try PairingResponder(identity: configuration.identity, trust: trust, peerTimeout: configuration.peerTimeout,
                                  bindHost: configuration.bindHost, notices: notices) { [advertiser] open in
-                try? advertiser.updateDiscoveryInfo(Self.info(configuration, source: source, pairing: open))
+                try? advertiser.updateDiscoveryInfo(Self.info(configuration, source: source, features: offer.value, pairing: open))
             }
         }
         let players = Players()
@@ -172,19 +186,22 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         outcomes.withLock { $0 = { [weak self] outcome in self?.clipEnded(outcome) } }
     }
 
-    private static func makeAdvertiser(_ configuration: Configuration, source: any AudioSource, port: UInt16) throws -> NearbyServiceAdvertiser {
+    private static func makeAdvertiser(_ configuration: Configuration, source: any AudioSource, features: ControlFeatures,
+                                       port: UInt16) throws -> NearbyServiceAdvertiser {
         try NearbyServiceAdvertiser(
             peer: configuration.identity.peerID,
-            discoveryInfo: info(configuration, source: source, pairing: false),
+            discoveryInfo: info(configuration, source: source, features: features, pairing: false),
             serviceType: configuration.serviceType, discovery: configuration.discovery, port: port,
             bindHost: configuration.bindHost, encryptionPreference: configuration.encryption)
     }
 
-    /// The TXT record: the audio format, the control features (`ctl=1`, `clip=1`), `pair=1` while pairing, and the
-    /// caller's extra entries.
-    private static func info(_ configuration: Configuration, source: any AudioSource, pairing: Bool) -> [String: String] {
+    /// The TXT record: the audio format, the control `features` offered (`ctl=1`, `clip=1`, `talk=1`), `pair=1` while
+    /// pairing, and the caller's extra entries.
+    private static func info(_ configuration: Configuration, source: any AudioSource, features: ControlFeatures,
+                             pairing: Bool) -> [String: String] {
         var info = configuration.discoveryInfo
-        info.merge(HostControl<PeerID>(clips: configuration.clips != nil, talk: configuration.talk != nil).offered.discoveryInfo) { $1 }
+        for key in ["ctl", "clip", "talk"] { info[key] = nil }
+        info.merge(features.discoveryInfo) { $1 }
         // The format players play: Opus travels at 48 kHz, but players decode it back to the source's rate.
         info["rate"] = String(source.format.sampleRate)
         info["ch"] = String(source.format.channels)
@@ -227,9 +244,15 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             if let fault = self.source.fault, !self.failed.exchange(true, ordering: .acquiringAndReleasing) {
                 self.onFailure("capture ended: \(fault)")
             }
-            // Talkback is a side channel: the host serves on without it, and says so once.
+            // Talkback is a side channel: the host serves on without it, and says so once. Nobody holds the floor for
+            // nothing: the talker is released, and push-to-talk is no longer offered.
             if let fault = self.talkback?.sink.fault, !self.talkbackEnded.exchange(true, ordering: .acquiringAndReleasing) {
-                self.notices("talkback ended: \(fault); players' push-to-talk is not heard")
+                self.notices("talkback ended: \(fault); push-to-talk is refused from now on")
+                self.controlQueue.async { [self] in
+                    perform(control.withLock { $0.talkbackEnded("\(fault)") })
+                    offer.withdraw(.talk)
+                    try? advertiser.updateDiscoveryInfo(Self.info(configuration, source: source, features: offer.value, pairing: isPairing))
+                }
             }
             self.watch()
         }

@@ -243,6 +243,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 action = .refused(command, "not joined to a host")
             } else if case .talk(true) = command, talkCapture == nil, remote.withLock({ $0.features.contains(.talk) }) {
                 action = .refused(command, "this player has no talk input (mesh-play --talk-device DEV or --talk-input SRC)")
+            } else if case .talk(true) = command, let fault = configuration.talkSource?.fault {
+                action = .refused(command, "the talk input ended: \(fault)")
             } else {
                 // Talk off stops sending at once, before the host answers; and whichever the listener asked for
                 // last is what an answer may act on.
@@ -279,6 +281,12 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                     let talking = !talkTarget.peers.isEmpty
                     log(state.paused ? (talking ? "talking: the host holds its audio meanwhile (half duplex)"
                                                 : "paused (the host holds this player's audio)") : "playing")
+                }
+                // The host's talkback output ended: it released this player if it talked; nothing more is sent.
+                if previous?.features.contains(.talk) == true, !state.features.contains(.talk) {
+                    let talked = talkWanted.exchange(false, ordering: .relaxed)
+                    talkTarget.publish([])
+                    log("the host's talkback ended\(talked ? "; push-to-talk is off" : "")")
                 }
                 if previous?.muted != state.muted, previous != nil || state.muted {
                     log(state.muted ? "the host muted its microphone" : "the host unmuted its microphone")
@@ -324,6 +332,15 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         }
     }
 
+    /// Push-to-talk off without the listener asking (its talk input ended; the control queue): nothing more is sent,
+    /// and a host that gave this player the floor, or is about to, is told `talk off` so that it frees it and stops
+    /// holding this player's audio (the `talk off: ok` answer is logged as any other).
+    private func releaseTalk() {
+        talkTarget.publish([])
+        guard talkWanted.exchange(false, ordering: .relaxed), let host = host.withLock({ $0 }) else { return }
+        performControl([remote.withLock { $0.request(.talk(false)) }], host: host)
+    }
+
     /// Ticks come every 50 ms while the player searches or joins (retries and backoffs are timed by them), every
     /// 250 ms once it plays: then they only account concealment and notice a new host format.
     private func scheduleTick() {
@@ -350,9 +367,11 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         if let fault = playout.withCurrent({ $0?.sink.fault }) {
             giveUp("playback ended: \(fault)")
         }
-        // Push-to-talk is a side channel: playback goes on without it, and the player says so once.
+        // Push-to-talk is a side channel: playback goes on without it, and the player says so once — and lets go of
+        // the floor, so that the host neither keeps it as the talker nor holds its audio for nothing.
         if let fault = configuration.talkSource?.fault, !talkInputEnded.exchange(true, ordering: .acquiringAndReleasing) {
             log("talk input ended: \(fault); push-to-talk is off")
+            releaseTalk()
         }
         // The decoder is made when the first Opus packet arrives. A player that cannot make it (libopus is missing)
         // plays nothing of this host: it ends, and says why.
