@@ -82,6 +82,7 @@ package enum StatusReport {
             j.add("fingerprint", p.fingerprint)
             j.add("paused", p.paused)
             j.add("talking", p.talking)
+            j.add("droppedCommands", p.droppedCommands)
             return j
         })
         o.add("playerCount", s.players.count)
@@ -93,6 +94,7 @@ package enum StatusReport {
         o.add("capture", s.capture.description)
         o.add("controlCommands", s.controlCommands)
         o.add("malformedControl", s.malformedControl)
+        o.add("droppedControl", s.droppedControl)
         o.add("peakDbfs", dbfs(s.peakLevel))
         o.add("rmsDbfs", dbfs(s.rmsLevel))
         o.add("rate", format.sampleRate)

@@ -1,5 +1,6 @@
 import Foundation
 import MeshPOSIX
+import PeerMesh
 import Testing
 @testable import MeshCLI
 @testable import MeshRelay
@@ -15,6 +16,19 @@ import Testing
         let o = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
         #expect(o["xruns"] as? Int == 2)
         #expect(o["overrunMs"] as? Double == 10)
+    }
+
+    @Test("The host's JSON counts the control messages dropped over players' budgets, in all and for each player")
+    func hostReportsDroppedControl() throws {
+        var s = RelayHost.Statistics()
+        s.droppedControl = 39_862
+        var flooder = RelayHost.PlayerInfo(peer: try PeerID(displayName: "flooder"))
+        flooder.droppedCommands = 39_862
+        s.players = [flooder]
+        let line = StatusReport.json(host: s, name: "kitchen", port: 1, format: .default).description
+        let o = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+        #expect(o["droppedControl"] as? Int == 39_862)
+        #expect((o["players"] as? [[String: Any]])?.first?["droppedCommands"] as? Int == 39_862)
     }
 
     @Test("dBFS and the meter never trap, whatever the level: ±FLT_MAX, NaN, ±inf, 0, subnormals")

@@ -428,3 +428,105 @@ struct LogThrottleTests {
         #expect(t.admit("a", now: 1_600) == 0, "a forgotten key starts afresh")
     }
 }
+
+@Suite("Command budget (pure, virtual time)")
+struct CommandBudgetTests {
+    static let second: UInt64 = 1_000_000_000
+
+    @Test func aBurstThenTheSustainedRateAndEveryCommandOverItIsDroppedCountedAndToldOnceASecond() {
+        var b = CommandBudget<Int>()
+        #expect(b.commandsPerSecond == 50 && b.burst == 100)
+        var t = 5 * Self.second
+        // 100 at once are taken; the 101st is dropped, and the player told.
+        #expect((0..<100).filter { _ in b.spend(1, now: t) == .take }.count == 100)
+        #expect(b.spend(1, now: t) == .dropAndTell(dropped: 1))
+        // More within the second: dropped without a word.
+        #expect((0..<9).allSatisfy { _ in b.spend(1, now: t + 1_000) == .drop })
+        #expect(b.dropped(by: 1) == 10 && b.totalDropped == 10)
+        // Another player has a budget of its own.
+        #expect(b.spend(2, now: t) == .take && b.dropped(by: 2) == 0)
+        // 20 ms buys exactly one more.
+        t += 20_000_000
+        #expect(b.spend(1, now: t) == .take)
+        #expect(b.spend(1, now: t) == .drop)
+        // A second after the telling: 0.98 s bought 49; the next drop is told, with the 10 dropped silently since.
+        t = 6 * Self.second
+        #expect((0..<49).filter { _ in b.spend(1, now: t) == .take }.count == 49)
+        #expect(b.spend(1, now: t) == .dropAndTell(dropped: 11))
+        #expect(b.dropped(by: 1) == 12 && b.totalDropped == 12)
+        // The drops in silence after a telling are said a second later (which counts as telling), and then no more.
+        #expect(b.takeUntold(1, now: t + Self.second) == nil, "none since")
+        #expect(b.spend(1, now: t + 1_000) == .drop)
+        #expect(b.spend(1, now: t + 2_000) == .drop)
+        #expect(b.takeUntold(1, now: t + Self.second) == 2)
+        #expect(b.takeUntold(1, now: t + Self.second) == nil)
+        #expect(b.spend(1, now: t + Self.second + 1_000) == .take, "a second bought 50")
+        #expect(b.takeUntold(2, now: t) == nil && b.takeUntold(99, now: t) == nil)
+    }
+
+    @Test func aFloodOf1000ASecondFor10SecondsGetsExactlyTheBurstAndTheRateThroughAndIsToldTenTimes() {
+        var b = CommandBudget<Int>()
+        let start = 100 * Self.second
+        var taken = 0, told: [UInt64] = []
+        for k in 0..<10_000 {
+            switch b.spend(7, now: start + UInt64(k) * 1_000_000) {
+            case .take: taken += 1
+            case .drop: break
+            case .dropAndTell(let n): told.append(n)
+            }
+        }
+        // Credit: a full burst (2 s worth) plus 9.999 s, at 20 ms a command.
+        #expect(taken == 599)
+        #expect(b.dropped(by: 7) == 9_401 && b.totalDropped == 9_401)
+        #expect(told.count == 10, "told once a second: \(told)")
+        #expect(told.reduce(0, +) <= 9_401 && told.dropFirst().allSatisfy { $0 <= 1_000 })
+        #expect(told.reduce(0, +) + (b.takeUntold(7, now: start + 11 * Self.second) ?? 0) == 9_401, "every drop is said once")
+        // A player that leaves is forgotten (it comes back with a full burst); its drops stay in the total.
+        b.forget(7)
+        #expect(b.dropped(by: 7) == 0 && b.totalDropped == 9_401)
+        #expect((0..<100).filter { _ in b.spend(7, now: start + 10 * Self.second) == .take }.count == 100)
+    }
+}
+
+@Suite("Change line coalescer (pure, virtual time)")
+struct ChangeLineCoalescerTests {
+    @Test func theFirstChangeIsLoggedTheRestOfTheSecondIsSummedUpInOneLine() {
+        var c = ChangeLineCoalescer<Int>(interval: 1_000_000_000)
+        let t0: UInt64 = 1_000_000_000
+        #expect(c.change(1, now: t0) == .log(held: 0))
+        #expect(c.change(1, now: t0 + 1_000_000) == .hold(summarizeIn: 999_000_000))
+        #expect(c.change(1, now: t0 + 2_000_000) == .hold(summarizeIn: nil))
+        #expect(c.change(2, now: t0 + 2_000_000) == .log(held: 0), "each player has its own second")
+        #expect(c.summarize(1, now: t0 + 1_000_000_000) == 2)
+        #expect(c.summarize(1, now: t0 + 1_000_000_000) == nil, "said once")
+        #expect(c.summarize(2, now: t0 + 1_000_000_000) == nil, "nothing held: nothing to say")
+        // The summary opens the next second.
+        #expect(c.change(1, now: t0 + 1_000_000_005) == .hold(summarizeIn: 999_999_995))
+        // A summary that comes late: the change after the second says what was held, and the summary nothing.
+        #expect(c.change(1, now: t0 + 3_000_000_000) == .log(held: 1))
+        #expect(c.summarize(1, now: t0 + 3_000_000_001) == nil)
+    }
+
+    @Test func aPlayerThatTogglesAThousandTimesASecondCostsOneLineASecondAndEveryChangeIsAccountedFor() {
+        var c = ChangeLineCoalescer<Int>(interval: 1_000_000_000)
+        var lines = 0, accounted = 0
+        var summaryAt: UInt64?
+        let start: UInt64 = 50_000_000_000
+        func summarizeIfDue(_ now: UInt64) {
+            guard let at = summaryAt, at <= now else { return }
+            summaryAt = nil
+            if let held = c.summarize(1, now: at) { lines += 1; accounted += held }
+        }
+        for k in 0..<10_000 {
+            let now = start + UInt64(k) * 1_000_000
+            summarizeIfDue(now)
+            switch c.change(1, now: now) {
+            case .log(let held): lines += 1; accounted += 1 + held
+            case .hold(let after): if let after { summaryAt = now + after }
+            }
+        }
+        summarizeIfDue(UInt64.max)
+        #expect(accounted == 10_000)
+        #expect(lines == 11, "the first change, then one summary a second: \(lines)")
+    }
+}

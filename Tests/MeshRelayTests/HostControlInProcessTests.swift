@@ -264,3 +264,78 @@ struct TalkbackEndsInProcessTests {
         #expect(why.hasPrefix("talkback is unavailable: "), "\(why)")
     }
 }
+
+/// A player that sends control commands as fast as it can: the host drops what is over its budget, counts it, keeps
+/// its log readable, and an honest player is served as ever.
+@Suite("Control command flood, in one process", .serialized)
+struct ControlFloodInProcessTests {
+    @Test("20 000 pause/resume pairs from one player: a few toggle lines a second in the host's log, every command taken or dropped and counted, and a second player's pause and resume still work")
+    func aFloodIsDroppedAndCountedAndTheLogStaysReadable() throws {
+        let paired = try PairedStates(players: 2, hostName: "flood-host")
+        let lines = Mutex<[(at: Date, text: String)]>([])
+        let tone = try ToneSource(frequency: 440, amplitude: 0.5, format: .default, periodFrames: 128)
+        var config = RelayHost.Configuration(identity: paired.host, trust: paired.hostTrust, serviceType: "pmr-flood",
+                                             maximumPeers: 8, discovery: InProcessDiscovery())
+        config.maximumPlayersPerAddress = 8
+        let host = try RelayHost(configuration: config, source: tone, log: { l in lines.withLock { $0.append((Date(), l)) } })
+        try host.start()
+        defer { host.stop() }
+        let endpoint = PeerEndpoint(host: "127.0.0.1", port: host.port)
+        let honestID = try paired.playerIdentity(0).peerID, flooderID = try paired.playerIdentity(1).peerID
+        let honest = try RelayPlayer(configuration: RelayPlayer.Configuration(target: .direct(endpoint), identity: try paired.playerIdentity(0),
+                                                                              hosts: .paired(paired.playerTrust(0)), discovery: InProcessDiscovery()),
+                                     makeSink: { format, _ in try WAVFileSink(path: Rig.tempPath("flood-honest-\(UUID().uuidString.prefix(6)).wav"), format: format) })
+        try honest.start()
+        defer { honest.stop() }
+        #expect(eventually(10) { honest.statistics.hostControl != nil }, "the honest player joined")
+        let flooder = try RawControlClient(identity: try paired.playerIdentity(1), endpoint: endpoint)
+        defer { flooder.stop() }
+        func info(_ peer: PeerID) -> RelayHost.PlayerInfo? { host.statistics.players.first { $0.peer == peer } }
+
+        let start = Date()
+        var sent: UInt64 = 0
+        for i in 0..<20_000 {
+            if flooder.send(UInt32(2 * i + 1), .pause) { sent += 1 }
+            if flooder.send(UInt32(2 * i + 2), .resume) { sent += 1 }
+        }
+        #expect(sent == 40_000)
+        // Meanwhile, the honest player's pause and resume work.
+        honest.send(.pause)
+        #expect(eventually(3) { info(honestID)?.paused == true }, "the honest player's pause was not served")
+        honest.send(.resume)
+        #expect(eventually(3) { info(honestID)?.paused == false }, "the honest player's resume was not served")
+        // Every command of the flooder's was taken (and answered) or dropped (and counted): exactly.
+        let honestCommands: UInt64 = 2
+        #expect(eventually(10) { let s = host.statistics; return s.controlCommands - honestCommands + s.droppedControl == sent },
+                "\(host.statistics.controlCommands) taken, \(host.statistics.droppedControl) dropped of \(sent)")
+        let floodSeconds = Date().timeIntervalSince(start)
+        let s = host.statistics
+        let taken = s.controlCommands - honestCommands
+        #expect(taken >= 100 && Double(taken) <= 100 + 50 * (floodSeconds + 0.5), "\(taken) taken in \(floodSeconds) s")
+        #expect(s.droppedControl == sent - taken)
+        #expect(info(flooderID)?.droppedCommands == s.droppedControl && info(honestID)?.droppedCommands == 0)
+        // The log: about one toggle line a second for the flooder, and its last one tells where it stands.
+        Thread.sleep(forTimeInterval: 2.2)  // the last summaries
+        let seconds = Date().timeIntervalSince(start)
+        let all = lines.withLock { $0 }
+        let toggles = all.filter { $0.text.hasPrefix("player player-1 ") && !$0.text.contains(" joined ") }
+        #expect(toggles.count >= 1 && Double(toggles.count) <= seconds + 3, "\(toggles.count) toggle lines in \(seconds) s")
+        let paused = info(flooderID)?.paused ?? false
+        let last = toggles.last?.text ?? ""
+        #expect(paused ? last.hasPrefix("player player-1 paused") : (last.hasPrefix("player player-1 resumed") || last.hasPrefix("player player-1 playing")),
+                "paused \(paused), the last line: \(last)")
+        let overBudget = all.filter { $0.text.hasPrefix("control: ") && $0.text.contains("player-1") }
+        #expect(overBudget.count >= 1 && Double(overBudget.count) <= seconds + 2, "\(overBudget.map(\.text))")
+        // Every drop is said in the log once: when the player is told (so far), then each second's in silence.
+        let said = overBudget.compactMap { l -> UInt64? in
+            if let r = l.text.range(of: "unanswered: ") { return UInt64(l.text[r.upperBound...].prefix { $0.isNumber }) }
+            if let r = l.text.range(of: "dropped ") { return UInt64(l.text[r.upperBound...].prefix { $0.isNumber }) }
+            return nil
+        }
+        #expect(said.reduce(0, +) == s.droppedControl, "\(overBudget.map(\.text))")
+        #expect(all.count <= 30, "the whole log: \(all.count) lines")
+        // The flooder was told, at most once a second.
+        let tellings = flooder.messages.filter { if case .reply(_, .error(let why)) = $0 { why.hasPrefix("too many commands") } else { false } }
+        #expect(tellings.count >= 1 && Double(tellings.count) <= seconds + 1, "\(tellings.count)")
+    }
+}

@@ -22,3 +22,47 @@ struct LogThrottle<Key: Hashable & Sendable>: Sendable {
     /// `key` is gone (a player that left): forget it.
     mutating func forget(_ key: Key) { lines[key] = nil }
 }
+
+/// Coalesces the lines that say a player's state changed (paused, resumed, talks, stopped talking): the first change
+/// after a quiet `interval` is logged at once; the changes after it within the interval are held back, and when the
+/// interval is over one line says the player's state then and how many changes it sums up (that line opens the next
+/// interval). A player that toggles as fast as it can costs the log about one line an interval, and the last line
+/// still tells its true state. Pure: time is passed in.
+struct ChangeLineCoalescer<Key: Hashable & Sendable>: Sendable {
+    /// What to do with one change's line.
+    enum Verdict: Sendable, Equatable {
+        /// Log it now. `held` changes were held back before it and not summed up yet (0, unless a summary came late).
+        case log(held: Int)
+        /// Hold it back. For the first line held in an interval, `summarizeIn` says in how many nanoseconds the
+        /// interval ends: call `summarize` then. Nil for the lines after it.
+        case hold(summarizeIn: UInt64?)
+    }
+
+    /// Nanoseconds between two lines of one key.
+    let interval: UInt64
+    private var intervals: [Key: (since: UInt64, held: Int)] = [:]
+
+    init(interval: UInt64) { self.interval = interval }
+
+    /// `key` changed at `now`.
+    mutating func change(_ key: Key, now: UInt64) -> Verdict {
+        if let i = intervals[key], now &- i.since < interval {
+            intervals[key] = (i.since, i.held + 1)
+            return .hold(summarizeIn: i.held == 0 ? i.since &+ interval &- now : nil)
+        }
+        let held = intervals[key]?.held ?? 0
+        intervals[key] = (now, 0)
+        return .log(held: held)
+    }
+
+    /// `key`'s interval is over: how many changes were held back in it, for one summary line; nil when none were (or
+    /// a line logged since said them).
+    mutating func summarize(_ key: Key, now: UInt64) -> Int? {
+        guard let i = intervals[key], i.held > 0 else { return nil }
+        intervals[key] = (now, 0)
+        return i.held
+    }
+
+    /// `key` is gone (a player that left): forget it.
+    mutating func forget(_ key: Key) { intervals[key] = nil }
+}

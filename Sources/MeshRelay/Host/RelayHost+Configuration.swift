@@ -99,6 +99,9 @@ extension RelayHost {
         public var controlCommands: UInt64 = 0
         /// Control messages from players that did not decode (dropped).
         public var malformedControl: UInt64 = 0
+        /// Control messages dropped unanswered because their player sent them faster than its budget (50 a second,
+        /// 100 at once), every player together, those that left included.
+        public var droppedControl: UInt64 = 0
     }
 
     /// Where talkback from the players is played: a sink for the talker's format, and whether the talker keeps
@@ -128,5 +131,8 @@ extension RelayHost {
         public var paused = false
         /// Whether the player talks back now.
         public var talking = false
+        /// Its control messages dropped unanswered because it sent them faster than its budget (50 a second, 100 at
+        /// once).
+        public var droppedCommands: UInt64 = 0
     }
 }

@@ -47,6 +47,11 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     private let offer: AdvertisedFeatures
     /// Refused commands are logged at most once a second a player (the control queue's; a lock for `Sendable`).
     private let refusals = Mutex(LogThrottle<PeerID>(interval: 1_000_000_000))
+    /// How fast each player may send commands; spent on the session's thread, before anything is queued.
+    private let budget = Mutex(CommandBudget<PeerID>())
+    /// A player's pause and talk changes are logged about once a second at most (the control queue's; a lock for
+    /// `Sendable`).
+    private let changeLines = Mutex(ChangeLineCoalescer<PeerID>(interval: 1_000_000_000))
 
     private struct HostState {
         /// Players admitted because the trust store has their key: forgotten keys are disconnected.
@@ -275,10 +280,12 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         s.codec = configuration.codec
         let (addresses, advertised) = state.withLock { ($0.addresses, $0.advertised) }
         let paused = players.paused
+        let budget = self.budget.withLock { $0 }
         s.players = players.all.map {
             PlayerInfo(peer: $0, address: addresses[$0], fingerprint: $0.publicKey?.shortFingerprint, paused: paused.contains($0),
-                       talking: talker.withLock { $0 } == $0)
+                       talking: talker.withLock { $0 } == $0, droppedCommands: budget.dropped(by: $0))
         }
+        s.droppedControl = budget.totalDropped
         let (clip, counters) = control.withLock { ($0.captureState, $0.counters) }
         s.capture = clip
         s.controlCommands = counters.commands
@@ -330,7 +337,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                 // A player that left is resumed only to be forgotten: say nothing.
                 guard players.all.contains(peer) else { players.setPaused(peer, false); continue }
                 players.setPaused(peer, paused)
-                events("player \(peer.displayName) \(paused ? "paused" : "resumed")")
+                logChange(of: peer, "player \(peer.displayName) \(paused ? "paused" : "resumed")")
             case .openClip(let number, let prerollOnly):
                 guard let clips else { preconditionFailure("HostControl opened a clip on a host without clips") }
                 do {
@@ -347,10 +354,70 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                 clips?.discard(clip: number)
             case .setTalker(let peer):
                 let previous = talker.withLock { t -> PeerID? in defer { t = peer }; return t }
-                if let peer { events("player \(peer.displayName) talks") } else if let previous { events("player \(previous.displayName) stopped talking") }
+                if let peer {
+                    logChange(of: peer, "player \(peer.displayName) talks")
+                } else if let previous {
+                    logChange(of: previous, "player \(previous.displayName) stopped talking")
+                }
             case .holdForTalk(let peer, let held):
                 players.setHeldForTalk(peer, held)
             }
+        }
+    }
+
+    /// Logs `line`, which says that `peer` paused, resumed, talks or stopped talking, unless it changed less than a
+    /// second ago: then the line is held back, and when the second is over one line says where it stands.
+    private func logChange(of peer: PeerID, _ line: String) {
+        switch changeLines.withLock({ $0.change(peer, now: MonotonicClock.nowNanos()) }) {
+        case .log(let held):
+            events(held > 0 ? "\(line) (after \(Self.changes(held)) not logged one by one)" : line)
+        case .hold(let summarizeIn):
+            guard let summarizeIn else { return }
+            controlQueue.asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: summarizeIn))) { [weak self] in
+                self?.summarizeChanges(of: peer)
+            }
+        }
+    }
+
+    /// The second after a logged change of `peer` is over: if it changed again meanwhile, one line says how often, and
+    /// where it stands now.
+    private func summarizeChanges(of peer: PeerID) {
+        guard let held = changeLines.withLock({ $0.summarize(peer, now: MonotonicClock.nowNanos()) }) else { return }
+        let paused = players.paused.contains(peer), talking = talker.withLock { $0 } == peer
+        events("player \(peer.displayName) \(paused ? "paused" : "playing")\(talking ? ", talking" : "") "
+               + "(after \(Self.changes(held)) within a second, not logged one by one)")
+    }
+
+    private static func changes(_ n: Int) -> String { "\(n) more pause/resume/talk \(n == 1 ? "change" : "changes")" }
+
+    /// `peer` sent commands faster than its budget (after a quiet second): it is told, in the answer to the command `id`
+    /// that tipped it, and so is the log. The commands dropped after it in silence are said a second later, and so on
+    /// each second while they go on: one line a second at most.
+    private func tellOverBudget(_ peer: PeerID, id: UInt32, dropped: UInt64) {
+        let limit = "at most \(CommandBudget<PeerID>.defaultCommandsPerSecond) a second, \(CommandBudget<PeerID>.defaultBurst) at once"
+        events("control: \(peer.displayName) sends commands too fast; dropping those over its budget (\(limit)), "
+               + "unanswered: \(dropped) so far")
+        let reply = ControlMessage.reply(id: id, .error("too many commands: dropping those over \(limit), unanswered"))
+        try? session.send(Data(reply.encoded), toPeers: [peer], with: .reliable)
+        sayUntoldDrops(of: peer)
+    }
+
+    /// In a second: the commands of `peer`'s dropped in silence since it was told, if any (and again a second later).
+    private func sayUntoldDrops(of peer: PeerID) {
+        controlQueue.asyncAfter(deadline: .now() + .seconds(1)) { [weak self] in
+            guard let self, let dropped = budget.withLock({ $0.takeUntold(peer, now: MonotonicClock.nowNanos()) }) else { return }
+            events("control: dropped \(dropped) more commands of \(peer.displayName)'s, sent too fast, in the last second")
+            sayUntoldDrops(of: peer)
+        }
+    }
+
+    /// The command id in a control message's header (0 when it has none), to answer a dropped command by.
+    private static func commandID(_ bytes: [UInt8]) -> UInt32 {
+        do {
+            if case .command(let id, _) = try ControlMessage.decode(bytes) { return id }
+            return 0
+        } catch {
+            return error.id ?? 0
         }
     }
 
@@ -420,9 +487,11 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                 $0.admittedByTrust[peer] = nil
                 $0.addresses[peer] = nil
             }
+            budget.withLock { $0.forget(peer) }
             controlQueue.async { [self] in
-                refusals.withLock { $0.forget(peer) }
                 perform(control.withLock { $0.left(peer) })
+                refusals.withLock { $0.forget(peer) }
+                changeLines.withLock { $0.forget(peer) }
             }
             events("player \(peer.displayName) left")
         case .connecting: break
@@ -436,9 +505,19 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         talkback.receive(bytes, arrivalNanos: MonotonicClock.nowNanos())
     }
 
+    /// A control message: within the player's budget, it is queued for the control state machine; over it, it is
+    /// dropped here and counted, before it costs the control queue (or the log) anything.
     public func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {
         let bytes = Array(data)
-        controlQueue.async { [self] in perform(control.withLock { $0.received(bytes, from: peer) }) }
+        switch budget.withLock({ $0.spend(peer, now: MonotonicClock.nowNanos()) }) {
+        case .take:
+            controlQueue.async { [self] in perform(control.withLock { $0.received(bytes, from: peer) }) }
+        case .drop:
+            break
+        case .dropAndTell(let dropped):
+            let id = Self.commandID(bytes)
+            controlQueue.async { [self] in tellOverBudget(peer, id: id, dropped: dropped) }
+        }
     }
 
     /// Admits a player by `Admission`'s table: to the pairing window, in, to the operator, or out.
