@@ -218,13 +218,19 @@ struct HostControlTests {
         #expect(h.received(Self.command(4, .capture(.single, .primary)), from: 1) == [.openClip(clip: 3, prerollOnly: false)])
     }
 
-    @Test func aLateReportOfAnEarlierClipDoesNotEndTheOneBeingRecorded() {
+    /// Players 1 and 2 joined; 1 began clip 1 and has just cancelled it (the recorder has not answered yet).
+    static func clipCancelledByItsOwner() -> HostControl<Int> {
         var h = HostControl<Int>(clips: true)
         _ = h.joined(1)
         _ = h.joined(2)
-        _ = h.received(Self.command(1, .capture(.begin, .primary)), from: 1)
+        _ = h.received(command(1, .capture(.begin, .primary)), from: 1)
         _ = h.clipOpened(1)
-        #expect(h.received(Self.command(2, .capture(.cancel, .primary)), from: 1) == [.discardClip(clip: 1)])
+        #expect(h.received(command(2, .capture(.cancel, .primary)), from: 1) == [.discardClip(clip: 1)])
+        return h
+    }
+
+    @Test func aLateReportOfAnEarlierClipDoesNotEndTheOneBeingRecorded() {
+        var h = Self.clipCancelledByItsOwner()
         #expect(Self.replies(h.clipDiscarded(1), to: 1) == [.ok])
         #expect(h.received(Self.command(1, .capture(.begin, .primary)), from: 2) == [.openClip(clip: 2, prerollOnly: false)])
         #expect(Self.replies(h.clipOpened(2), to: 2) == [.recording])
@@ -241,12 +247,7 @@ struct HostControlTests {
     }
 
     @Test func aCancelThatCameAfterTheClipReachedItsLengthIsAnsweredSavedNotCancelled() {
-        var h = HostControl<Int>(clips: true)
-        _ = h.joined(1)
-        _ = h.joined(2)
-        _ = h.received(Self.command(1, .capture(.begin, .primary)), from: 1)
-        _ = h.clipOpened(1)
-        #expect(h.received(Self.command(2, .capture(.cancel, .primary)), from: 1) == [.discardClip(clip: 1)])
+        var h = Self.clipCancelledByItsOwner()
         // Until the recorder answers, clip 1 is still in hand.
         #expect(h.captureState == .recording)
         #expect(Self.replies(h.received(Self.command(1, .capture(.begin, .primary)), from: 2), to: 2) == [.busy])

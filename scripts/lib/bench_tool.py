@@ -492,9 +492,8 @@ SECTIONS = (
 )
 
 
-def report(raw_path, out_json, out_md, meta_path):
-    with open(meta_path) as f:
-        meta = json.load(f)
+def read_rows(raw_path):
+    """The raw results: one JSON object a line (a line that is not JSON — a half-written one — is skipped)."""
     rows = []
     with open(raw_path) as f:
         for line in f:
@@ -504,6 +503,13 @@ def report(raw_path, out_json, out_md, meta_path):
                     rows.append(json.loads(line))
                 except ValueError:
                     pass
+    return rows
+
+
+def report(raw_path, out_json, out_md, meta_path):
+    with open(meta_path) as f:
+        meta = json.load(f)
+    rows = read_rows(raw_path)
     sections = {}
     for r in rows:
         sections.setdefault(r["section"], []).append(r)
@@ -548,15 +554,7 @@ def smoke(raw_path, sections):
     section ran and the mesh default path (mesh-record --host → mesh-play --find) has no measured latency (its table
     row shows n/m), or when the join section ran and no join time was measured (its row shows n/m, or there is none).
     SECTIONS is bench's --only list: a section that was not run is not judged."""
-    rows = []
-    with open(raw_path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                try:
-                    rows.append(json.loads(line))
-                except ValueError:
-                    pass
+    rows = read_rows(raw_path)
     wanted = set(sections.split(","))
     problems = [r.get("text", "") for r in rows if r.get("section") == "note" and r.get("text", "").startswith("CRASH:")]
     if "latency" in wanted:
