@@ -40,16 +40,29 @@ package final class ChildProcess: Sendable {
 
     private let process: Process
     private let output = Mutex(Output())
+    /// The child's own runtime directory (`RUNTIME_DIRECTORY`), removed when it is released.
+    private let runtimeDirectory: String
+
+    /// Children started by this test process so far (each gets a runtime directory of its own).
+    private static let started = Atomic<Int>(0)
 
     /// Starts `executable` with `arguments`; `environment` entries are added to the test's own. stdin is
     /// `/dev/null` unless given.
+    ///
+    /// The child gets a runtime directory of its own (`RUNTIME_DIRECTORY`, unless `environment` names one): a host's
+    /// control socket never lands in `/run/peermesh`, where it would stand in for another test's host, another
+    /// run's, or the machine's mesh-record.service (`--runtime-dir` still overrides it).
     package init(_ executable: URL, _ arguments: [String], environment: [String: String]? = nil,
                  stdin: FileHandle? = nil, discardOutput: Bool = false) throws {
         let p = Process()
         process = p
         p.executableURL = executable
         p.arguments = arguments
-        if let environment { p.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
+        let n = Self.started.wrappingAdd(1, ordering: .relaxed).newValue
+        runtimeDirectory = NSTemporaryDirectory() + "peermesh-test-run-\(getpid())-\(n)"
+        p.environment = ProcessInfo.processInfo.environment
+            .merging(["RUNTIME_DIRECTORY": runtimeDirectory]) { $1 }
+            .merging(environment ?? [:]) { $1 }
         p.standardInput = stdin ?? FileHandle.nullDevice
         if discardOutput {
             p.standardOutput = FileHandle.nullDevice
@@ -140,6 +153,7 @@ package final class ChildProcess: Sendable {
             kill(process.processIdentifier, SIGKILL)
             process.waitUntilExit()
         }
+        try? FileManager.default.removeItem(atPath: runtimeDirectory)
     }
 }
 
