@@ -79,7 +79,7 @@ enum FuzzTarget: String, CaseIterable {
         var player = PlayerControl()
         player.joined()
         _ = player.received(HostControlState(features: [.control, .clips]).encodedState)
-        _ = player.request(.pause)
+        _ = player.request(.pause, now: 0)
         _ = player.received(input)
     }
 

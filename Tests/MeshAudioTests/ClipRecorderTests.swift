@@ -171,8 +171,11 @@ struct ClipRecorderTests {
         usleep(60_000)
         // Clip 1 reaches its length (0.05 s) by itself, and is saved.
         let first = try recorder.open(clip: 1, prerollOnly: false)
-        Self.tap(recorder, from: &next, count: 4_410)
-        #expect(eventually(5) { outcomes.withLock { $0 } == [.saved(clip: 1, name: first)] })
+        // Fed until it is saved: a tap that the clip thread drains before it opens the clip goes to the pre-roll.
+        #expect(eventually(5) {
+            Self.tap(recorder, from: &next, count: 441)
+            return outcomes.withLock { $0 } == [.saved(clip: 1, name: first)]
+        })
         // Its owner's cancel comes after that: the saved clip stays, and nothing more is reported.
         recorder.discard(clip: 1)
         let second = try recorder.open(clip: 2, prerollOnly: false)

@@ -370,11 +370,11 @@ struct PlayerControlTests {
     @Test func nothingIsOfferedBeforeTheHostSaysWhatItSupports() {
         var p = PlayerControl()
         p.joined()
-        guard case .refused(.pause, let early) = p.request(.pause) else { Issue.record("sent before the host's state"); return }
+        guard case .refused(.pause, let early) = p.request(.pause, now: 0) else { Issue.record("sent before the host's state"); return }
         #expect(early.contains("not said yet"), "not a verdict on the host before it spoke: \(early)")
         p.discovered(["ctl": "1"])
-        guard case .send = p.request(.pause) else { Issue.record("the TXT record offers control"); return }
-        guard case .refused(_, let why) = p.request(.capture(.single, .primary)) else { Issue.record("no clips offered"); return }
+        guard case .send = p.request(.pause, now: 0) else { Issue.record("the TXT record offers control"); return }
+        guard case .refused(_, let why) = p.request(.capture(.single, .primary), now: 0) else { Issue.record("no clips offered"); return }
         #expect(why.contains("keeps no clips"))
     }
 
@@ -382,7 +382,7 @@ struct PlayerControlTests {
         var p = PlayerControl()
         p.joined()
         _ = p.received(HostControlState(features: [.control, .clips]).encodedState)
-        guard case .send(let bytes) = p.request(.capture(.single, .primary)),
+        guard case .send(let bytes) = p.request(.capture(.single, .primary), now: 0),
               case .command(let id, _) = try ControlMessage.decode(bytes) else { Issue.record("not sent"); return }
         #expect(p.received(ControlMessage.reply(id: id, .recording).encoded) == [.answered(.capture(.single, .primary), .recording)])
         #expect(p.received(ControlMessage.reply(id: id, .ok).encoded) == [.malformed("a reply to no command (id \(id))")])
@@ -398,7 +398,7 @@ struct PlayerControlTests {
         #expect(p.received(first.encodedState) == [])
         let paused = HostControlState(paused: true, features: .control)
         #expect(p.received(paused.encodedState) == [.stateChanged(paused, previous: first)])
-        _ = p.request(.resume)
+        _ = p.request(.resume, now: 0)
         #expect(p.left() == [.answered(.resume, .failed("the host left"))])
         #expect(p.pendingCount == 0 && p.host == nil)
     }
@@ -408,10 +408,50 @@ struct PlayerControlTests {
         p.joined()
         _ = p.received(HostControlState(features: .control).encodedState)
         for _ in 0..<PlayerControl.maximumPending {
-            guard case .send = p.request(.pause) else { Issue.record("refused too early"); return }
+            guard case .send = p.request(.pause, now: 0) else { Issue.record("refused too early"); return }
         }
-        guard case .refused = p.request(.pause) else { Issue.record("the table grew past its bound"); return }
+        guard case .refused = p.request(.pause, now: 0) else { Issue.record("the table grew past its bound"); return }
         #expect(p.pendingCount == PlayerControl.maximumPending)
+    }
+
+    /// A player whose host answers every command at once: `commands` requests at the times given; the times of the
+    /// ones sent, and the reasons of the ones refused.
+    static func request(_ times: [UInt64]) -> (sent: [UInt64], refused: [String]) {
+        var p = PlayerControl()
+        p.joined()
+        _ = p.received(HostControlState(features: [.control, .talk]).encodedState)
+        var sent: [UInt64] = [], refused: [String] = []
+        for (i, t) in times.enumerated() {
+            switch p.request(i % 2 == 0 ? .pause : .resume, now: t) {
+            case .send(let bytes):
+                sent.append(t)
+                guard case .command(let id, _)? = try? ControlMessage.decode(bytes) else { Issue.record("not a command"); continue }
+                _ = p.received(ControlMessage.reply(id: id, .ok).encoded)
+            case .refused(_, let why): refused.append(why)
+            default: Issue.record("neither sent nor refused")
+            }
+        }
+        return (sent, refused)
+    }
+
+    @Test func anHonestPlayerNeverOutrunsTheHostsBudgetSoNoAnswerItWaitsForIsDropped() {
+        // 200 at once: the burst goes, the rest are refused here, with the reason.
+        let once = Self.request(Array(repeating: 1_000, count: 200))
+        #expect(once.sent.count == Int(PlayerControl.burst) && once.refused.count == 200 - Int(PlayerControl.burst))
+        #expect(once.refused.allSatisfy { $0 == "too many commands: at most 40 a second, 80 at once" })
+        // A script that pipes 200 a second for 10 s: what leaves the player, bunched by the network (each one up to
+        // 0.5 s late, in any order), is all taken by the host's budget: none is dropped unanswered.
+        let times = (0..<2_000).map { UInt64($0) * 5_000_000 }
+        let flood = Self.request(times)
+        #expect(flood.sent.count == Int(PlayerControl.burst) + 40 * 10 - 1 || flood.sent.count == Int(PlayerControl.burst) + 40 * 10,
+                "the burst, then 40 a second: \(flood.sent.count)")
+        var rng = SeededRandom(seed: 7)
+        for spread in [UInt64(0), 100_000_000, 500_000_000] {
+            var host = CommandBudget<Int>()
+            let arrivals = flood.sent.map { $0 + (spread == 0 ? 0 : rng.next() % spread) }.sorted()
+            let dropped = arrivals.filter { host.spend(1, now: $0) != .take }.count
+            #expect(dropped == 0, "network delays up to \(spread / 1_000_000) ms: \(dropped) dropped by the host")
+        }
     }
 }
 

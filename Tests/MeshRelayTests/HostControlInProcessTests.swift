@@ -333,7 +333,8 @@ struct ControlFloodInProcessTests {
             return nil
         }
         #expect(said.reduce(0, +) == s.droppedControl, "\(overBudget.map(\.text))")
-        #expect(all.count <= 30, "the whole log: \(all.count) lines")
+        // The whole log: the joins and a few lines a second (toggles, drops), however long the flood took to arrive.
+        #expect(Double(all.count) <= 3 * seconds + 10, "the whole log: \(all.count) lines in \(seconds) s")
         // The flooder was told, at most once a second.
         let tellings = flooder.messages.filter { if case .reply(_, .error(let why)) = $0 { why.hasPrefix("too many commands") } else { false } }
         #expect(tellings.count >= 1 && Double(tellings.count) <= seconds + 1, "\(tellings.count)")

@@ -18,6 +18,11 @@ public struct PlayerControl: Sendable {
 
     /// Commands that may wait for answers at once; more are refused (a stuck host cannot grow the table).
     public static let maximumPending = 16
+    /// How fast this player sends commands: 40 a second, 80 at once — below the host's budget (`CommandBudget`: 50 a
+    /// second, 100 at once, beyond which it drops commands unanswered), with room for the network to bunch them (up to
+    /// half a second). So the host never drops an honest player's command, and no answer it waits for is lost.
+    public static let commandsPerSecond: UInt64 = 40, burst: UInt64 = 80
+    private var budget = CommandBudget<Int>(commandsPerSecond: commandsPerSecond, burst: burst)
 
     private var nextID: UInt32 = 1
     private var pending: [UInt32: PlayerCommand] = [:]
@@ -52,8 +57,8 @@ public struct PlayerControl: Sendable {
         return waiting
     }
 
-    /// The user asks for `command`.
-    public mutating func request(_ command: PlayerCommand) -> Action {
+    /// The user asks for `command` at `now` (monotonic nanoseconds).
+    public mutating func request(_ command: PlayerCommand, now: UInt64) -> Action {
         let needed: ControlFeatures
         switch command {
         case .pause, .resume: needed = .control
@@ -74,6 +79,9 @@ public struct PlayerControl: Sendable {
             return .refused(command, why)
         }
         guard pending.count < Self.maximumPending else { return .refused(command, "\(Self.maximumPending) commands wait for answers") }
+        guard budget.spend(0, now: now) == .take else {
+            return .refused(command, "too many commands: at most \(Self.commandsPerSecond) a second, \(Self.burst) at once")
+        }
         let id = nextID
         nextID = nextID == UInt32.max ? 1 : nextID + 1
         pending[id] = command

@@ -49,6 +49,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     private let refusals = Mutex(LogThrottle<PeerID>(interval: 1_000_000_000))
     /// How fast each player may send commands; spent on the session's thread, before anything is queued.
     private let budget = Mutex(CommandBudget<PeerID>())
+    /// Players whose dropped commands a report loop (`sayUntoldDrops`) is saying, a second at a time.
+    private let reportingDrops = Mutex(Set<PeerID>())
     /// A player's pause and talk changes are logged about once a second at most (the control queue's; a lock for
     /// `Sendable`).
     private let changeLines = Mutex(ChangeLineCoalescer<PeerID>(interval: 1_000_000_000))
@@ -399,13 +401,18 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                + "unanswered: \(dropped) so far")
         let reply = ControlMessage.reply(id: id, .error("too many commands: dropping those over \(limit), unanswered"))
         try? session.send(Data(reply.encoded), toPeers: [peer], with: .reliable)
-        sayUntoldDrops(of: peer)
+        // One report loop a player: a telling that comes while one runs (its timer fired late) starts no other.
+        if reportingDrops.withLock({ $0.insert(peer).inserted }) { sayUntoldDrops(of: peer) }
     }
 
     /// In a second: the commands of `peer`'s dropped in silence since it was told, if any (and again a second later).
     private func sayUntoldDrops(of peer: PeerID) {
         controlQueue.asyncAfter(deadline: .now() + .seconds(1)) { [weak self] in
-            guard let self, let dropped = budget.withLock({ $0.takeUntold(peer, now: MonotonicClock.nowNanos()) }) else { return }
+            guard let self else { return }
+            guard let dropped = budget.withLock({ $0.takeUntold(peer, now: MonotonicClock.nowNanos()) }) else {
+                reportingDrops.withLock { _ = $0.remove(peer) }
+                return
+            }
             events("control: dropped \(dropped) more commands of \(peer.displayName)'s, sent too fast, in the last second")
             sayUntoldDrops(of: peer)
         }

@@ -250,7 +250,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 // last is what an answer may act on.
                 if case .talk(let on) = command { talkWanted.store(on, ordering: .relaxed) }
                 if case .talk(false) = command { talkTarget.publish([]) }
-                action = remote.withLock { $0.request(command) }
+                action = remote.withLock { $0.request(command, now: monotonicNow()) }
             }
             performControl([action], host: host)
         }
@@ -338,7 +338,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     private func releaseTalk() {
         talkTarget.publish([])
         guard talkWanted.exchange(false, ordering: .relaxed), let host = host.withLock({ $0 }) else { return }
-        performControl([remote.withLock { $0.request(.talk(false)) }], host: host)
+        performControl([remote.withLock { $0.request(.talk(false), now: monotonicNow()) }], host: host)
     }
 
     /// Ticks come every 50 ms while the player searches or joins (retries and backoffs are timed by them), every
