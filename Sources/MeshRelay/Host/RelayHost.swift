@@ -38,7 +38,9 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     private let timers = DispatchQueue(label: "peermesh.relay-host.timers")
     /// The control protocol's state machine; its actions are performed on `controlQueue`, in order.
     private let control: Mutex<HostControl<PeerID>>
-    private let controlQueue = DispatchQueue(label: "peermesh.relay-host.control")
+    /// Where control actions run, one at a time — and every publication of the TXT record, so that the last one
+    /// published says what holds now (talk withdrawn, the pairing window open or shut).
+    private let controlQueue: DispatchQueue
     private let clips: ClipRecorder?
     /// The talkback pipeline (network → jitter buffer → … → the talk sink), and whose datagrams it plays.
     private let talkback: PlayoutPipeline?
@@ -163,10 +165,14 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         self.session = session
         self.advertiser = advertiser
         let notices = notice ?? log
+        let controlQueue = DispatchQueue(label: "peermesh.relay-host.control")
+        self.controlQueue = controlQueue
         pairing = try configuration.trust.map { trust in
             try PairingResponder(identity: configuration.identity, trust: trust, peerTimeout: configuration.peerTimeout,
                                  bindHost: configuration.bindHost, notices: notices) { [advertiser] open in
-                try? advertiser.updateDiscoveryInfo(Self.info(configuration, source: source, features: offer.value, pairing: open))
+                controlQueue.async {
+                    try? advertiser.updateDiscoveryInfo(Self.info(configuration, source: source, features: offer.value, pairing: open))
+                }
             }
         }
         let players = Players()
