@@ -11,6 +11,7 @@ Needs the Avahi rig (MESH_AVAHI_RIG=1) and the JACK-free tone input. Every proce
 process group; nothing is found by name.
 """
 import os
+import pwd
 import re
 import shutil
 import shlex
@@ -88,6 +89,8 @@ def run(argv, **kw):
 
 
 CHILDREN = []
+# Directories this test made as systemd would have (RuntimeDirectory=), removed at the end.
+MADE = []
 
 
 def main():
@@ -101,20 +104,45 @@ def main():
         for c in CHILDREN:
             c.stop()
         shutil.rmtree(work, ignore_errors=True)
+        for path in MADE:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def as_unit_user(unit, argv, made):
+    """argv as systemd runs the unit's command: as its User= (with that user's groups, through setpriv), with its
+    StateDirectory= and RuntimeDirectory= made for that user, mode 0700 (each one made is appended to `made`)."""
+    text = open(unit).read()
+    user = re.search(r"^User=(\S+)$", text, re.M).group(1)
+    pw = pwd.getpwnam(user)
+    for key, root in (("StateDirectory", "/var/lib"), ("RuntimeDirectory", "/run")):
+        m = re.search(rf"^{key}=(\S+)$", text, re.M)
+        if m:
+            path = os.path.join(root, m.group(1))
+            if not os.path.isdir(path):
+                os.makedirs(path)
+                made.append(path)
+            os.chown(path, pw.pw_uid, pw.pw_gid)
+            os.chmod(path, 0o700)
+    return ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--"] + argv, pw
 
 
 def tests(work):
     service = "pmpkg" + str(os.getpid() % 100000)
-    # 1. mesh-record.service's ExecStart under a notify harness.
-    line, env = exec_start("/lib/systemd/system/mesh-record.service")
+    # 1. mesh-record.service's ExecStart under a notify harness, as the unit's user (peermesh), as systemd runs it.
+    unit = "/lib/systemd/system/mesh-record.service"
+    line, env = exec_start(unit)
     opts = f"--input tone:440 --service {service} --name pkg-host --bind 127.0.0.1"
     cmd = line.replace("$MESH_RECORD_OPTS", opts)
+    argv, pw = as_unit_user(unit, shlex.split(cmd), MADE)
     notify_path = os.path.join(work, "notify.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(notify_path)
     sock.settimeout(0.2)
+    # The service's user reaches the harness's socket, as it reaches systemd's.
+    os.chmod(work, 0o711)
+    os.chown(notify_path, pw.pw_uid, pw.pw_gid)
     child_env = dict(os.environ, NOTIFY_SOCKET=notify_path, WATCHDOG_USEC="1000000")
-    host = Child(shlex.split(cmd), env=child_env)
+    host = Child(argv, env=child_env)
     messages = []
     start = time.monotonic()
     while time.monotonic() - start < 8:
@@ -135,7 +163,7 @@ def tests(work):
           "READY=1 comes once the host is advertised: " + ready_message.replace("\n", " | "))
     check(len(watchdogs) >= 3, f"WATCHDOG=1 repeats (WATCHDOG_USEC=1 s: {len(watchdogs)} in {time.monotonic() - start:.1f} s)")
 
-    # 2. mesh-record ctl against that host.
+    # 2. mesh-record ctl against that host (run by root, as `sudo mesh-record ctl …`; the host runs as peermesh).
     status = run(["mesh-record", "ctl", "status", "--runtime-dir", "/run/peermesh"])
     check(status.returncode == 0 and "pkg-host" in status.stdout, "ctl status answers: " + status.stdout.split("\n")[0])
     pair = run(["mesh-record", "ctl", "pair", "--runtime-dir", "/run/peermesh"])
