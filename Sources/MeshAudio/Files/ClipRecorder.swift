@@ -90,10 +90,12 @@ public final class ClipRecorder: Sendable {
     /// first saves the clip, the others find nothing left to do.
     public func stop() {
         let worker = self.worker
-        stopping.withLock { _ in
+        // The outcomes are reported after the lock: a callback never runs under it.
+        let outcomes = stopping.withLock { _ in
             lifecycle.stop(wake: { worker.wake.signal() })
-            worker.finishOnStop()
+            return worker.finishOnStop()
         }
+        for outcome in outcomes { worker.onFinished(outcome) }
     }
 
     /// The send thread: one captured chunk (interleaved). Never blocks; what does not fit is dropped and counted.
@@ -216,7 +218,7 @@ final class ClipWorker: @unchecked Sendable { // pre-roll and file: the clip thr
     private let lifecycle: StageLifecycle
     private let channels: Int
     private let maximumFramesAfterPress: Int
-    private let onFinished: @Sendable (ClipRecorder.Outcome) -> Void
+    let onFinished: @Sendable (ClipRecorder.Outcome) -> Void
     /// The pre-roll: a circular buffer of the latest samples; `prerollFill` of them are valid, the newest just
     /// before `prerollWrite`.
     private var preroll: [Float]
@@ -251,9 +253,21 @@ final class ClipWorker: @unchecked Sendable { // pre-roll and file: the clip thr
     }
 
     /// After the thread ended (or when it never started): what is left is taken, and a clip being recorded is saved.
-    func finishOnStop() {
+    /// Returns the outcomes that brought, for the caller to report (they are not reported here).
+    func finishOnStop() -> [ClipRecorder.Outcome] {
+        held = []
+        defer { held = nil }
         step()
         finishClip()
+        return held ?? []
+    }
+
+    /// Outcomes held back while `finishOnStop` runs (nil: reported at once, on the clip thread).
+    private var held: [ClipRecorder.Outcome]?
+
+    /// Reports `outcome` — or holds it, within `finishOnStop`.
+    private func report(_ outcome: ClipRecorder.Outcome) {
+        if held != nil { held!.append(outcome) } else { onFinished(outcome) }
     }
 
     private func step() {
@@ -276,7 +290,7 @@ final class ClipWorker: @unchecked Sendable { // pre-roll and file: the clip thr
             recording = nil
             try? r.file.close()
             unlink(r.path)
-            onFinished(.discarded(clip: clip))
+            report(.discarded(clip: clip))
         }
     }
 
@@ -319,7 +333,7 @@ final class ClipWorker: @unchecked Sendable { // pre-roll and file: the clip thr
             recording = nil
             try? r.file.close()
             unlink(r.path)
-            onFinished(.failed(clip: r.clip, reason: "cannot write \(r.name): \(reason)"))
+            report(.failed(clip: r.clip, reason: "cannot write \(r.name): \(reason)"))
             return false
         }
         return true
@@ -331,10 +345,10 @@ final class ClipWorker: @unchecked Sendable { // pre-roll and file: the clip thr
         recording = nil
         do {
             try r.file.close()
-            onFinished(.saved(clip: r.clip, name: r.name))
+            report(.saved(clip: r.clip, name: r.name))
         } catch {
             unlink(r.path)
-            onFinished(.failed(clip: r.clip, reason: "cannot write \(r.name): \(error.message)"))
+            report(.failed(clip: r.clip, reason: "cannot write \(r.name): \(error.message)"))
         }
     }
 }
