@@ -439,6 +439,19 @@ struct PlayerControlTests {
         let once = Self.request(Array(repeating: 1_000, count: 200))
         #expect(once.sent.count == Int(PlayerControl.burst) && once.refused.count == 200 - Int(PlayerControl.burst))
         #expect(once.refused.allSatisfy { $0 == "too many commands: at most 40 a second, 80 at once" })
+        // Its talk input ending right after such a burst: the floor is still given back.
+        var p = PlayerControl()
+        p.joined()
+        _ = p.received(HostControlState(features: [.control, .talk]).encodedState)
+        for _ in 0..<Int(PlayerControl.burst) {
+            if case .send(let bytes) = p.request(.pause, now: 7), case .command(let id, _)? = try? ControlMessage.decode(bytes) {
+                _ = p.received(ControlMessage.reply(id: id, .ok).encoded)
+            }
+        }
+        guard case .refused = p.request(.talk(false), now: 7) else { Issue.record("the budget is spent"); return }
+        guard case .send(let bytes) = p.releaseTalk(), case .command(_, .talk(false))? = try? ControlMessage.decode(bytes) else {
+            Issue.record("talk off was not sent when the talk input ended"); return
+        }
         // A script that pipes 200 a second for 10 s: what leaves the player, bunched by the network (each one up to
         // 0.5 s late, in any order), is all taken by the host's budget: none is dropped unanswered.
         let times = (0..<2_000).map { UInt64($0) * 5_000_000 }

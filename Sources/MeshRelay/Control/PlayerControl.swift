@@ -58,7 +58,13 @@ public struct PlayerControl: Sendable {
     }
 
     /// The user asks for `command` at `now` (monotonic nanoseconds).
-    public mutating func request(_ command: PlayerCommand, now: UInt64) -> Action {
+    public mutating func request(_ command: PlayerCommand, now: UInt64) -> Action { ask(command, budgetAt: now) }
+
+    /// `talk off` without the listener asking (the talk input ended), outside the command budget: the host frees the
+    /// floor even right after a burst of commands. It comes at most once per `talk on`, which the budget counts.
+    public mutating func releaseTalk() -> Action { ask(.talk(false), budgetAt: nil) }
+
+    private mutating func ask(_ command: PlayerCommand, budgetAt now: UInt64?) -> Action {
         let needed: ControlFeatures
         switch command {
         case .pause, .resume: needed = .control
@@ -79,7 +85,7 @@ public struct PlayerControl: Sendable {
             return .refused(command, why)
         }
         guard pending.count < Self.maximumPending else { return .refused(command, "\(Self.maximumPending) commands wait for answers") }
-        guard budget.spend(0, now: now) == .take else {
+        if let now, budget.spend(0, now: now) != .take {
             return .refused(command, "too many commands: at most \(Self.commandsPerSecond) a second, \(Self.burst) at once")
         }
         let id = nextID

@@ -338,7 +338,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     private func releaseTalk() {
         talkTarget.publish([])
         guard talkWanted.exchange(false, ordering: .relaxed), let host = host.withLock({ $0 }) else { return }
-        performControl([remote.withLock { $0.request(.talk(false), now: monotonicNow()) }], host: host)
+        performControl([remote.withLock { $0.releaseTalk() }], host: host)
     }
 
     /// Ticks come every 50 ms while the player searches or joins (retries and backoffs are timed by them), every
