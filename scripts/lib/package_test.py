@@ -197,10 +197,15 @@ def tests(work):
     check(nohost.returncode == 1 and "no mesh-record --host is running" in nohost.stderr,
           "with no host running, ctl says so and exits 1")
 
-    # 3. mesh-play@.service's ExecStart also speaks the notify protocol.
-    line, _ = exec_start("/lib/systemd/system/mesh-play@.service", instance="pkg-host")
-    cmd = line.replace("$MESH_PLAY_OPTS", f"--service {service} --output {os.path.join(work, 'svc.wav')} --duration 2")
-    svc = Child(shlex.split(cmd), env=child_env)
+    # 3. mesh-play@.service's ExecStart also speaks the notify protocol (as its unit's user, writing where it may).
+    unit = "/lib/systemd/system/mesh-play@.service"
+    line, _ = exec_start(unit, instance="pkg-host")
+    out_dir = os.path.join(work, "svc")
+    os.mkdir(out_dir, 0o700)
+    os.chown(out_dir, pw.pw_uid, pw.pw_gid)
+    cmd = line.replace("$MESH_PLAY_OPTS", f"--service {service} --output {os.path.join(out_dir, 'svc.wav')} --duration 2")
+    argv, _ = as_unit_user(unit, shlex.split(cmd), MADE)
+    svc = Child(argv, env=child_env)
     got = []
     end = time.monotonic() + 4
     while time.monotonic() < end and not any("READY=1" in m for m in got):
