@@ -110,7 +110,9 @@ def main():
 
 def as_unit_user(unit, argv, made):
     """argv as systemd runs the unit's command: as its User= (with that user's groups, through setpriv), with its
-    StateDirectory= and RuntimeDirectory= made for that user, mode 0700 (each one made is appended to `made`)."""
+    StateDirectory= and RuntimeDirectory= made for that user, mode 0700. What is to be removed at the end is appended
+    to `made`: the RuntimeDirectory= always (systemd removes it when the service stops), the StateDirectory= if this
+    made it."""
     text = open(unit).read()
     user = re.search(r"^User=(\S+)$", text, re.M).group(1)
     pw = pwd.getpwnam(user)
@@ -120,6 +122,8 @@ def as_unit_user(unit, argv, made):
             path = os.path.join(root, m.group(1))
             if not os.path.isdir(path):
                 os.makedirs(path)
+                made.append(path)
+            elif key == "RuntimeDirectory" and path not in made:
                 made.append(path)
             os.chown(path, pw.pw_uid, pw.pw_gid)
             os.chmod(path, 0o700)
