@@ -196,7 +196,7 @@ final class SoundFile: @unchecked Sendable {  // Used by one thread at a time: t
         try create(path: path, descriptor: nil, format: format, encoding: encoding, wavDataLimitBytes: wavDataLimitBytes)
     }
 
-    /// Creates a sound file in `encoding` on `descriptor`, a new, empty file opened for reading and writing, which the
+    /// Creates a sound file in `encoding` on `descriptor`, a new, empty file opened for writing (as sf_open opens one), which the
     /// `SoundFile` then owns (closed with it, also when this throws); `path` only names it in errors. The file is never
     /// reopened by name, so what was created (exclusively, with its mode) is what is written.
     static func create(descriptor: Int32, path: String, format: AudioFormat,
