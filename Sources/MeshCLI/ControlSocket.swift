@@ -20,6 +20,10 @@ package struct RuntimeDirectory: Sendable, Equatable {
 
     /// The host's control socket.
     package var socketPath: String { path + "/mesh-record.sock" }
+
+    /// The lock file a host holds while it serves `socketPath` (left in place when it stops: removing a lock file
+    /// lets two later hosts lock two different files).
+    package var lockPath: String { socketPath + ".lock" }
 }
 
 /// `mesh-record ctl` commands, as they travel: one line, words separated by spaces.
@@ -87,15 +91,23 @@ package struct ControlReply: Sendable, Equatable {
 /// host's own user and root (`SO_PEERCRED`, on top of the socket's 0600 mode), reads one command line and answers.
 package final class ControlServer: Sendable {
     package let path: String
+    /// The claim on `path` (`mesh-record.sock.lock` beside it), held until `stop()`: of two hosts started in the same
+    /// instant only one gets the socket. Without it both could find no host answering, and the second would unlink
+    /// the first's socket and bind its own (and the first, stopping, would then unlink the second's).
+    private let claim: FileLock
     private let listener: FileDescriptor
     private let handler: @Sendable (ControlCommand) -> ControlReply
     private let running = Atomic<Bool>(true)
     private let finished = WakeSignal()
 
-    /// Listens at `directory.socketPath` (creating the directory 0700). Throws when another host answers there.
+    /// Listens at `directory.socketPath` (creating the directory 0700). Throws when another host holds it.
     package init(directory: RuntimeDirectory, handler: @escaping @Sendable (ControlCommand) -> ControlReply) throws {
         try PrivateFile.ensureDirectory(directory.path)
         path = directory.socketPath
+        guard let claim = try FileLock(ifFree: directory.lockPath) else {
+            throw SyscallError(call: "bind(\(path)) (another mesh-record host holds \(directory.lockPath))", code: EADDRINUSE)
+        }
+        self.claim = claim
         listener = try UnixSocket.listen(path: path)
         self.handler = handler
         OSThread.detach(name: "pm-ctl") { [self] in
@@ -132,7 +144,8 @@ package final class ControlServer: Sendable {
         guard running.exchange(false, ordering: .acquiringAndReleasing) else { return }
         finished.wait()
         listener.close()
-        unlink(path)
+        unlink(path)   // still under the claim: the socket there is this host's own
+        claim.unlock()
     }
 
     deinit { stop() }

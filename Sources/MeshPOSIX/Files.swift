@@ -132,19 +132,37 @@ package enum PrivateFile {
 }
 
 /// An exclusive advisory lock (`flock`) on a lock file, held until `unlock()` or release: serializes
-/// read-modify-write of a shared file across processes.
+/// read-modify-write of a shared file across processes, or claims a resource (a control socket's path) for as long as
+/// a process lives. The kernel drops it when the process dies, so a crash never leaves it held.
 package final class FileLock: Sendable {
     private let descriptor: FileDescriptor
 
     /// Opens (creating, mode 0600) `path` and waits for the exclusive lock.
     package init(path: String) throws(SyscallError) {
-        let fd = try Sys.call("open(\(path))") { open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
-        descriptor = FileDescriptor(fd)
-        try Sys.call("flock(\(path))") { flock(fd, LOCK_EX) }
+        descriptor = try Self.open(path)
+        try Sys.call("flock(\(path))") { flock(descriptor.fd, LOCK_EX) }
     }
 
+    /// Opens (creating, mode 0600) `path` and takes the exclusive lock only if nobody holds it: nil when another open
+    /// of the file (another process, or another `FileLock` in this one) holds it.
+    package init?(ifFree path: String) throws(SyscallError) {
+        descriptor = try Self.open(path)
+        guard try Sys.nonBlocking("flock(\(path))", { flock(descriptor.fd, LOCK_EX | LOCK_NB) }) != nil else {
+            descriptor.close()
+            return nil
+        }
+    }
+
+    /// The lock file itself: never through a symbolic link, so a planted link cannot make it create or lock a file
+    /// elsewhere.
+    private static func open(_ path: String) throws(SyscallError) -> FileDescriptor {
+        FileDescriptor(try Sys.call("open(\(path))") { Glibc.open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) })
+    }
+
+    /// Releases the lock by closing the file (the lock belongs to that open file; every descriptor of it is
+    /// close-on-exec, so no child keeps it). Later calls do nothing: never an `flock` on a number that may since
+    /// name another file.
     package func unlock() {
-        _ = flock(descriptor.fd, LOCK_UN)
         descriptor.close()
     }
 
