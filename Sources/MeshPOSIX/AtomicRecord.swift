@@ -4,7 +4,7 @@ import Synchronization
 /// that its writer threads update it and any thread reads it, with no lock and no hand-written atomic per field.
 ///
 /// Two ways to write, not to be mixed on one record:
-/// - `add(_:to:)`: counters. Each `UInt64` field is one word, incremented atomically: exact with any number of
+/// - `add(_:)`: counters. Each `UInt64` field is one word, incremented atomically: exact with any number of
 ///   writers.
 /// - `store(_:)`: one writer publishes the whole value (levels computed on the render thread, say).
 ///
@@ -28,13 +28,25 @@ public final class AtomicRecord<Value: BitwiseCopyable>: Sendable {
         store(initial)
     }
 
-    /// Adds `amount` (wrapping) to the `UInt64` field at `field`. For counters; any thread.
+    /// Adds the counts `counts` makes to a record of zeros, each `UInt64` field to its word (wrapping): for
+    /// counters, from any thread. `record.add { $0.late += 1 }`, `record.add { $0.sent += n; $0.bytes += size }`.
+    ///
+    /// `counts` may only add to `UInt64` fields (the others' words would be added as integers). Real-time safe: the
+    /// zeros are stack scratch space, and the closure is not escaping. A key path would not be: a key-path literal
+    /// is made on the heap the first time it is evaluated, which for a rare counter (the first stale Opus packet)
+    /// was on the playback thread in the middle of a stream.
     @inline(__always)
-    public func add(_ amount: UInt64 = 1, to field: WritableKeyPath<Value, UInt64>) {
-        guard let offset = MemoryLayout<Value>.offset(of: field) else {
-            preconditionFailure("AtomicRecord: \(field) is not a stored field of \(Value.self)")
+    public func add(_ counts: (inout Value) -> Void) {
+        withUnsafeTemporaryAllocation(of: UInt64.self, capacity: count) { scratch in
+            scratch.initialize(repeating: 0)
+            let raw = UnsafeMutableRawPointer(scratch.baseAddress!)
+            var delta = raw.load(as: Value.self)
+            counts(&delta)
+            raw.storeBytes(of: delta, as: Value.self)
+            for index in 0..<count where scratch[index] != 0 {
+                words[index].wrappingAdd(scratch[index], ordering: .relaxed)
+            }
         }
-        words[offset / 8].wrappingAdd(amount, ordering: .relaxed)
     }
 
     /// Publishes `value` word by word. For a record with one writer.

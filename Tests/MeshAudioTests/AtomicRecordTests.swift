@@ -24,11 +24,21 @@ struct AtomicRecordTests {
     @Test func startsAtItsInitialValueAndAddsToOneFieldOnly() {
         let record = AtomicRecord(Tally(first: 5, second: 6, third: 7))
         #expect(record.load() == Tally(first: 5, second: 6, third: 7))
-        record.add(to: \.second)
-        record.add(10, to: \.third)
+        record.add { $0.second += 1 }
+        record.add { $0.third += 10 }
         #expect(record.load() == Tally(first: 5, second: 7, third: 17))
-        record.add(UInt64.max, to: \.first)  // wraps, as a counter does
+        record.add { $0.first += UInt64.max }  // wraps, as a counter does
         #expect(record.load().first == 4)
+    }
+
+    @Test func oneAddMayCountSeveralFields() {
+        let record = AtomicRecord(Tally(first: 1, second: 2, third: 3))
+        let frames: UInt64 = 128
+        record.add {
+            $0.first += 1
+            $0.third += frames
+        }
+        #expect(record.load() == Tally(first: 2, second: 2, third: 131))
     }
 
     @Test func storeAndLoadRoundTripMixedFields() {
@@ -50,8 +60,8 @@ struct AtomicRecordTests {
             for t in 0..<4 {
                 group.addTask {
                     for _ in 0..<perThread {
-                        record.add(to: t % 2 == 0 ? \.first : \.second)
-                        record.add(2, to: \.third)
+                        if t % 2 == 0 { record.add { $0.first += 1 } } else { record.add { $0.second += 1 } }
+                        record.add { $0.third += 2 }
                     }
                 }
             }

@@ -109,13 +109,13 @@ public final class PacketIngress: Sendable {
         do {
             header = try AudioPacket.decodeHeader(datagram)
         } catch {
-            counts.add(to: \.malformed)
+            counts.add { $0.malformed += 1 }
             return .malformed(error)
         }
         // Opus is always 48 kHz on the wire and decoded to this pipeline's rate: only its channels must match.
         let wanted = header.encoding == .opus ? AudioFormat(sampleRate: format.sampleRate, channels: header.format.channels) : header.format
         guard wanted == format else {
-            counts.add(to: \.formatMismatches)
+            counts.add { $0.formatMismatches += 1 }
             pending.store(PackedFormat.pack(wanted), ordering: .releasing)
             return .formatChanged(wanted)
         }
@@ -125,21 +125,21 @@ public final class PacketIngress: Sendable {
         if header.encoding == .opus {
             guard let slot = opus else {
                 if opusSlotFailure != nil {
-                    counts.add(to: \.undecodedPackets)
+                    counts.add { $0.undecodedPackets += 1 }
                     return .undecoded
                 }
-                counts.add(to: \.malformed)
+                counts.add { $0.malformed += 1 }
                 return .malformed(.unsupportedFormat)
             }
             guard let decoder = slot.decoder() else {
-                counts.add(to: \.undecodedPackets)
+                counts.add { $0.undecodedPackets += 1 }
                 return .undecoded
             }
             let r = decoder.receive(datagram, header: header, arrivalNanos: arrivalNanos, ring: ring)
-            if r.concealedFrames > 0 { counts.add(UInt64(r.concealedFrames), to: \.decoderConcealedFrames) }
-            if r.concealedOverflows > 0 { counts.add(UInt64(r.concealedOverflows), to: \.ringOverflows) }
+            if r.concealedFrames > 0 { counts.add { $0.decoderConcealedFrames += UInt64(r.concealedFrames) } }
+            if r.concealedOverflows > 0 { counts.add { $0.ringOverflows += UInt64(r.concealedOverflows) } }
             guard let p = r.push else {
-                counts.add(to: \.stalePackets)
+                counts.add { $0.stalePackets += 1 }
                 return .stale
             }
             pushed = p
@@ -149,15 +149,15 @@ public final class PacketIngress: Sendable {
         }
         switch pushed {
         case .pushed(let sanitized):
-            if sanitized > 0 { counts.add(UInt64(sanitized), to: \.sanitizedSamples) }
+            if sanitized > 0 { counts.add { $0.sanitizedSamples += UInt64(sanitized) } }
             queuedBytes.add(UInt64(datagram.count), ordering: .relaxed)
             latestEncoding.store(header.encoding.rawValue, ordering: .relaxed)
             return .queued(frames: queuedFrames)
         case .full:
-            counts.add(to: \.ringOverflows)
+            counts.add { $0.ringOverflows += 1 }
             return .ringFull
         case .malformed(let error):
-            counts.add(to: \.malformed)
+            counts.add { $0.malformed += 1 }
             return .malformed(error)
         }
     }

@@ -67,7 +67,7 @@ final class DatagramPath: Sendable {
                 var count = 0
                 while count < maximum, let (length, source) = udp.receive(into: buffer) {
                     count += 1
-                    guard let source else { counters.add(to: \.malformedDatagrams); continue }
+                    guard let source else { counters.add { $0.malformedDatagrams += 1 }; continue }
                     handle(UnsafeMutableRawBufferPointer(rebasing: buffer[..<length]), from: source, table: table,
                            deliver: deliver, latched: latched)
                 }
@@ -88,7 +88,7 @@ final class DatagramPath: Sendable {
     private func handle(_ d: UnsafeMutableRawBufferPointer, from source: SocketAddress, table: RouteTable,
                         deliver: (UnsafeRawBufferPointer, PeerID) -> Void, latched: (LinkID, SocketAddress) -> Void) {
         guard case .success(let header) = DatagramHeader.decode(UnsafeRawBufferPointer(d)) else {
-            counters.add(to: \.malformedDatagrams)
+            counters.add { $0.malformedDatagrams += 1 }
             return
         }
         guard let receiver = table.receivers[header.token] else {
@@ -116,7 +116,7 @@ final class DatagramPath: Sendable {
         case .drop(let why):
             counters.count(why)
         case .deliver(let peer):
-            counters.add(to: \.datagramsReceived)
+            counters.add { $0.datagramsReceived += 1 }
             deliver(payload, peer)
         case .answerPing(let address, let token, _):
             let echo = UInt64(bigEndian: payload.loadUnaligned(as: UInt64.self))

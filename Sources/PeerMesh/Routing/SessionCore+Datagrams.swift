@@ -9,10 +9,10 @@ extension AtomicRecord where Value == SessionStatistics {
     /// Counts a datagram the session dropped, under its reason.
     func count(_ drop: DatagramDrop) {
         switch drop {
-        case .malformed: add(to: \.malformedDatagrams)
-        case .stranger: add(to: \.strangerDatagrams)
-        case .unauthentic: add(to: \.unauthenticDatagrams)
-        case .duplicate: add(to: \.duplicateDatagrams)
+        case .malformed: add { $0.malformedDatagrams += 1 }
+        case .stranger: add { $0.strangerDatagrams += 1 }
+        case .unauthentic: add { $0.unauthenticDatagrams += 1 }
+        case .duplicate: add { $0.duplicateDatagrams += 1 }
         }
     }
 }
@@ -126,8 +126,8 @@ extension SessionCore {
                 if udp.send(UnsafeRawBufferPointer(rebasing: buf[..<n]), to: r.remote) >= 0 { sent += 1 } else { failed += 1 }
             }
         }
-        counters.add(sent, to: \.datagramsSent)
-        if failed > 0 { counters.add(failed, to: \.datagramsNotSent) }
+        counters.add { $0.datagramsSent += sent }
+        if failed > 0 { counters.add { $0.datagramsNotSent += failed } }
         return missing
     }
 

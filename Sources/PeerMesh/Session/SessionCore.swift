@@ -228,7 +228,7 @@ final class SessionCore: Sendable {
 
     /// The peer on `link` broke the protocol: count it, say so, close the link.
     func faulted(_ link: LinkID, _ fault: PeerFault) {
-        counters.add(to: \.peerFaults)
+        counters.add { $0.peerFaults += 1 }
         io.value.failureDetail[link] = fault.description
         let actions = shared.withLock { $0.machine.linkClosed(link) }
         perform(actions)
@@ -321,8 +321,8 @@ final class SessionCore: Sendable {
             io.value.failureDetail[link] = text
         case .fault(let fault):
             // A peer that stopped reading sent nothing wrong: it is at fault, but its bytes were frames.
-            if fault != .notReading { counters.add(to: \.garbageConnections) }
-            counters.add(to: \.peerFaults)
+            if fault != .notReading { counters.add { $0.garbageConnections += 1 } }
+            counters.add { $0.peerFaults += 1 }
             io.value.failureDetail[link] = fault.description
         }
         let actions = shared.withLock { $0.machine.linkClosed(link) }
@@ -352,7 +352,7 @@ final class SessionCore: Sendable {
             case .deliver(let p, let bytes):
                 if let s = receiver.0, let d = receiver.1 { d.session(s, didReceive: Data(bytes), fromPeer: p) }
             case .deliverDatagram(let p, let bytes):
-                counters.add(to: \.datagramsReceived)
+                counters.add { $0.datagramsReceived += 1 }
                 if let s = receiver.0, let d = receiver.1 {
                     bytes.withUnsafeBytes { d.session(s, didReceiveDatagramBytes: $0, fromPeer: p) }
                 }
@@ -366,7 +366,7 @@ final class SessionCore: Sendable {
                 let r = io.value.failureReason.removeValue(forKey: l) ?? r
                 if let s = receiver.0, let d = receiver.1 { d.session(s, invitationTo: p, failedWith: r, detail: detail) }
             case .fault(let l, let f):
-                counters.add(to: \.peerFaults)
+                counters.add { $0.peerFaults += 1 }
                 io.value.failureDetail[l] = f.description
             case .send(let l, let f):
                 io.value.connections[l]?.send(f)

@@ -1,0 +1,151 @@
+import Foundation
+import MeshTestSupport
+import Testing
+
+/// Whether this test, and so the CLIs built with it, is an optimized build.
+#if DEBUG
+private let optimizedBuild = false
+#else
+private let optimizedBuild = true
+#endif
+
+/// The real-time rule, measured: once a stream is playing, the threads that serve the devices — `pm-capture` in
+/// mesh-record, `pm-playback` in mesh-play — make no heap call at all (no malloc, calloc, realloc, free or aligned
+/// allocation). An LD_PRELOAD probe (scripts/lib/rt_alloc_probe.c) counts the calls those threads make in a window of
+/// steady playing, in the shipped CLIs, on real ALSA devices through the JACK rig, with encryption on.
+///
+/// The rule is about the code users run: optimized builds, as `scripts/test` makes. A debug build runs generic code
+/// unspecialized, which allocates (hundreds of thousands of calls a second on `pm-playback`), so there it is skipped.
+@Suite("Real-time threads do not allocate (CLIs, LD_PRELOAD probe, JACK rig)", .serialized,
+       .enabled(if: Rig.jack && Rig.avahi, "needs scripts/test's JACK and Avahi rigs"),
+       .enabled(if: optimizedBuild, "judged on optimized builds (scripts/test builds -c release)"))
+struct RealTimeAllocationTests {
+    /// The window of steady playing, ms after each process started: the player joins within about a second and
+    /// its buffer settles within a few more; it plays for `duration` seconds.
+    static let from = 4_000, until = 8_000, duration = 10
+
+    /// The probe, built here with the toolchain's clang (the one C compiler every machine that builds this package
+    /// has).
+    static func buildProbe() throws -> String {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let source = root.appendingPathComponent("scripts/lib/rt_alloc_probe.c").path
+        let library = Rig.tempPath("rt_alloc_probe-\(UUID().uuidString).so")
+        let compiler = (ProcessInfo.processInfo.environment["PATH"] ?? "").split(separator: ":")
+            .map { "\($0)/clang" }.first { FileManager.default.isExecutableFile(atPath: $0) } ?? "/usr/bin/cc"
+        let build = try ChildProcess(URL(fileURLWithPath: compiler),
+                                     ["-shared", "-fPIC", "-O2", "-ftls-model=initial-exec", "-o", library, source])
+        let status = build.waitForExit(seconds: 60)
+        try #require(status == 0, "building the probe failed: \(build.stderr.joined(separator: "\n"))")
+        return library
+    }
+
+    /// The environment that loads the probe into a CLI, watching `thread`, reporting to `report`.
+    static func probed(_ library: String, thread: String, report: String) -> [String: String] {
+        ["LD_PRELOAD": library, "PM_RT_PROBE_THREADS": thread, "PM_RT_PROBE_FROM_MS": "\(from)",
+         "PM_RT_PROBE_UNTIL_MS": "\(until)", "PM_RT_PROBE_OUT": report]
+    }
+
+    /// The report's line for `thread`: whether it was alive and how many heap calls it made in the window; the
+    /// whole report (with the stacks of the first calls) for the failure message.
+    static func reading(_ report: String, thread: String) -> (live: Bool, calls: Int, text: String)? {
+        guard let text = try? String(contentsOfFile: report, encoding: .utf8) else { return nil }
+        for line in text.split(separator: "\n") where line.hasPrefix("thread \(thread) ") {
+            let fields = Dictionary(uniqueKeysWithValues: line.split(separator: " ").dropFirst(2).compactMap { field -> (String, Int)? in
+                let kv = field.split(separator: "=")
+                guard kv.count == 2, let n = Int(kv[1]) else { return nil }
+                return (String(kv[0]), n)
+            })
+            guard let live = fields["live"], let calls = fields["calls"] else { return nil }
+            return (live == 1, calls, text)
+        }
+        return nil
+    }
+
+    /// What one probed run measured: each device thread's report line, and mesh-play's final status.
+    struct Run {
+        var capture: (live: Bool, calls: Int, text: String)
+        var playback: (live: Bool, calls: Int, text: String)
+        /// mesh-play's `pm-io`, a thread that may allocate: the control that shows the probe sees heap calls.
+        var io: (live: Bool, calls: Int, text: String)
+        var final: [String: Any]
+    }
+
+    /// Runs a probed mesh-record (`pm_knowncap`, `codec`) and a probed mesh-play (`pm_play`) for `duration` seconds;
+    /// with `impairment` (mesh-impair's flags), the player joins through the impairment proxy.
+    static func run(codec: String, impairment: [String]? = nil) throws -> Run {
+        let probe = try buildProbe()
+        let hostReport = Rig.tempPath("rt-host-\(codec)-\(UUID().uuidString).txt")
+        let playerReport = Rig.tempPath("rt-player-\(codec)-\(UUID().uuidString).txt")
+        let service = Rig.uniqueService()
+        let paired = try PairedStates()
+        let host = try CLIProcess(product: "mesh-record",
+                                  paired.hostArgs + ["--host", "--bind", "127.0.0.1", "--name", "rt-host", "--service", service,
+                                                     "--device", "pm_knowncap", "--codec", codec],
+                                  environment: probed(probe, thread: "pm-capture", report: hostReport))
+        defer { host.kill() }
+        var join = ["--find", "--service", service]
+        var proxy: CLIProcess?
+        defer { proxy?.kill() }
+        if let impairment {
+            let port = try #require(portPrinted(by: host, after: "on port "), "mesh-record: \(host.stderr)")
+            let p = try CLIProcess("mesh-impair", ["--listen", "127.0.0.1:0", "--target", "127.0.0.1:\(port)"] + impairment)
+            proxy = p
+            let proxyPort = try #require(portPrinted(by: p, after: "listening 127.0.0.1:"), "mesh-impair: \(p.stderr)")
+            join = ["--connect", "127.0.0.1:\(proxyPort)"]
+        }
+        let player = try CLIProcess(product: "mesh-play",
+                                    paired.playerArgs() + join + ["--device", "pm_play", "--duration", "\(duration)", "--json"],
+                                    environment: probed(probe, thread: "pm-playback,pm-io", report: playerReport))
+        let code = player.waitForExit(seconds: Double(duration + 20))
+        #expect(eventually(5) { FileManager.default.fileExists(atPath: hostReport) }, "the host's probe reported")
+        #expect(code == 0, "mesh-play: \(player.stderr)")
+        let final = try #require(player.jsonObjects.last { $0["final"] as? Bool == true }, "mesh-play: \(player.stderr)")
+        #expect((final["received"] as? Int ?? 0) > 1_000, "the stream played: \(final)")
+        return Run(capture: try #require(reading(hostReport, thread: "pm-capture"), "host probe report: \(host.stderr)"),
+                   playback: try #require(reading(playerReport, thread: "pm-playback"), "player probe report: \(player.stderr)"),
+                   io: try #require(reading(playerReport, thread: "pm-io"), "player probe report: \(player.stderr)"),
+                   final: final)
+    }
+
+    /// The port in the first stderr line of `process` that holds `prefix` followed by digits (waits up to 10 s).
+    static func portPrinted(by process: CLIProcess, after prefix: String) -> Int? {
+        var port: Int?
+        _ = eventually(10) {
+            port = process.stderr.lazy.compactMap { line -> Int? in
+                guard let r = line.range(of: prefix) else { return nil }
+                return Int(line[r.upperBound...].prefix { $0.isNumber })
+            }.first
+            return port != nil
+        }
+        return port
+    }
+
+    /// Both device threads were there through the window and made no heap call in it.
+    static func expectNoHeapCalls(_ run: Run, _ label: String) {
+        #expect(run.capture.live, "mesh-record's pm-capture thread ran through the window\n\(run.capture.text)")
+        #expect(run.capture.calls == 0, "heap calls on mesh-record's pm-capture (\(label)) in \(until - from) ms of streaming:\n\(run.capture.text)")
+        #expect(run.playback.live, "mesh-play's pm-playback thread ran through the window\n\(run.playback.text)")
+        #expect(run.playback.calls == 0, "heap calls on mesh-play's pm-playback (\(label)) in \(until - from) ms of playing:\n\(run.playback.text)")
+        #expect(run.io.calls > 0, "the probe saw no heap call even on pm-io, which makes some: it does not work\n\(run.io.text)")
+        print("real-time heap calls (\(label)): pm-capture \(run.capture.calls), pm-playback \(run.playback.calls) in \(until - from) ms (pm-io, the control: \(run.io.calls))")
+    }
+
+    @Test("No heap call on pm-capture (mesh-record) or pm-playback (mesh-play) while a stream plays",
+          arguments: ["f32", "opus"])
+    func noHeapCallsOnTheDeviceThreads(codec: String) throws {
+        let run = try Self.run(codec: codec)
+        #expect((run.final["lostPackets"] as? Int) == 0, "loopback loses nothing: \(run.final)")
+        Self.expectNoHeapCalls(run, codec)
+    }
+
+    /// Loss, duplicates, reordering and jitter send the player down its rarer paths on every few packets: gaps and
+    /// concealment, late and duplicate packets, the jitter buffer's adaptation, Opus's own concealment.
+    @Test("No heap call on the device threads while the stream is lost, duplicated, reordered and jittered",
+          arguments: ["f32", "opus"])
+    func noHeapCallsUnderImpairment(codec: String) throws {
+        let run = try Self.run(codec: codec, impairment: ["--loss", "5%", "--duplicate", "2%", "--reorder", "5%",
+                                                          "--delay-ms", "3", "--jitter-ms", "3", "--seed", "11"])
+        #expect((run.final["lostPackets"] as? Int ?? 0) > 0, "the impairment reached the player: \(run.final)")
+        Self.expectNoHeapCalls(run, "\(codec), impaired")
+    }
+}

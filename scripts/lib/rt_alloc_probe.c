@@ -1,0 +1,198 @@
+// rt_alloc_probe.c — an LD_PRELOAD library that checks the real-time rule "no allocation on the audio threads":
+// it counts the heap calls (malloc, calloc, realloc, free, and the aligned allocators) made by threads with given
+// names inside a time window, and writes a report when the window closes.
+//
+// Built and used by Tests/MeshRelayTests/RealTimeAllocationTests.swift:
+//   clang -shared -fPIC -O2 -o probe.so scripts/lib/rt_alloc_probe.c
+//   LD_PRELOAD=probe.so PM_RT_PROBE_THREADS=pm-capture,pm-playback PM_RT_PROBE_FROM_MS=4000 \
+//     PM_RT_PROBE_UNTIL_MS=8000 PM_RT_PROBE_OUT=report.txt mesh-play …
+//
+// The window is measured from the moment the library is loaded (process start). The report, written by a thread of
+// the probe's own at the window's end, has one line per watched name:
+//   thread pm-playback live=1 calls=0
+// (`live`: a thread of that name existed at the window's end, from /proc/self/task/*/comm), then, for the first
+// few counted calls of each name, their stacks (backtrace_symbols_fd), so that a failure says where the allocation
+// came from.
+//
+// It forwards every call to glibc's own allocator (__libc_malloc and friends), so it changes nothing else.
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <execinfo.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+extern void __libc_free(void *);
+extern void *__libc_memalign(size_t, size_t);
+
+#define MAX_NAMES 8
+#define MAX_STACKS 3   // per watched name
+#define STACK_DEPTH 24
+
+static char names[MAX_NAMES][16];
+static int name_count;
+static atomic_ulong calls[MAX_NAMES];
+static uint64_t window_from, window_until;   // monotonic ns; 0/0: the probe is off
+static char out_path[4096];
+
+static void *stacks[MAX_NAMES][MAX_STACKS][STACK_DEPTH];
+static int stack_depths[MAX_NAMES][MAX_STACKS];
+static const char *stack_calls[MAX_NAMES][MAX_STACKS];
+static atomic_int stacks_taken[MAX_NAMES];
+
+static __thread int inside;          // this thread is in the probe already (backtrace may call the allocator)
+static __thread int watched = -2;    // -2: not looked up yet; -1: not watched; else index in names
+static __thread uint64_t looked_at;  // when the name was last read (a thread may be named after its first call)
+
+static uint64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static int index_of_current_thread(uint64_t now) {
+  if (watched >= 0) return watched;
+  if (watched == -1 && now - looked_at < 50000000u) return -1;   // read the name again at most every 50 ms
+  char name[16] = {0};
+  prctl(PR_GET_NAME, name, 0, 0, 0);
+  looked_at = now;
+  watched = -1;
+  for (int i = 0; i < name_count; i++)
+    if (strcmp(name, names[i]) == 0) watched = i;
+  return watched;
+}
+
+static void note(const char *call) {
+  if (window_until == 0 || inside) return;
+  uint64_t now = now_ns();
+  if (now < window_from || now >= window_until) return;
+  int i = index_of_current_thread(now);
+  if (i < 0) return;
+  atomic_fetch_add(&calls[i], 1);
+  int slot = atomic_fetch_add(&stacks_taken[i], 1);
+  if (slot < MAX_STACKS) {
+    inside = 1;
+    stack_depths[i][slot] = backtrace(stacks[i][slot], STACK_DEPTH);
+    stack_calls[i][slot] = call;
+    inside = 0;
+  }
+}
+
+void *malloc(size_t n) { note("malloc"); return __libc_malloc(n); }
+void *calloc(size_t a, size_t b) { note("calloc"); return __libc_calloc(a, b); }
+void *realloc(void *p, size_t n) { note("realloc"); return __libc_realloc(p, n); }
+void free(void *p) { if (p) note("free"); __libc_free(p); }
+void *aligned_alloc(size_t a, size_t n) { note("aligned_alloc"); return __libc_memalign(a, n); }
+void *memalign(size_t a, size_t n) { note("memalign"); return __libc_memalign(a, n); }
+int posix_memalign(void **p, size_t a, size_t n) {
+  note("posix_memalign");
+  if (a < sizeof(void *) || (a & (a - 1)) != 0) return 22;   // EINVAL
+  void *r = __libc_memalign(a, n);
+  if (!r) return 12;                                          // ENOMEM
+  *p = r;
+  return 0;
+}
+
+static void say(int fd, const char *s) {
+  size_t n = strlen(s);
+  while (n > 0) {
+    ssize_t w = write(fd, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= (size_t)w;
+  }
+}
+
+// Whether a thread named `name` is alive now.
+static int live(const char *name) {
+  int found = 0;
+  DIR *d = opendir("/proc/self/task");
+  if (!d) return 0;
+  struct dirent *e;
+  while (!found && (e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.') continue;
+    char path[64], comm[32] = {0};
+    snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ssize_t n = read(fd, comm, sizeof comm - 1);
+    close(fd);
+    if (n > 0 && comm[n - 1] == '\n') comm[n - 1] = 0;
+    found = strcmp(comm, name) == 0;
+  }
+  closedir(d);
+  return found;
+}
+
+static void *reporter(void *unused) {
+  (void)unused;
+  prctl(PR_SET_NAME, "rt-probe", 0, 0, 0);
+  uint64_t now;
+  while ((now = now_ns()) < window_until) {
+    uint64_t left = window_until - now;
+    struct timespec t = {(time_t)(left / 1000000000u), (long)(left % 1000000000u)};
+    nanosleep(&t, NULL);
+  }
+  char tmp[sizeof out_path + 8];
+  snprintf(tmp, sizeof tmp, "%s.tmp", out_path);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return NULL;
+  char line[128];
+  for (int i = 0; i < name_count; i++) {
+    snprintf(line, sizeof line, "thread %s live=%d calls=%lu\n", names[i], live(names[i]), atomic_load(&calls[i]));
+    say(fd, line);
+  }
+  for (int i = 0; i < name_count; i++) {
+    int taken = atomic_load(&stacks_taken[i]);
+    for (int s = 0; s < taken && s < MAX_STACKS; s++) {
+      snprintf(line, sizeof line, "stack %d: %s on %s\n", s, stack_calls[i][s], names[i]);
+      say(fd, line);
+      backtrace_symbols_fd(stacks[i][s], stack_depths[i][s], fd);
+    }
+  }
+  close(fd);
+  rename(tmp, out_path);   // the report appears whole
+  return NULL;
+}
+
+__attribute__((constructor)) static void start(void) {
+  const char *list = getenv("PM_RT_PROBE_THREADS"), *from = getenv("PM_RT_PROBE_FROM_MS"),
+             *until = getenv("PM_RT_PROBE_UNTIL_MS"), *out = getenv("PM_RT_PROBE_OUT");
+  if (!list || !from || !until || !out || strlen(out) >= sizeof out_path) return;
+  // Child processes (a shell the tool runs, say) are not probed: the report is the first process's.
+  unsetenv("LD_PRELOAD");
+  strcpy(out_path, out);
+  const char *p = list;
+  while (*p && name_count < MAX_NAMES) {
+    size_t n = strcspn(p, ",");
+    if (n > 0 && n < sizeof names[0]) {
+      memcpy(names[name_count], p, n);
+      names[name_count][n] = 0;
+      name_count++;
+    }
+    p += n;
+    if (*p == ',') p++;
+  }
+  void *warm[2];
+  backtrace(warm, 2);   // loads the unwinder now, not inside a counted call
+  uint64_t t0 = now_ns();
+  window_from = t0 + (uint64_t)strtoull(from, NULL, 10) * 1000000u;
+  uint64_t end = t0 + (uint64_t)strtoull(until, NULL, 10) * 1000000u;
+  pthread_t t;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  window_until = end;
+  if (pthread_create(&t, &attr, reporter, NULL) != 0) window_until = 0;
+  pthread_attr_destroy(&attr);
+}
