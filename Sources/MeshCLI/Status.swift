@@ -83,6 +83,7 @@ package enum StatusReport {
             j.add("paused", p.paused)
             j.add("talking", p.talking)
             j.add("droppedCommands", p.droppedCommands)
+            j.add("refusedClips", p.refusedClips)
             return j
         })
         o.add("playerCount", s.players.count)
@@ -95,6 +96,7 @@ package enum StatusReport {
         o.add("controlCommands", s.controlCommands)
         o.add("malformedControl", s.malformedControl)
         o.add("droppedControl", s.droppedControl)
+        o.add("refusedClips", s.refusedClips)
         o.add("peakDbfs", dbfs(s.peakLevel))
         o.add("rmsDbfs", dbfs(s.rmsLevel))
         o.add("rate", format.sampleRate)

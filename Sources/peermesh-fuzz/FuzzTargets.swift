@@ -71,7 +71,7 @@ enum FuzzTarget: String, CaseIterable {
         }
         var host = HostControl<Int>(clips: true)
         _ = host.joined(1)
-        let actions = host.received(input, from: 1)
+        let actions = host.received(input, from: 1, now: 0)
         let replies = actions.filter { if case .send(1, .reply) = $0 { true } else { false } }.count
         let opened = actions.compactMap { action -> UInt64? in if case .openClip(let clip, _) = action { clip } else { nil } }
         precondition(replies + opened.count == 1, "a control message got \(replies) replies")

@@ -7,28 +7,37 @@ import Testing
 
 /// The status line's meter and the JSON numbers: what a hostile stream reaches every second, even with --quiet.
 @Suite struct StatusTests {
+    /// The host's JSON object for `s`, parsed.
+    static func json(host s: RelayHost.Statistics) throws -> [String: Any] {
+        let line = StatusReport.json(host: s, name: "kitchen", port: 1, format: .default).description
+        return try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+    }
+
     @Test("The host's JSON says how much audio capture overruns lost, in milliseconds")
     func hostReportsOverrunLoss() throws {
         var s = RelayHost.Statistics()
         s.captureXruns = 2
         s.captureOverrunFrames = 441
-        let line = StatusReport.json(host: s, name: "kitchen", port: 1, format: .default).description
-        let o = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+        let o = try Self.json(host: s)
         #expect(o["xruns"] as? Int == 2)
         #expect(o["overrunMs"] as? Double == 10)
     }
 
-    @Test("The host's JSON counts the control messages dropped over players' budgets, in all and for each player")
-    func hostReportsDroppedControl() throws {
+    @Test("The host's JSON counts, in all and for each player, the control messages dropped over players' budgets and the clip starts refused over their clip quotas")
+    func hostReportsDroppedControlAndRefusedClips() throws {
         var s = RelayHost.Statistics()
         s.droppedControl = 39_862
+        s.refusedClips = 12
         var flooder = RelayHost.PlayerInfo(peer: try PeerID(displayName: "flooder"))
         flooder.droppedCommands = 39_862
-        s.players = [flooder]
-        let line = StatusReport.json(host: s, name: "kitchen", port: 1, format: .default).description
-        let o = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+        flooder.refusedClips = 9
+        s.players = [flooder, RelayHost.PlayerInfo(peer: try PeerID(displayName: "quiet"))]
+        let o = try Self.json(host: s)
         #expect(o["droppedControl"] as? Int == 39_862)
-        #expect((o["players"] as? [[String: Any]])?.first?["droppedCommands"] as? Int == 39_862)
+        #expect(o["refusedClips"] as? Int == 12)
+        let players = o["players"] as? [[String: Any]]
+        #expect(players?.map { $0["droppedCommands"] as? Int } == [39_862, 0])
+        #expect(players?.map { $0["refusedClips"] as? Int } == [9, 0])
     }
 
     @Test("dBFS and the meter never trap, whatever the level: ±FLT_MAX, NaN, ±inf, 0, subnormals")

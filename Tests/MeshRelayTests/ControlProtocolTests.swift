@@ -118,25 +118,25 @@ struct HostControlTests {
         var h = HostControl<Int>(clips: false)
         _ = h.joined(1)
         _ = h.joined(2)
-        let a = h.received(Self.command(1, .pause), from: 1)
+        let a = h.received(Self.command(1, .pause), from: 1, now: 0)
         #expect(a.contains(.setPaused(1, true)))
         #expect(Self.replies(a, to: 1) == [.ok])
         #expect(Self.states(a)[1]?.paused == true && Self.states(a)[2] == nil)
         #expect(h.isPaused(1) && !h.isPaused(2))
         // Again: ok, and nothing changes.
-        let again = h.received(Self.command(2, .pause), from: 1)
+        let again = h.received(Self.command(2, .pause), from: 1, now: 0)
         #expect(again == [.send(1, .reply(id: 2, .ok))])
-        let r = h.received(Self.command(3, .resume), from: 1)
+        let r = h.received(Self.command(3, .resume), from: 1, now: 0)
         #expect(r.contains(.setPaused(1, false)) && Self.replies(r, to: 1) == [.ok] && !h.isPaused(1))
         // Resuming a playing player is ok and changes nothing.
-        #expect(h.received(Self.command(4, .resume), from: 2) == [.send(2, .reply(id: 4, .ok))])
+        #expect(h.received(Self.command(4, .resume), from: 2, now: 0) == [.send(2, .reply(id: 4, .ok))])
         #expect(h.counters.commands == 4 && h.counters.replies == 4 && h.counters.malformed == 0)
     }
 
     @Test func aPlayerThatLeavesPausedIsForgotten() {
         var h = HostControl<Int>(clips: false)
         _ = h.joined(1)
-        _ = h.received(Self.command(1, .pause), from: 1)
+        _ = h.received(Self.command(1, .pause), from: 1, now: 0)
         #expect(h.left(1) == [.setPaused(1, false)])
         #expect(!h.isPaused(1))
         #expect(h.left(1) == [])
@@ -145,23 +145,23 @@ struct HostControlTests {
     @Test func malformedAndUnexpectedMessagesAreAnsweredWithAnErrorAndCounted() {
         var h = HostControl<Int>(clips: false)
         _ = h.joined(1)
-        let junk = h.received([1, 2, 3], from: 1)
+        let junk = h.received([1, 2, 3], from: 1, now: 0)
         guard case .send(1, .reply(0, .error))? = junk.first, junk.count == 1 else { Issue.record("\(junk)"); return }
-        let unknown = h.received([0x50, 0x43, 1, 0x7f, 0, 0, 0, 9], from: 1)
+        let unknown = h.received([0x50, 0x43, 1, 0x7f, 0, 0, 0, 9], from: 1, now: 0)
         guard case .send(1, .reply(9, .error(let why)))? = unknown.first else { Issue.record("\(unknown)"); return }
         #expect(why.contains("unknown command"))
-        let state = h.received(ControlMessage.state(HostControlState()).encoded, from: 1)
+        let state = h.received(ControlMessage.state(HostControlState()).encoded, from: 1, now: 0)
         guard case .send(1, .reply(0, .error))? = state.first else { Issue.record("\(state)"); return }
         #expect(h.counters.commands == 3 && h.counters.replies == 3 && h.counters.malformed == 3)
         // The session goes on: a good command after them works.
-        #expect(h.received(Self.command(10, .pause), from: 1).contains(.setPaused(1, true)))
+        #expect(h.received(Self.command(10, .pause), from: 1, now: 0).contains(.setPaused(1, true)))
     }
 
     @Test func withoutClipsCaptureIsUnsupportedAndTalkIsUnsupported() {
         var h = HostControl<Int>(clips: false)
         _ = h.joined(1)
-        guard case .unsupported? = Self.replies(h.received(Self.command(1, .capture(.single, .primary)), from: 1), to: 1).first,
-              case .unsupported? = Self.replies(h.received(Self.command(2, .talk(true)), from: 1), to: 1).first
+        guard case .unsupported? = Self.replies(h.received(Self.command(1, .capture(.single, .primary)), from: 1, now: 0), to: 1).first,
+              case .unsupported? = Self.replies(h.received(Self.command(2, .talk(true)), from: 1, now: 0), to: 1).first
         else { Issue.record("expected unsupported"); return }
         #expect(h.captureState == .off)
     }
@@ -170,21 +170,21 @@ struct HostControlTests {
         var h = HostControl<Int>(clips: true)
         _ = h.joined(1)
         _ = h.joined(2)
-        #expect(h.received(Self.command(1, .capture(.begin, .primary)), from: 1) == [.openClip(clip: 1, prerollOnly: false)])
+        #expect(h.received(Self.command(1, .capture(.begin, .primary)), from: 1, now: 0) == [.openClip(clip: 1, prerollOnly: false)])
         let opened = h.clipOpened(1)
         #expect(Self.replies(opened, to: 1) == [.recording])
         #expect(Self.states(opened)[1]?.capture == .recording && Self.states(opened)[2]?.capture == .recording)
         // Someone else: busy, or not theirs to end.
-        #expect(Self.replies(h.received(Self.command(1, .capture(.single, .primary)), from: 2), to: 2) == [.busy])
-        guard case .error? = Self.replies(h.received(Self.command(2, .capture(.end, .primary)), from: 2), to: 2).first else {
+        #expect(Self.replies(h.received(Self.command(1, .capture(.single, .primary)), from: 2, now: 0), to: 2) == [.busy])
+        guard case .error? = Self.replies(h.received(Self.command(2, .capture(.end, .primary)), from: 2, now: 0), to: 2).first else {
             Issue.record("another player's end must be an error"); return
         }
-        let end = h.received(Self.command(2, .capture(.end, .primary)), from: 1)
+        let end = h.received(Self.command(2, .capture(.end, .primary)), from: 1, now: 0)
         #expect(end == [.finishClip(clip: 1), .send(1, .reply(id: 2, .ok))])
         let saved = h.clipSaved(1, name: "host-1.wav")
         #expect(Self.states(saved)[1]?.capture == .saved("host-1.wav") && Self.states(saved)[2]?.capture == .saved("host-1.wav"))
         // Out of order: an end with nothing recording.
-        guard case .error? = Self.replies(h.received(Self.command(3, .capture(.end, .primary)), from: 1), to: 1).first else {
+        guard case .error? = Self.replies(h.received(Self.command(3, .capture(.end, .primary)), from: 1, now: 0), to: 1).first else {
             Issue.record("an end with no clip must be an error"); return
         }
         #expect(h.captureState == .saved("host-1.wav"))
@@ -193,7 +193,7 @@ struct HostControlTests {
     @Test func aSecondaryCaptureKeepsThePrerollAlone() {
         var h = HostControl<Int>(clips: true)
         _ = h.joined(1)
-        #expect(h.received(Self.command(1, .capture(.single, .secondary)), from: 1) == [.openClip(clip: 1, prerollOnly: true)])
+        #expect(h.received(Self.command(1, .capture(.single, .secondary)), from: 1, now: 0) == [.openClip(clip: 1, prerollOnly: true)])
         _ = h.clipOpened(1)
         #expect(Self.states(h.clipSaved(1, name: "x.wav"))[1]?.capture == .saved("x.wav"))
     }
@@ -201,21 +201,21 @@ struct HostControlTests {
     @Test func cancelDiscardsAndAFailedOpenIsAnswered() {
         var h = HostControl<Int>(clips: true)
         _ = h.joined(1)
-        _ = h.received(Self.command(1, .capture(.begin, .primary)), from: 1)
+        _ = h.received(Self.command(1, .capture(.begin, .primary)), from: 1, now: 0)
         _ = h.clipOpened(1)
         // The cancel is answered when the recorder says it discarded the clip.
-        #expect(h.received(Self.command(2, .capture(.cancel, .primary)), from: 1) == [.discardClip(clip: 1)])
+        #expect(h.received(Self.command(2, .capture(.cancel, .primary)), from: 1, now: 0) == [.discardClip(clip: 1)])
         let discarded = h.clipDiscarded(1)
         #expect(Self.replies(discarded, to: 1) == [.ok] && Self.states(discarded)[1]?.capture == .armed)
         #expect(h.captureState == .armed)
         // A report about the discarded clip changes nothing.
         #expect(h.clipSaved(1, name: "late.wav") == [])
-        #expect(h.received(Self.command(3, .capture(.single, .primary)), from: 1) == [.openClip(clip: 2, prerollOnly: false)])
+        #expect(h.received(Self.command(3, .capture(.single, .primary)), from: 1, now: 0) == [.openClip(clip: 2, prerollOnly: false)])
         let failed = h.clipOpenFailed(2, reason: "cannot write a.wav: read-only file system")
         #expect(Self.replies(failed, to: 1) == [.failed("cannot write a.wav: read-only file system")])
         #expect(h.captureState == .failed("cannot write a.wav: read-only file system"))
         // A new clip may be tried after a failure.
-        #expect(h.received(Self.command(4, .capture(.single, .primary)), from: 1) == [.openClip(clip: 3, prerollOnly: false)])
+        #expect(h.received(Self.command(4, .capture(.single, .primary)), from: 1, now: 0) == [.openClip(clip: 3, prerollOnly: false)])
     }
 
     /// Players 1 and 2 joined; 1 began clip 1 and has just cancelled it (the recorder has not answered yet).
@@ -223,42 +223,42 @@ struct HostControlTests {
         var h = HostControl<Int>(clips: true)
         _ = h.joined(1)
         _ = h.joined(2)
-        _ = h.received(command(1, .capture(.begin, .primary)), from: 1)
+        _ = h.received(command(1, .capture(.begin, .primary)), from: 1, now: 0)
         _ = h.clipOpened(1)
-        #expect(h.received(command(2, .capture(.cancel, .primary)), from: 1) == [.discardClip(clip: 1)])
+        #expect(h.received(command(2, .capture(.cancel, .primary)), from: 1, now: 0) == [.discardClip(clip: 1)])
         return h
     }
 
     @Test func aLateReportOfAnEarlierClipDoesNotEndTheOneBeingRecorded() {
         var h = Self.clipCancelledByItsOwner()
         #expect(Self.replies(h.clipDiscarded(1), to: 1) == [.ok])
-        #expect(h.received(Self.command(1, .capture(.begin, .primary)), from: 2) == [.openClip(clip: 2, prerollOnly: false)])
+        #expect(h.received(Self.command(1, .capture(.begin, .primary)), from: 2, now: 0) == [.openClip(clip: 2, prerollOnly: false)])
         #expect(Self.replies(h.clipOpened(2), to: 2) == [.recording])
         // Clip 1's word arrives late: it is not clip 2's.
         #expect(h.clipSaved(1, name: "late.wav") == [])
         #expect(h.clipFailed(1, reason: "late") == [])
         #expect(h.captureState == .recording)
-        #expect(h.received(Self.command(2, .capture(.end, .primary)), from: 2) == [.finishClip(clip: 2), .send(2, .reply(id: 2, .ok))])
+        #expect(h.received(Self.command(2, .capture(.end, .primary)), from: 2, now: 0) == [.finishClip(clip: 2), .send(2, .reply(id: 2, .ok))])
         #expect(Self.states(h.clipSaved(2, name: "b.wav"))[2]?.capture == .saved("b.wav"))
         // And the next clip works as well (the error does not repeat clip after clip).
-        #expect(h.received(Self.command(3, .capture(.begin, .primary)), from: 1) == [.openClip(clip: 3, prerollOnly: false)])
+        #expect(h.received(Self.command(3, .capture(.begin, .primary)), from: 1, now: 0) == [.openClip(clip: 3, prerollOnly: false)])
         _ = h.clipOpened(3)
-        #expect(h.received(Self.command(4, .capture(.end, .primary)), from: 1) == [.finishClip(clip: 3), .send(1, .reply(id: 4, .ok))])
+        #expect(h.received(Self.command(4, .capture(.end, .primary)), from: 1, now: 0) == [.finishClip(clip: 3), .send(1, .reply(id: 4, .ok))])
     }
 
     @Test func aCancelThatCameAfterTheClipReachedItsLengthIsAnsweredSavedNotCancelled() {
         var h = Self.clipCancelledByItsOwner()
         // Until the recorder answers, clip 1 is still in hand.
         #expect(h.captureState == .recording)
-        #expect(Self.replies(h.received(Self.command(1, .capture(.begin, .primary)), from: 2), to: 2) == [.busy])
+        #expect(Self.replies(h.received(Self.command(1, .capture(.begin, .primary)), from: 2, now: 0), to: 2) == [.busy])
         // The recorder had saved it at its length before the discard reached it: kept, and said so.
         let saved = h.clipSaved(1, name: "full.wav")
         #expect(Self.replies(saved, to: 1) == [.failed("too late to cancel: the clip was saved as full.wav")])
         #expect(Self.states(saved)[1]?.capture == .saved("full.wav") && Self.states(saved)[2]?.capture == .saved("full.wav"))
-        #expect(h.received(Self.command(2, .capture(.begin, .primary)), from: 2) == [.openClip(clip: 2, prerollOnly: false)])
+        #expect(h.received(Self.command(2, .capture(.begin, .primary)), from: 2, now: 0) == [.openClip(clip: 2, prerollOnly: false)])
         _ = h.clipOpened(2)
         // A clip whose writing failed while it was being cancelled is gone, as asked.
-        #expect(h.received(Self.command(3, .capture(.cancel, .primary)), from: 2) == [.discardClip(clip: 2)])
+        #expect(h.received(Self.command(3, .capture(.cancel, .primary)), from: 2, now: 0) == [.discardClip(clip: 2)])
         let failed = h.clipFailed(2, reason: "cannot write b.wav: disk full")
         #expect(Self.replies(failed, to: 2) == [.ok] && h.captureState == .armed)
     }
@@ -268,18 +268,18 @@ struct HostControlTests {
         _ = h.joined(1)
         _ = h.joined(2)
         #expect(h.offered == [.control, .talk] && h.state(for: 1).talkAccepted)
-        let on = h.received(Self.command(1, .talk(true)), from: 1)
+        let on = h.received(Self.command(1, .talk(true)), from: 1, now: 0)
         #expect(on.prefix(3) == [.setTalker(1), .holdForTalk(1, true), .send(1, .reply(id: 1, .ok))])
         #expect(Self.states(on)[2]?.talkAccepted == false && Self.states(on)[1]?.talkAccepted == true)
         #expect(Self.states(on)[1]?.paused == true && Self.states(on)[2]?.paused == false, "half duplex holds the talker's audio")
-        #expect(Self.replies(h.received(Self.command(2, .talk(true)), from: 2), to: 2) == [.busy])
-        #expect(h.received(Self.command(3, .talk(true)), from: 1) == [.send(1, .reply(id: 3, .ok))], "again: ok, nothing changes")
-        #expect(h.received(Self.command(4, .talk(false)), from: 2) == [.send(2, .reply(id: 4, .ok))], "not talking: ok")
-        let off = h.received(Self.command(5, .talk(false)), from: 1)
+        #expect(Self.replies(h.received(Self.command(2, .talk(true)), from: 2, now: 0), to: 2) == [.busy])
+        #expect(h.received(Self.command(3, .talk(true)), from: 1, now: 0) == [.send(1, .reply(id: 3, .ok))], "again: ok, nothing changes")
+        #expect(h.received(Self.command(4, .talk(false)), from: 2, now: 0) == [.send(2, .reply(id: 4, .ok))], "not talking: ok")
+        let off = h.received(Self.command(5, .talk(false)), from: 1, now: 0)
         #expect(off.prefix(3) == [.setTalker(nil), .holdForTalk(1, false), .send(1, .reply(id: 5, .ok))])
         #expect(h.currentTalker == nil && h.state(for: 2).talkAccepted)
         // A talker that leaves frees the talk for the others.
-        _ = h.received(Self.command(6, .talk(true)), from: 2)
+        _ = h.received(Self.command(6, .talk(true)), from: 2, now: 0)
         let left = h.left(2)
         #expect(left.prefix(2) == [.setTalker(nil), .holdForTalk(2, false)] && Self.states(left)[1]?.talkAccepted == true)
     }
@@ -287,7 +287,7 @@ struct HostControlTests {
     @Test func fullDuplexKeepsTheTalkerListening() {
         var h = HostControl<Int>(clips: false, talk: true, fullDuplex: true)
         _ = h.joined(1)
-        let on = h.received(Self.command(1, .talk(true)), from: 1)
+        let on = h.received(Self.command(1, .talk(true)), from: 1, now: 0)
         #expect(!on.contains { if case .holdForTalk = $0 { true } else { false } })
         #expect(on.first == .setTalker(1))
     }
@@ -296,7 +296,7 @@ struct HostControlTests {
         var h = HostControl<Int>(clips: false, talk: true)
         _ = h.joined(1)
         _ = h.joined(2)
-        _ = h.received(Self.command(1, .talk(true)), from: 1)
+        _ = h.received(Self.command(1, .talk(true)), from: 1, now: 0)
         #expect(h.currentTalker == 1 && h.state(for: 1).paused)
         let ended = h.talkbackEnded("the talkback device went away")
         #expect(ended.prefix(2) == [.setTalker(nil), .holdForTalk(1, false)])
@@ -304,15 +304,15 @@ struct HostControlTests {
         #expect(Self.states(ended)[2] == HostControlState(paused: false, talkAccepted: false, features: .control, capture: .off))
         #expect(h.currentTalker == nil && h.offered == .control)
         // Asked anyway (a player that did not hear yet): refused, with why.
-        #expect(Self.replies(h.received(Self.command(2, .talk(true)), from: 2), to: 2)
+        #expect(Self.replies(h.received(Self.command(2, .talk(true)), from: 2, now: 0), to: 2)
                 == [.error("talkback is unavailable: the talkback device went away")])
         #expect(h.currentTalker == nil && !h.state(for: 2).paused)
-        #expect(h.received(Self.command(3, .talk(false)), from: 1) == [.send(1, .reply(id: 3, .ok))], "talk off is still ok")
+        #expect(h.received(Self.command(3, .talk(false)), from: 1, now: 0) == [.send(1, .reply(id: 3, .ok))], "talk off is still ok")
         #expect(h.talkbackEnded("again") == [], "said once")
         // Full duplex: nobody was held, so nobody is released from a hold.
         var full = HostControl<Int>(clips: false, talk: true, fullDuplex: true)
         _ = full.joined(1)
-        _ = full.received(Self.command(1, .talk(true)), from: 1)
+        _ = full.received(Self.command(1, .talk(true)), from: 1, now: 0)
         let fullEnded = full.talkbackEnded("gone")
         #expect(fullEnded.first == .setTalker(nil) && Self.states(fullEnded)[1]?.talkAccepted == false)
         #expect(!fullEnded.contains { if case .holdForTalk = $0 { true } else { false } })
@@ -320,7 +320,7 @@ struct HostControlTests {
         var none = HostControl<Int>(clips: false)
         _ = none.joined(1)
         #expect(none.talkbackEnded("gone") == [])
-        guard case .unsupported? = Self.replies(none.received(Self.command(1, .talk(true)), from: 1), to: 1).first else {
+        guard case .unsupported? = Self.replies(none.received(Self.command(1, .talk(true)), from: 1, now: 0), to: 1).first else {
             Issue.record("talk on a host without talkback must be unsupported"); return
         }
     }
@@ -338,18 +338,24 @@ struct HostControlTests {
         var rng = SeededRandom(seed: 99)
         var h = HostControl<Int>(clips: true, talk: true)
         for p in 1...3 { _ = h.joined(p) }
-        var commands = 0, replies = 0
+        var commands = 0, replies = 0, opened = 0
         for i in 0..<5_000 {
             let peer = 1 + Int(rng.next() % 3)
             let choice: [PlayerCommand] = [.pause, .resume, .capture(.single, .primary), .capture(.begin, .primary),
                                            .capture(.end, .primary), .capture(.cancel, .primary), .talk(true), .talk(false)]
             let c = choice[Int(rng.next() % UInt64(choice.count))]
-            var actions = h.received(Self.command(UInt32(i + 1), c), from: peer)
+            // A command every 0.1 s: clip starts within each player's quota and over it.
+            var actions = h.received(Self.command(UInt32(i + 1), c), from: peer, now: UInt64(i) * 100_000_000)
             commands += 1
             for action in actions {
                 switch action {
                 case .openClip(let clip, _):
-                    actions += rng.next() % 4 == 0 ? h.clipOpenFailed(clip, reason: "full") : h.clipOpened(clip)
+                    if rng.next() % 4 == 0 {
+                        actions += h.clipOpenFailed(clip, reason: "full")
+                    } else {
+                        opened += 1
+                        actions += h.clipOpened(clip)
+                    }
                 case .finishClip(let clip):
                     actions += h.clipSaved(clip, name: "c\(i).wav")
                 case .discardClip(let clip):
@@ -363,6 +369,114 @@ struct HostControlTests {
         }
         #expect(replies == commands)
         #expect(h.counters.commands == UInt64(commands) && h.counters.replies == UInt64(replies))
+        // 500 s: at most the 4 at once and one every 10 s for each of the three players (a clip that failed to open
+        // costs nothing), and some were refused.
+        #expect(opened > 4 && opened <= 3 * (4 + 50), "\(opened) clips opened")
+        #expect(h.counters.refusedClips > 0 && h.counters.refusedClips == (1...3).reduce(0) { $0 + h.refusedClips(by: $1) })
+    }
+
+    // MARK: The clip quota
+
+    static let second: UInt64 = 1_000_000_000
+
+    /// `peer` asks for a pre-roll-only clip with command `id` at `now`; a clip opened is saved at once. Returns the
+    /// answer to the command.
+    static func shoot(_ h: inout HostControl<Int>, _ id: UInt32, by peer: Int, at now: UInt64) -> HostReply? {
+        let asked = h.received(command(id, .capture(.single, .secondary)), from: peer, now: now)
+        let answers = replies(asked, to: peer)
+        guard case .openClip(let clip, true)? = asked.first, asked.count == 1 else {
+            #expect(answers.count == 1, "one answer: \(asked)")
+            return answers.first
+        }
+        let opened = replies(h.clipOpened(clip), to: peer)
+        _ = h.clipSaved(clip, name: "clip-\(clip).wav")
+        return opened.first
+    }
+
+    @Test func aPlayerStartsFourClipsAtOnceTheNextIsRefusedWithItsWaitAndOneComesBackEveryTenSeconds() {
+        var h = HostControl<Int>(clips: true)
+        _ = h.joined(1)
+        let t: UInt64 = 1_000 * Self.second
+        for id in UInt32(1)...4 { #expect(Self.shoot(&h, id, by: 1, at: t) == .recording, "clip \(id) of the 4 at once") }
+        #expect(Self.shoot(&h, 5, by: 1, at: t) == .failed("too many clips: try again in 10 s"))
+        #expect(Self.shoot(&h, 6, by: 1, at: t + 3 * Self.second) == .failed("too many clips: try again in 7 s"))
+        #expect(Self.shoot(&h, 7, by: 1, at: t + 9 * Self.second + 1) == .failed("too many clips: try again in 1 s"), "rounded up")
+        // A refused start opened nothing, and the state players see is the last clip's.
+        #expect(h.captureState == .saved("clip-4.wav"))
+        #expect(Self.shoot(&h, 8, by: 1, at: t + 10 * Self.second) == .recording, "10 s bought one")
+        #expect(Self.shoot(&h, 9, by: 1, at: t + 10 * Self.second) == .failed("too many clips: try again in 10 s"))
+        // A quiet 40 s refills all 4, and no more.
+        for id in UInt32(10)...13 { #expect(Self.shoot(&h, id, by: 1, at: t + 60 * Self.second) == .recording) }
+        #expect(Self.shoot(&h, 14, by: 1, at: t + 60 * Self.second) == .failed("too many clips: try again in 10 s"))
+        #expect(h.counters.refusedClips == 5 && h.refusedClips(by: 1) == 5)
+        #expect(h.counters.commands == 14 && h.counters.replies == 14 && h.counters.malformed == 0)
+    }
+
+    @Test func onePlayersQuotaDoesNotTouchAnothersAndABusyAnswerCostsNothing() {
+        var h = HostControl<Int>(clips: true)
+        _ = h.joined(1)
+        _ = h.joined(2)
+        _ = h.joined(3)
+        let t: UInt64 = 5 * Self.second
+        for id in UInt32(1)...4 { #expect(Self.shoot(&h, id, by: 1, at: t) == .recording) }
+        #expect(Self.shoot(&h, 5, by: 1, at: t) == .failed("too many clips: try again in 10 s"))
+        // Player 2 has its own 4. While its clip records, player 3's starts are busy, and cost it nothing.
+        #expect(h.received(Self.command(1, .capture(.begin, .primary)), from: 2, now: t) == [.openClip(clip: 5, prerollOnly: false)])
+        _ = h.clipOpened(5)
+        for id in UInt32(1)...10 {
+            #expect(Self.replies(h.received(Self.command(id, .capture(.single, .primary)), from: 3, now: t), to: 3) == [.busy])
+        }
+        #expect(h.received(Self.command(2, .capture(.end, .primary)), from: 2, now: t) == [.finishClip(clip: 5), .send(2, .reply(id: 2, .ok))])
+        _ = h.clipSaved(5, name: "b.wav")
+        for id in UInt32(3)...5 { #expect(Self.shoot(&h, id, by: 2, at: t) == .recording) }
+        #expect(Self.shoot(&h, 6, by: 2, at: t + 2 * Self.second) == .failed("too many clips: try again in 8 s"))
+        for id in UInt32(11)...14 { #expect(Self.shoot(&h, id, by: 3, at: t) == .recording, "player 3's busy answers cost nothing") }
+        #expect(Self.shoot(&h, 15, by: 3, at: t) == .failed("too many clips: try again in 10 s"))
+        #expect(Self.shoot(&h, 6, by: 1, at: t + 2 * Self.second) == .failed("too many clips: try again in 8 s"))
+        #expect(h.refusedClips(by: 1) == 2 && h.refusedClips(by: 2) == 1 && h.refusedClips(by: 3) == 1)
+        #expect(h.counters.refusedClips == 4)
+        #expect(h.counters.commands == 6 + 6 + 15 && h.counters.replies == h.counters.commands)
+    }
+
+    @Test func aPlayerThatLeavesAndJoinsAgainFindsItsQuotaAsItLeftIt() {
+        var h = HostControl<Int>(clips: true)
+        _ = h.joined(1)
+        let t: UInt64 = 7 * Self.second
+        for id in UInt32(1)...4 { #expect(Self.shoot(&h, id, by: 1, at: t) == .recording) }
+        #expect(Self.shoot(&h, 5, by: 1, at: t) == .failed("too many clips: try again in 10 s"))
+        _ = h.left(1)
+        #expect(h.refusedClips(by: 1) == 0, "its count is since it joined")
+        _ = h.joined(1)
+        #expect(Self.shoot(&h, 1, by: 1, at: t + Self.second) == .failed("too many clips: try again in 9 s"), "no fresh quota")
+        #expect(h.refusedClips(by: 1) == 1 && h.counters.refusedClips == 2)
+        // Once it refilled, a player that left is forgotten: it comes back to a full quota, no more.
+        #expect(Self.shoot(&h, 2, by: 1, at: t + 10 * Self.second) == .recording)
+        _ = h.left(1)
+        _ = h.joined(1)
+        let later = t + 100 * Self.second
+        for id in UInt32(3)...6 { #expect(Self.shoot(&h, id, by: 1, at: later) == .recording) }
+        #expect(Self.shoot(&h, 7, by: 1, at: later) == .failed("too many clips: try again in 10 s"))
+        #expect(h.counters.refusedClips == 3)
+    }
+
+    @Test func aClipThatCouldNotBeOpenedCostsNothingAndACancelledOneCostsItsClip() {
+        var h = HostControl<Int>(clips: true, clipQuota: ClipQuota(burst: 2, refill: .seconds(15)))
+        _ = h.joined(1)
+        let t: UInt64 = 0
+        for id in UInt32(1)...6 {
+            guard case .openClip(let clip, false)? = h.received(Self.command(id, .capture(.single, .primary)), from: 1, now: t).first else {
+                Issue.record("start \(id) refused"); return
+            }
+            #expect(Self.replies(h.clipOpenFailed(clip, reason: "disk full"), to: 1) == [.failed("disk full")])
+        }
+        // A begin and a cancel: the clip's pre-roll was written, and it counts.
+        #expect(h.received(Self.command(7, .capture(.begin, .primary)), from: 1, now: t) == [.openClip(clip: 7, prerollOnly: false)])
+        _ = h.clipOpened(7)
+        #expect(h.received(Self.command(8, .capture(.cancel, .primary)), from: 1, now: t) == [.discardClip(clip: 7)])
+        #expect(Self.replies(h.clipDiscarded(7), to: 1) == [.ok])
+        #expect(Self.shoot(&h, 9, by: 1, at: t) == .recording)
+        #expect(Self.shoot(&h, 10, by: 1, at: t + 5 * Self.second) == .failed("too many clips: try again in 10 s"))
+        #expect(h.counters.refusedClips == 1 && h.counters.commands == 10 && h.counters.replies == 10)
     }
 }
 

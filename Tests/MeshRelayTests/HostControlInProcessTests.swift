@@ -64,15 +64,29 @@ struct HostControlInProcessTests {
 
     init() throws { paired = try PairedStates(players: 3, hostName: "ctl-inproc-host") }
 
-    func makeHost(clips: ClipRecorder.Configuration? = nil, log: @escaping @Sendable (String) -> Void = { _ in }) throws -> RelayHost {
+    /// A host keeping clips (0.2 s of pre-roll, 0.3 s at most) in a fresh directory, each player's within
+    /// `clipQuota`, with players 0 and 1 joined as raw clients: `body` gets them and the directory once the pre-roll
+    /// has filled.
+    func withClipHost(clipQuota: ClipQuota = .default,
+                      _ body: (RelayHost, _ a: RawControlClient, _ b: RawControlClient, _ dir: String) throws -> Void) throws {
+        let dir = try Self.clipDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
         let tone = try ToneSource(frequency: 440, amplitude: 0.5, format: .default, periodFrames: 128)
         var config = RelayHost.Configuration(identity: paired.host, trust: paired.hostTrust, serviceType: "pmr-ctl-inproc",
                                              maximumPeers: 8, discovery: InProcessDiscovery())
         config.maximumPlayersPerAddress = 8
-        config.clips = clips
-        let host = try RelayHost(configuration: config, source: tone, log: log)
+        config.clips = .init(directory: dir, name: "h", prerollSeconds: 0.2, maximumSeconds: 0.3)
+        config.clipQuota = clipQuota
+        let host = try RelayHost(configuration: config, source: tone)
         try host.start()
-        return host
+        defer { host.stop() }
+        let endpoint = PeerEndpoint(host: "127.0.0.1", port: host.port)
+        let a = try RawControlClient(identity: try paired.playerIdentity(0), endpoint: endpoint)
+        defer { a.stop() }
+        let b = try RawControlClient(identity: try paired.playerIdentity(1), endpoint: endpoint)
+        defer { b.stop() }
+        Thread.sleep(forTimeInterval: 0.3)  // the pre-roll fills
+        try body(host, a, b, dir)
     }
 
     static func clipDirectory() throws -> String {
@@ -85,52 +99,81 @@ struct HostControlInProcessTests {
 
     @Test("A cancel answered ok leaves no file, a cancel too late says saved (and the file is there), and the next clips start and end normally")
     func cancelledClipsLeaveNoFileAndTheNextClipsWork() throws {
-        let dir = try Self.clipDirectory()
-        defer { try? FileManager.default.removeItem(atPath: dir) }
-        let host = try makeHost(clips: .init(directory: dir, name: "h", prerollSeconds: 0.2, maximumSeconds: 0.3))
-        defer { host.stop() }
-        let a = try RawControlClient(identity: try paired.playerIdentity(0), endpoint: PeerEndpoint(host: "127.0.0.1", port: host.port))
-        defer { a.stop() }
-        let b = try RawControlClient(identity: try paired.playerIdentity(1), endpoint: PeerEndpoint(host: "127.0.0.1", port: host.port))
-        defer { b.stop() }
-        Thread.sleep(forTimeInterval: 0.3)  // the pre-roll fills
-        var id: UInt32 = 0
-        func ask(_ c: RawControlClient, _ command: PlayerCommand) -> HostReply? {
-            id += 1
-            let mine = id
-            c.send(mine, command)
-            _ = eventually(5) { c.reply(to: mine) != nil }
-            return c.reply(to: mine)
-        }
-        // A cancel well before the clip's length: ok, and the file is gone.
-        #expect(ask(a, .capture(.begin, .primary)) == .recording)
-        #expect(ask(a, .capture(.cancel, .primary)) == .ok)
-        #expect(eventually(2) { Self.files(dir).isEmpty }, "\(Self.files(dir))")
-        // Cancels around the clip's length (0.3 s): whatever the race, an ok leaves nothing, and a "too late" (or "no
-        // clip", once the host knew it was saved) keeps the clip; and every time, the other player's clip afterwards
-        // starts and ends normally.
-        for delay in [0.22, 0.26, 0.28, 0.3, 0.32, 0.35] {
-            let before = Self.files(dir)
-            #expect(ask(a, .capture(.begin, .primary)) == .recording)
-            Thread.sleep(forTimeInterval: delay)
-            let cancel = ask(a, .capture(.cancel, .primary))
-            switch cancel {
-            case .ok:
-                #expect(eventually(2) { Self.files(dir) == before }, "a cancelled clip stays on disk: \(Self.files(dir).subtracting(before))")
-            case .failed(let why):
-                let name = String(why.split(separator: " ").last ?? "")
-                #expect(why.hasPrefix("too late to cancel: the clip was saved as ") && Self.files(dir) == before.union([name]), "\(why)")
-            case .error("no clip is being recorded"):
-                // The host knew the clip was saved before the cancel came: it is kept, and the state says so.
-                #expect(Self.files(dir).subtracting(before).count == 1, "\(Self.files(dir).subtracting(before))")
-            default:
-                Issue.record("cancel after \(delay) s: \(String(describing: cancel))")
+        // Player a starts 7 clips in a few seconds: a quota wide enough for them (the quota is not what this is about).
+        try withClipHost(clipQuota: ClipQuota(burst: 20, refill: .seconds(1))) { _, a, b, dir in
+            var id: UInt32 = 0
+            func ask(_ c: RawControlClient, _ command: PlayerCommand) -> HostReply? {
+                id += 1
+                let mine = id
+                c.send(mine, command)
+                _ = eventually(5) { c.reply(to: mine) != nil }
+                return c.reply(to: mine)
             }
-            #expect(ask(b, .capture(.begin, .primary)) == .recording)
-            let seen = b.messages.count
-            #expect(ask(b, .capture(.end, .primary)) == .ok, "b's clip ends as b asked")
-            #expect(eventually(3) { b.messages.dropFirst(seen).contains { if case .state(let s) = $0, case .saved = s.capture { true } else { false } } },
-                    "\(b.messages.dropFirst(seen))")
+            // A cancel well before the clip's length: ok, and the file is gone.
+            #expect(ask(a, .capture(.begin, .primary)) == .recording)
+            #expect(ask(a, .capture(.cancel, .primary)) == .ok)
+            #expect(eventually(2) { Self.files(dir).isEmpty }, "\(Self.files(dir))")
+            // Cancels around the clip's length (0.3 s): whatever the race, an ok leaves nothing, and a "too late" (or "no
+            // clip", once the host knew it was saved) keeps the clip; and every time, the other player's clip afterwards
+            // starts and ends normally.
+            for delay in [0.22, 0.26, 0.28, 0.3, 0.32, 0.35] {
+                let before = Self.files(dir)
+                #expect(ask(a, .capture(.begin, .primary)) == .recording)
+                Thread.sleep(forTimeInterval: delay)
+                let cancel = ask(a, .capture(.cancel, .primary))
+                switch cancel {
+                case .ok:
+                    #expect(eventually(2) { Self.files(dir) == before }, "a cancelled clip stays on disk: \(Self.files(dir).subtracting(before))")
+                case .failed(let why):
+                    let name = String(why.split(separator: " ").last ?? "")
+                    #expect(why.hasPrefix("too late to cancel: the clip was saved as ") && Self.files(dir) == before.union([name]), "\(why)")
+                case .error("no clip is being recorded"):
+                    // The host knew the clip was saved before the cancel came: it is kept, and the state says so.
+                    #expect(Self.files(dir).subtracting(before).count == 1, "\(Self.files(dir).subtracting(before))")
+                default:
+                    Issue.record("cancel after \(delay) s: \(String(describing: cancel))")
+                }
+                #expect(ask(b, .capture(.begin, .primary)) == .recording)
+                let seen = b.messages.count
+                #expect(ask(b, .capture(.end, .primary)) == .ok, "b's clip ends as b asked")
+                #expect(eventually(3) { b.messages.dropFirst(seen).contains { if case .state(let s) = $0, case .saved = s.capture { true } else { false } } },
+                        "\(b.messages.dropFirst(seen))")
+            }
+        }
+    }
+
+    @Test("The default clip quota: a player's 4 pre-roll clips are written, its 5th start is answered with when to try again and writes nothing, the refusal is counted in the status, and another player's clip is written")
+    func clipsOverTheQuotaAreRefusedAndCounted() throws {
+        try withClipHost { host, a, b, dir in
+            /// The states `c` was sent that say a clip was saved.
+            func saves(_ c: RawControlClient) -> Int {
+                c.messages.filter { if case .state(let s) = $0, case .saved = s.capture { true } else { false } }.count
+            }
+            /// `c` asks for a pre-roll-only clip with `id`; once it is recording, waits until it is saved.
+            func shoot(_ c: RawControlClient, _ id: UInt32) -> HostReply? {
+                let before = saves(c)
+                c.send(id, .capture(.single, .secondary))
+                _ = eventually(5) { c.reply(to: id) != nil }
+                if c.reply(to: id) == .recording { #expect(eventually(3) { saves(c) > before }, "clip \(id) was not saved") }
+                return c.reply(to: id)
+            }
+            let start = Date()
+            for id in UInt32(1)...4 { #expect(shoot(a, id) == .recording, "clip \(id) of the 4 at once") }
+            #expect(Self.files(dir).count == 4, "\(Self.files(dir))")
+            // The next comes back 10 s after the first 4 were taken.
+            guard case .failed(let why)? = shoot(a, 5) else { Issue.record("the 5th clip: \(String(describing: a.reply(to: 5)))"); return }
+            let wait = why.hasPrefix("too many clips: try again in ") && why.hasSuffix(" s")
+                ? Int(why.dropFirst("too many clips: try again in ".count).dropLast(2)) : nil
+            let elapsed = Date().timeIntervalSince(start)
+            #expect(wait.map { $0 <= 10 && Double($0) >= 10 - elapsed - 1 } == true, "\(why), \(elapsed) s after the first")
+            #expect(Self.files(dir).count == 4, "a refused clip wrote nothing: \(Self.files(dir))")
+            #expect(shoot(b, 1) == .recording, "b's quota is its own")
+            #expect(eventually(2) { Self.files(dir).count == 5 }, "\(Self.files(dir))")
+            let s = host.statistics
+            let idA = try paired.playerIdentity(0).peerID, idB = try paired.playerIdentity(1).peerID
+            #expect(s.refusedClips == 1)
+            #expect(s.players.first { $0.peer == idA }?.refusedClips == 1 && s.players.first { $0.peer == idB }?.refusedClips == 0)
+            #expect(s.controlCommands == 6)
         }
     }
 }

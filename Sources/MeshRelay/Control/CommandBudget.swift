@@ -8,7 +8,8 @@
 /// times a second, and a headset button far less. Only a program can exceed them, and one that does cannot grow the
 /// host's control queue, nor fill its log (journald would then drop the host's important lines).
 ///
-/// Pure: time (monotonic nanoseconds) is passed in. Credit is kept in nanoseconds, so the arithmetic is exact.
+/// Pure: time (monotonic nanoseconds) is passed in. Credit is kept in nanoseconds (`TokenBucket`), so the arithmetic is
+/// exact.
 struct CommandBudget<Player: Hashable & Sendable>: Sendable {
     /// What to do with one command.
     enum Verdict: Sendable, Equatable {
@@ -34,10 +35,8 @@ struct CommandBudget<Player: Hashable & Sendable>: Sendable {
     let tellInterval: UInt64
 
     private struct Account {
-        /// Nanoseconds of credit: each command costs `cost`, and credit grows with time up to `capacity`.
-        var credit: UInt64
-        /// When `credit` was brought up to date.
-        var at: UInt64
+        /// Each command takes a token: `burst` at once, one more every `1 / commandsPerSecond` s.
+        var bucket: TokenBucket
         var dropped: UInt64 = 0
         var droppedSinceTold: UInt64 = 0
         var toldAt: UInt64?
@@ -55,20 +54,10 @@ struct CommandBudget<Player: Hashable & Sendable>: Sendable {
         self.tellInterval = tellInterval
     }
 
-    /// Nanoseconds of credit one command costs.
-    private var cost: UInt64 { 1_000_000_000 / commandsPerSecond }
-    /// The most credit a player can hold: `burst` commands.
-    private var capacity: UInt64 { cost.multipliedReportingOverflow(by: burst).overflow ? UInt64.max / 2 : cost * burst }
-
     /// One command from `player` at `now`.
     mutating func spend(_ player: Player, now: UInt64) -> Verdict {
-        var a = accounts[player] ?? Account(credit: capacity, at: now)
-        if now > a.at {
-            a.credit = min(capacity, a.credit + min(now - a.at, capacity))
-            a.at = now
-        }
-        if a.credit >= cost {
-            a.credit -= cost
+        var a = accounts[player] ?? Account(bucket: TokenBucket(cost: 1_000_000_000 / commandsPerSecond, burst: burst, now: now))
+        if a.bucket.take(now: now) {
             accounts[player] = a
             return .take
         }

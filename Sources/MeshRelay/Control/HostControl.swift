@@ -12,6 +12,13 @@
 /// command changed the clip (a clip that reached its length while its owner cancelled it); a report is applied only
 /// to the clip it names, and a cancel is answered only once the recorder says whether it discarded the clip or had
 /// saved it already.
+///
+/// Each player may start clips within a quota (`ClipQuota`: 4 at once, then one every 10 s, by default); a start over
+/// it is answered `failed` with when to try again, and counted. The quota is kept by `Peer` and outlives a player's
+/// leaving: one that leaves and joins again finds it as it left it. For `RelayHost` a `Peer` is a `PeerID`, equal to
+/// another exactly when their keys are, so this holds for a paired player (whose key the handshake proves); a player
+/// of an unencrypted session names its own identity, and could come back as another. A player's quota is forgotten
+/// once it has left and its quota has refilled, when a new one would be the same.
 public struct HostControl<Peer: Hashable & Sendable>: Sendable {
     /// What the driver does.
     public enum Action: Sendable, Equatable {
@@ -42,6 +49,9 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
         public var replies: UInt64 = 0
         /// Messages that did not decode, or were not commands.
         public var malformed: UInt64 = 0
+        /// Clip starts refused because their player was over its clip quota, every player together (players that
+        /// left included).
+        public var refusedClips: UInt64 = 0
         public init() {}
     }
 
@@ -81,6 +91,12 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
     private var clip: Clip
     /// The number of the latest clip opened (the first is 1).
     private var lastClipNumber: UInt64 = 0
+    /// How many clips each player may start.
+    private let clipQuota: ClipQuota
+    /// Each player's clip quota, by `Peer`: kept when it leaves, until it has refilled (a missing one is full).
+    private var clipCredit: [Peer: TokenBucket] = [:]
+    /// Clip starts refused to each connected player since it joined.
+    private var refusedClipsByPlayer: [Peer: UInt64] = [:]
     /// The counters.
     public private(set) var counters = Counters()
 
@@ -89,12 +105,14 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
     ///   - talk: whether it takes talkback (`--talk-output` or `--talk-device`).
     ///   - fullDuplex: whether a talker keeps hearing the host (`--talk-duplex full`); by default it does not, which
     ///     avoids echo without echo cancellation.
-    public init(clips: Bool, talk: Bool = false, fullDuplex: Bool = false) {
+    ///   - clipQuota: how many clips each player may start.
+    public init(clips: Bool, talk: Bool = false, fullDuplex: Bool = false, clipQuota: ClipQuota = .default) {
         var f: ControlFeatures = .control
         if clips { f.insert(.clips) }
         if talk { f.insert(.talk) }
         features = f
         self.fullDuplex = fullDuplex
+        self.clipQuota = clipQuota
         clip = clips ? .idle(last: nil) : .disabled
     }
 
@@ -116,6 +134,9 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
     /// Who talks back now.
     public var currentTalker: Peer? { talker }
 
+    /// `peer`'s clip starts refused since it joined, because it was over its clip quota.
+    public func refusedClips(by peer: Peer) -> UInt64 { refusedClipsByPlayer[peer] ?? 0 }
+
     /// The state `peer` is told: held (`paused`) while it asked for a pause, or while it talks in half duplex; talkback
     /// accepted from it when the host takes talkback and nobody else talks.
     public func state(for peer: Peer) -> HostControlState {
@@ -132,9 +153,11 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
         return [.send(peer, .state(state(for: peer)))]
     }
 
-    /// `peer` left: it is forgotten (a clip it started goes on to its length, or until the host stops).
+    /// `peer` left: it is forgotten (a clip it started goes on to its length, or until the host stops), but for its
+    /// clip quota, which it finds as it left it if it comes back.
     public mutating func left(_ peer: Peer) -> [Action] {
         members.remove(peer)
+        refusedClipsByPlayer[peer] = nil
         var actions: [Action] = []
         if paused.remove(peer) != nil { actions.append(.setPaused(peer, false)) }
         if talker == peer {
@@ -168,8 +191,8 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
         return actions + broadcast()
     }
 
-    /// A reliable message from `peer`.
-    public mutating func received(_ bytes: [UInt8], from peer: Peer) -> [Action] {
+    /// A reliable message from `peer`, at `now` (monotonic nanoseconds: the time its clip quota is reckoned at).
+    public mutating func received(_ bytes: [UInt8], from peer: Peer, now: UInt64) -> [Action] {
         counters.commands &+= 1
         let message: ControlMessage
         do {
@@ -203,15 +226,22 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
             talker = nil
             return [.setTalker(nil)] + (fullDuplex ? [] : [.holdForTalk(peer, false)]) + [reply(peer, id, .ok)] + broadcast()
         case .capture(let phase, let action):
-            return capture(phase, action, id: id, from: peer)
+            return capture(phase, action, id: id, from: peer, now: now)
         }
     }
 
-    private mutating func capture(_ phase: CapturePhase, _ action: CaptureAction, id: UInt32, from peer: Peer) -> [Action] {
+    private mutating func capture(_ phase: CapturePhase, _ action: CaptureAction, id: UInt32, from peer: Peer,
+                                  now: UInt64) -> [Action] {
         switch (phase, clip) {
         case (_, .disabled):
             return [reply(peer, id, .unsupported("this host keeps no clips (mesh-record --clips DIR)"))]
         case (.single, .idle), (.begin, .idle):
+            if let wait = takeClip(peer, now: now) {
+                counters.refusedClips &+= 1
+                refusedClipsByPlayer[peer, default: 0] &+= 1
+                let seconds = wait / 1_000_000_000 + (wait % 1_000_000_000 == 0 ? 0 : 1)
+                return [reply(peer, id, .failed("too many clips: try again in \(seconds) s"))]
+            }
             lastClipNumber &+= 1
             clip = .opening(clip: lastClipNumber, owner: peer, id: id)
             return [.openClip(clip: lastClipNumber, prerollOnly: action == .secondary)]
@@ -238,9 +268,10 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
         return [reply(owner, id, .recording)] + broadcast()
     }
 
-    /// Clip `number` could not be opened.
+    /// Clip `number` could not be opened: it cost its owner nothing of its clip quota.
     public mutating func clipOpenFailed(_ number: UInt64, reason: String) -> [Action] {
         guard case .opening(number, let owner, let id) = clip else { preconditionFailure("clipOpenFailed(\(number)) with no such clip being opened") }
+        clipCredit[owner]?.giveBack()
         clip = .idle(last: .failed(reason))
         return [reply(owner, id, .failed(reason))] + broadcast()
     }
@@ -289,6 +320,15 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
     }
 
     // MARK: Helpers
+
+    /// Takes a clip of `peer`'s quota at `now`: nil when it had one, else the nanoseconds until it has.
+    private mutating func takeClip(_ peer: Peer, now: UInt64) -> UInt64? {
+        // The quotas of players that left are kept until they refill: a new one would be the same.
+        clipCredit = clipCredit.filter { members.contains($0.key) || !$0.value.isFull(now: now) }
+        var bucket = clipCredit[peer] ?? clipQuota.bucket(now: now)
+        defer { clipCredit[peer] = bucket }
+        return bucket.take(now: now) ? nil : bucket.wait(now: now)
+    }
 
     private mutating func reply(_ peer: Peer, _ id: UInt32, _ r: HostReply) -> Action {
         counters.replies &+= 1

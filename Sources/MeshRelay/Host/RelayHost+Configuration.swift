@@ -46,6 +46,8 @@ extension RelayHost {
         public var encryption: EncryptionPreference = .required
         /// Clip capture (`--clips DIR`): where clips go and how long they are; nil keeps no clips.
         public var clips: ClipRecorder.Configuration?
+        /// How many clips each player may start (`ClipQuota.default`: 4 at once, then one every 10 s).
+        public var clipQuota: ClipQuota = .default
         /// Talkback (`--talk-output`, `--talk-device`): where a talking player is played; nil takes no talkback.
         public var talk: TalkOutput?
         /// How the samples travel (`--codec`): Float32 (the default), dithered Int16 at half the bandwidth, or Opus
@@ -102,6 +104,9 @@ extension RelayHost {
         /// Control messages dropped unanswered because their player sent them faster than its budget (50 a second,
         /// 100 at once), every player together, those that left included.
         public var droppedControl: UInt64 = 0
+        /// Clip starts refused because their player was over its clip quota (`Configuration.clipQuota`), every player
+        /// together, those that left included.
+        public var refusedClips: UInt64 = 0
     }
 
     /// Where talkback from the players is played: a sink for the talker's format, and whether the talker keeps
@@ -134,5 +139,7 @@ extension RelayHost {
         /// Its control messages dropped unanswered because it sent them faster than its budget (50 a second, 100 at
         /// once).
         public var droppedCommands: UInt64 = 0
+        /// Its clip starts refused since it joined because it was over its clip quota (`Configuration.clipQuota`).
+        public var refusedClips: UInt64 = 0
     }
 }

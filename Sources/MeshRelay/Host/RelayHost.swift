@@ -178,7 +178,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         let players = Players()
         self.players = players
         control = Mutex(HostControl(clips: configuration.clips != nil, talk: configuration.talk != nil,
-                                    fullDuplex: configuration.talk?.fullDuplex ?? false))
+                                    fullDuplex: configuration.talk?.fullDuplex ?? false, clipQuota: configuration.clipQuota))
         talkback = try configuration.talk.map { t in
             try PlayoutPipeline(format: .default, configuration: .init(mode: .auto), sink: try t.makeSink(.default))
         }
@@ -289,15 +289,17 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         let (addresses, advertised) = state.withLock { ($0.addresses, $0.advertised) }
         let paused = players.paused
         let budget = self.budget.withLock { $0 }
+        let control = self.control.withLock { $0 }
         s.players = players.all.map {
             PlayerInfo(peer: $0, address: addresses[$0], fingerprint: $0.publicKey?.shortFingerprint, paused: paused.contains($0),
-                       talking: talker.withLock { $0 } == $0, droppedCommands: budget.dropped(by: $0))
+                       talking: talker.withLock { $0 } == $0, droppedCommands: budget.dropped(by: $0),
+                       refusedClips: control.refusedClips(by: $0))
         }
         s.droppedControl = budget.totalDropped
-        let (clip, counters) = control.withLock { ($0.captureState, $0.counters) }
-        s.capture = clip
-        s.controlCommands = counters.commands
-        s.malformedControl = counters.malformed
+        s.capture = control.captureState
+        s.controlCommands = control.counters.commands
+        s.malformedControl = control.counters.malformed
+        s.refusedClips = control.counters.refusedClips
         s.pairing = pairing?.isOpen ?? false
         s.advertised = advertised
         s.muted = capture.isMuted
@@ -524,7 +526,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         let bytes = Array(data)
         switch budget.withLock({ $0.spend(peer, now: MonotonicClock.nowNanos()) }) {
         case .take:
-            controlQueue.async { [self] in perform(control.withLock { $0.received(bytes, from: peer) }) }
+            controlQueue.async { [self] in perform(control.withLock { $0.received(bytes, from: peer, now: MonotonicClock.nowNanos()) }) }
         case .drop:
             break
         case .dropAndTell(let dropped):
