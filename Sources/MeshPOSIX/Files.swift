@@ -96,16 +96,39 @@ package enum PrivateFile {
     }
 
     /// The contents of `path` (at most `limit` bytes; a larger file is an error, not a truncation).
-    package static func read(_ path: String, limit: Int = 1 << 20) throws(SyscallError) -> [UInt8] {
+    ///
+    /// For a file that holds a secret, pass `wipe` (the caller's wipe, one the optimiser keeps): every buffer the
+    /// bytes pass through that is released here — the read buffer, a result outgrown, or one dropped on an error — is
+    /// handed to it first. The array returned is the caller's to wipe.
+    package static func read(_ path: String, limit: Int = 1 << 20,
+                             wipingWith wipe: ((UnsafeMutableRawBufferPointer) -> Void)? = nil) throws(SyscallError) -> [UInt8] {
         let fd = try Sys.call("open(\(path))") { open(path, O_RDONLY | O_CLOEXEC) }
         defer { close(fd) }
         var out: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 16_384)
+        var returned = false
+        defer {
+            if let wipe {
+                chunk.withUnsafeMutableBytes(wipe)
+                if !returned { out.withUnsafeMutableBytes(wipe) }
+            }
+        }
         while true {
             let n = chunk.withUnsafeMutableBytes { raw in Glibc.read(fd, raw.baseAddress!, raw.count) }
             if n < 0, errno == EINTR { continue }
             if n < 0 { throw SyscallError(call: "read(\(path))", code: errno) }
-            if n == 0 { return out }
+            if n == 0 {
+                returned = true
+                return out
+            }
+            if let wipe, out.count + n > out.capacity {
+                // Grown by hand: `append` would release the outgrown storage unwiped.
+                var grown: [UInt8] = []
+                grown.reserveCapacity(2 * (out.count + n))
+                grown += out
+                out.withUnsafeMutableBytes(wipe)
+                out = grown
+            }
             out.append(contentsOf: chunk[0..<n])
             if out.count > limit { throw SyscallError(call: "read(\(path))", code: EFBIG) }
         }

@@ -161,4 +161,50 @@ struct IdentityFileTests {
         let forged = #"{"displayName":"x","identity":1,"publicKey":"\#(k.hex)"}"#
         #expect(throws: DecodingError.self) { _ = try JSONDecoder().decode(PeerID.self, from: Data(forged.utf8)) }
     }
+
+    /// The fields of an identity file, to encode the way `save` did before it kept the key from the encoder.
+    private struct EncodedIdentity: Codable {
+        var format: String
+        var displayName: String
+        var publicKey: String
+        var secretKey: String
+    }
+
+    @Test("The identity file's bytes are exactly what the JSON encoder writes for it, with the key spliced in")
+    func identityBytesAreTheEncodersOwn() throws {
+        // 0xff bytes encode to "/", which the encoder escapes; 0xfb to "+"; the others are random. The last name is
+        // not a valid display name (the property is public), longer than the placeholder and made of its character.
+        let keys = [[UInt8](repeating: 0xff, count: 32), [UInt8](repeating: 0xfb, count: 32)] + (0..<8).map { _ in Sodium.randomBytes(32) }
+        let names = ["kitchen", #"a/b "quoted" \ é"#, String(repeating: "*", count: 63), String(repeating: "*", count: 150)]
+        for key in keys {
+            for name in names {
+                var identity = PeerIdentity(displayName: "x", keys: Noise.KeyPair(secret: SecretKey(copying: key)))
+                identity.displayName = name
+                let expected = EncodedIdentity(format: "peermesh-identity-1", displayName: name, publicKey: identity.publicKey.hex,
+                                               secretKey: Data(key).base64EncodedString())
+                #expect(try identity.fileBytes() == Array(try JSONEncoder.pretty.encode(expected)) + [0x0a], "\(name)")
+            }
+        }
+    }
+
+    @Test("Reading a file with a wipe hands it every buffer the bytes pass through, and returns them intact")
+    func aSecretFileIsReadThroughWipedBuffers() throws {
+        let path = temporaryDirectory() + "/secret"
+        try PrivateFile.ensureDirectory(PeerIdentity.directory(of: path))
+        let contents = Sodium.randomBytes(40_000)   // three reads of the 16 KiB buffer: the third outgrows the result
+        try PrivateFile.write(contents, to: path)
+        var wiped: [[UInt8]] = []
+        let wipe: (UnsafeMutableRawBufferPointer) -> Void = { buffer in
+            wiped.append(Array(buffer))
+            buffer.initializeMemory(as: UInt8.self, repeating: 0)
+        }
+        #expect(try PrivateFile.read(path, limit: 1 << 20, wipingWith: wipe) == contents)
+        // The read buffer, holding the last read at its start, and the outgrown result, holding the first two.
+        #expect(wiped.contains { $0.count == 16_384 && $0.starts(with: contents[32_768...]) })
+        #expect(wiped.contains { $0.count == 32_768 && $0 == Array(contents[..<32_768]) })
+        // Too large: the result read so far is dropped, and handed to the wipe too.
+        wiped = []
+        #expect(throws: SyscallError.self) { _ = try PrivateFile.read(path, limit: 20_000, wipingWith: wipe) }
+        #expect(wiped.contains { $0 == Array(contents[..<32_768]) })
+    }
 }

@@ -77,22 +77,23 @@ enum Noise {
 
     /// Noise's SymmetricState: the chaining key, the handshake hash and the current cipher.
     struct SymmetricState: Sendable {
-        private(set) var chainingKey: [UInt8]
+        /// Secret from the first DH on, so held as a key (each one is wiped when replaced).
+        private var chainingKey: SecretKey
         private(set) var hash: [UInt8]
         private var cipher = CipherState()
 
         init(prologue: [UInt8]) {
             hash = Noise.protocolName   // exactly HASHLEN bytes
-            chainingKey = hash
+            chainingKey = SecretKey(copying: hash)
             mixHash(prologue)
         }
 
         mutating func mixHash(_ data: [UInt8]) { hash = Sodium.sha256([hash, data]) }
 
         mutating func mixKey(_ ikm: SecretKey) {
-            let (ck, k) = Noise.hkdf2(chainingKey, ikm.bytes)
+            let (ck, k) = ikm.withUnsafeBytes { Noise.hkdf2(chainingKey, $0) }
             chainingKey = ck
-            cipher = CipherState(key: SecretKey(copying: k))
+            cipher = CipherState(key: k)
         }
 
         mutating func encryptAndHash(_ plaintext: [UInt8]) -> [UInt8] {
@@ -109,24 +110,27 @@ enum Noise {
 
         /// The two transport ciphers (initiator→responder, responder→initiator).
         func split() -> (CipherState, CipherState) {
-            let (k1, k2) = Noise.hkdf2(chainingKey, [])
-            return (CipherState(key: SecretKey(copying: k1)), CipherState(key: SecretKey(copying: k2)))
+            let (k1, k2) = Noise.hkdf2(chainingKey, UnsafeRawBufferPointer(start: nil, count: 0))
+            return (CipherState(key: k1), CipherState(key: k2))
         }
 
         /// Two more keys from the final chaining key, for another channel (PeerMesh's datagrams), separated by `label`.
         func derive(label: [UInt8]) -> (SecretKey, SecretKey) {
-            let (k1, k2) = Noise.hkdf2(chainingKey, label)
-            return (SecretKey(copying: k1), SecretKey(copying: k2))
+            label.withUnsafeBytes { Noise.hkdf2(chainingKey, $0) }
         }
     }
 
-    /// Noise's HKDF with two outputs (HMAC-SHA-256).
-    static func hkdf2(_ chainingKey: [UInt8], _ ikm: [UInt8]) -> ([UInt8], [UInt8]) {
-        let temp = Sodium.hmacSHA256(key: chainingKey, [ikm])
-        let o1 = Sodium.hmacSHA256(key: temp, [[0x01]])
-        let o2 = Sodium.hmacSHA256(key: temp, [o1, [0x02]])
+    /// Noise's HKDF with two outputs (HMAC-SHA-256). The temporary key and both outputs are `SecretKey`s, so nothing
+    /// derived here outlives its use unwiped.
+    static func hkdf2(_ chainingKey: SecretKey, _ ikm: UnsafeRawBufferPointer) -> (SecretKey, SecretKey) {
+        let temp = Sodium.hmacSHA256(key: chainingKey, ikm)
+        let o1 = hkdfCounter[0].withUnsafeBytes { Sodium.hmacSHA256(key: temp, $0) }
+        let o2 = o1.withUnsafeBytes { o in hkdfCounter[1].withUnsafeBytes { Sodium.hmacSHA256(key: temp, o, $0) } }
         return (o1, o2)
     }
+
+    /// The bytes HKDF appends to number its outputs.
+    private static let hkdfCounter: [[UInt8]] = [[0x01], [0x02]]
 
     /// A static or ephemeral X25519 key pair.
     struct KeyPair: Sendable {

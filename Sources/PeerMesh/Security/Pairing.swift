@@ -78,8 +78,16 @@ public enum Pairing {
         return Sodium.ristrettoFromHash(Sodium.sha512([Array("PeerMesh CPace v1".utf8), [UInt8(c.count)], c, binding]))
     }
 
-    static func confirmationKey(binding: [UInt8], k: [UInt8], ya: [UInt8], yb: [UInt8]) -> [UInt8] {
-        Sodium.sha512([Array("PeerMesh CPace ISK".utf8), binding, k, ya, yb])
+    /// Runs `body` with the ISK of an exchange where this side's scalar is `secret` and the peer's element is
+    /// `peer` (`K = secret·peer`). K and the ISK are wiped when it returns; only what `body` makes of them leaves.
+    /// - Throws: `Failure.badElement` when `peer` is invalid or K is the identity, and whatever `body` throws.
+    static func withConfirmationKey<R>(secret: SecretKey, peer: [UInt8], binding: [UInt8], ya: [UInt8], yb: [UInt8],
+                                       _ body: ([UInt8]) throws(Failure) -> R) throws(Failure) -> R {
+        guard var k = Sodium.ristrettoMultiply(secret, peer) else { throw .badElement }
+        defer { Sodium.wipe(&k) }
+        var isk = Sodium.sha512([Array("PeerMesh CPace ISK".utf8), binding, k, ya, yb])
+        defer { Sodium.wipe(&isk) }
+        return try body(isk)
     }
 
     static func tag(_ isk: [UInt8], _ role: String, _ ya: [UInt8], _ yb: [UInt8]) -> [UInt8] {
@@ -91,15 +99,13 @@ public enum Pairing {
         private let binding: [UInt8]
         private let secret: SecretKey
         private let ya: [UInt8]
-        private let g: [UInt8]
         private var done = false
 
         /// `binding` is the session's pairing binding for the peer (both sides compute the same bytes).
         public init(code: String, binding: [UInt8]) {
             self.binding = binding
-            g = Pairing.generator(code: code, binding: binding)
             secret = Sodium.ristrettoRandomScalar()
-            ya = Sodium.ristrettoMultiply(secret, g) ?? []
+            ya = Sodium.ristrettoMultiply(secret, Pairing.generator(code: code, binding: binding)) ?? []
         }
 
         /// Message 1.
@@ -110,10 +116,10 @@ public enum Pairing {
             guard !done, m2.count == 4 + 1 + 64, Array(m2[0..<4]) == Pairing.magic, m2[4] == 2 else { throw .malformed }
             done = true
             let yb = Array(m2[5..<37]), tagB = Array(m2[37..<69])
-            guard let k = Sodium.ristrettoMultiply(secret, yb) else { throw .badElement }
-            let isk = Pairing.confirmationKey(binding: binding, k: k, ya: ya, yb: yb)
-            guard Sodium.constantTimeEqual(tagB, Pairing.tag(isk, "B", ya, yb)) else { throw .wrongCode }
-            return Pairing.magic + [3] + Pairing.tag(isk, "A", ya, yb)
+            return try Pairing.withConfirmationKey(secret: secret, peer: yb, binding: binding, ya: ya, yb: yb) { isk throws(Failure) in
+                guard Sodium.constantTimeEqual(tagB, Pairing.tag(isk, "B", ya, yb)) else { throw .wrongCode }
+                return Pairing.magic + [3] + Pairing.tag(isk, "A", ya, yb)
+            }
         }
     }
 
@@ -135,12 +141,12 @@ public enum Pairing {
             }
             let ya = Array(m1[5..<37])
             let secret = Sodium.ristrettoRandomScalar()
-            guard let yb = Sodium.ristrettoMultiply(secret, g), let k = Sodium.ristrettoMultiply(secret, ya) else {
-                throw .badElement
+            guard let yb = Sodium.ristrettoMultiply(secret, g) else { throw .badElement }
+            let (tagA, tagB) = try Pairing.withConfirmationKey(secret: secret, peer: ya, binding: binding, ya: ya, yb: yb) { isk in
+                (Pairing.tag(isk, "A", ya, yb), Pairing.tag(isk, "B", ya, yb))
             }
-            let isk = Pairing.confirmationKey(binding: binding, k: k, ya: ya, yb: yb)
-            expectedTagA = Pairing.tag(isk, "A", ya, yb)
-            return Pairing.magic + [2] + yb + Pairing.tag(isk, "B", ya, yb)
+            expectedTagA = tagA
+            return Pairing.magic + [2] + yb + tagB
         }
 
         /// Reads message 3: whether the initiator knows the code.

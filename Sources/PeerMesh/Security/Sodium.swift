@@ -1,5 +1,6 @@
 // The one file that calls libsodium. Everything PeerMesh does with keys goes through here: randomness, X25519,
-// ChaCha20-Poly1305 (IETF), SHA-256 and HMAC-SHA-256, BLAKE2b, ristretto255, constant-time comparison and wiping.
+// ChaCha20-Poly1305 (IETF), SHA-256 and HMAC-SHA-256, BLAKE2b, ristretto255, constant-time comparison and wiping, and
+// the base64 of a key (written where nothing leaves a copy of it).
 import CSodium
 
 /// 32 secret bytes (a private key or a symmetric key), wiped when released. Immutable once made.
@@ -28,6 +29,13 @@ final class SecretKey: @unchecked Sendable { // the bytes are written once in in
         storage.copyMemory(from: UnsafeRawBufferPointer(rebasing: raw[0..<Self.size]))
     }
 
+    /// A key that `body` writes in place (32 bytes, zeros until written): what derives a key makes it here, so it
+    /// never passes through a buffer that is not wiped.
+    fileprivate init(initializingWith body: (UnsafeMutablePointer<UInt8>) -> Void) {
+        storage = .allocate(byteCount: Self.size, alignment: 16)
+        body(storage.initializeMemory(as: UInt8.self, repeating: 0).baseAddress!)
+    }
+
     deinit {
         sodium_memzero(storage.baseAddress, storage.count)
         storage.deallocate()
@@ -37,7 +45,13 @@ final class SecretKey: @unchecked Sendable { // the bytes are written once in in
         try body(storage.baseAddress!.assumingMemoryBound(to: UInt8.self))
     }
 
-    /// The bytes, for persisting a private key (the caller keeps them secret).
+    /// The 32 bytes, to feed to a hash or a MAC without copying them.
+    func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
+        try body(UnsafeRawBufferPointer(storage))
+    }
+
+    /// A copy of the bytes in an array, which nothing wipes unless its holder does (`Sodium.wipe`): for tests that
+    /// compare keys. Code that needs the bytes uses `withBytes` or `withUnsafeBytes`.
     var bytes: [UInt8] { Array(storage) }
 }
 
@@ -86,14 +100,12 @@ enum Sodium {
     static func x25519(_ secret: SecretKey, _ publicKey: some Collection<UInt8>) -> SecretKey? {
         ready()
         guard publicKey.count == 32 else { return nil }
-        var out = [UInt8](repeating: 0, count: 32)
         let pub = Array(publicKey)
-        let rc = secret.withBytes { s in
-            out.withUnsafeMutableBufferPointer { o in pub.withUnsafeBufferPointer { crypto_scalarmult_curve25519(o.baseAddress!, s, $0.baseAddress!) } }
+        var rc: Int32 = -1
+        let shared = SecretKey { out in
+            rc = secret.withBytes { s in pub.withUnsafeBufferPointer { crypto_scalarmult_curve25519(out, s, $0.baseAddress!) } }
         }
-        defer { sodium_memzero(&out, out.count) }
-        guard rc == 0 else { return nil }
-        return SecretKey(copying: out)
+        return rc == 0 ? shared : nil
     }
 
     // MARK: ChaCha20-Poly1305 (IETF)
@@ -192,13 +204,37 @@ enum Sodium {
 
     /// HMAC-SHA-256 with `key` (any length) over the concatenation of `parts`.
     static func hmacSHA256(key: [UInt8], _ parts: [[UInt8]]) -> [UInt8] {
-        ready()
-        var state = crypto_auth_hmacsha256_state()
-        key.withUnsafeBufferPointer { _ = crypto_auth_hmacsha256_init(&state, $0.baseAddress ?? nonEmpty, $0.count) }
-        for p in parts { p.withUnsafeBufferPointer { _ = crypto_auth_hmacsha256_update(&state, $0.baseAddress ?? nonEmpty, UInt64($0.count)) } }
+        var mac = key.withUnsafeBytes { HMACSHA256(key: $0) }
+        for p in parts { p.withUnsafeBytes { mac.update($0) } }
         var out = [UInt8](repeating: 0, count: 32)
-        crypto_auth_hmacsha256_final(&state, &out)
+        out.withUnsafeMutableBufferPointer { mac.finish(into: $0.baseAddress!) }
         return out
+    }
+
+    /// HMAC-SHA-256 keyed with a secret key over the concatenation of `parts`, as a secret key: for key derivation,
+    /// where neither the key nor the output may pass through a buffer that is not wiped.
+    static func hmacSHA256(key: SecretKey, _ parts: UnsafeRawBufferPointer...) -> SecretKey {
+        var mac = key.withUnsafeBytes { HMACSHA256(key: $0) }
+        for p in parts { mac.update(p) }
+        return SecretKey { mac.finish(into: $0) }
+    }
+
+    /// HMAC-SHA-256 fed in pieces. Its state is derived from the key; `finish` wipes it (libsodium's final does).
+    private struct HMACSHA256 {
+        private var state = crypto_auth_hmacsha256_state()
+
+        init(key: UnsafeRawBufferPointer) {
+            Sodium.ready()
+            crypto_auth_hmacsha256_init(&state, key.baseAddress?.assumingMemoryBound(to: UInt8.self) ?? nonEmpty, key.count)
+        }
+
+        mutating func update(_ bytes: UnsafeRawBufferPointer) {
+            crypto_auth_hmacsha256_update(&state, bytes.baseAddress?.assumingMemoryBound(to: UInt8.self) ?? nonEmpty,
+                                          UInt64(bytes.count))
+        }
+
+        /// Writes the 32-byte MAC. The state is spent (and zeroed) afterwards.
+        mutating func finish(into out: UnsafeMutablePointer<UInt8>) { crypto_auth_hmacsha256_final(&state, out) }
     }
 
     /// BLAKE2b of `data` with an output of `length` bytes (16…64), optionally keyed.
@@ -221,8 +257,34 @@ enum Sodium {
         return a.withUnsafeBufferPointer { x in b.withUnsafeBufferPointer { y in sodium_memcmp(x.baseAddress, y.baseAddress, a.count) == 0 } }
     }
 
-    /// Overwrites `bytes` with zeros.
+    /// Overwrites `bytes` with zeros: the buffer this array owns (made unique first, so a buffer it shares with a
+    /// copy is not the one wiped — wipe before copies are made, or make none).
     static func wipe(_ bytes: inout [UInt8]) { sodium_memzero(&bytes, bytes.count) }
+
+    /// Overwrites the memory `bytes` points at with zeros.
+    static func wipe(_ bytes: UnsafeMutableRawBufferPointer) {
+        guard let base = bytes.baseAddress else { return }
+        sodium_memzero(base, bytes.count)
+    }
+
+    // MARK: Base64
+
+    /// `key` in standard base64 (RFC 4648 §4, padded: what `Data.base64EncodedString()` writes), encoded straight
+    /// into the array returned, which the caller wipes.
+    static func base64(_ key: SecretKey) -> [UInt8] {
+        ready()
+        let length = 4 * ((SecretKey.size + 2) / 3)
+        var out = [UInt8](repeating: 0, count: length + 1)   // and libsodium's NUL
+        out.withUnsafeMutableBufferPointer { o in
+            key.withBytes { k in
+                _ = o.baseAddress!.withMemoryRebound(to: CChar.self, capacity: o.count) {
+                    sodium_bin2base64($0, o.count, k, SecretKey.size, sodium_base64_VARIANT_ORIGINAL)
+                }
+            }
+        }
+        out.removeLast()
+        return out
+    }
 
     // MARK: ristretto255 (for the pairing PAKE)
 
@@ -238,13 +300,11 @@ enum Sodium {
     /// A random non-zero scalar.
     static func ristrettoRandomScalar() -> SecretKey {
         ready()
-        var s = [UInt8](repeating: 0, count: 32)
-        crypto_core_ristretto255_scalar_random(&s)
-        defer { sodium_memzero(&s, s.count) }
-        return SecretKey(copying: s)
+        return SecretKey { crypto_core_ristretto255_scalar_random($0) }
     }
 
-    /// scalar · point, or nil when the point is invalid or the result is the identity.
+    /// scalar · point, or nil when the point is invalid or the result is the identity. With a secret scalar and
+    /// the peer's point the result is a shared secret: its holder wipes it.
     static func ristrettoMultiply(_ scalar: SecretKey, _ point: [UInt8]) -> [UInt8]? {
         ready()
         guard point.count == 32, crypto_core_ristretto255_is_valid_point(point) == 1 else { return nil }
