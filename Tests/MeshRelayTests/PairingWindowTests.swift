@@ -93,7 +93,7 @@ struct PairingWindowTests {
         let dir = try Self.scratch()
         defer { try? FileManager.default.removeItem(atPath: dir) }
         // The host's trust store cannot be written (a full or read-only disk): where its directory should be is a file.
-        FileManager.default.createFile(atPath: dir + "/not-a-directory", contents: Data("x".utf8))
+        #expect(FileManager.default.createFile(atPath: dir + "/not-a-directory", contents: Data("x".utf8)))
         let hostTrust = TrustStore(path: dir + "/not-a-directory/paired.json")
         let host = try PairingHost(trust: hostTrust)
         host.responder.open(code: "1234-5678", timeout: .seconds(20))
