@@ -20,9 +20,9 @@ private let optimizedBuild = true
        .enabled(if: Rig.jack && Rig.avahi, "needs scripts/test's JACK and Avahi rigs"),
        .enabled(if: optimizedBuild, "judged on optimized builds (scripts/test builds -c release)"))
 struct RealTimeAllocationTests {
-    /// The window of steady playing, ms after each process started: the player joins within about a second and
-    /// its buffer settles within a few more; it plays for `duration` seconds.
-    static let from = 4_000, until = 8_000, duration = 10
+    /// The window of steady playing, ms after the player's status first shows it playing (its JSON line once a
+    /// second: joined, packets received); it plays for `duration` seconds from its start.
+    static let from = 1_000, until = 5_000, duration = 12
 
     /// The probe, built here with the toolchain's clang (the one C compiler every machine that builds this package
     /// has).
@@ -39,10 +39,11 @@ struct RealTimeAllocationTests {
         return library
     }
 
-    /// The environment that loads the probe into a CLI, watching `thread`, reporting to `report`.
-    static func probed(_ library: String, thread: String, report: String) -> [String: String] {
+    /// The environment that loads the probe into a CLI, watching `thread`, reporting to `report`, its window
+    /// reckoned from when `start` appears.
+    static func probed(_ library: String, thread: String, report: String, start: String) -> [String: String] {
         ["LD_PRELOAD": library, "PM_RT_PROBE_THREADS": thread, "PM_RT_PROBE_FROM_MS": "\(from)",
-         "PM_RT_PROBE_UNTIL_MS": "\(until)", "PM_RT_PROBE_OUT": report]
+         "PM_RT_PROBE_UNTIL_MS": "\(until)", "PM_RT_PROBE_OUT": report, "PM_RT_PROBE_START_FILE": start]
     }
 
     /// The report's line for `thread`: whether it was alive and how many heap calls it made in the window; the
@@ -76,12 +77,14 @@ struct RealTimeAllocationTests {
         let probe = try buildProbe()
         let hostReport = Rig.tempPath("rt-host-\(codec)-\(UUID().uuidString).txt")
         let playerReport = Rig.tempPath("rt-player-\(codec)-\(UUID().uuidString).txt")
+        let playing = Rig.tempPath("rt-playing-\(codec)-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(atPath: playing) }
         let service = Rig.uniqueService()
         let paired = try PairedStates()
         let host = try CLIProcess(product: "mesh-record",
                                   paired.hostArgs + ["--host", "--bind", "127.0.0.1", "--name", "rt-host", "--service", service,
                                                      "--device", "pm_knowncap", "--codec", codec],
-                                  environment: probed(probe, thread: "pm-capture", report: hostReport))
+                                  environment: probed(probe, thread: "pm-capture", report: hostReport, start: playing))
         defer { host.kill() }
         var join = ["--find", "--service", service]
         var proxy: CLIProcess?
@@ -95,7 +98,12 @@ struct RealTimeAllocationTests {
         }
         let player = try CLIProcess(product: "mesh-play",
                                     paired.playerArgs() + join + ["--device", "pm_play", "--duration", "\(duration)", "--json"],
-                                    environment: probed(probe, thread: "pm-playback,pm-io", report: playerReport))
+                                    environment: probed(probe, thread: "pm-playback,pm-io", report: playerReport, start: playing))
+        // Both windows open once the player plays: joined, and 100 packets (0.3 s) in.
+        try #require(eventually(Double(duration)) {
+            player.jsonObjects.contains { ($0["state"] as? String)?.hasPrefix("joined") == true && ($0["received"] as? Int ?? 0) >= 100 }
+        }, "mesh-play never played: \(player.stderr)")
+        #expect(FileManager.default.createFile(atPath: playing, contents: nil))
         let code = player.waitForExit(seconds: Double(duration + 20))
         #expect(eventually(5) { FileManager.default.fileExists(atPath: hostReport) }, "the host's probe reported")
         #expect(code == 0, "mesh-play: \(player.stderr)")

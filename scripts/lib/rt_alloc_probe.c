@@ -4,11 +4,12 @@
 //
 // Built and used by Tests/MeshRelayTests/RealTimeAllocationTests.swift:
 //   clang -shared -fPIC -O2 -o probe.so scripts/lib/rt_alloc_probe.c
-//   LD_PRELOAD=probe.so PM_RT_PROBE_THREADS=pm-capture,pm-playback PM_RT_PROBE_FROM_MS=4000 \
-//     PM_RT_PROBE_UNTIL_MS=8000 PM_RT_PROBE_OUT=report.txt mesh-play …
+//   LD_PRELOAD=probe.so PM_RT_PROBE_THREADS=pm-playback,pm-io PM_RT_PROBE_FROM_MS=1000 \
+//     PM_RT_PROBE_UNTIL_MS=5000 PM_RT_PROBE_OUT=report.txt [PM_RT_PROBE_START_FILE=playing] mesh-play …
 //
-// The window is measured from the moment the library is loaded (process start). The report, written by a thread of
-// the probe's own at the window's end, has one line per watched name:
+// The window is measured from the moment PM_RT_PROBE_START_FILE appears (the test makes it once the stream plays;
+// the probe looks every 10 ms), or else from the moment the library is loaded (process start). The report, written
+// by a thread of the probe's own at the window's end, has one line per watched name:
 //   thread pm-playback live=1 calls=0
 // (`live`: a thread of that name existed at the window's end, from /proc/self/task/*/comm), then, for the first
 // few counted calls of each name, their stacks (backtrace_symbols_fd), so that a failure says where the allocation
@@ -42,8 +43,9 @@ extern void *__libc_memalign(size_t, size_t);
 static char names[MAX_NAMES][16];
 static int name_count;
 static atomic_ulong calls[MAX_NAMES];
-static uint64_t window_from, window_until;   // monotonic ns; 0/0: the probe is off
-static char out_path[4096];
+static uint64_t from_ms, until_ms;            // the window, after its start event
+static _Atomic uint64_t window_from, window_until;   // monotonic ns; window_until 0: not counting (yet)
+static char out_path[4096], start_path[4096];
 
 static void *stacks[MAX_NAMES][MAX_STACKS][STACK_DEPTH];
 static int stack_depths[MAX_NAMES][MAX_STACKS];
@@ -73,9 +75,11 @@ static int index_of_current_thread(uint64_t now) {
 }
 
 static void note(const char *call) {
-  if (window_until == 0 || inside) return;
+  if (inside) return;
+  uint64_t until = atomic_load_explicit(&window_until, memory_order_acquire);
+  if (until == 0) return;
   uint64_t now = now_ns();
-  if (now < window_from || now >= window_until) return;
+  if (now < atomic_load_explicit(&window_from, memory_order_relaxed) || now >= until) return;
   int i = index_of_current_thread(now);
   if (i < 0) return;
   atomic_fetch_add(&calls[i], 1);
@@ -137,9 +141,16 @@ static int live(const char *name) {
 static void *reporter(void *unused) {
   (void)unused;
   prctl(PR_SET_NAME, "rt-probe", 0, 0, 0);
-  uint64_t now;
-  while ((now = now_ns()) < window_until) {
-    uint64_t left = window_until - now;
+  if (start_path[0]) {
+    struct timespec tick = {0, 10000000};
+    while (access(start_path, F_OK) != 0) nanosleep(&tick, NULL);
+    uint64_t t0 = now_ns();
+    atomic_store_explicit(&window_from, t0 + from_ms * 1000000u, memory_order_relaxed);
+    atomic_store_explicit(&window_until, t0 + until_ms * 1000000u, memory_order_release);
+  }
+  uint64_t now, end = atomic_load(&window_until);
+  while ((now = now_ns()) < end) {
+    uint64_t left = end - now;
     struct timespec t = {(time_t)(left / 1000000000u), (long)(left % 1000000000u)};
     nanosleep(&t, NULL);
   }
@@ -167,8 +178,11 @@ static void *reporter(void *unused) {
 
 __attribute__((constructor)) static void start(void) {
   const char *list = getenv("PM_RT_PROBE_THREADS"), *from = getenv("PM_RT_PROBE_FROM_MS"),
-             *until = getenv("PM_RT_PROBE_UNTIL_MS"), *out = getenv("PM_RT_PROBE_OUT");
+             *until = getenv("PM_RT_PROBE_UNTIL_MS"), *out = getenv("PM_RT_PROBE_OUT"),
+             *start_file = getenv("PM_RT_PROBE_START_FILE");
   if (!list || !from || !until || !out || strlen(out) >= sizeof out_path) return;
+  if (start_file && strlen(start_file) >= sizeof start_path) return;
+  if (start_file) strcpy(start_path, start_file);
   // Child processes (a shell the tool runs, say) are not probed: the report is the first process's.
   unsetenv("LD_PRELOAD");
   strcpy(out_path, out);
@@ -185,14 +199,17 @@ __attribute__((constructor)) static void start(void) {
   }
   void *warm[2];
   backtrace(warm, 2);   // loads the unwinder now, not inside a counted call
-  uint64_t t0 = now_ns();
-  window_from = t0 + (uint64_t)strtoull(from, NULL, 10) * 1000000u;
-  uint64_t end = t0 + (uint64_t)strtoull(until, NULL, 10) * 1000000u;
+  from_ms = strtoull(from, NULL, 10);
+  until_ms = strtoull(until, NULL, 10);
+  if (!start_path[0]) {
+    uint64_t t0 = now_ns();
+    atomic_store(&window_from, t0 + from_ms * 1000000u);
+    atomic_store(&window_until, t0 + until_ms * 1000000u);
+  }
   pthread_t t;
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  window_until = end;
-  if (pthread_create(&t, &attr, reporter, NULL) != 0) window_until = 0;
+  if (pthread_create(&t, &attr, reporter, NULL) != 0) atomic_store(&window_until, 0);
   pthread_attr_destroy(&attr);
 }
