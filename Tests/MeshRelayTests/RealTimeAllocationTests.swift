@@ -62,18 +62,20 @@ struct RealTimeAllocationTests {
         return nil
     }
 
-    /// What one probed run measured: each device thread's report line, and mesh-play's final status.
+    /// One thread's line of a probe report.
+    typealias Reading = (live: Bool, calls: Int, text: String)
+
+    /// What one probed run measured: the report lines of the threads each process watched, by process and thread
+    /// ("mesh-record pm-capture"), and mesh-play's final status.
     struct Run {
-        var capture: (live: Bool, calls: Int, text: String)
-        var playback: (live: Bool, calls: Int, text: String)
-        /// mesh-play's `pm-io`, a thread that may allocate: the control that shows the probe sees heap calls.
-        var io: (live: Bool, calls: Int, text: String)
+        var readings: [String: Reading]
         var final: [String: Any]
     }
 
     /// Runs a probed mesh-record (`pm_knowncap`, `codec`) and a probed mesh-play (`pm_play`) for `duration` seconds;
-    /// with `impairment` (mesh-impair's flags), the player joins through the impairment proxy.
-    static func run(codec: String, impairment: [String]? = nil) throws -> Run {
+    /// with `impairment` (mesh-impair's flags), the player joins through the impairment proxy; with `talk`, the player
+    /// talks back from `pm_cap` (full duplex, so it goes on playing) to the host's `pm_play` through the whole window.
+    static func run(codec: String, impairment: [String]? = nil, talk: Bool = false) throws -> Run {
         let probe = try buildProbe()
         let hostReport = Rig.tempPath("rt-host-\(codec)-\(UUID().uuidString).txt")
         let playerReport = Rig.tempPath("rt-player-\(codec)-\(UUID().uuidString).txt")
@@ -83,8 +85,9 @@ struct RealTimeAllocationTests {
         let paired = try PairedStates()
         let host = try CLIProcess(product: "mesh-record",
                                   paired.hostArgs + ["--host", "--bind", "127.0.0.1", "--name", "rt-host", "--service", service,
-                                                     "--device", "pm_knowncap", "--codec", codec],
-                                  environment: probed(probe, thread: "pm-capture", report: hostReport, start: playing))
+                                                     "--device", "pm_knowncap", "--codec", codec]
+                                    + (talk ? ["--talk-device", "pm_play", "--talk-duplex", "full"] : []),
+                                  environment: probed(probe, thread: deviceThreads, report: hostReport, start: playing))
         defer { host.kill() }
         var join = ["--find", "--service", service]
         var proxy: CLIProcess?
@@ -96,24 +99,37 @@ struct RealTimeAllocationTests {
             let proxyPort = try #require(portPrinted(by: p, after: "listening 127.0.0.1:"), "mesh-impair: \(p.stderr)")
             join = ["--connect", "127.0.0.1:\(proxyPort)"]
         }
+        let stdin = Pipe()
         let player = try CLIProcess(product: "mesh-play",
-                                    paired.playerArgs() + join + ["--device", "pm_play", "--duration", "\(duration)", "--json"],
-                                    environment: probed(probe, thread: "pm-playback,pm-io", report: playerReport, start: playing))
-        // Both windows open once the player plays: joined, and 100 packets (0.3 s) in.
+                                    paired.playerArgs() + join + ["--device", "pm_play", "--duration", "\(duration)", "--json"]
+                                      + (talk ? ["--talk-device", "pm_cap"] : []),
+                                    environment: probed(probe, thread: deviceThreads + ",pm-io", report: playerReport, start: playing),
+                                    stdin: stdin.fileHandleForReading)
+        // Both windows open once the player plays: joined, and 100 packets (0.3 s) in; and, with talk, talking.
         try #require(eventually(Double(duration)) {
             player.jsonObjects.contains { ($0["state"] as? String)?.hasPrefix("joined") == true && ($0["received"] as? Int ?? 0) >= 100 }
         }, "mesh-play never played: \(player.stderr)")
+        if talk {
+            stdin.fileHandleForWriting.write(Data("talk on\n".utf8))
+            try #require(eventually(5) { player.stderr.contains { $0.hasSuffix("talk on: ok") } }, "mesh-play: \(player.stderr)")
+        }
         #expect(FileManager.default.createFile(atPath: playing, contents: nil))
         let code = player.waitForExit(seconds: Double(duration + 20))
         #expect(eventually(5) { FileManager.default.fileExists(atPath: hostReport) }, "the host's probe reported")
         #expect(code == 0, "mesh-play: \(player.stderr)")
         let final = try #require(player.jsonObjects.last { $0["final"] as? Bool == true }, "mesh-play: \(player.stderr)")
         #expect((final["received"] as? Int ?? 0) > 1_000, "the stream played: \(final)")
-        return Run(capture: try #require(reading(hostReport, thread: "pm-capture"), "host probe report: \(host.stderr)"),
-                   playback: try #require(reading(playerReport, thread: "pm-playback"), "player probe report: \(player.stderr)"),
-                   io: try #require(reading(playerReport, thread: "pm-io"), "player probe report: \(player.stderr)"),
-                   final: final)
+        var readings: [String: Reading] = [:]
+        for (process, report, threads) in [("mesh-record", hostReport, deviceThreads), ("mesh-play", playerReport, deviceThreads + ",pm-io")] {
+            for thread in threads.split(separator: ",").map(String.init) {
+                readings["\(process) \(thread)"] = try #require(reading(report, thread: thread), "\(process)'s probe report")
+            }
+        }
+        return Run(readings: readings, final: final)
     }
+
+    /// The threads that serve audio devices, in either CLI.
+    static let deviceThreads = "pm-capture,pm-playback"
 
     /// The port in the first stderr line of `process` that holds `prefix` followed by digits (waits up to 10 s).
     static func portPrinted(by process: CLIProcess, after prefix: String) -> Int? {
@@ -128,22 +144,30 @@ struct RealTimeAllocationTests {
         return port
     }
 
-    /// Both device threads were there through the window and made no heap call in it.
-    static func expectNoHeapCalls(_ run: Run, _ label: String) {
-        #expect(run.capture.live, "mesh-record's pm-capture thread ran through the window\n\(run.capture.text)")
-        #expect(run.capture.calls == 0, "heap calls on mesh-record's pm-capture (\(label)) in \(until - from) ms of streaming:\n\(run.capture.text)")
-        #expect(run.playback.live, "mesh-play's pm-playback thread ran through the window\n\(run.playback.text)")
-        #expect(run.playback.calls == 0, "heap calls on mesh-play's pm-playback (\(label)) in \(until - from) ms of playing:\n\(run.playback.text)")
-        #expect(run.io.calls > 0, "the probe saw no heap call even on pm-io, which makes some: it does not work\n\(run.io.text)")
-        print("real-time heap calls (\(label)): pm-capture \(run.capture.calls), pm-playback \(run.playback.calls) in \(until - from) ms (pm-io, the control: \(run.io.calls))")
+    /// The device threads `live` were there through the window, and none made a heap call in it; mesh-play's pm-io
+    /// (the control) made some.
+    static func expectNoHeapCalls(_ run: Run, live: [String], _ label: String) {
+        for name in live {
+            #expect(run.readings[name]?.live == true, "\(name) ran through the window\n\(run.readings[name]?.text ?? "")")
+        }
+        for (name, r) in run.readings where name != "mesh-play pm-io" {
+            #expect(r.calls == 0, "heap calls on \(name) (\(label)) in \(until - from) ms of streaming:\n\(r.text)")
+        }
+        let io = run.readings["mesh-play pm-io"]
+        #expect((io?.calls ?? 0) > 0, "the probe saw no heap call even on pm-io, which makes some: it does not work\n\(io?.text ?? "")")
+        let counts = run.readings.keys.sorted().map { "\($0) \(run.readings[$0]!.calls)" }.joined(separator: ", ")
+        print("real-time heap calls (\(label)) in \(until - from) ms: \(counts) (pm-io is the control)")
     }
+
+    /// A relay's device threads: the host captures, the player plays.
+    static let relayThreads = ["mesh-record pm-capture", "mesh-play pm-playback"]
 
     @Test("No heap call on pm-capture (mesh-record) or pm-playback (mesh-play) while a stream plays",
           arguments: ["f32", "opus"])
     func noHeapCallsOnTheDeviceThreads(codec: String) throws {
         let run = try Self.run(codec: codec)
         #expect((run.final["lostPackets"] as? Int) == 0, "loopback loses nothing: \(run.final)")
-        Self.expectNoHeapCalls(run, codec)
+        Self.expectNoHeapCalls(run, live: Self.relayThreads, codec)
     }
 
     /// Loss, duplicates, reordering and jitter send the player down its rarer paths on every few packets: gaps and
@@ -154,6 +178,15 @@ struct RealTimeAllocationTests {
         let run = try Self.run(codec: codec, impairment: ["--loss", "5%", "--duplicate", "2%", "--reorder", "5%",
                                                           "--delay-ms", "3", "--jitter-ms", "3", "--seed", "11"])
         #expect((run.final["lostPackets"] as? Int ?? 0) > 0, "the impairment reached the player: \(run.final)")
-        Self.expectNoHeapCalls(run, "\(codec), impaired")
+        Self.expectNoHeapCalls(run, live: Self.relayThreads, "\(codec), impaired")
+    }
+
+    /// Push-to-talk adds a device thread at each end: the player captures its talk input (`pm-capture`) and the host
+    /// plays it (`pm-playback`), through the same packetizer, jitter buffer and concealment.
+    @Test("No heap call on any device thread of either end while a player talks back (full duplex)")
+    func noHeapCallsWhileTalkingBack() throws {
+        let run = try Self.run(codec: "f32", talk: true)
+        #expect((run.final["talkPacketsSent"] as? Int ?? 0) > 1_000, "the player talked: \(run.final)")
+        Self.expectNoHeapCalls(run, live: Self.relayThreads + ["mesh-play pm-capture", "mesh-record pm-playback"], "f32, talking back")
     }
 }
