@@ -121,6 +121,7 @@ if let output = options.talkOutput {
 if let dir = options.clips {
     config.clips = ClipRecorder.Configuration(directory: dir, name: device.identity.displayName,
                                               prerollSeconds: options.clipPreroll, maximumSeconds: options.clipLength)
+    config.clipQuota = .following(clipSeconds: options.clipLength)
 }
 let host: RelayHost
 // Under systemd (Type=notify): ready once serving and, when avahi-daemon runs, advertised — or as soon as it is

@@ -459,6 +459,21 @@ struct HostControlTests {
         #expect(h.counters.refusedClips == 3)
     }
 
+    @Test func theQuotaFollowsTheClipLengthWithinFiveToTenSeconds() {
+        #expect(ClipQuota.following(clipSeconds: 10) == .default)
+        #expect(ClipQuota.following(clipSeconds: 7.5) == ClipQuota(burst: 4, refill: .milliseconds(7_500)))
+        #expect(ClipQuota.following(clipSeconds: 5) == ClipQuota(burst: 4, refill: .seconds(5)))
+        #expect(ClipQuota.following(clipSeconds: 0.1) == ClipQuota(burst: 4, refill: .seconds(5)), "no faster than one per 5 s")
+        #expect(ClipQuota.following(clipSeconds: 3_600) == ClipQuota(burst: 4, refill: .seconds(10)), "no slower than one per 10 s")
+        // Someone recording 5 s clips back to back, each to its length, is never refused.
+        var h = HostControl<Int>(clips: true, clipQuota: .following(clipSeconds: 5))
+        _ = h.joined(1)
+        for i in UInt32(0)..<30 {
+            #expect(Self.shoot(&h, i + 1, by: 1, at: UInt64(i) * 5 * Self.second) == .recording, "clip \(i + 1)")
+        }
+        #expect(h.counters.refusedClips == 0)
+    }
+
     @Test func aClipThatCouldNotBeOpenedCostsNothingAndACancelledOneCostsItsClip() {
         var h = HostControl<Int>(clips: true, clipQuota: ClipQuota(burst: 2, refill: .seconds(15)))
         _ = h.joined(1)

@@ -3,7 +3,8 @@
 /// `failed` ("too many clips: try again in 7 s"), and counted (`refusedClips` in the host's status). A clip that
 /// could not be opened costs nothing; one that was cancelled costs its clip (its pre-roll was written).
 ///
-/// The default — 4 at once, then one every 10 s — is one no person reaches and no program can fill a disk with.
+/// The default — 4 at once, then one every 10 s — is one no person reaches and no program can fill a disk with
+/// (`following(clipSeconds:)` fits it to another `--clip-length`).
 /// The host records one clip at a time, and a clip of the default length (`--clip-length 10`) holds it for 10 s: a
 /// person who records clip after clip, each to its length, gets a clip back for every one used, and a few quick
 /// presses (`capture secondary` twice, a begin, a cancel and a begin again) fit in the 4. Without the quota, a program
@@ -24,8 +25,18 @@ public struct ClipQuota: Sendable, Equatable {
         self.refill = refill
     }
 
-    /// 4 at once, then one every 10 s.
+    /// 4 at once, then one every 10 s: `following(clipSeconds: 10)`, for the default `--clip-length`.
     public static let `default` = ClipQuota(burst: 4, refill: .seconds(10))
+
+    /// The quota for clips of at most `clipSeconds` after the press (`--clip-length`): 4 at once, then one every
+    /// `clipSeconds`, so that a person recording clip after clip, each to its length, never meets it — kept within
+    /// 5…10 s. Below 5 s the burst of 4 covers quick presses, and a program's pre-roll-only clips (each the whole
+    /// pre-roll) stay at one per 5 s; above 10 s a clip ended early (`capture end`) is not held back longer than a
+    /// default one.
+    public static func following(clipSeconds: Double) -> ClipQuota {
+        let seconds = min(10, max(5, clipSeconds.isFinite ? clipSeconds : 10))
+        return ClipQuota(burst: 4, refill: .milliseconds(Int64((seconds * 1_000).rounded())))
+    }
 
     /// A full bucket of this quota at `now` (monotonic nanoseconds).
     func bucket(now: UInt64) -> TokenBucket {
