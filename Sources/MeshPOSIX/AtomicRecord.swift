@@ -31,7 +31,8 @@ public final class AtomicRecord<Value: BitwiseCopyable>: Sendable {
     /// Adds the counts `counts` makes to a record of zeros, each `UInt64` field to its word (wrapping): for
     /// counters, from any thread. `record.add { $0.late += 1 }`, `record.add { $0.sent += n; $0.bytes += size }`.
     ///
-    /// `counts` may only add to `UInt64` fields (the others' words would be added as integers). Real-time safe: the
+    /// For records made of `UInt64` fields only (no padding): each field is one word, and `counts` may only add to
+    /// them; a smaller field would carry into its neighbour, and padding bytes would be added too. Real-time safe: the
     /// zeros are stack scratch space, and the closure is not escaping. A key path would not be: a key-path literal
     /// is made on the heap the first time it is evaluated, which for a rare counter (the first stale Opus packet)
     /// was on the playback thread in the middle of a stream.

@@ -21,15 +21,25 @@ private let optimizedBuild = true
        .enabled(if: optimizedBuild, "judged on optimized builds (scripts/test builds -c release)"))
 struct RealTimeAllocationTests {
     /// The window of steady playing, ms after the player's status first shows it playing (its JSON line once a
-    /// second: joined, packets received); it plays for `duration` seconds from its start.
-    static let from = 1_000, until = 5_000, duration = 12
+    /// second: joined, packets received). The player is stopped (SIGINT) once both probes have reported, so a slow
+    /// join cannot end the stream inside the window; `joinSeconds` bounds the wait for it to play.
+    static let from = 1_000, until = 5_000, joinSeconds = 30.0
 
-    /// The probe, built here with the toolchain's clang (the one C compiler every machine that builds this package
-    /// has).
-    static func buildProbe() throws -> String {
+    /// A private directory (mkdtemp, 0700) for one run's probe, reports and start file: nobody else can put a
+    /// library where the CLIs will load it from.
+    static func privateDirectory() throws -> String {
+        var template = Array((FileManager.default.temporaryDirectory.path + "/pm-rt-probe-XXXXXX").utf8CString)
+        let made = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }
+        try #require(made != nil, "mkdtemp: \(String(cString: strerror(errno)))")
+        return String(decoding: template.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    /// The probe, built into `directory` with the toolchain's clang (the one C compiler every machine that builds this
+    /// package has).
+    static func buildProbe(into directory: String) throws -> String {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
         let source = root.appendingPathComponent("scripts/lib/rt_alloc_probe.c").path
-        let library = Rig.tempPath("rt_alloc_probe-\(UUID().uuidString).so")
+        let library = directory + "/rt_alloc_probe.so"
         let compiler = (ProcessInfo.processInfo.environment["PATH"] ?? "").split(separator: ":")
             .map { "\($0)/clang" }.first { FileManager.default.isExecutableFile(atPath: $0) } ?? "/usr/bin/cc"
         let build = try ChildProcess(URL(fileURLWithPath: compiler),
@@ -72,15 +82,15 @@ struct RealTimeAllocationTests {
         var final: [String: Any]
     }
 
-    /// Runs a probed mesh-record (`pm_knowncap`, `codec`) and a probed mesh-play (`pm_play`) for `duration` seconds;
+    /// Runs a probed mesh-record (`pm_knowncap`, `codec`) and a probed mesh-play (`pm_play`) through one window;
     /// with `impairment` (mesh-impair's flags), the player joins through the impairment proxy; with `talk`, the player
     /// talks back from `pm_cap` (full duplex, so it goes on playing) to the host's `pm_play` through the whole window.
     static func run(codec: String, impairment: [String]? = nil, talk: Bool = false) throws -> Run {
-        let probe = try buildProbe()
-        let hostReport = Rig.tempPath("rt-host-\(codec)-\(UUID().uuidString).txt")
-        let playerReport = Rig.tempPath("rt-player-\(codec)-\(UUID().uuidString).txt")
-        let playing = Rig.tempPath("rt-playing-\(codec)-\(UUID().uuidString)")
-        defer { try? FileManager.default.removeItem(atPath: playing) }
+        let directory = try privateDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let probe = try buildProbe(into: directory)
+        let hostReport = directory + "/host.txt", playerReport = directory + "/player.txt"
+        let playing = directory + "/playing"
         let service = Rig.uniqueService()
         let paired = try PairedStates()
         let host = try CLIProcess(product: "mesh-record",
@@ -101,12 +111,12 @@ struct RealTimeAllocationTests {
         }
         let stdin = Pipe()
         let player = try CLIProcess(product: "mesh-play",
-                                    paired.playerArgs() + join + ["--device", "pm_play", "--duration", "\(duration)", "--json"]
+                                    paired.playerArgs() + join + ["--device", "pm_play", "--duration", "120", "--json"]
                                       + (talk ? ["--talk-device", "pm_cap"] : []),
                                     environment: probed(probe, thread: deviceThreads + ",pm-io", report: playerReport, start: playing),
                                     stdin: stdin.fileHandleForReading)
         // Both windows open once the player plays: joined, and 100 packets (0.3 s) in; and, with talk, talking.
-        try #require(eventually(Double(duration)) {
+        try #require(eventually(Self.joinSeconds) {
             player.jsonObjects.contains { ($0["state"] as? String)?.hasPrefix("joined") == true && ($0["received"] as? Int ?? 0) >= 100 }
         }, "mesh-play never played: \(player.stderr)")
         if talk {
@@ -114,15 +124,20 @@ struct RealTimeAllocationTests {
             try #require(eventually(5) { player.stderr.contains { $0.hasSuffix("talk on: ok") } }, "mesh-play: \(player.stderr)")
         }
         #expect(FileManager.default.createFile(atPath: playing, contents: nil))
-        let code = player.waitForExit(seconds: Double(duration + 20))
-        #expect(eventually(5) { FileManager.default.fileExists(atPath: hostReport) }, "the host's probe reported")
+        let reported = eventually(Double(until) / 1_000 + 10) {
+            FileManager.default.fileExists(atPath: hostReport) && FileManager.default.fileExists(atPath: playerReport)
+        }
+        #expect(reported, "both probes reported")
+        player.signal(SIGINT)
+        let code = player.waitForExit(seconds: 10)
         #expect(code == 0, "mesh-play: \(player.stderr)")
         let final = try #require(player.jsonObjects.last { $0["final"] as? Bool == true }, "mesh-play: \(player.stderr)")
         #expect((final["received"] as? Int ?? 0) > 1_000, "the stream played: \(final)")
         var readings: [String: Reading] = [:]
         for (process, report, threads) in [("mesh-record", hostReport, deviceThreads), ("mesh-play", playerReport, deviceThreads + ",pm-io")] {
             for thread in threads.split(separator: ",").map(String.init) {
-                readings["\(process) \(thread)"] = try #require(reading(report, thread: thread), "\(process)'s probe report")
+                let r: Reading = try #require(reading(report, thread: thread), "\(process)'s probe report")
+                readings["\(process) \(thread)"] = r
             }
         }
         return Run(readings: readings, final: final)

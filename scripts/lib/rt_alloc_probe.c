@@ -3,7 +3,7 @@
 // names inside a time window, and writes a report when the window closes.
 //
 // Built and used by Tests/MeshRelayTests/RealTimeAllocationTests.swift:
-//   clang -shared -fPIC -O2 -o probe.so scripts/lib/rt_alloc_probe.c
+//   clang -shared -fPIC -O2 -ftls-model=initial-exec -o probe.so scripts/lib/rt_alloc_probe.c
 //   LD_PRELOAD=probe.so PM_RT_PROBE_THREADS=pm-playback,pm-io PM_RT_PROBE_FROM_MS=1000 \
 //     PM_RT_PROBE_UNTIL_MS=5000 PM_RT_PROBE_OUT=report.txt [PM_RT_PROBE_START_FILE=playing] mesh-play …
 //
@@ -51,10 +51,14 @@ static void *stacks[MAX_NAMES][MAX_STACKS][STACK_DEPTH];
 static int stack_depths[MAX_NAMES][MAX_STACKS];
 static const char *stack_calls[MAX_NAMES][MAX_STACKS];
 static atomic_int stacks_taken[MAX_NAMES];
+static atomic_int stack_ready[MAX_NAMES][MAX_STACKS];   // the slot is written whole (the reporter may run meanwhile)
 
-static __thread int inside;          // this thread is in the probe already (backtrace may call the allocator)
-static __thread int watched = -2;    // -2: not looked up yet; -1: not watched; else index in names
-static __thread uint64_t looked_at;  // when the name was last read (a thread may be named after its first call)
+// Initial-exec TLS whatever the build flags: dynamic TLS would go through __tls_get_addr, which may itself allocate
+// (after a dlopen of a library with TLS) and so re-enter the probe.
+#define PROBE_TLS __thread __attribute__((tls_model("initial-exec")))
+static PROBE_TLS int inside;          // this thread is in the probe already (backtrace may call the allocator)
+static PROBE_TLS int watched = -2;    // -2: not looked up yet; -1: not watched; else index in names
+static PROBE_TLS uint64_t looked_at;  // when the name was last read (a thread may be named after its first call)
 
 static uint64_t now_ns(void) {
   struct timespec t;
@@ -86,8 +90,9 @@ static void note(const char *call) {
   int slot = atomic_fetch_add(&stacks_taken[i], 1);
   if (slot < MAX_STACKS) {
     inside = 1;
-    stack_depths[i][slot] = backtrace(stacks[i][slot], STACK_DEPTH);
     stack_calls[i][slot] = call;
+    stack_depths[i][slot] = backtrace(stacks[i][slot], STACK_DEPTH);
+    atomic_store_explicit(&stack_ready[i][slot], 1, memory_order_release);
     inside = 0;
   }
 }
@@ -166,6 +171,7 @@ static void *reporter(void *unused) {
   for (int i = 0; i < name_count; i++) {
     int taken = atomic_load(&stacks_taken[i]);
     for (int s = 0; s < taken && s < MAX_STACKS; s++) {
+      if (!atomic_load_explicit(&stack_ready[i][s], memory_order_acquire)) continue;
       snprintf(line, sizeof line, "stack %d: %s on %s\n", s, stack_calls[i][s], names[i]);
       say(fd, line);
       backtrace_symbols_fd(stacks[i][s], stack_depths[i][s], fd);

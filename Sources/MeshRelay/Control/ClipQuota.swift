@@ -3,6 +3,10 @@
 /// `failed` ("too many clips: try again in 7 s"), and counted (`refusedClips` in the host's status). A clip that
 /// could not be opened costs nothing; one that was cancelled costs its clip (its pre-roll was written).
 ///
+/// The quota is kept by the player's key: it holds back a paired player's program. A host that admits anyone
+/// (`--accept all`) lets a program come back with fresh keys and fresh quotas; there only the 256 MiB the host keeps
+/// free protects the disk.
+///
 /// The default — 4 at once, then one every 10 s — is one no person reaches and no program can fill a disk with
 /// (`following(clipSeconds:)` fits it to another `--clip-length`).
 /// The host records one clip at a time, and a clip of the default length (`--clip-length 10`) holds it for 10 s: a
@@ -29,10 +33,10 @@ public struct ClipQuota: Sendable, Equatable {
     public static let `default` = ClipQuota(burst: 4, refill: .seconds(10))
 
     /// The quota for clips of at most `clipSeconds` after the press (`--clip-length`): 4 at once, then one every
-    /// `clipSeconds`, so that a person recording clip after clip, each to its length, never meets it — kept within
-    /// 5…10 s. Below 5 s the burst of 4 covers quick presses, and a program's pre-roll-only clips (each the whole
-    /// pre-roll) stay at one per 5 s; above 10 s a clip ended early (`capture end`) is not held back longer than a
-    /// default one.
+    /// `clipSeconds`, kept within 5…10 s. From 5 s up, a person recording clip after clip, each to its length, never
+    /// meets it. Below 5 s, someone recording clip after clip is refused once the burst of 4 is spent, so that a
+    /// program's pre-roll-only clips (each the whole pre-roll) stay at one per 5 s. Above 10 s a clip ended early
+    /// (`capture end`) is not held back longer than a default one.
     public static func following(clipSeconds: Double) -> ClipQuota {
         let seconds = min(10, max(5, clipSeconds.isFinite ? clipSeconds : 10))
         return ClipQuota(burst: 4, refill: .milliseconds(Int64((seconds * 1_000).rounded())))
