@@ -9,9 +9,9 @@ private let optimizedBuild = false
 private let optimizedBuild = true
 #endif
 
-/// The real-time rule, measured: once a stream is playing, the threads that serve the devices — `pm-capture` in
-/// mesh-record, `pm-playback` in mesh-play — make no heap call at all (no malloc, calloc, realloc, free or aligned
-/// allocation). An LD_PRELOAD probe (scripts/lib/rt_alloc_probe.c) counts the calls those threads make in a window of
+/// The real-time rule, measured: once a stream is playing, the threads that serve the devices — `pm-capture` and
+/// `pm-playback`, in mesh-record (microphone, talkback) and in mesh-play (playback, talk input) — make no heap call at
+/// all (no malloc, calloc, realloc, free or aligned allocation). An LD_PRELOAD probe (scripts/lib/rt_alloc_probe.c) counts the calls those threads make in a window of
 /// steady playing, in the shipped CLIs, on real ALSA devices through the JACK rig, with encryption on.
 ///
 /// The rule is about the code users run: optimized builds, as `scripts/test` makes. A debug build runs generic code
@@ -58,7 +58,7 @@ struct RealTimeAllocationTests {
 
     /// The report's line for `thread`: whether it was alive and how many heap calls it made in the window; the
     /// whole report (with the stacks of the first calls) for the failure message.
-    static func reading(_ report: String, thread: String) -> (live: Bool, calls: Int, text: String)? {
+    static func reading(_ report: String, thread: String) -> Reading? {
         guard let text = try? String(contentsOfFile: report, encoding: .utf8) else { return nil }
         for line in text.split(separator: "\n") where line.hasPrefix("thread \(thread) ") {
             let fields = Dictionary(uniqueKeysWithValues: line.split(separator: " ").dropFirst(2).compactMap { field -> (String, Int)? in
