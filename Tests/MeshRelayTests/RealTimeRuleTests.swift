@@ -11,15 +11,23 @@ private let optimizedBuild = true
 
 /// The real-time rule, measured: once a stream is playing, the threads that serve the devices — `pm-capture` and
 /// `pm-playback`, in mesh-record (microphone, talkback) and in mesh-play (playback, talk input) — make no heap call at
-/// all (no malloc, calloc, realloc, free or aligned allocation). An LD_PRELOAD probe (scripts/lib/rt_alloc_probe.c) counts the calls those threads make in a window of
+/// all (no malloc, calloc, realloc, free or aligned allocation), and wait on nothing but the device: no lock,
+/// condition, semaphore or futex wait, no sleep or yield, no poll with a timeout and no I/O on a blocking descriptor.
+/// Two waits are the device's: those its libraries make (libasound and its plugins, libjack), and polls on its
+/// descriptors. One more is allowed, to a player: waiting, until the device's deadline for the next block, for that
+/// block's packets on the stream's UDP socket (`Player`, `RenderSchedule`), which the kernel fills and no other
+/// thread holds. An LD_PRELOAD probe (scripts/lib/rt_probe.c) counts the calls those threads make in a window of
 /// steady playing, in the shipped CLIs, on real ALSA devices through the JACK rig, with encryption on.
+///
+/// Two controls show that the probe sees what it counts: mesh-play's `pm-io` makes heap calls and waits (its event
+/// loop), and every device thread waits on its device.
 ///
 /// The rule is about the code users run: optimized builds, as `scripts/test` makes. A debug build runs generic code
 /// unspecialized, which allocates (hundreds of thousands of calls a second on `pm-playback`), so there it is skipped.
-@Suite("Real-time threads do not allocate (CLIs, LD_PRELOAD probe, JACK rig)", .serialized,
+@Suite("Real-time threads neither allocate nor wait on anything but the device (CLIs, LD_PRELOAD probe, JACK rig)", .serialized,
        .enabled(if: Rig.jack && Rig.avahi, "needs scripts/test's JACK and Avahi rigs"),
        .enabled(if: optimizedBuild, "judged on optimized builds (scripts/test builds -c release)"))
-struct RealTimeAllocationTests {
+struct RealTimeRuleTests {
     /// The window of steady playing, ms after the player's status first shows it playing (its JSON line once a
     /// second: joined, packets received). The player is stopped (SIGINT) once both probes have reported, so a slow
     /// join cannot end the stream inside the window; `joinSeconds` bounds the wait for it to play.
@@ -34,19 +42,24 @@ struct RealTimeAllocationTests {
         return String(decoding: template.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
-    /// The probe, built into `directory` with the toolchain's clang (the one C compiler every machine that builds this
-    /// package has).
-    static func buildProbe(into directory: String) throws -> String {
+    /// `scripts/lib/<source>` compiled into `directory` as `output`, with the toolchain's clang (the one C compiler
+    /// every machine that builds this package has).
+    static func compile(_ source: String, into directory: String, as output: String, flags: [String]) throws -> String {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-        let source = root.appendingPathComponent("scripts/lib/rt_alloc_probe.c").path
-        let library = directory + "/rt_alloc_probe.so"
+        let path = root.appendingPathComponent("scripts/lib/\(source)").path
+        let product = directory + "/" + output
         let compiler = (ProcessInfo.processInfo.environment["PATH"] ?? "").split(separator: ":")
             .map { "\($0)/clang" }.first { FileManager.default.isExecutableFile(atPath: $0) } ?? "/usr/bin/cc"
-        let build = try ChildProcess(URL(fileURLWithPath: compiler),
-                                     ["-shared", "-fPIC", "-O2", "-ftls-model=initial-exec", "-o", library, source])
+        let build = try ChildProcess(URL(fileURLWithPath: compiler), flags + ["-o", product, path])
         let status = build.waitForExit(seconds: 60)
-        try #require(status == 0, "building the probe failed: \(build.stderr.joined(separator: "\n"))")
-        return library
+        try #require(status == 0, "building \(source) failed: \(build.stderr.joined(separator: "\n"))")
+        return product
+    }
+
+    /// The probe, built into `directory`.
+    static func buildProbe(into directory: String) throws -> String {
+        try compile("rt_probe.c", into: directory, as: "rt_probe.so",
+                    flags: ["-shared", "-fPIC", "-O2", "-ftls-model=initial-exec", "-ldl"])
     }
 
     /// The environment that loads the probe into a CLI, watching `thread`, reporting to `report`, its window
@@ -56,8 +69,8 @@ struct RealTimeAllocationTests {
          "PM_RT_PROBE_UNTIL_MS": "\(until)", "PM_RT_PROBE_OUT": report, "PM_RT_PROBE_START_FILE": start]
     }
 
-    /// The report's line for `thread`: whether it was alive and how many heap calls it made in the window; the
-    /// whole report (with the stacks of the first calls) for the failure message.
+    /// The report's line for `thread`: whether it was alive, and what it did in the window; the whole report (with
+    /// the stacks of the first heap calls and waits) for the failure message.
     static func reading(_ report: String, thread: String) -> Reading? {
         guard let text = try? String(contentsOfFile: report, encoding: .utf8) else { return nil }
         for line in text.split(separator: "\n") where line.hasPrefix("thread \(thread) ") {
@@ -66,14 +79,29 @@ struct RealTimeAllocationTests {
                 guard kv.count == 2, let n = Int(kv[1]) else { return nil }
                 return (String(kv[0]), n)
             })
-            guard let live = fields["live"], let calls = fields["calls"] else { return nil }
-            return (live == 1, calls, text)
+            guard let live = fields["live"], let calls = fields["calls"], let waits = fields["waits"],
+                  let deviceWaits = fields["devicewaits"], let inputWaits = fields["inputwaits"] else { return nil }
+            return Reading(live: live == 1, heapCalls: calls, waits: waits, deviceWaits: deviceWaits,
+                           inputWaits: inputWaits, text: text)
         }
         return nil
     }
 
     /// One thread's line of a probe report.
-    typealias Reading = (live: Bool, calls: Int, text: String)
+    struct Reading {
+        /// A thread of that name was alive at the window's end.
+        var live: Bool
+        /// Heap calls in the window.
+        var heapCalls: Int
+        /// Calls that can sleep (locks, waits, sleeps, polls with a timeout, blocking I/O), but for the two below.
+        var waits: Int
+        /// Waits on the device: made by its libraries (libasound, its plugins, libjack), or polls on its descriptors.
+        var deviceWaits: Int
+        /// Polls with a timeout on UDP sockets only: a player waiting for the next block's packets until its deadline.
+        var inputWaits: Int
+        /// The whole report.
+        var text: String
+    }
 
     /// What one probed run measured: the report lines of the threads each process watched, by process and thread
     /// ("mesh-record pm-capture"), and mesh-play's final status.
@@ -159,49 +187,91 @@ struct RealTimeAllocationTests {
         return port
     }
 
-    /// The device threads `live` were there through the window, and none made a heap call in it; mesh-play's pm-io
-    /// (the control) made some.
-    static func expectNoHeapCalls(_ run: Run, live: [String], _ label: String) {
+    /// The device threads `live` were there through the window, and none made a heap call or waited on anything
+    /// but its device in it; the controls: every device thread waited on its device, and mesh-play's pm-io made heap
+    /// calls and waits of its own.
+    static func expectRealTimeRule(_ run: Run, live: [String], _ label: String) {
         for name in live {
             #expect(run.readings[name]?.live == true, "\(name) ran through the window\n\(run.readings[name]?.text ?? "")")
         }
         for (name, r) in run.readings where name != "mesh-play pm-io" {
-            #expect(r.calls == 0, "heap calls on \(name) (\(label)) in \(until - from) ms of streaming:\n\(r.text)")
+            #expect(r.heapCalls == 0, "heap calls on \(name) (\(label)) in \(until - from) ms of streaming:\n\(r.text)")
+            #expect(r.waits == 0, "waits on \(name) (\(label)) in \(until - from) ms of streaming:\n\(r.text)")
+        }
+        for name in live {
+            #expect((run.readings[name]?.deviceWaits ?? 0) > 0,
+                    "the probe saw \(name) wait on no device, which it does all the time: it does not work\n\(run.readings[name]?.text ?? "")")
         }
         let io = run.readings["mesh-play pm-io"]
-        #expect((io?.calls ?? 0) > 0, "the probe saw no heap call even on pm-io, which makes some: it does not work\n\(io?.text ?? "")")
-        let counts = run.readings.keys.sorted().map { "\($0) \(run.readings[$0]!.calls)" }.joined(separator: ", ")
-        print("real-time heap calls (\(label)) in \(until - from) ms: \(counts) (pm-io is the control)")
+        #expect((io?.heapCalls ?? 0) > 0, "the probe saw no heap call even on pm-io, which makes some: it does not work\n\(io?.text ?? "")")
+        #expect((io?.waits ?? 0) > 0, "the probe saw no wait even on pm-io, which waits in epoll: it does not work\n\(io?.text ?? "")")
+        let counts = run.readings.keys.sorted().map { key in
+            let r = run.readings[key]!
+            return "\(key) heap \(r.heapCalls) waits \(r.waits) device \(r.deviceWaits) input \(r.inputWaits)"
+        }.joined(separator: ", ")
+        print("real-time rule (\(label)) in \(until - from) ms: \(counts) (pm-io is the control)")
     }
 
     /// A relay's device threads: the host captures, the player plays.
     static let relayThreads = ["mesh-record pm-capture", "mesh-play pm-playback"]
 
-    @Test("No heap call on pm-capture (mesh-record) or pm-playback (mesh-play) while a stream plays",
+    @Test("No heap call, nor any wait but for the device or its packets, on pm-capture (mesh-record) or pm-playback (mesh-play) while a stream plays",
           arguments: ["f32", "opus"])
-    func noHeapCallsOnTheDeviceThreads(codec: String) throws {
+    func deviceThreadsKeepTheRule(codec: String) throws {
         let run = try Self.run(codec: codec)
         #expect((run.final["lostPackets"] as? Int) == 0, "loopback loses nothing: \(run.final)")
-        Self.expectNoHeapCalls(run, live: Self.relayThreads, codec)
+        Self.expectRealTimeRule(run, live: Self.relayThreads, codec)
     }
 
     /// Loss, duplicates, reordering and jitter send the player down its rarer paths on every few packets: gaps and
     /// concealment, late and duplicate packets, the jitter buffer's adaptation, Opus's own concealment.
-    @Test("No heap call on the device threads while the stream is lost, duplicated, reordered and jittered",
+    @Test("No heap call, nor any wait but for the device or its packets, on the device threads while the stream is lost, duplicated, reordered and jittered",
           arguments: ["f32", "opus"])
-    func noHeapCallsUnderImpairment(codec: String) throws {
+    func deviceThreadsKeepTheRuleUnderImpairment(codec: String) throws {
         let run = try Self.run(codec: codec, impairment: ["--loss", "5%", "--duplicate", "2%", "--reorder", "5%",
                                                           "--delay-ms", "3", "--jitter-ms", "3", "--seed", "11"])
         #expect((run.final["lostPackets"] as? Int ?? 0) > 0, "the impairment reached the player: \(run.final)")
-        Self.expectNoHeapCalls(run, live: Self.relayThreads, "\(codec), impaired")
+        Self.expectRealTimeRule(run, live: Self.relayThreads, "\(codec), impaired")
     }
 
     /// Push-to-talk adds a device thread at each end: the player captures its talk input (`pm-capture`) and the host
     /// plays it (`pm-playback`), through the same packetizer, jitter buffer and concealment.
-    @Test("No heap call on any device thread of either end while a player talks back (full duplex)")
-    func noHeapCallsWhileTalkingBack() throws {
+    @Test("No heap call, nor any wait but for the device or its packets, on any device thread of either end while a player talks back (full duplex)")
+    func deviceThreadsKeepTheRuleWhileTalkingBack() throws {
         let run = try Self.run(codec: "f32", talk: true)
         #expect((run.final["talkPacketsSent"] as? Int ?? 0) > 1_000, "the player talked: \(run.final)")
-        Self.expectNoHeapCalls(run, live: Self.relayThreads + ["mesh-play pm-capture", "mesh-record pm-playback"], "f32, talking back")
+        Self.expectRealTimeRule(run, live: Self.relayThreads + ["mesh-play pm-capture", "mesh-record pm-playback"], "f32, talking back")
+    }
+}
+
+/// The probe itself, held to exact counts on a known workload (scripts/lib/rt_probe_check.c): a probe that missed
+/// a kind of wait, or counted one that is not, would pass the rule's tests for the wrong reason. Needs no rig.
+@Suite("The real-time probe counts exactly what it says")
+struct RealTimeProbeTests {
+    @Test("On a known workload: 2 heap calls, 8 waits, 1 input wait; nothing from the thread it does not watch")
+    func countsAKnownWorkload() throws {
+        let directory = try RealTimeRuleTests.privateDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let probe = try RealTimeRuleTests.buildProbe(into: directory)
+        let check = try RealTimeRuleTests.compile("rt_probe_check.c", into: directory, as: "rt_probe_check",
+                                                  flags: ["-O2", "-pthread"])
+        let report = directory + "/report.txt"
+        // The window opens 100 ms after start, before the workload (at 300 ms), and closes well after it.
+        let run = try ChildProcess(URL(fileURLWithPath: check), [report],
+                                   environment: ["LD_PRELOAD": probe, "PM_RT_PROBE_THREADS": "pm-check,pm-absent",
+                                                 "PM_RT_PROBE_FROM_MS": "100", "PM_RT_PROBE_UNTIL_MS": "3000",
+                                                 "PM_RT_PROBE_OUT": report])
+        #expect(run.waitForExit(seconds: 15) == 0, "the workload ran and the report appeared: \(run.stderr)")
+        let r = try #require(RealTimeRuleTests.reading(report, thread: "pm-check"), "the probe reported")
+        #expect(r.heapCalls == 2, "\(r.text)")
+        #expect(r.waits == 8, "\(r.text)")
+        #expect(r.inputWaits == 1, "\(r.text)")
+        #expect(r.deviceWaits == 0, "\(r.text)")
+        #expect(!r.live, "the workload's thread had ended by the window's end")
+        for call in ["malloc", "free", "pthread_mutex_lock", "pthread_cond_timedwait"] {
+            #expect(r.text.contains(": \(call) on pm-check"), "the stacks name \(call)\n\(r.text)")
+        }
+        let absent = try #require(RealTimeRuleTests.reading(report, thread: "pm-absent"))
+        #expect(!absent.live && absent.heapCalls == 0 && absent.waits == 0 && absent.inputWaits == 0)
     }
 }
