@@ -403,13 +403,16 @@ struct HostControlTests {
         #expect(Self.shoot(&h, 7, by: 1, at: t + 9 * Self.second + 1) == .failed("too many clips: try again in 1 s"), "rounded up")
         // A refused start opened nothing, and the state players see is the last clip's.
         #expect(h.captureState == .saved("clip-4.wav"))
+        // The driver is told to log the refusal, then to answer it.
+        #expect(h.received(Self.command(20, .capture(.single, .secondary)), from: 1, now: t + 9 * Self.second) ==
+                [.clipRefused(1, retryInSeconds: 1), .send(1, .reply(id: 20, .failed("too many clips: try again in 1 s")))])
         #expect(Self.shoot(&h, 8, by: 1, at: t + 10 * Self.second) == .recording, "10 s bought one")
         #expect(Self.shoot(&h, 9, by: 1, at: t + 10 * Self.second) == .failed("too many clips: try again in 10 s"))
         // A quiet 40 s refills all 4, and no more.
         for id in UInt32(10)...13 { #expect(Self.shoot(&h, id, by: 1, at: t + 60 * Self.second) == .recording) }
         #expect(Self.shoot(&h, 14, by: 1, at: t + 60 * Self.second) == .failed("too many clips: try again in 10 s"))
-        #expect(h.counters.refusedClips == 5 && h.refusedClips(by: 1) == 5)
-        #expect(h.counters.commands == 14 && h.counters.replies == 14 && h.counters.malformed == 0)
+        #expect(h.counters.refusedClips == 6 && h.refusedClips(by: 1) == 6)
+        #expect(h.counters.commands == 15 && h.counters.replies == 15 && h.counters.malformed == 0)
     }
 
     @Test func onePlayersQuotaDoesNotTouchAnothersAndABusyAnswerCostsNothing() {

@@ -67,7 +67,7 @@ struct HostControlInProcessTests {
     /// A host keeping clips (0.2 s of pre-roll, 0.3 s at most) in a fresh directory, each player's within
     /// `clipQuota`, with players 0 and 1 joined as raw clients: `body` gets them and the directory once the pre-roll
     /// has filled.
-    func withClipHost(clipQuota: ClipQuota = .default,
+    func withClipHost(clipQuota: ClipQuota = .default, log: @escaping @Sendable (String) -> Void = { _ in },
                       _ body: (RelayHost, _ a: RawControlClient, _ b: RawControlClient, _ dir: String) throws -> Void) throws {
         let dir = try Self.clipDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
@@ -77,7 +77,7 @@ struct HostControlInProcessTests {
         config.maximumPlayersPerAddress = 8
         config.clips = .init(directory: dir, name: "h", prerollSeconds: 0.2, maximumSeconds: 0.3)
         config.clipQuota = clipQuota
-        let host = try RelayHost(configuration: config, source: tone)
+        let host = try RelayHost(configuration: config, source: tone, log: log)
         try host.start()
         defer { host.stop() }
         let endpoint = PeerEndpoint(host: "127.0.0.1", port: host.port)
@@ -142,9 +142,10 @@ struct HostControlInProcessTests {
         }
     }
 
-    @Test("The default clip quota: a player's 4 pre-roll clips are written, its 5th start is answered with when to try again and writes nothing, the refusal is counted in the status, and another player's clip is written")
+    @Test("The default clip quota: a player's 4 pre-roll clips are written, its 5th start is answered with when to try again and writes nothing, the refusal is counted in the status and logged, and another player's clip is written")
     func clipsOverTheQuotaAreRefusedAndCounted() throws {
-        try withClipHost { host, a, b, dir in
+        let log = Mutex<[String]>([])
+        try withClipHost(log: { line in log.withLock { $0.append(line) } }) { host, a, b, dir in
             /// The states `c` was sent that say a clip was saved.
             func saves(_ c: RawControlClient) -> Int {
                 c.messages.filter { if case .state(let s) = $0, case .saved = s.capture { true } else { false } }.count
@@ -174,6 +175,8 @@ struct HostControlInProcessTests {
             #expect(s.refusedClips == 1)
             #expect(s.players.first { $0.peer == idA }?.refusedClips == 1 && s.players.first { $0.peer == idB }?.refusedClips == 0)
             #expect(s.controlCommands == 6)
+            let refusals = log.withLock { $0.filter { $0.contains("refused a clip") } }
+            #expect(refusals.count == 1 && refusals[0].contains("over its clip quota, free again in "), "\(log.withLock { $0 })")
         }
     }
 }

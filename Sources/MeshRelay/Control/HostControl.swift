@@ -39,6 +39,9 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
         case setTalker(Peer?)
         /// Half duplex: hold (true) or release the host's microphone to `peer` while it talks.
         case holdForTalk(Peer, Bool)
+        /// `peer`'s clip quota refused a clip it asked for (the reply tells it, with when to try again): log it. The
+        /// driver keeps such lines to a few a second, since a player can ask as fast as its command budget allows.
+        case clipRefused(Peer, retryInSeconds: UInt64)
     }
 
     /// Exact counts.
@@ -240,7 +243,7 @@ public struct HostControl<Peer: Hashable & Sendable>: Sendable {
                 counters.refusedClips &+= 1
                 refusedClipsByPlayer[peer, default: 0] &+= 1
                 let seconds = wait / 1_000_000_000 + (wait % 1_000_000_000 == 0 ? 0 : 1)
-                return [reply(peer, id, .failed("too many clips: try again in \(seconds) s"))]
+                return [.clipRefused(peer, retryInSeconds: seconds), reply(peer, id, .failed("too many clips: try again in \(seconds) s"))]
             }
             lastClipNumber &+= 1
             clip = .opening(clip: lastClipNumber, owner: peer, id: id)

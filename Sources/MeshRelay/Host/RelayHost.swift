@@ -371,6 +371,11 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                 }
             case .holdForTalk(let peer, let held):
                 players.setHeldForTalk(peer, held)
+            case .clipRefused(let peer, let seconds):
+                if let held = refusals.withLock({ $0.admit(peer, now: MonotonicClock.nowNanos()) }) {
+                    let more = held > 0 ? " (and \(held) more since the last such line)" : ""
+                    events("control: refused a clip to \(peer.displayName): over its clip quota, free again in \(seconds) s\(more)")
+                }
             }
         }
     }
