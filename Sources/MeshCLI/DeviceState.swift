@@ -34,7 +34,15 @@ package struct DeviceState: Sendable {
     /// Reads the trust store only (for --paired and --forget: no identity is made).
     package static func trustOnly(_ directory: StateDirectory) -> TrustStore { TrustStore(path: directory.trustPath) }
 
-    /// `--paired`: one line per paired device: name, short fingerprint, when paired, when last seen.
+    /// One paired device's line: the name it was paired under, its short fingerprint, when paired, when last seen,
+    /// and the name it last gave when that is another (`calls itself "…"`). Names are escaped for the terminal.
+    package static func pairedLine(_ p: TrustedPeer) -> String {
+        let seen = p.lastSeen.map { StatusReport.timestamp($0) } ?? "never"
+        let alias = p.callsItself.map { "\tcalls itself \"\(TerminalText.escape($0))\"" } ?? ""
+        return "\(TerminalText.escape(p.name))\t\(p.publicKey.shortFingerprint)\tpaired \(StatusReport.timestamp(p.pairedAt))\tlast seen \(seen)\(alias)"
+    }
+
+    /// `--paired`: one line per paired device (`pairedLine`).
     package static func listPaired(_ directory: StateDirectory, what: String, terminal: Terminal, json: Bool) -> Never {
         do {
             let peers = try trustOnly(directory).list()
@@ -43,10 +51,7 @@ package struct DeviceState: Sendable {
             } else if peers.isEmpty {
                 terminal.error("no paired \(what)s (in \(directory.path))")
             } else {
-                for p in peers {
-                    let seen = p.lastSeen.map { StatusReport.timestamp($0) } ?? "never"
-                    terminal.stdout("\(TerminalText.escape(p.name))\t\(p.publicKey.shortFingerprint)\tpaired \(StatusReport.timestamp(p.pairedAt))\tlast seen \(seen)")
-                }
+                for p in peers { terminal.stdout(pairedLine(p)) }
             }
             exit(0)
         } catch {
@@ -67,7 +72,8 @@ package struct DeviceState: Sendable {
     }
 }
 
-/// JSON for `--paired --json`.
+/// JSON for `--paired --json`: per device `name` (the name it was paired under), `fingerprint`, `publicKey`,
+/// `pairedAt`, `lastSeen` and `lastSeenName` (the name it gave when it last connected; null: never seen since).
 enum JSONObjectArray {
     static func encode(_ peers: [TrustedPeer]) -> String {
         JSONObject.array(peers.map { p in
@@ -77,6 +83,7 @@ enum JSONObjectArray {
             o.add("publicKey", p.publicKey.hex)
             o.add("pairedAt", StatusReport.timestamp(p.pairedAt))
             o.add("lastSeen", p.lastSeen.map { StatusReport.timestamp($0) })
+            o.add("lastSeenName", p.lastSeenName)
             return o
         })
     }

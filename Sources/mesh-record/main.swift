@@ -206,10 +206,7 @@ do {
         do {
             let entries = try device.trust.list()
             if entries.isEmpty { return ControlReply(ok: true, ["no paired players"]) }
-            return ControlReply(ok: true, entries.map { p in
-                "\(TerminalText.escape(p.name))\t\(p.publicKey.shortFingerprint)\tpaired \(StatusReport.timestamp(p.pairedAt))"
-                    + "\tlast seen \(p.lastSeen.map { StatusReport.timestamp($0) } ?? "never")"
-            })
+            return ControlReply(ok: true, entries.map(DeviceState.pairedLine))
         } catch {
             return ControlReply(ok: false, ["cannot read the paired players: \(error)"])
         }

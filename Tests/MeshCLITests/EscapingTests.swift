@@ -1,3 +1,5 @@
+import Foundation
+import PeerMesh
 import Testing
 @testable import MeshCLI
 
@@ -14,5 +16,19 @@ struct EscapingTests {
         // Nothing that reaches the terminal is a control character any more.
         let hostile = String((0..<0x200).compactMap { Unicode.Scalar($0) }.map(Character.init))
         #expect(!TerminalText.escape(hostile).unicodeScalars.contains { $0.value < 0x20 || (0x7f..<0xa0).contains($0.value) })
+    }
+
+    @Test("A paired device's line: the name it was paired under, and the name it last gave when another, both escaped")
+    func pairedLineShowsThePairedNameAndWhatItCallsItself() throws {
+        let key = try PeerIdentity.generate(displayName: "x").publicKey
+        let paired = Date(timeIntervalSince1970: 1_700_000_000)
+        var p = TrustedPeer(publicKey: key, name: "kitchen", pairedAt: paired)
+        let start = "kitchen\t\(key.shortFingerprint)\tpaired 2023-11-14T22:13:20.000Z\tlast seen "
+        #expect(DeviceState.pairedLine(p) == start + "never")
+        p.lastSeen = paired.addingTimeInterval(60)
+        p.lastSeenName = "kitchen"
+        #expect(DeviceState.pairedLine(p) == start + "2023-11-14T22:14:20.000Z")
+        p.lastSeenName = "bedroom\u{1b}[2K"
+        #expect(DeviceState.pairedLine(p) == start + "2023-11-14T22:14:20.000Z\tcalls itself \"bedroom\\x1b[2K\"")
     }
 }

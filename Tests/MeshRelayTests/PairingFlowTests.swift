@@ -73,7 +73,8 @@ struct PairingFlowTests {
         #expect(player.stderr.contains { $0.contains("joined pair-host") }, "\(player.stderr)")
         try Self.assertTone(out, "paired")
 
-        // Trust follows the key: the host comes back under another name and is still joined, shown by its new name.
+        // Trust follows the key: the host comes back under another name and is still joined. The list keeps the name
+        // it was paired under, and says which it gives now.
         host.kill()
         _ = host.waitForExit(seconds: 5)
         host = try CLIProcess("mesh-record", ["--host", "--name", "renamed-host", "--service", service, "--input", "tone:440",
@@ -84,7 +85,8 @@ struct PairingFlowTests {
         #expect(again.stderr.contains { $0.contains("joined renamed-host") }, "\(again.stderr)")
         let listed = try CLIProcess("mesh-play", ["--paired", "--state-dir", playerDir])
         #expect(listed.waitForExit(seconds: 5) == 0)
-        #expect(listed.stdout.contains { $0.hasPrefix("renamed-host\t") && $0.contains("last seen") }, "\(listed.stdout)")
+        #expect(listed.stdout.contains { $0.hasPrefix("pair-host\t") && $0.contains("last seen") && $0.hasSuffix("\tcalls itself \"renamed-host\"") },
+                "\(listed.stdout)")
     }
 
     @Test("A wrong code exits 1 saying so; three wrong codes close the window; a code after the timeout is refused")

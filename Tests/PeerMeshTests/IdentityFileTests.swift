@@ -121,6 +121,15 @@ struct IdentityFileTests {
         #expect(try store.contains(kb) && PrivateFile.mode(path) == 0o600)
         try store.touch(kb, name: "bedroom")
         #expect(try store.entry(for: kb)?.lastSeen != nil)
+        #expect(try store.entry(for: kb)?.lastSeenName == "bedroom" && store.entry(for: kb)?.callsItself == nil)
+        // A paired peer that connects under another peer's name keeps the name it was paired under, and cannot be
+        // forgotten by the name it took (nor make that name forget the other).
+        try store.touch(kb, name: "Kitchen 2")
+        #expect(try TrustStore(path: path).list().map(\.name) == ["Kitchen 2", "bedroom"])
+        #expect(try store.entry(for: kb)?.callsItself == "Kitchen 2")
+        #expect(try store.remove(matching: "no such name").isEmpty)
+        let renamed = try #require(try store.entry(for: kb))
+        #expect(!TrustStore.matches(renamed, "kitchen 2"))
         #expect(try store.remove(matching: "BEDROOM").map(\.publicKey) == [kb])
         #expect(try store.remove(matching: String(ka.fingerprintString.prefix(9))).map(\.publicKey) == [ka])
         #expect(try store.list().isEmpty)

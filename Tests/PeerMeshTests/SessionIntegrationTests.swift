@@ -173,10 +173,11 @@ struct SessionIntegrationTests {
         #expect(pair.guestLog.wait(5) { $0.found.contains(pair.hostPeer) })
         let start = Date()
         try pair.browser.invitePeer(pair.hostPeer, to: pair.guest, withContext: nil, timeout: .milliseconds(400))
-        #expect(pair.guestLog.wait(5) { !$0.failures.isEmpty })
+        #expect(pair.guestLog.wait(10) { !$0.failures.isEmpty })
         let elapsed = Date().timeIntervalSince(start)
         #expect(pair.guestLog.snapshot.failures.first?.1 == .timedOut)
-        #expect(elapsed >= 0.35 && elapsed < 2)
+        // Its own 400 ms, not the 30 s default; the upper bound is generous, for a busy machine.
+        #expect(elapsed >= 0.35 && elapsed < 5, "\(elapsed) s")
         #expect(pair.guestLog.states(of: pair.hostPeer) == [.connecting, .notConnected])
         // A late answer changes nothing.
         for reply in pair.hostLog.heldReplies.withLock({ $0 }) { reply(true, pair.host) }

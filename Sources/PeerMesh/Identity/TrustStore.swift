@@ -1,22 +1,37 @@
 import FoundationEssentials
 import MeshPOSIX
 
-/// A peer this device trusts: its key, the name it was paired under (and last seen under), and when.
+/// A peer this device trusts: its key, the name it was paired under, and when; when it last connected, and under
+/// which name.
+///
+/// A peer chooses its own display name, and may change it at every connection. The name it was paired under is
+/// what this device calls it, and only pairing again changes it: a paired peer cannot take another's name here, nor
+/// make `remove(matching:)` by name forget a peer it was not paired as.
 public struct TrustedPeer: Codable, Sendable, Equatable {
     /// The key trust is pinned to.
     public var publicKey: PublicKey
-    /// The name it had when last seen.
+    /// The name it was paired under.
     public var name: String
     /// When it was added.
     public var pairedAt: Date
     /// When it last connected, if ever.
     public var lastSeen: Date?
+    /// The display name it gave when it last connected, if ever (stores written before this field have none).
+    public var lastSeenName: String?
 
-    public init(publicKey: PublicKey, name: String, pairedAt: Date = Date(), lastSeen: Date? = nil) {
+    public init(publicKey: PublicKey, name: String, pairedAt: Date = Date(), lastSeen: Date? = nil,
+                lastSeenName: String? = nil) {
         self.publicKey = publicKey
         self.name = name
         self.pairedAt = pairedAt
         self.lastSeen = lastSeen
+        self.lastSeenName = lastSeenName
+    }
+
+    /// The name it last connected under, when that is not the name it was paired under (nil: the same, or never seen).
+    public var callsItself: String? {
+        guard let seen = lastSeenName, seen != name else { return nil }
+        return seen
     }
 }
 
@@ -61,17 +76,18 @@ public final class TrustStore: Sendable {
         }
     }
 
-    /// Notes that `key` connected now, under `name`.
+    /// Notes that `key` connected now, calling itself `name` (kept as `lastSeenName`: the name it was paired under
+    /// stays).
     public func touch(_ key: PublicKey, name: String, at date: Date = Date()) throws(PeerMeshError) {
         try modify { peers in
             guard let i = peers.firstIndex(where: { $0.publicKey == key }) else { return }
             peers[i].lastSeen = date
-            peers[i].name = name
+            peers[i].lastSeenName = name
         }
     }
 
-    /// Forgets the peers named `nameOrFingerprint` (a name, case-insensitive, or a fingerprint prefix). Returns
-    /// what was removed.
+    /// Forgets the peers named `nameOrFingerprint` (the name one was paired under, case-insensitive, or a prefix of
+    /// its fingerprint). Returns what was removed.
     @discardableResult
     public func remove(matching nameOrFingerprint: String) throws(PeerMeshError) -> [TrustedPeer] {
         var removed: [TrustedPeer] = []
@@ -82,7 +98,8 @@ public final class TrustStore: Sendable {
         return removed
     }
 
-    /// Whether `peer` is named by `text`: its name (case-insensitive) or a prefix of its fingerprint.
+    /// Whether `peer` is named by `text`: the name it was paired under (case-insensitive; not the one it last gave)
+    /// or a prefix of its fingerprint.
     public static func matches(_ peer: TrustedPeer, _ text: String) -> Bool {
         peer.name.lowercased() == text.lowercased() || peer.publicKey.matches(fingerprintPrefix: text)
     }
