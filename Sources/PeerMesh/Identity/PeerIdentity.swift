@@ -71,7 +71,13 @@ public struct PeerIdentity: Sendable {
                         secretKey: String(decoding: Self.secretKeySlot, as: UTF8.self))
         let json: [UInt8]
         do { json = Array(try JSONEncoder.pretty.encode(file)) } catch { throw .identity("cannot encode the identity: \(error)") }
-        guard let slot = json.ranges(of: Self.secretKeySlot).last else { preconditionFailure("the encoder dropped the key's field") }
+        // A plain backward search: the standard `ranges(of:)` would bring in, and instantiate at run time, the
+        // string-processing library's generic algorithms (about 250 functions, on pages of their own).
+        let width = Self.secretKeySlot.count
+        guard let start = stride(from: json.count - width, through: 0, by: -1).first(where: {
+            json[$0..<$0 + width].elementsEqual(Self.secretKeySlot)
+        }) else { preconditionFailure("the encoder dropped the key's field") }
+        let slot = start..<start + width
         var key = Sodium.base64(keys.secret)
         defer { Sodium.wipe(&key) }
         var out: [UInt8] = []
