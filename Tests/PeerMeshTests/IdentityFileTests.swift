@@ -119,18 +119,26 @@ struct IdentityFileTests {
         try store.add(ka, name: "Kitchen 2")
         #expect(try TrustStore(path: path).list().map(\.name) == ["Kitchen 2", "bedroom"])
         #expect(try store.contains(kb) && PrivateFile.mode(path) == 0o600)
+        // Entries never seen carry no `lastSeenName`: the file is what a store written before the field existed
+        // holds, and it loads.
+        let unseen = try String(contentsOfFile: path, encoding: .utf8)
+        #expect(!unseen.contains("lastSeenName") && unseen.contains("\"name\""), "\(unseen)")
+        #expect(try TrustStore(path: path).list().allSatisfy { $0.lastSeenName == nil })
         try store.touch(kb, name: "bedroom")
         #expect(try store.entry(for: kb)?.lastSeen != nil)
         #expect(try store.entry(for: kb)?.lastSeenName == "bedroom" && store.entry(for: kb)?.callsItself == nil)
-        // A paired peer that connects under another peer's name keeps the name it was paired under, and cannot be
-        // forgotten by the name it took (nor make that name forget the other).
+        // A paired peer that connects under another peer's name keeps the name it was paired under in the list;
+        // forgetting by the name it took forgets it too, with the one paired under that name.
         try store.touch(kb, name: "Kitchen 2")
         #expect(try TrustStore(path: path).list().map(\.name) == ["Kitchen 2", "bedroom"])
         #expect(try store.entry(for: kb)?.callsItself == "Kitchen 2")
         #expect(try store.remove(matching: "no such name").isEmpty)
         let renamed = try #require(try store.entry(for: kb))
-        #expect(!TrustStore.matches(renamed, "kitchen 2"))
+        #expect(TrustStore.matches(renamed, "kitchen 2") && TrustStore.matches(renamed, "Bedroom"))
+        #expect(try Set(store.remove(matching: "KITCHEN 2").map(\.publicKey)) == [ka, kb])
+        try store.add(kb, name: "bedroom")
         #expect(try store.remove(matching: "BEDROOM").map(\.publicKey) == [kb])
+        try store.add(ka, name: "Kitchen 2")
         #expect(try store.remove(matching: String(ka.fingerprintString.prefix(9))).map(\.publicKey) == [ka])
         #expect(try store.list().isEmpty)
     }

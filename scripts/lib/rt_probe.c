@@ -54,6 +54,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifndef FUTEX_LOCK_PI2   // kernel headers before 5.14
+#define FUTEX_LOCK_PI2 13
+#endif
+
 extern void *__libc_malloc(size_t);
 extern void *__libc_calloc(size_t, size_t);
 extern void *__libc_realloc(void *, size_t);
@@ -195,14 +199,15 @@ static void note_poll(const char *call, void *caller, const struct pollfd *fds, 
   if (from_device_library(caller)) {
     k = DEVICE_WAIT;
   } else {
-    int device = 0, network = n > 0;
+    int device = 0, sockets = 0, others = 0;
     for (nfds_t j = 0; j < n; j++) {
-      if (fds[j].fd < 0) continue;
+      if (fds[j].fd < 0) continue;   // ignored by poll
       if (is_device_fd(fds[j].fd)) device = 1;
-      else if (!is_network_datagram_socket(fds[j].fd)) network = 0;
+      else if (is_network_datagram_socket(fds[j].fd)) sockets++;
+      else others++;
     }
     if (device) k = DEVICE_WAIT;
-    else if (network && timed) k = INPUT_WAIT;
+    else if (sockets > 0 && others == 0 && timed) k = INPUT_WAIT;
   }
   count_wait(i, k, call);
   inside = 0;
@@ -215,23 +220,27 @@ static int blocking(int fd) {
 }
 
 // Each interposed call notes itself (only when the probe counts, and the wait condition holds), then forwards to
-// the next definition of the same name: the C library's. The pointer is looked up on first use, since a library's
-// constructor may call before ours has run.
-#define NEXT(type, name) \
-  static _Atomic(type) next_##name; \
-  static type real_##name(void) { \
-    type f = atomic_load_explicit(&next_##name, memory_order_acquire); \
-    if (!f) { f = (type)dlsym(RTLD_NEXT, #name); atomic_store_explicit(&next_##name, f, memory_order_release); } \
-    return f; \
-  }
-// Condition waits have two versions in glibc; the unversioned lookup would find the old one.
+// the next definition of the same name: the C library's. The constructor looks every pointer up (`resolve_all`);
+// a call that comes before it (from another library's constructor) looks its own up, and what the lookup itself
+// calls is not counted.
+static void *lookup(const char *name, const char *version) {
+  int was_inside = inside;
+  inside = 1;
+  void *f = version ? dlvsym(RTLD_NEXT, name, version) : NULL;
+  if (!f) f = dlsym(RTLD_NEXT, name);   // a port of glibc whose oldest version is later has only one
+  inside = was_inside;
+  return f;
+}
 #define NEXT_VERSIONED(type, name, version) \
   static _Atomic(type) next_##name; \
   static type real_##name(void) { \
     type f = atomic_load_explicit(&next_##name, memory_order_acquire); \
-    if (!f) { f = (type)dlvsym(RTLD_NEXT, #name, version); atomic_store_explicit(&next_##name, f, memory_order_release); } \
+    if (!f) { f = (type)lookup(#name, version); atomic_store_explicit(&next_##name, f, memory_order_release); } \
     return f; \
   }
+#define NEXT(type, name) NEXT_VERSIONED(type, name, NULL)
+// Condition waits have two versions in glibc on x86-64; the unversioned lookup may find the old one.
+#define COND_VERSION "GLIBC_2.3.2"
 #define CALLER __builtin_return_address(0)
 
 typedef int (*mutex_lock_fn)(pthread_mutex_t *);
@@ -271,8 +280,8 @@ NEXT(mutex_lock_fn, pthread_mutex_lock)
 NEXT(mutex_timedlock_fn, pthread_mutex_timedlock)
 NEXT(rwlock_fn, pthread_rwlock_rdlock)
 NEXT(rwlock_fn, pthread_rwlock_wrlock)
-NEXT_VERSIONED(cond_wait_fn, pthread_cond_wait, "GLIBC_2.3.2")
-NEXT_VERSIONED(cond_timedwait_fn, pthread_cond_timedwait, "GLIBC_2.3.2")
+NEXT_VERSIONED(cond_wait_fn, pthread_cond_wait, COND_VERSION)
+NEXT_VERSIONED(cond_timedwait_fn, pthread_cond_timedwait, COND_VERSION)
 NEXT(cond_clockwait_fn, pthread_cond_clockwait)
 NEXT(sem_wait_fn, sem_wait)
 NEXT(sem_timedwait_fn, sem_timedwait)
@@ -506,6 +515,45 @@ static void *reporter(void *unused) {
   return NULL;
 }
 
+// Looks every forwarded function up now, so that no lookup happens on a watched thread later.
+static void resolve_all(void) {
+  (void)real_pthread_mutex_lock();
+  (void)real_pthread_mutex_timedlock();
+  (void)real_pthread_rwlock_rdlock();
+  (void)real_pthread_rwlock_wrlock();
+  (void)real_pthread_cond_wait();
+  (void)real_pthread_cond_timedwait();
+  (void)real_pthread_cond_clockwait();
+  (void)real_sem_wait();
+  (void)real_sem_timedwait();
+  (void)real_pthread_join();
+  (void)real_nanosleep();
+  (void)real_clock_nanosleep();
+  (void)real_usleep();
+  (void)real_sleep();
+  (void)real_sched_yield();
+  (void)real_poll();
+  (void)real_ppoll();
+  (void)real_select();
+  (void)real_pselect();
+  (void)real_epoll_wait();
+  (void)real_epoll_pwait();
+  (void)real_read();
+  (void)real_write();
+  (void)real_readv();
+  (void)real_writev();
+  (void)real_recv();
+  (void)real_recvfrom();
+  (void)real_recvmsg();
+  (void)real_recvmmsg();
+  (void)real_send();
+  (void)real_sendto();
+  (void)real_sendmsg();
+  (void)real_sendmmsg();
+  (void)real_syscall();
+  (void)real_snd_pcm_poll_descriptors();
+}
+
 __attribute__((constructor)) static void start(void) {
   const char *list = getenv("PM_RT_PROBE_THREADS"), *from = getenv("PM_RT_PROBE_FROM_MS"),
              *until = getenv("PM_RT_PROBE_UNTIL_MS"), *out = getenv("PM_RT_PROBE_OUT"),
@@ -527,6 +575,7 @@ __attribute__((constructor)) static void start(void) {
     p += n;
     if (*p == ',') p++;
   }
+  resolve_all();
   void *warm[2];
   backtrace(warm, 2);   // loads the unwinder now, not inside a counted call
   Dl_info info;

@@ -4,8 +4,9 @@
 // The workload's thread sets itself up and waits 300 ms under another name, so that none of that is counted whenever
 // the probe's window (100 ms to 3 s after start, as the test sets it) opens; then, named pm-check, it makes, once each:
 //   heap calls (2):  malloc, free;
-//   waits (8):       pthread_mutex_lock twice, pthread_cond_timedwait, poll with a timeout on a pipe, a write to a
-//                    blocking pipe, a futex wait through syscall(), nanosleep, a sendto on a blocking UDP socket;
+//   waits (9):       pthread_mutex_lock twice, pthread_cond_timedwait, poll with a timeout on a pipe, poll with a
+//                    timeout on no descriptor (a sleep), a write to a blocking pipe, a futex wait through syscall(),
+//                    nanosleep, a sendto on a blocking UDP socket;
 //   input waits (1): poll with a timeout on a UDP socket alone;
 // and these, which are not waits: poll with a zero timeout, a write to a non-blocking pipe, a futex wake, a recv with
 // MSG_DONTWAIT and a sendto on a non-blocking UDP socket. The main thread, not watched, takes the same lock meanwhile.
@@ -62,6 +63,8 @@ static void *workload(void *unused) {
   struct pollfd on_pipe = {.fd = quiet[0], .events = POLLIN};
   poll(&on_pipe, 1, 1);
   poll(&on_pipe, 1, 0);
+  struct pollfd nothing = {.fd = -1, .events = POLLIN};
+  poll(&nothing, 1, 1);
   if (write(pipe_fds[1], "x", 1) != 1) exit(4);
   fcntl(pipe_fds[1], F_SETFL, O_NONBLOCK);
   if (write(pipe_fds[1], "x", 1) != 1) exit(4);

@@ -49,6 +49,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     private let offer: AdvertisedFeatures
     /// Refused commands are logged at most once a second a player (the control queue's; a lock for `Sendable`).
     private let refusals = Mutex(LogThrottle<PeerID>(interval: 1_000_000_000))
+    /// Clip refusals, throttled apart from refused commands so that neither kind hides the other's lines.
+    private let clipRefusals = Mutex(LogThrottle<PeerID>(interval: 1_000_000_000))
     /// How fast each player may send commands; spent on the session's thread, before anything is queued.
     private let budget = Mutex(CommandBudget<PeerID>())
     /// Players whose dropped commands a report loop (`sayUntoldDrops`) is saying, a second at a time.
@@ -372,7 +374,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             case .holdForTalk(let peer, let held):
                 players.setHeldForTalk(peer, held)
             case .clipRefused(let peer, let seconds):
-                if let held = refusals.withLock({ $0.admit(peer, now: MonotonicClock.nowNanos()) }) {
+                if let held = clipRefusals.withLock({ $0.admit(peer, now: MonotonicClock.nowNanos()) }) {
                     let more = held > 0 ? " (and \(held) more since the last such line)" : ""
                     events("control: refused a clip to \(peer.displayName): over its clip quota, free again in \(seconds) s\(more)")
                 }
@@ -514,6 +516,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             controlQueue.async { [self] in
                 perform(control.withLock { $0.left(peer) })
                 refusals.withLock { $0.forget(peer) }
+                clipRefusals.withLock { $0.forget(peer) }
                 changeLines.withLock { $0.forget(peer) }
             }
             events("player \(peer.displayName) left")

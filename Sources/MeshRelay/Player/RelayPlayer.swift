@@ -432,7 +432,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
             arrivals.sinceJoin.store(false, ordering: .releasing)
             unanswered.withLock { _ = $0.removeValue(forKey: peer) }
         }
-        // Trust follows the key: the paired entry takes the host's current name, and notes when it was last seen.
+        // Trust follows the key: the paired entry notes when the host was last seen and the name it gave (the name
+        // it was paired under stays).
         if state == .connected, case .paired(let store) = configuration.hosts, let key = peer.publicKey {
             try? store.touch(key, name: peer.displayName)
         }

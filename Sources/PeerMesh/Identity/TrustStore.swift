@@ -5,8 +5,8 @@ import MeshPOSIX
 /// which name.
 ///
 /// A peer chooses its own display name, and may change it at every connection. The name it was paired under is
-/// what this device calls it, and only pairing again changes it: a paired peer cannot take another's name here, nor
-/// make `remove(matching:)` by name forget a peer it was not paired as.
+/// what this device calls it, and only pairing again changes it: a paired peer cannot rename its entry. Forgetting
+/// by name matches both names, so a peer cannot escape being forgotten under the name it shows either.
 public struct TrustedPeer: Codable, Sendable, Equatable {
     /// The key trust is pinned to.
     public var publicKey: PublicKey
@@ -86,8 +86,8 @@ public final class TrustStore: Sendable {
         }
     }
 
-    /// Forgets the peers named `nameOrFingerprint` (the name one was paired under, case-insensitive, or a prefix of
-    /// its fingerprint). Returns what was removed.
+    /// Forgets the peers named `nameOrFingerprint` (the name one was paired under or last gave, case-insensitive,
+    /// or a prefix of its fingerprint). Returns what was removed.
     @discardableResult
     public func remove(matching nameOrFingerprint: String) throws(PeerMeshError) -> [TrustedPeer] {
         var removed: [TrustedPeer] = []
@@ -98,10 +98,13 @@ public final class TrustStore: Sendable {
         return removed
     }
 
-    /// Whether `peer` is named by `text`: the name it was paired under (case-insensitive; not the one it last gave)
-    /// or a prefix of its fingerprint.
+    /// Whether `peer` is named by `text`: the name it was paired under or the one it last gave (case-insensitive),
+    /// or a prefix of its fingerprint. Both names: an operator forgets the device it sees, whichever name it shows
+    /// there, and one that took another's name is forgotten with it rather than left behind.
     public static func matches(_ peer: TrustedPeer, _ text: String) -> Bool {
-        peer.name.lowercased() == text.lowercased() || peer.publicKey.matches(fingerprintPrefix: text)
+        let wanted = text.lowercased()
+        return peer.name.lowercased() == wanted || peer.lastSeenName?.lowercased() == wanted
+            || peer.publicKey.matches(fingerprintPrefix: text)
     }
 
     // MARK: File
