@@ -70,6 +70,7 @@ extern void *__libc_memalign(size_t, size_t);
 
 // What a counted call was.
 enum kind { HEAP, WAIT, DEVICE_WAIT, INPUT_WAIT, KINDS };
+#define STACK_KINDS 2   // stacks are kept for the first two kinds: heap calls and (other) waits
 static const char *const kind_names[KINDS] = {"calls", "waits", "devicewaits", "inputwaits"};
 
 static char names[MAX_NAMES][16];
@@ -80,11 +81,11 @@ static _Atomic uint64_t window_from, window_until;   // monotonic ns; window_unt
 static char out_path[4096], start_path[4096];
 
 // The stacks of the first heap calls and (non-device) waits of each name.
-static void *stacks[MAX_NAMES][2][MAX_STACKS][STACK_DEPTH];
-static int stack_depths[MAX_NAMES][2][MAX_STACKS];
-static const char *stack_calls[MAX_NAMES][2][MAX_STACKS];
-static atomic_int stacks_taken[MAX_NAMES][2];
-static atomic_int stack_ready[MAX_NAMES][2][MAX_STACKS];   // the slot is written whole (the reporter may run meanwhile)
+static void *stacks[MAX_NAMES][STACK_KINDS][MAX_STACKS][STACK_DEPTH];
+static int stack_depths[MAX_NAMES][STACK_KINDS][MAX_STACKS];
+static const char *stack_calls[MAX_NAMES][STACK_KINDS][MAX_STACKS];
+static atomic_int stacks_taken[MAX_NAMES][STACK_KINDS];
+static atomic_int stack_ready[MAX_NAMES][STACK_KINDS][MAX_STACKS];   // the slot is written whole (the reporter may run meanwhile)
 
 // Initial-exec TLS whatever the build flags: dynamic TLS would go through __tls_get_addr, which may itself allocate
 // (after a dlopen of a library with TLS) and so re-enter the probe.
@@ -500,7 +501,7 @@ static void *reporter(void *unused) {
     say(fd, "\n");
   }
   for (int i = 0; i < name_count; i++) {
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < STACK_KINDS; k++) {
       int taken = atomic_load(&stacks_taken[i][k]);
       for (int s = 0; s < taken && s < MAX_STACKS; s++) {
         if (!atomic_load_explicit(&stack_ready[i][k][s], memory_order_acquire)) continue;

@@ -502,11 +502,11 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         case .connected:
             controlQueue.async { [self] in perform(control.withLock { $0.joined(peer) }) }
             let address = self.state.withLock { $0.addresses[peer] }
-            // A paired player is known by the name it was paired under; the one it gives now may be another.
-            let pairedName = peer.publicKey.flatMap { try? configuration.trust?.entry(for: $0) }?.name
-            let alias = pairedName.map { $0 == peer.displayName ? "" : ", paired as \($0)" } ?? ""
+            // A paired player is known by the name it was paired under; the one it gives now may be another. One
+            // read-modify-write of the store notes the visit and says which.
+            let paired = peer.publicKey.flatMap { key in (try? configuration.trust?.touch(key, name: peer.displayName)) ?? nil }
+            let alias = paired.map { $0.name == peer.displayName ? "" : ", paired as \($0.name)" } ?? ""
             events("player \(peer.displayName) joined from \(address ?? "?") (\(peer.publicKey?.shortFingerprint ?? "no key")\(alias))")
-            if let key = peer.publicKey { try? configuration.trust?.touch(key, name: peer.displayName) }
         case .notConnected:
             self.state.withLock {
                 $0.admittedByTrust[peer] = nil

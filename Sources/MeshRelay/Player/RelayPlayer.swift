@@ -435,7 +435,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         // Trust follows the key: the paired entry notes when the host was last seen and the name it gave (the name
         // it was paired under stays).
         if state == .connected, case .paired(let store) = configuration.hosts, let key = peer.publicKey {
-            try? store.touch(key, name: peer.displayName)
+            _ = try? store.touch(key, name: peer.displayName)
         }
         let actions = join.withLock { $0.sessionState(peer, state, now: monotonicNow()) }
         let info = discoveryInfo.withLock { $0[peer] }

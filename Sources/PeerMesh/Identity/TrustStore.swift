@@ -77,13 +77,17 @@ public final class TrustStore: Sendable {
     }
 
     /// Notes that `key` connected now, calling itself `name` (kept as `lastSeenName`: the name it was paired under
-    /// stays).
-    public func touch(_ key: PublicKey, name: String, at date: Date = Date()) throws(PeerMeshError) {
+    /// stays). Returns its entry as updated, or nil when `key` is not trusted.
+    @discardableResult
+    public func touch(_ key: PublicKey, name: String, at date: Date = Date()) throws(PeerMeshError) -> TrustedPeer? {
+        var entry: TrustedPeer?
         try modify { peers in
             guard let i = peers.firstIndex(where: { $0.publicKey == key }) else { return }
             peers[i].lastSeen = date
             peers[i].lastSeenName = name
+            entry = peers[i]
         }
+        return entry
     }
 
     /// Forgets the peers named `nameOrFingerprint` (the name one was paired under or last gave, case-insensitive,
