@@ -52,7 +52,7 @@ package enum StatusReport {
         if s.muted { parts.append("MUTED") }
         let paused = s.players.filter(\.paused).count
         if paused > 0 { parts.append("\(paused) paused") }
-        if let t = s.players.first(where: \.talking) { parts.append("◀ \(TerminalText.escape(t.peer.displayName)) talks") }
+        if let t = s.players.first(where: \.talking) { parts.append("◀ \(TerminalText.escape(t.name)) talks") }
         switch s.capture {
         case .off, .armed: break
         case .recording: parts.append("● REC clip")
@@ -77,7 +77,8 @@ package enum StatusReport {
         o.add("muted", s.muted)
         o.add("players", s.players.map { p in
             var j = JSONObject()
-            j.add("name", p.peer.displayName)
+            j.add("name", p.name)
+            j.add("callsItself", p.callsItself)
             j.add("address", p.address)
             j.add("fingerprint", p.fingerprint)
             j.add("paused", p.paused)
@@ -141,7 +142,7 @@ package enum StatusReport {
         o.add("ts", timestamp())
         o.add("role", "player")
         o.add("state", phase(s.phase))
-        o.add("host", s.host?.displayName)
+        o.add("host", s.hostName)
         o.add("hostFingerprint", s.host?.publicKey?.shortFingerprint)
         o.add("mouthToEarMs", s.mouthToEarMilliseconds)
         o.add("rttMs", s.roundTripMilliseconds)

@@ -40,24 +40,31 @@ func listHosts() -> Never {
         try browser.startBrowsingForPeers()
         MonotonicClock.sleep(untilNanos: MonotonicClock.nowNanos() + UInt64(min(seconds, 1e6) * 1e9))  // (no overflow)
         browser.stopBrowsingForPeers()
-        let hosts = lister.found.withLock { $0 }.sorted { $0.key.displayName < $1.key.displayName }
+        // A paired host is listed by the name it was paired under (what --host matches), with the one it advertises
+        // when that differs.
+        let hosts = lister.found.withLock { $0 }.map { peer, entry in
+            (peer: peer, entry: entry, paired: peer.publicKey.flatMap { (try? trust.entry(for: $0)) ?? nil })
+        }.sorted { ($0.paired?.name ?? $0.peer.displayName) < ($1.paired?.name ?? $1.peer.displayName) }
         if options.json {
-            terminal.stdout(JSONObject.array(hosts.map { peer, entry in
+            terminal.stdout(JSONObject.array(hosts.map { h in
                 var o = JSONObject()
-                o.add("name", peer.displayName)
-                o.add("fingerprint", peer.publicKey?.shortFingerprint)
-                o.add("paired", peer.publicKey.map { (try? trust.contains($0)) ?? false } ?? false)
-                o.add("pairing", entry.info["pair"] == "1")
-                o.add("endpoints", entry.endpoints)
+                o.add("name", h.paired?.name ?? h.peer.displayName)
+                o.add("advertisedName", h.peer.displayName)
+                o.add("fingerprint", h.peer.publicKey?.shortFingerprint)
+                o.add("paired", h.paired != nil)
+                o.add("pairing", h.entry.info["pair"] == "1")
+                o.add("endpoints", h.entry.endpoints)
                 return o
             }))
         } else {
-            for (peer, entry) in hosts {
-                let paired = peer.publicKey.map { (try? trust.contains($0)) ?? false } ?? false
-                var tags: [String] = [paired ? "paired" : "not paired"]
-                if entry.info["pair"] == "1" { tags.append("pairing open") }
-                terminal.stdout("\(TerminalText.escape(peer.displayName))\t\(peer.publicKey?.shortFingerprint ?? "-")\t"
-                    + "\(tags.joined(separator: ", "))\t\(entry.endpoints.joined(separator: ","))")
+            for h in hosts {
+                var tags: [String] = [h.paired != nil ? "paired" : "not paired"]
+                if let name = h.paired?.name, name != h.peer.displayName {
+                    tags.append("calls itself \"\(TerminalText.escape(h.peer.displayName))\"")
+                }
+                if h.entry.info["pair"] == "1" { tags.append("pairing open") }
+                terminal.stdout("\(TerminalText.escape(h.paired?.name ?? h.peer.displayName))\t\(h.peer.publicKey?.shortFingerprint ?? "-")\t"
+                    + "\(tags.joined(separator: ", "))\t\(h.entry.endpoints.joined(separator: ","))")
             }
         }
         if hosts.isEmpty {
@@ -217,7 +224,7 @@ if final.framesReceived == 0 {
         case .direct(let e): why = "no audio from \(e) (not reachable, or it did not let this player in)"
         case .discover(let name):
             let wanted = name.map { "host \"\($0)\"" } ?? "paired host"
-            let seen = final.seen.map { "\($0.peer.displayName) (\($0.trusted ? "paired" : "not paired"))" }
+            let seen = final.seen.map { "\($0.name) (\($0.trusted ? "paired" : "not paired"))" }
             why = "no \(wanted) found (service _\(options.service)._tcp)" + (seen.isEmpty ? "; no hosts seen at all" : "; saw: \(seen.joined(separator: ", "))")
         }
     }

@@ -186,7 +186,8 @@ do {
             + "\(s.players.count) player\(s.players.count == 1 ? "" : "s")" + (s.muted ? ", muted" : "")
             + (s.pairing ? ", pairing open" : "") + (s.advertised ? ", advertised" : ", not advertised")]
         for p in s.players {
-            lines.append("  \(TerminalText.escape(p.peer.displayName))\t\(p.address ?? "?")\t\(p.fingerprint ?? "-")")
+            let alias = p.callsItself.map { "\tcalls itself \"\(TerminalText.escape($0))\"" } ?? ""
+            lines.append("  \(TerminalText.escape(p.name))\t\(p.address ?? "?")\t\(p.fingerprint ?? "-")\(alias)")
         }
         lines.append(StatusReport.json(host: s, name: device.identity.displayName, port: host.port, format: source.format).description)
         return ControlReply(ok: true, lines)

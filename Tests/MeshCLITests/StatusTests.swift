@@ -40,6 +40,21 @@ import Testing
         #expect(players?.map { $0["refusedClips"] as? Int } == [9, 0])
     }
 
+    @Test("A paired player goes by the name it was paired under in the host's JSON and status line; the name it gives is callsItself")
+    func hostNamesPairedPlayersByPairedName() throws {
+        var s = RelayHost.Statistics()
+        var renamed = RelayHost.PlayerInfo(peer: try PeerID(displayName: "kitchen"), pairedName: "garage")
+        renamed.talking = true
+        let same = RelayHost.PlayerInfo(peer: try PeerID(displayName: "den"), pairedName: "den")
+        let unpaired = RelayHost.PlayerInfo(peer: try PeerID(displayName: "visitor"))
+        s.players = [renamed, same, unpaired]
+        let players = try #require(try Self.json(host: s)["players"] as? [[String: Any]])
+        #expect(players.map { $0["name"] as? String } == ["garage", "den", "visitor"])
+        #expect(players.map { $0["callsItself"] as? String } == ["kitchen", nil, nil])
+        #expect(players.map { $0["callsItself"] is NSNull } == [false, true, true])
+        #expect(StatusReport.line(host: s, format: .default, hold: 0).contains("◀ garage talks"))
+    }
+
     @Test("dBFS and the meter never trap, whatever the level: ±FLT_MAX, NaN, ±inf, 0, subnormals")
     func hostileLevels() {
         let levels: [Float] = [.greatestFiniteMagnitude, -.greatestFiniteMagnitude, .nan, .infinity, -.infinity, 0,

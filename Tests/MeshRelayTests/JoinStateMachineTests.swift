@@ -157,6 +157,49 @@ struct JoinStateMachineTests {
         #expect(m.tick(now: 300 * ms) == [.connect(e)])
         #expect(m.invitationFailed(nil, reason: "refused", now: 310 * ms).first == .announce("could not join 127.0.0.1:9: refused"))
     }
+
+    @Test("A paired host goes by the name it was paired under: --host matches it, announcements and the phase use it")
+    func pairedHostGoesByPairedName() throws {
+        let renamed = try PeerID(displayName: "nursery")
+        var m = JoinStateMachine(target: .discover(hostName: "Kitchen"))
+        _ = m.start(now: 0)
+        #expect(m.found(renamed, pairedName: "kitchen", now: 1) == [.announce("found host kitchen; joining"), .invite(renamed)])
+        #expect(m.phase == .joining("kitchen"))
+        #expect(m.sessionState(renamed, .connected, now: 2) == [.announce("joined kitchen")])
+        #expect(m.phase == .joined("kitchen"))
+        #expect(m.name(of: renamed) == "kitchen")
+        #expect(m.lost(renamed) == [])
+        #expect(m.name(of: renamed) == "kitchen", "the host joined keeps its name when its record goes")
+        #expect(m.sessionState(renamed, .notConnected, now: 3) == [.announce("host kitchen went away; searching again")])
+        #expect(m.name(of: renamed) == "nursery", "a host neither found nor joined is forgotten")
+    }
+
+    @Test("A paired host that advertises another paired host's name is not joined by that name; its key prefix still names it")
+    func pairedImpostorIsNotMatchedByName() throws {
+        let impostor = try PeerID(displayName: "kitchen")
+        let real = try PeerID(displayName: "kitchen-2")
+        #expect(!JoinStateMachine.matches(impostor, pairedName: "garage", name: "kitchen"))
+        #expect(JoinStateMachine.matches(impostor, pairedName: nil, name: "kitchen"), "a host that is not paired goes by its own name")
+        let prefix = String(try #require(impostor.publicKey).shortFingerprint.prefix(6))
+        #expect(JoinStateMachine.matches(impostor, pairedName: "garage", name: prefix))
+
+        var m = JoinStateMachine(target: .discover(hostName: "kitchen"))
+        _ = m.start(now: 0)
+        #expect(m.found(impostor, pairedName: "garage", now: 1) == [])
+        #expect(m.phase == .searching)
+        #expect(m.found(real, pairedName: "kitchen", now: 2) == [.announce("found host kitchen; joining"), .invite(real)])
+    }
+
+    @Test("Direct: the name a host was paired under, learned on connecting, names it")
+    func directLearnsPairedName() throws {
+        let e = PeerEndpoint(host: "127.0.0.1", port: 9)
+        let renamed = try PeerID(displayName: "nursery")
+        var m = JoinStateMachine(target: .direct(e))
+        _ = m.start(now: 0)
+        #expect(m.sessionState(renamed, .connected, pairedName: "kitchen", now: 1) == [.announce("joined kitchen")])
+        #expect(m.phase == .joined("kitchen"))
+        #expect(m.sessionState(renamed, .notConnected, now: 2) == [.announce("host kitchen went away; searching again")])
+    }
 }
 
 @Suite("Relay packets fit PeerMesh datagrams")

@@ -73,20 +73,34 @@ struct PairingFlowTests {
         #expect(player.stderr.contains { $0.contains("joined pair-host") }, "\(player.stderr)")
         try Self.assertTone(out, "paired")
 
-        // Trust follows the key: the host comes back under another name and is still joined. The list keeps the name
-        // it was paired under, and says which it gives now.
+        // Trust follows the key: the host comes back under another name and is still joined, by the name it was
+        // paired under (a paired device cannot pass for another by taking its name). The lists keep that name, and
+        // say which it gives now. The player, renamed too, is logged by the host under its paired name.
         host.kill()
         _ = host.waitForExit(seconds: 5)
         host = try CLIProcess("mesh-record", ["--host", "--name", "renamed-host", "--service", service, "--input", "tone:440",
                                               "--state-dir", hostDir])
-        let again = try CLIProcess("mesh-play", ["--find", "--service", service, "--state-dir", playerDir,
-                                                 "--output", Rig.tempPath("renamed.wav"), "--duration", "4"])
+        let wrongName = try CLIProcess("mesh-play", ["--find", "--host", "renamed-host", "--service", service,
+                                                     "--state-dir", playerDir, "--output", Rig.tempPath("wrong-name.wav")])
+        // (The first sighting may be the killed host's lingering record, which still says "pair-host".)
+        #expect(eventually(10) { wrongName.stderr.contains { $0.contains("found host pair-host") && $0.hasSuffix(", not \"renamed-host\"; still searching") } },
+                "\(wrongName.stderr)")
+        wrongName.kill()
+        #expect(!wrongName.stderr.contains { $0.contains("joined") }, "\(wrongName.stderr)")
+        let again = try CLIProcess("mesh-play", ["--find", "--host", "pair-host", "--name", "renamed-player", "--service", service,
+                                                 "--state-dir", playerDir, "--output", Rig.tempPath("renamed.wav"), "--duration", "4"])
         #expect(again.waitForExit(seconds: 20) == 0, "\(again.stderr)")
-        #expect(again.stderr.contains { $0.contains("joined renamed-host") }, "\(again.stderr)")
+        #expect(again.stderr.contains { $0.contains("joined pair-host") }, "\(again.stderr)")
+        #expect(host.stderr.contains { $0.contains("player \(me.displayName) joined from ") && $0.hasSuffix(", calls itself \"renamed-player\")") },
+                "\(host.stderr)")
+        #expect(eventually(3) { host.stderr.contains { $0.hasSuffix("player \(me.displayName) left") } }, "\(host.stderr)")
         let listed = try CLIProcess("mesh-play", ["--paired", "--state-dir", playerDir])
         #expect(listed.waitForExit(seconds: 5) == 0)
         #expect(listed.stdout.contains { $0.hasPrefix("pair-host\t") && $0.contains("last seen") && $0.hasSuffix("\tcalls itself \"renamed-host\"") },
                 "\(listed.stdout)")
+        let found = try CLIProcess("mesh-play", ["--list", "--service", service, "--state-dir", playerDir])
+        #expect(found.waitForExit(seconds: 10) == 0, "\(found.stderr)")
+        #expect(found.stdout.contains { $0.hasPrefix("pair-host\t") && $0.contains("paired, calls itself \"renamed-host\"") }, "\(found.stdout)")
     }
 
     @Test("A wrong code exits 1 saying so; three wrong codes close the window; a code after the timeout is refused")
@@ -127,7 +141,7 @@ struct PairingFlowTests {
     @Test("--forget on the host disconnects a playing player within a second, and it cannot rejoin")
     func forgetDisconnects() throws {
         let service = Rig.uniqueService()
-        let paired = try PairedStates(players: 1)
+        let paired = try PairedStates(players: 1, hostName: "forgetful")
         let host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "forgetful", "--service", service, "--input", "tone:440"])
         defer { host.kill() }
         let player = try CLIProcess("mesh-play", paired.playerArgs(0) + ["--find", "--service", service, "--output", Rig.tempPath("forget.wav")])

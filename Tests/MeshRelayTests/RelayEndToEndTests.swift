@@ -66,7 +66,7 @@ struct RelayEndToEndTests {
         try loop.start()
         let captured = SampleCollector(loop)
         let service = Rig.uniqueService()
-        let paired = try PairedStates()
+        let paired = try PairedStates(hostName: "alsa-host")
         let host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "alsa-host", "--service", service, "--device", "pm_knowncap"])
         let player = try CLIProcess("mesh-play", paired.playerArgs() + ["--find", "--service", service, "--device", "pm_loop_play", "--duration", "8",
                                                  "--json", "--latency", "20"])
@@ -229,10 +229,10 @@ struct RelayEndToEndTests {
         #expect(Double(matched) >= 0.9 * Double(windows))
     }
 
-    @Test("kill -9 of the host: the player is notConnected within the timeout and rejoins a new host")
+    @Test("kill -9 of the host: the player is notConnected within the timeout and rejoins it, restarted under another name (by the name it was paired under)")
     func hostKilledAndReplaced() throws {
         let service = Rig.uniqueService()
-        let paired = try PairedStates()
+        let paired = try PairedStates(hostName: "first")
         let out = Rig.tempPath("kill-\(service).wav")
         var host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "first", "--service", service, "--input", "tone:440"])
         let player = try CLIProcess("mesh-play", paired.playerArgs() + ["--find", "--service", service, "--output", out, "--duration", "15"])
@@ -246,9 +246,11 @@ struct RelayEndToEndTests {
             #expect(ms <= 2_500)
         }
         let restartAt = Date()
+        let before = player.stderr.count
         host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "second", "--service", service, "--input", "tone:440"])
-        #expect(eventually(8) { player.stderr.contains { $0.contains("joined second") } }, "\(player.stderr)")
-        if let joined = player.timeOfLine(containing: "joined second") {
+        #expect(eventually(8) { player.stderr.dropFirst(before).contains { $0.contains("joined first") } }, "\(player.stderr)")
+        #expect(!player.stderr.contains { $0.contains("joined second") }, "a paired host cannot rename itself in the player's lines")
+        if let joined = player.timeOfLine(containing: "joined first", after: before) {
             print("new host started → player rejoined after \(Int(joined.timeIntervalSince(restartAt) * 1000)) ms")
         }
         player.kill()
@@ -258,7 +260,7 @@ struct RelayEndToEndTests {
     @Test("A garbage datagram flood at the host's port does not stop the stream")
     func garbageFlood() throws {
         let service = Rig.uniqueService()
-        let paired = try PairedStates()
+        let paired = try PairedStates(hostName: "flood-host")
         let port = UInt16.random(in: 40_000...49_000)
         let out = Rig.tempPath("flood-\(service).wav")
         let host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "flood-host", "--service", service, "--input", "tone:440",
@@ -299,7 +301,7 @@ struct RelayEndToEndTests {
 struct RelayBadInputTests {
     @Test("--accept ask takes each answer from standard input: no declines for good, yes admits once")
     func acceptAsk() throws {
-        let paired = try PairedStates(players: 0)
+        let paired = try PairedStates(players: 0, hostName: "ask-host")
         try paired.addPlayer(1, name: "first")
         try paired.addPlayer(2, name: "second")
         // Neither player is in the host's trust store: the host asks about each.

@@ -49,7 +49,7 @@ struct RemoteControlTests {
 
     @Test("volume -6 halfway: the second half's RMS is 0.50 ± 0.03 of the first; unsupported commands and bad lines are answered, and play goes on")
     func volume() throws {
-        let paired = try PairedStates()
+        let paired = try PairedStates(hostName: "ctl-host")
         let (host, port) = try Self.host(paired)
         defer { host.kill() }
         let out = Rig.tempPath("volume-\(UUID().uuidString.prefix(6)).wav")
@@ -75,7 +75,7 @@ struct RemoteControlTests {
 
     @Test("pause for 3 s then resume: the session stays connected; silence, then the tone at the live edge (no backlog); a second player plays throughout")
     func pauseAndResume() throws {
-        let paired = try PairedStates(players: 2)
+        let paired = try PairedStates(players: 2, hostName: "ctl-host")
         let (host, port) = try Self.host(paired, ["--json"])
         defer { host.kill() }
         let outA = Rig.tempPath("pause-a-\(UUID().uuidString.prefix(6)).wav"), outB = Rig.tempPath("pause-b-\(UUID().uuidString.prefix(6)).wav")
@@ -135,7 +135,7 @@ struct RemoteControlTests {
 
     @Test("capture writes the pre-roll's tone and what follows; the player prints saved; a read-only directory answers failed")
     func capture() throws {
-        let paired = try PairedStates()
+        let paired = try PairedStates(hostName: "ctl-host")
         let clips = Rig.tempPath("clips-\(UUID().uuidString.prefix(6))")
         try FileManager.default.createDirectory(atPath: clips, withIntermediateDirectories: true)
         let (host, port) = try Self.host(paired, ["--clips", clips, "--clip-preroll", "2", "--clip-length", "1"])
@@ -173,7 +173,7 @@ struct RemoteControlTests {
 
     @Test("headset buttons through a FIFO of synthesized input events: volume keys, play/pause, a long press captures")
     func buttons() throws {
-        let paired = try PairedStates()
+        let paired = try PairedStates(hostName: "ctl-host")
         let clips = Rig.tempPath("button-clips-\(UUID().uuidString.prefix(6))")
         try FileManager.default.createDirectory(atPath: clips, withIntermediateDirectories: true)
         let (host, port) = try Self.host(paired, ["--clips", clips, "--clip-preroll", "1", "--clip-length", "0.5"])
@@ -208,7 +208,7 @@ struct RemoteControlTests {
 
     @Test("talk on then talk off at once: both answered ok, and the microphone stays off (a late 'ok' to talk on does not turn it back on)")
     func talkOnThenOffAtOnce() throws {
-        let paired = try PairedStates()
+        let paired = try PairedStates(hostName: "ctl-host")
         let talkOut = Rig.tempPath("talk-quick-\(UUID().uuidString.prefix(6)).wav")
         let (host, port) = try Self.host(paired, ["--talk-output", talkOut])
         defer { host.kill() }
@@ -234,7 +234,7 @@ struct RemoteControlTests {
 
     @Test("talk on with --talk-input tone:880 for 2 s: the host's --talk-output holds about 2 s of 880 Hz; the talker hears silence meanwhile (half duplex); a second talker gets busy")
     func talkback() throws {
-        let paired = try PairedStates(players: 2)
+        let paired = try PairedStates(players: 2, hostName: "ctl-host")
         let talkOut = Rig.tempPath("talk-\(UUID().uuidString.prefix(6)).wav")
         let (host, port) = try Self.host(paired, ["--talk-output", talkOut])
         defer { host.kill() }

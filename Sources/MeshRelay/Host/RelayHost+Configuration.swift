@@ -128,6 +128,8 @@ extension RelayHost {
     public struct PlayerInfo: Sendable, Equatable {
         /// The player (its display name is raw remote text: escape it before printing).
         public var peer: PeerID
+        /// The name it was paired under, when the trust store admitted it (raw text too).
+        public var pairedName: String?
         /// The numeric address its invitation came from.
         public var address: String?
         /// The short fingerprint of the key its handshake proved.
@@ -141,5 +143,10 @@ extension RelayHost {
         public var droppedCommands: UInt64 = 0
         /// Its clip starts refused since it joined because it was over its clip quota (`Configuration.clipQuota`).
         public var refusedClips: UInt64 = 0
+
+        /// What to call it: the name it was paired under, else the one it gives.
+        public var name: String { pairedName ?? peer.displayName }
+        /// The name it gives, when it was paired under another; nil otherwise.
+        public var callsItself: String? { pairedName.flatMap { $0 == peer.displayName ? nil : peer.displayName } }
     }
 }

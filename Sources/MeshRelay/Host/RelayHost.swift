@@ -64,6 +64,9 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         var admittedByTrust: [PeerID: PublicKey] = [:]
         /// Where each player connected from.
         var addresses: [PeerID: String] = [:]
+        /// The names connected paired players were paired under: logs and status call them so, whatever name they
+        /// give now (a paired device cannot pass for another by taking its name).
+        var pairedNames: [PeerID: String] = [:]
         /// Addresses with a question open to the operator (`.ask`): one at a time per address.
         var asking: Set<String> = []
         var advertised = false
@@ -288,12 +291,12 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     public var statistics: Statistics {
         var s = Statistics()
         s.codec = configuration.codec
-        let (addresses, advertised) = state.withLock { ($0.addresses, $0.advertised) }
+        let (addresses, pairedNames, advertised) = state.withLock { ($0.addresses, $0.pairedNames, $0.advertised) }
         let paused = players.paused
         let budget = self.budget.withLock { $0 }
         let control = self.control.withLock { $0 }
         s.players = players.all.map {
-            PlayerInfo(peer: $0, address: addresses[$0], fingerprint: $0.publicKey?.shortFingerprint, paused: paused.contains($0),
+            PlayerInfo(peer: $0, pairedName: pairedNames[$0], address: addresses[$0], fingerprint: $0.publicKey?.shortFingerprint, paused: paused.contains($0),
                        talking: talker.withLock { $0 } == $0, droppedCommands: budget.dropped(by: $0),
                        refusedClips: control.refusedClips(by: $0))
         }
@@ -342,14 +345,14 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                 if case .reply(_, .error(let why)) = message,
                    let held = refusals.withLock({ $0.admit(peer, now: MonotonicClock.nowNanos()) }) {
                     let more = held > 0 ? " (and \(held) more since the last such line)" : ""
-                    events("control: refused a command from \(peer.displayName): \(why)\(more)")
+                    events("control: refused a command from \(name(of: peer)): \(why)\(more)")
                 }
                 try? session.send(Data(message.encoded), toPeers: [peer], with: .reliable)
             case .setPaused(let peer, let paused):
                 // A player that left is resumed only to be forgotten: say nothing.
                 guard players.all.contains(peer) else { players.setPaused(peer, false); continue }
                 players.setPaused(peer, paused)
-                logChange(of: peer, "player \(peer.displayName) \(paused ? "paused" : "resumed")")
+                logChange(of: peer, "player \(name(of: peer)) \(paused ? "paused" : "resumed")")
             case .openClip(let number, let prerollOnly):
                 guard let clips else { preconditionFailure("HostControl opened a clip on a host without clips") }
                 do {
@@ -367,16 +370,16 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             case .setTalker(let peer):
                 let previous = talker.withLock { t -> PeerID? in defer { t = peer }; return t }
                 if let peer {
-                    logChange(of: peer, "player \(peer.displayName) talks")
+                    logChange(of: peer, "player \(name(of: peer)) talks")
                 } else if let previous {
-                    logChange(of: previous, "player \(previous.displayName) stopped talking")
+                    logChange(of: previous, "player \(name(of: previous)) stopped talking")
                 }
             case .holdForTalk(let peer, let held):
                 players.setHeldForTalk(peer, held)
             case .clipRefused(let peer, let seconds):
                 if let held = clipRefusals.withLock({ $0.admit(peer, now: MonotonicClock.nowNanos()) }) {
                     let more = held > 0 ? " (and \(held) more since the last such line)" : ""
-                    events("control: refused a clip to \(peer.displayName): over its clip quota, free again in \(seconds) s\(more)")
+                    events("control: refused a clip to \(name(of: peer)): over its clip quota, free again in \(seconds) s\(more)")
                 }
             }
         }
@@ -401,7 +404,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     private func summarizeChanges(of peer: PeerID) {
         guard let held = changeLines.withLock({ $0.summarize(peer, now: MonotonicClock.nowNanos()) }) else { return }
         let paused = players.paused.contains(peer), talking = talker.withLock { $0 } == peer
-        events("player \(peer.displayName) \(paused ? "paused" : "playing")\(talking ? ", talking" : "") "
+        events("player \(name(of: peer)) \(paused ? "paused" : "playing")\(talking ? ", talking" : "") "
                + "(after \(Self.changes(held)) within a second, not logged one by one)")
     }
 
@@ -412,7 +415,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     /// each second while they go on: one line a second at most.
     private func tellOverBudget(_ peer: PeerID, id: UInt32, dropped: UInt64) {
         let limit = "at most \(CommandBudget<PeerID>.defaultCommandsPerSecond) a second, \(CommandBudget<PeerID>.defaultBurst) at once"
-        events("control: \(peer.displayName) sends commands too fast; dropping those over its budget (\(limit)), "
+        events("control: \(name(of: peer)) sends commands too fast; dropping those over its budget (\(limit)), "
                + "unanswered: \(dropped) so far")
         let reply = ControlMessage.reply(id: id, .error("too many commands: dropping those over \(limit), unanswered"))
         try? session.send(Data(reply.encoded), toPeers: [peer], with: .reliable)
@@ -428,7 +431,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                 reportingDrops.withLock { _ = $0.remove(peer) }
                 return
             }
-            events("control: dropped \(dropped) more commands of \(peer.displayName)'s, sent too fast, in the last second")
+            events("control: dropped \(dropped) more commands of \(name(of: peer))'s, sent too fast, in the last second")
             sayUntoldDrops(of: peer)
         }
     }
@@ -480,10 +483,14 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         }
         for (peer, key) in admitted where !keys.contains(key) {
             state.withLock { _ = $0.admittedByTrust.removeValue(forKey: peer) }
-            events("forgot \(peer.displayName); disconnecting it")
+            events("forgot \(name(of: peer)); disconnecting it")
             session.disconnect(peer)
         }
     }
+
+    /// What logs call `peer`: the name it was paired under while it is connected as a paired player, else the name it
+    /// gives.
+    private func name(of peer: PeerID) -> String { state.withLock { $0.pairedNames[peer] } ?? peer.displayName }
 
     /// Whether the trust store holds `key`. A store that cannot be read trusts nobody; the operator is told why.
     private func isTrusted(_ key: PublicKey?, peer: PeerID) -> Bool {
@@ -500,14 +507,19 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         players.update(peer, connected: state == .connected)
         switch state {
         case .connected:
-            controlQueue.async { [self] in perform(control.withLock { $0.joined(peer) }) }
-            let address = self.state.withLock { $0.addresses[peer] }
             // A paired player is known by the name it was paired under; the one it gives now may be another. One
-            // read-modify-write of the store notes the visit and says which.
+            // read-modify-write of the store notes the visit and says which. The name is noted before anything else
+            // of this player's is logged.
             let paired = peer.publicKey.flatMap { key in (try? configuration.trust?.touch(key, name: peer.displayName)) ?? nil }
-            let alias = paired.map { $0.name == peer.displayName ? "" : ", paired as \($0.name)" } ?? ""
-            events("player \(peer.displayName) joined from \(address ?? "?") (\(peer.publicKey?.shortFingerprint ?? "no key")\(alias))")
+            let address = self.state.withLock { s in
+                s.pairedNames[peer] = paired?.name
+                return s.addresses[peer]
+            }
+            let alias = paired.map { $0.name == peer.displayName ? "" : ", calls itself \"\(peer.displayName)\"" } ?? ""
+            controlQueue.async { [self] in perform(control.withLock { $0.joined(peer) }) }
+            events("player \(name(of: peer)) joined from \(address ?? "?") (\(peer.publicKey?.shortFingerprint ?? "no key")\(alias))")
         case .notConnected:
+            let name = self.name(of: peer)
             self.state.withLock {
                 $0.admittedByTrust[peer] = nil
                 $0.addresses[peer] = nil
@@ -518,8 +530,10 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                 refusals.withLock { $0.forget(peer) }
                 clipRefusals.withLock { $0.forget(peer) }
                 changeLines.withLock { $0.forget(peer) }
+                // Its lines are logged by now (leaving may end its talk); the name goes too, unless it joined again.
+                if !players.all.contains(peer) { self.state.withLock { _ = $0.pairedNames.removeValue(forKey: peer) } }
             }
-            events("player \(peer.displayName) left")
+            events("player \(name) left")
         case .connecting: break
         }
     }

@@ -2,7 +2,8 @@ import PeerMesh
 
 /// How a player finds its host.
 public enum JoinTarget: Sendable, Equatable {
-    /// Browse DNS-SD; join the host with this display name, or the first found when `nil`.
+    /// Browse DNS-SD; join the host with this name, or the first found when `nil`. A paired host goes by the name it
+    /// was paired under (or its key's fingerprint), not by the one it advertises: see `JoinStateMachine.matches`.
     case discover(hostName: String?)
     /// Invite the advertiser at a known address, without mDNS.
     case direct(PeerEndpoint)
@@ -58,6 +59,9 @@ public struct JoinStateMachine: Sendable {
     /// Failed invitations in a row per discovered host (not unreachable ones): the next try backs off 0.25 s, 0.5 s,
     /// 1 s, then 2 s, so a host that keeps refusing (full, busy) is not invited four times a second for ever.
     private var failures: [PeerID: Int] = [:]
+    /// The names hosts were paired under, as the driver said when it found them or joined them: announcements and
+    /// phases call a host so. Kept for hosts found and for the host joined.
+    private var pairedNames: [PeerID: String] = [:]
 
     /// A machine that starts searching for `target`.
     public init(target: JoinTarget, maximumAttempts: Int = 5, inviteTimeoutNanos: UInt64 = 5_000_000_000) {
@@ -70,8 +74,8 @@ public struct JoinStateMachine: Sendable {
     public var phase: Phase {
         switch state {
         case .searching, .waitingToRetry: .searching
-        case .joining(let h, _): .joining(h?.displayName ?? describeTarget)
-        case .joined(let h): .joined(h.displayName)
+        case .joining(let h, _): .joining(h.map(name(of:)) ?? describeTarget)
+        case .joined(let h): .joined(name(of: h))
         case .stopped: .stopped
         }
     }
@@ -95,17 +99,24 @@ public struct JoinStateMachine: Sendable {
         }
     }
 
-    /// Whether `peer` is the host `name` names: its display name (case-insensitive) or a prefix of its key's
-    /// fingerprint (at least 4 characters).
-    public static func matches(_ peer: PeerID, name: String) -> Bool {
-        peer.displayName.lowercased() == name.lowercased()
+    /// What to call `peer`: the name it was paired under, if the driver said so, else the name it gives.
+    public func name(of peer: PeerID) -> String { pairedNames[peer] ?? peer.displayName }
+
+    /// Whether `peer` is the host `name` names (case-insensitive), or has a key whose fingerprint starts with `name`
+    /// (at least 4 characters). A paired host (`pairedName` not nil) is named by the name it was paired under, never
+    /// by the one it advertises: any paired host may advertise any name, so a name it chose cannot tell it from
+    /// another. A host that is not paired (a player that joins any host) goes by its advertised name.
+    public static func matches(_ peer: PeerID, pairedName: String?, name: String) -> Bool {
+        (pairedName ?? peer.displayName).lowercased() == name.lowercased()
             || (peer.publicKey?.matches(fingerprintPrefix: name) ?? false)
     }
 
-    /// The browser found a host, or a host re-advertised (new address or name).
-    public mutating func found(_ peer: PeerID, now: UInt64) -> [Action] {
+    /// The browser found a host, or a host re-advertised (new address or name). `pairedName` is the name it was
+    /// paired under, when it is paired.
+    public mutating func found(_ peer: PeerID, pairedName: String? = nil, now: UInt64) -> [Action] {
         guard case .discover(let wanted) = target else { return [] }
-        if let wanted, !Self.matches(peer, name: wanted) { return [] }
+        if let wanted, !Self.matches(peer, pairedName: pairedName, name: wanted) { return [] }
+        pairedNames[peer] = pairedName
         let known = candidates.firstIndex(of: peer)
         if let i = known { candidates[i] = peer } else { candidates.append(peer) }
         // A host that did not answer has re-advertised (it has most likely restarted), or a host appeared (or
@@ -126,20 +137,27 @@ public struct JoinStateMachine: Sendable {
         candidates.removeAll { $0 == peer }
         stale[peer] = nil
         failures[peer] = nil
+        switch state {
+        case .joining(peer?, _), .joined(peer): break
+        default: pairedNames[peer] = nil
+        }
         return []
     }
 
-    /// The session reported a state for `peer`.
-    public mutating func sessionState(_ peer: PeerID, _ s: SessionState, now: UInt64) -> [Action] {
+    /// The session reported a state for `peer`. `pairedName`, when given with `.connected`, is the name the host was
+    /// paired under (what a direct connect learns only now).
+    public mutating func sessionState(_ peer: PeerID, _ s: SessionState, pairedName: String? = nil, now: UInt64) -> [Action] {
         switch (state, s) {
         case (.joining(let host, _), .connected) where host == nil || host == peer:
             state = .joined(host: peer)
             attempts = 0
             stale[peer] = nil
             failures[peer] = nil
-            return [.announce("joined \(peer.displayName)")]
+            if let pairedName { pairedNames[peer] = pairedName }
+            return [.announce("joined \(name(of: peer))")]
         case (.joined(let host), .notConnected) where host == peer:
-            return retry(after: "host \(peer.displayName) went away; searching again", now: now, demote: peer)
+            defer { if !candidates.contains(peer) { pairedNames[peer] = nil } }
+            return retry(after: "host \(name(of: peer)) went away; searching again", now: now, demote: peer)
         default:
             return []
         }
@@ -165,11 +183,11 @@ public struct JoinStateMachine: Sendable {
                 // It announced a new address while this attempt went to the old one: try the new one now.
                 readvertisedWhileJoining = false
                 state = .waitingToRetry(until: now)
-                return [.announce("could not join \(host.displayName): \(reason); it has advertised again")]
+                return [.announce("could not join \(name(of: host)): \(reason); it has advertised again")]
             }
             let times = (stale[host] ?? 0) + 1
             stale[host] = times
-            let message = "could not join \(host.displayName): \(reason)"
+            let message = "could not join \(name(of: host)): \(reason)"
                 + (times == 1 ? "; waiting for it to advertise again" : "")
             // Other hosts first; this one when it re-advertises, or after 2 s, 4 s, then every 5 s.
             if let i = candidates.firstIndex(of: host) { candidates.append(candidates.remove(at: i)) }
@@ -180,7 +198,7 @@ public struct JoinStateMachine: Sendable {
             }
             return times == 1 ? [.announce(message)] : []
         }
-        return retry(after: "could not join \(host?.displayName ?? describeTarget): \(reason)", now: now, demote: host)
+        return retry(after: "could not join \(host.map(name(of:)) ?? describeTarget): \(reason)", now: now, demote: host)
     }
 
     /// Time passed: retry when a backoff expires; give up an invitation stuck past its timeout.
@@ -212,7 +230,7 @@ public struct JoinStateMachine: Sendable {
     private mutating func join(_ peer: PeerID, now: UInt64) -> [Action] {
         readvertisedWhileJoining = false
         state = .joining(host: peer, deadline: now + inviteTimeout)
-        return [.announce("found host \(peer.displayName); joining"), .invite(peer)]
+        return [.announce("found host \(name(of: peer)); joining"), .invite(peer)]
     }
 
     private mutating func retry(after message: String, now: UInt64, demote: PeerID?) -> [Action] {

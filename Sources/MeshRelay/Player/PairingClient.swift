@@ -125,7 +125,7 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
 
     public func browser(_ browser: NearbyServiceBrowser, foundPeer peer: PeerID, withDiscoveryInfo info: [String: String]?) {
         let open = info?["pair"] == "1"
-        if case .discover(let name?) = configuration.target, !JoinStateMachine.matches(peer, name: name) { return }
+        if case .discover(let name?) = configuration.target, !JoinStateMachine.matches(peer, pairedName: nil, name: name) { return }
         if let fp = configuration.expectedFingerprint, !(peer.publicKey?.matches(fingerprintPrefix: fp) ?? false) { return }
         let go = state.withLock { s -> Bool in
             s.seen[peer] = open

@@ -60,6 +60,9 @@ extension RelayPlayer {
         public var phase: JoinStateMachine.Phase = .searching
         /// The host joined (nil while none is).
         public var host: PeerID?
+        /// What to call the host joined: the name it was paired under, else the name it gives (nil while none is
+        /// joined). Raw remote text when it is the latter: escape it before printing.
+        public var hostName: String?
         /// The playout pipeline's counters and levels (jitter buffer, ingress, drift, concealment).
         public var playout = PlayoutStats()
         /// The output device's counters (frames written, xruns, delay).
@@ -112,8 +115,13 @@ extension RelayPlayer {
     public struct SeenHost: Sendable, Equatable {
         /// The host as its advertisement names it.
         public var peer: PeerID
-        /// Whether its key is in the trust store (paired).
+        /// Whether its key is in the trust store (paired), or the player joins any host.
         public var trusted: Bool
+        /// The name it was paired under (nil when it is not paired, or the player keeps no trust store).
+        public var pairedName: String?
+
+        /// What to call it: the name it was paired under, else the one it advertises.
+        public var name: String { pairedName ?? peer.displayName }
     }
 
     /// Why a sink is asked for.

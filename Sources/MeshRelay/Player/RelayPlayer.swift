@@ -159,6 +159,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         s.phase = join.withLock { $0.phase }
         let host = self.host.withLock { $0 }
         s.host = host
+        s.hostName = host.map { h in join.withLock { $0.name(of: h) } }
         s.framesReceived = arrivals.framesReceived.load(ordering: .relaxed)
         playout.withCurrent { pipeline in
             guard let pipeline else { return }
@@ -166,7 +167,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
             s.device = pipeline.sink.stats
             s.format = pipeline.format
         }
-        s.seen = seen.withLock { Array($0.values) }.sorted { $0.peer.displayName < $1.peer.displayName }
+        s.seen = seen.withLock { Array($0.values) }.sorted { $0.name < $1.name }
         let a = accounting.withLock { $0 }
         s.concealedFrames = s.playout.concealedFrames &- min(a.waitingConcealed, s.playout.concealedFrames)
         s.concealedMilliseconds = Double(s.concealedFrames) * 1000 / Double(s.format.sampleRate)
@@ -434,10 +435,11 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         }
         // Trust follows the key: the paired entry notes when the host was last seen and the name it gave (the name
         // it was paired under stays).
+        var pairedName: String?
         if state == .connected, case .paired(let store) = configuration.hosts, let key = peer.publicKey {
-            _ = try? store.touch(key, name: peer.displayName)
+            pairedName = (try? store.touch(key, name: peer.displayName))??.name
         }
-        let actions = join.withLock { $0.sessionState(peer, state, now: monotonicNow()) }
+        let actions = join.withLock { $0.sessionState(peer, state, pairedName: pairedName, now: monotonicNow()) }
         let info = discoveryInfo.withLock { $0[peer] }
         control.async {
             switch state {
@@ -472,7 +474,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     public func session(_ session: Session, didReceiveDatagramBytes raw: UnsafeRawBufferPointer, fromPeer peer: PeerID) {}
 
     public func session(_ session: Session, invitationTo peer: PeerID?, failedWith reason: DeclineReason, detail: String) {
-        let name = peer?.displayName ?? "the host"
+        let name = peer.map { p in join.withLock { $0.name(of: p) } } ?? "the host"
         let message: String
         switch reason {
         case .notTrusted: message = "\(name): not paired; pair with mesh-play --pair CODE"
@@ -490,14 +492,21 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
 
     /// Whether this player may join the host with `key`. A trust store that cannot be read trusts nobody, and the log
     /// says why.
-    private func trusts(_ key: PublicKey?) -> Bool {
+    private func trusts(_ key: PublicKey?) -> Bool { trust(of: key).trusted }
+
+    /// Whether this player may join the host with `key`, and the name it was paired under (nil when the player joins
+    /// any host).
+    private func trust(of key: PublicKey?) -> (trusted: Bool, pairedName: String?) {
         switch configuration.hosts {
-        case .any: return true
+        case .any: return (true, nil)
         case .paired(let store):
-            guard let key else { return false }
-            do { return try store.contains(key) } catch {
+            guard let key else { return (false, nil) }
+            do {
+                let entry = try store.entry(for: key)
+                return (entry != nil, entry?.name)
+            } catch {
                 log("\(error); no host counts as paired")
-                return false
+                return (false, nil)
             }
         }
     }
@@ -514,7 +523,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         unanswered.withLock { $0[peer] = certificate.shortAuthenticationString }
         control.asyncAfter(deadline: .now() + Self.answerPatience) { [weak self] in
             guard let self, let code = self.unanswered.withLock({ $0.removeValue(forKey: peer) }) else { return }
-            self.log("waiting for \(peer.displayName) to let this player in; if its operator is asked, the check code "
+            self.log("waiting for \(self.join.withLock { $0.name(of: peer) }) to let this player in; if its operator is asked, the check code "
                      + "there is \(code)")
         }
     }
@@ -523,19 +532,21 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     static let answerPatience: DispatchTimeInterval = .seconds(1)
 
     public func browser(_ browser: NearbyServiceBrowser, foundPeer peer: PeerID, withDiscoveryInfo info: [String: String]?) {
-        let trusted = trusts(peer.publicKey)
+        let (trusted, pairedName) = trust(of: peer.publicKey)
         discoveryInfo.withLock { $0[peer] = info }
-        let firstSighting = seen.withLock { $0.updateValue(SeenHost(peer: peer, trusted: trusted), forKey: peer) == nil }
+        let sighting = SeenHost(peer: peer, trusted: trusted, pairedName: pairedName)
+        let firstSighting = seen.withLock { $0.updateValue(sighting, forKey: peer) == nil }
         // While searching, say once what else is out there: a wrong --host or a missing pairing is seen at once.
         if firstSighting, case .discover(let wanted) = configuration.target {
-            if let wanted, !JoinStateMachine.matches(peer, name: wanted) {
-                log("found host \(peer.displayName), not \"\(wanted)\"; still searching")
+            let alias = pairedName.flatMap { $0 == peer.displayName ? nil : " (calls itself \"\(peer.displayName)\")" } ?? ""
+            if let wanted, !JoinStateMachine.matches(peer, pairedName: pairedName, name: wanted) {
+                log("found host \(sighting.name)\(alias), not \"\(wanted)\"; still searching")
             } else if !trusted {
                 log("found host \(peer.displayName) (not paired; pair with mesh-play --pair CODE); still searching")
             }
         }
         guard trusted else { return }
-        let actions = join.withLock { $0.found(peer, now: monotonicNow()) }
+        let actions = join.withLock { $0.found(peer, pairedName: pairedName, now: monotonicNow()) }
         control.async { self.perform(actions) }
     }
 
