@@ -4,7 +4,7 @@
   bench_tool.py snap PGID...                 JSON: per process group, utime+stime seconds and summed peak RSS
                                              (VmHWM) of its processes, shell wrappers (bash/sh/setsid) left out
   bench_tool.py iodelay LOG SKIP_LINES       JSON: median/min/max of jack_iodelay readings after SKIP_LINES lines
-  bench_tool.py freeport                     a free TCP+UDP port number on 127.0.0.1
+  bench_tool.py freeport [N]                 N (default 1) distinct free TCP+UDP port numbers on 127.0.0.1
   bench_tool.py join RUNS SERVICE MESH_PLAY STATE_DIR  join time: see join() below
   bench_tool.py report RAW.jsonl OUT.json TABLE.md META.json   merge results, write JSON and the Markdown table
   bench_tool.py smoke RAW.jsonl SECTIONS     --smoke's verdict (exit 1 with the reasons): see smoke() below
@@ -98,21 +98,31 @@ def iodelay(log, skip):
             "minFrames": min(frames), "maxFrames": max(frames)}
 
 
-def freeport():
-    for _ in range(50):
-        t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            t.bind(("127.0.0.1", 0))
-            port = t.getsockname()[1]
-            u.bind(("127.0.0.1", port))
-            return port
-        except OSError:
-            continue
-        finally:
-            t.close()
-            u.close()
-    raise SystemExit("no free port")
+def freeport(count=1):
+    """`count` distinct port numbers free for TCP and UDP on 127.0.0.1. Every socket stays bound until all are
+    chosen: two ports taken one after the other could be the same one (the kernel may hand a port out again once it
+    is closed), and a host and its proxy on one port measure nothing."""
+    held, ports = [], []
+    try:
+        for _ in range(50 * count):
+            if len(ports) == count:
+                break
+            t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            held += [t, u]
+            try:
+                t.bind(("127.0.0.1", 0))
+                port = t.getsockname()[1]
+                u.bind(("127.0.0.1", port))
+                ports.append(port)
+            except OSError:
+                continue
+    finally:
+        for s in held:
+            s.close()
+    if len(ports) < count:
+        raise SystemExit("no free port")
+    return ports
 
 
 def join(runs, service, mesh_play, state_dir, rate=44100, timeout=10.0):
@@ -580,7 +590,7 @@ def main():
     elif cmd == "iodelay":
         print(json.dumps(iodelay(sys.argv[2], int(sys.argv[3]))))
     elif cmd == "freeport":
-        print(freeport())
+        print(" ".join(map(str, freeport(int(sys.argv[2]) if len(sys.argv) > 2 else 1))))
     elif cmd == "join":
         print(json.dumps(join(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])))
     elif cmd == "report":
