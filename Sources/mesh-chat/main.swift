@@ -22,8 +22,9 @@ if case .code(let code) = options.pair {
     do {
         config.discovery = try AvahiDiscovery(log: { terminal.log(TerminalText.escape($0)) })
         switch try PairingClient(configuration: config, log: { terminal.log(TerminalText.escape($0)) }).run() {
-        case .paired(let member):
-            terminal.error("paired with \(TerminalText.escape(member.displayName)) (\(member.publicKey?.shortFingerprint ?? "?"))")
+        case .paired(let member, let name):
+            let note = TerminalText.escape(storedNameNote(storedAs: name, given: member.displayName))
+            terminal.error("paired with \(TerminalText.escape(member.displayName)) (\(member.publicKey?.shortFingerprint ?? "?"))\(note)")
             exit(0)
         case .failed(let why):
             terminal.fail("pairing failed: \(TerminalText.escape(why))")

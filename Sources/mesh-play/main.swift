@@ -88,8 +88,9 @@ func pair(code: String, fingerprint: String?) -> Never {
         if case .discover = target { config.discovery = try AvahiDiscovery(log: { terminal.log(TerminalText.escape($0)) }) }
         let client = try PairingClient(configuration: config, log: { terminal.log(TerminalText.escape($0)) })
         switch client.run() {
-        case .paired(let host):
-            terminal.error("paired with \(TerminalText.escape(host.displayName)) (\(host.publicKey?.shortFingerprint ?? "?"))")
+        case .paired(let host, let name):
+            let note = TerminalText.escape(storedNameNote(storedAs: name, given: host.displayName))
+            terminal.error("paired with \(TerminalText.escape(host.displayName)) (\(host.publicKey?.shortFingerprint ?? "?"))\(note)")
             exit(0)
         case .failed(let why):
             terminal.fail("pairing failed: \(TerminalText.escape(why))")

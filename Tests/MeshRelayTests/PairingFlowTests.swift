@@ -183,6 +183,33 @@ struct PairingFlowTests {
         #expect(list.stdout.contains { $0.hasPrefix("kitchen\t") && $0.contains("\tnot paired") }, "\(list.stdout)")
     }
 
+    @Test("Two hosts with one name, both paired: the second is kept as NAME-2, and --host picks each by the name it is kept under")
+    func twoHostsOneName() throws {
+        let service = Rig.uniqueService()
+        let paired = try PairedStates(players: 1, hostName: "kitchen")
+        let first = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "kitchen", "--service", service,
+                                                                    "--input", "tone:440"])
+        defer { first.kill() }
+        let second = try CLIProcess("mesh-record", ["--host", "--pair", "--name", "kitchen", "--service", service,
+                                                    "--input", "tone:440", "--state-dir", Self.stateDirectory("second")])
+        defer { second.kill() }
+        let code = try #require(Self.code(of: second), "\(second.stderr)")
+        let pairing = try CLIProcess("mesh-play", paired.playerArgs(0) + ["--pair", code, "--service", service])
+        #expect(pairing.waitForExit(seconds: 15) == 0, "\(pairing.stderr)")
+        #expect(pairing.stderr.contains { $0.contains("paired with kitchen (") && $0.hasSuffix("), as kitchen-2 (another paired device is called kitchen)") },
+                "\(pairing.stderr)")
+        #expect(try paired.playerTrust(0).list().map(\.name) == ["kitchen", "kitchen-2"])
+        for (name, host, other) in [("kitchen-2", second, first), ("kitchen", first, second)] {
+            let before = other.stderr.filter { $0.contains("joined from") }.count
+            let player = try CLIProcess("mesh-play", paired.playerArgs(0) + ["--find", "--host", name, "--service", service,
+                                                                             "--duration", "1.5", "--output", Rig.tempPath("\(name).wav")])
+            #expect(player.waitForExit(seconds: 20) == 0, "\(name): \(player.stderr)")
+            #expect(player.stderr.contains { $0.hasSuffix("joined \(name)") }, "\(name): \(player.stderr)")
+            #expect(host.stderr.contains { $0.contains("joined from") }, "\(name): \(host.stderr)")
+            #expect(other.stderr.filter { $0.contains("joined from") }.count == before, "\(name): the other host was not joined")
+        }
+    }
+
     @Test("Identity and trust survive a restart; a corrupted trust file is a clear error and is left as it was")
     func stateSurvivesAndDamageIsReported() throws {
         let service = Rig.uniqueService()

@@ -143,6 +143,22 @@ struct IdentityFileTests {
         #expect(try store.list().isEmpty)
     }
 
+    @Test("A name another key is trusted under gets a suffix, so a name picks one peer; pairing a key again keeps or frees its own name")
+    func trustedNamesStayUnique() throws {
+        let store = TrustStore(path: temporaryDirectory() + "/trust.json")
+        let keys = try (0..<4).map { try PeerIdentity.generate(displayName: "k\($0)").publicKey }
+        #expect(try store.add(keys[0], name: "raspberrypi").name == "raspberrypi")
+        #expect(try store.add(keys[1], name: "RaspberryPi").name == "RaspberryPi-2", "case-insensitive")
+        #expect(try store.add(keys[2], name: "raspberrypi").name == "raspberrypi-3")
+        #expect(try store.add(keys[0], name: "raspberrypi").name == "raspberrypi", "its own name is not taken from it")
+        #expect(try store.add(keys[3], name: "raspberrypi-2").name == "raspberrypi-2-2")
+        #expect(try store.list().map(\.name) == ["raspberrypi", "RaspberryPi-2", "raspberrypi-3", "raspberrypi-2-2"])
+        let again = try store.add(keys[1], name: "den")
+        #expect(again.name == "den" && again.publicKey == keys[1])
+        #expect(try store.add(keys[3], name: "raspberrypi-2").name == "raspberrypi-2", "a freed name is free")
+        #expect(try store.remove(matching: "raspberrypi").map(\.publicKey) == [keys[0]], "one name, one peer")
+    }
+
     @Test func concurrentWritersLoseNothing() throws {
         let path = temporaryDirectory() + "/trust.json"
         let keys = try (0..<64).map { _ in try PeerIdentity.generate(displayName: "x").publicKey }

@@ -126,15 +126,16 @@ public final class PairingResponder: SessionDelegate, Sendable {
         case .paired:
             // Paired only once its key is stored: a player told "paired" by a host that forgot it would be refused
             // at its next join, with nothing to say why.
+            let entry: TrustedPeer
             do {
                 guard let key = peer.publicKey else { throw PeerMeshError.trust("its link proved no key") }
-                try trust.add(key, name: peer.displayName)
+                entry = try trust.add(key, name: peer.displayName)
             } catch {
                 answer(.notStored)
                 return notices("pairing with \(peer.displayName) failed: its key could not be stored: \(error)")
             }
             answer(.paired)
-            notices("paired \(peer.displayName) (\(peer.publicKey?.shortFingerprint ?? "?"))")
+            notices("paired \(peer.displayName) (\(peer.publicKey?.shortFingerprint ?? "?"))\(entry.storedNameNote(given: peer.displayName))")
         case .failed(let closedAfter):
             answer(.wrongCode)
             notices("pairing attempt by \(peer.displayName) failed: wrong code")

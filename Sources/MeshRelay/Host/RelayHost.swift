@@ -605,8 +605,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                     // Paired only if its key is stored: otherwise it is let in this once, and the operator is told.
                     do throws(PeerMeshError) {
                         guard let trust = configuration.trust else { throw .trust("this host keeps no trust store") }
-                        try trust.add(key, name: peer.displayName)
-                        events("accepted \(peer.displayName) and paired it")
+                        let entry = try trust.add(key, name: peer.displayName)
+                        events("accepted \(peer.displayName) and paired it\(entry.storedNameNote(given: peer.displayName))")
                         admit(byTrust: true)
                     } catch {
                         notices("accepted \(peer.displayName) once; it could not be paired: \(error)")

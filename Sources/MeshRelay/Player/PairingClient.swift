@@ -10,8 +10,9 @@ import Synchronization
 public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate, Sendable {
     /// How pairing ended.
     public enum Outcome: Sendable, Equatable {
-        /// Both sides now trust each other.
-        case paired(PeerID)
+        /// Both sides now trust each other. `storedAs` is the name the trust store keeps it under: its display name,
+        /// or that name with a suffix when another paired device has that name already (`TrustStore.add`).
+        case paired(PeerID, storedAs: String)
         /// It did not work; the text says why (wrong code, window closed, no host, timed out…).
         case failed(String)
     }
@@ -173,8 +174,9 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
                     return finish(.failed("\(peer.displayName) said the pairing succeeded without proving it knows the code: not trusted"))
                 }
                 guard let key = peer.publicKey else { return finish(.failed("the host has no key")) }
-                do { try configuration.trust.add(key, name: peer.displayName) } catch { return finish(.failed("\(error)")) }
-                finish(.paired(peer))
+                let entry: TrustedPeer
+                do { entry = try configuration.trust.add(key, name: peer.displayName) } catch { return finish(.failed("\(error)")) }
+                finish(.paired(peer, storedAs: entry.name))
             case .wrongCode, .windowClosed, .notStored, .busy:
                 finish(.failed(result.description))
             }
@@ -198,4 +200,15 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
     public func session(_ session: Session, invitationTo peer: PeerID?, failedWith reason: DeclineReason, detail: String) {
         finish(.failed("\(peer?.displayName ?? "the host"): \(detail)"))
     }
+}
+
+/// For a pairing line: `, as NAME (another paired device is called GIVEN)` when the trust store keeps a peer under
+/// another name (`storedAs`) than the one it gave (that was taken), else nothing. Raw text: escape it for a terminal.
+package func storedNameNote(storedAs name: String, given: String) -> String {
+    name == given ? "" : ", as \(name) (another paired device is called \(given))"
+}
+
+extension TrustedPeer {
+    /// `storedNameNote` for this entry, paired under the `given` name.
+    package func storedNameNote(given: String) -> String { MeshRelay.storedNameNote(storedAs: name, given: given) }
 }

@@ -65,15 +65,31 @@ public final class TrustStore: Sendable {
     /// Whether `key` is trusted.
     public func contains(_ key: PublicKey) throws(PeerMeshError) -> Bool { try entry(for: key) != nil }
 
-    /// Trusts `key` under `name` (renaming it if already trusted).
-    public func add(_ key: PublicKey, name: String, at date: Date = Date()) throws(PeerMeshError) {
+    /// Trusts `key` under `name` (renaming it if already trusted), and returns its entry. Names stay unique: when
+    /// another key is trusted under `name` already (case-insensitive), the entry is named `name-2` (or `-3`…) instead,
+    /// so that a name picks one peer — two machines left with the same default name are told apart.
+    @discardableResult
+    public func add(_ key: PublicKey, name: String, at date: Date = Date()) throws(PeerMeshError) -> TrustedPeer {
+        var entry = TrustedPeer(publicKey: key, name: name, pairedAt: date)
         try modify { peers in
+            entry.name = Self.unique(name, among: peers.lazy.filter { $0.publicKey != key }.map(\.name))
             if let i = peers.firstIndex(where: { $0.publicKey == key }) {
-                peers[i].name = name
+                peers[i].name = entry.name
+                entry = peers[i]
             } else {
-                peers.append(TrustedPeer(publicKey: key, name: name, pairedAt: date))
+                peers.append(entry)
             }
         }
+        return entry
+    }
+
+    /// `name`, or the first of `name-2`, `name-3`… that none of `taken` is (case-insensitive).
+    static func unique(_ name: String, among taken: some Sequence<String>) -> String {
+        let used = Set(taken.map { $0.lowercased() })
+        guard used.contains(name.lowercased()) else { return name }
+        var n = 2
+        while used.contains("\(name)-\(n)".lowercased()) { n += 1 }
+        return "\(name)-\(n)"
     }
 
     /// Notes that `key` connected now, calling itself `name` (kept as `lastSeenName`: the name it was paired under
