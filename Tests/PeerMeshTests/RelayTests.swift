@@ -309,6 +309,33 @@ struct RelayedSessionTests {
                 == (0..<100).map { "to r2 \($0)" })
         #expect(g.logs[1].wait(5) { $0.reliable.filter { $0.0 == g.peers[2] }.count == 20 })
         #expect(g.logs[1].wait(5) { $0.datagrams.contains { $0.0 == g.peers[2] && $0.1 == Data("dgram".utf8) } })
+        // Datagrams sent as a real-time thread sends them (raw bytes, `toConnected`) go through the preallocated outbox:
+        // 40 one at a time arrive all, in order; a burst of 2 × 300 from two threads at once arrives in each thread's
+        // order, every one either delivered or counted as not sent (the outbox holds 64).
+        func dgrams(from tag: String) -> [String] {
+            g.logs[1].snapshot.datagrams.filter { $0.0 == g.peers[2] }.map { String(decoding: $0.1, as: UTF8.self) }.filter { $0.hasPrefix(tag) }
+        }
+        let toR1 = g.peers[1]
+        @Sendable func send(_ text: String) { Array(text.utf8).withUnsafeBytes { _ = r2.sendDatagram($0, toConnected: [toR1]) } }
+        for i in 0..<40 {
+            send("rt \(i)")
+            Thread.sleep(forTimeInterval: 0.002)
+        }
+        #expect(g.logs[1].wait(5) { _ in dgrams(from: "rt ").count == 40 }, "\(dgrams(from: "rt ").count) of 40")
+        #expect(dgrams(from: "rt ") == (0..<40).map { "rt \($0)" })
+        let notSentBefore = r2.statistics.datagramsNotSent
+        DispatchQueue.concurrentPerform(iterations: 2) { t in
+            for i in 0..<300 { send("burst\(t) \(i)") }
+        }
+        let notSent = r2.statistics.datagramsNotSent - notSentBefore
+        #expect(g.logs[1].wait(5) { _ in UInt64(dgrams(from: "burst").count) + notSent == 600 },
+                "\(dgrams(from: "burst").count) delivered + \(notSent) not sent of 600")
+        #expect(dgrams(from: "burst").count >= 64, "at least an outbox's worth arrives")
+        for t in 0..<2 {
+            let got = dgrams(from: "burst\(t) ").map { Int($0.split(separator: " ")[1])! }
+            #expect(got == got.sorted(), "thread \(t)'s datagrams arrive in its order")
+        }
+
         // The introducer's app saw none of it, and nobody else's app was asked anything.
         #expect(g.logs[0].snapshot.reliable.isEmpty && g.logs[0].snapshot.datagrams.isEmpty)
         #expect(g.logs[1].snapshot.invitations.isEmpty && g.logs[2].snapshot.invitations.isEmpty)

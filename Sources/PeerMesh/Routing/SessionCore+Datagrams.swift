@@ -71,9 +71,43 @@ final class SendTable: Sendable {
     let routes: [PeerID: SendRoute]
     /// Peers reached only through a relay pipe, by link.
     let relayed: [PeerID: LinkID]
-    init(_ routes: [PeerID: SendRoute], relayed: [PeerID: LinkID]) {
+    /// Where their datagrams go to the loop (nil until the session's first relayed link, or if it could not be made).
+    let relayedOutbox: RelayedDatagramOutbox?
+    init(_ routes: [PeerID: SendRoute], relayed: [PeerID: LinkID], relayedOutbox: RelayedDatagramOutbox? = nil) {
         self.routes = routes
         self.relayed = relayed
+        self.relayedOutbox = relayedOutbox
+    }
+}
+
+/// Datagrams for peers reached only through a relay pipe, on their way from any sender thread (a real-time one
+/// included) to the loop, which sends them as DATAGRAM frames on the pipe's connection: a preallocated queue and an
+/// eventfd, so that a sender neither allocates nor takes a lock — it copies, and makes one non-blocking write when the
+/// loop is not already woken.
+final class RelayedDatagramOutbox: Sendable {
+    /// Datagrams in flight to the loop, at most (a burst beyond it is dropped: datagrams are unreliable).
+    static let capacity = 64
+    private let queue = MPSCByteQueue(capacity: capacity, slotBytes: Session.maximumDatagramSize)
+    /// Readable while datagrams wait: the loop watches it.
+    let waker: Waker
+    /// Whether the loop was woken and has not started draining since (saves a write per datagram in a burst).
+    private let woken = Atomic<Bool>(false)
+
+    init() throws(SyscallError) { waker = try Waker() }
+
+    /// Any thread: queues `payload` for `link`; false when the outbox is full (the datagram is dropped).
+    func post(_ payload: UnsafeRawBufferPointer, on link: LinkID) -> Bool {
+        guard queue.push(tag: UInt64(truncatingIfNeeded: link), payload) else { return false }
+        // The exchange pairs with the loop's: a sender that finds it woken knows the loop's next drain sees its datagram.
+        if !woken.exchange(true, ordering: .acquiringAndReleasing) { waker.wake() }
+        return true
+    }
+
+    /// The loop: hands every queued datagram to `body`, oldest first (its bytes are valid during the call).
+    func drain(_ body: (LinkID, UnsafeRawBufferPointer) -> Void) {
+        waker.drain()
+        _ = woken.exchange(false, ordering: .acquiringAndReleasing)
+        while queue.pop({ body(LinkID(truncatingIfNeeded: $0), $1) }) != nil {}
     }
 }
 
@@ -113,7 +147,8 @@ extension SessionCore {
             for p in peers {
                 guard let r = table.routes[p] else {
                     if let link = table.relayed[p] {
-                        sendRelayedDatagram(payload, on: link)
+                        // No UDP path: into the outbox, for the loop to send on the pipe's connection.
+                        if table.relayedOutbox?.post(payload, on: link) == true { sent += 1 } else { failed += 1 }
                     } else {
                         missing += 1
                         noteMissing(p)
@@ -131,16 +166,24 @@ extension SessionCore {
         return missing
     }
 
-    /// Sends a datagram to a peer reached only through a relay pipe: on its connection `link` (sealed end to end
-    /// by the link's records), as a DATAGRAM frame, from the loop. (This path copies the bytes: a relayed peer has
-    /// no UDP path for a real-time sender to write to.)
-    func sendRelayedDatagram(_ payload: UnsafeRawBufferPointer, on link: LinkID) {
-        guard !payload.isEmpty else { return }
-        let frame = ControlFrame.datagram(Array(payload))
-        loop.execute { [self] in
-            // Unreliable: a link whose queue is full drops it rather than grow.
+    /// The loop: sends what the relayed datagrams' outbox holds, each as a DATAGRAM frame on its link's connection
+    /// (sealed end to end by the link's records). Unreliable: a datagram whose link is gone, or whose connection's
+    /// queue is full, is dropped rather than let the queue grow.
+    func sendRelayedDatagrams() {
+        io.value.relayedOutbox?.drain { link, bytes in
             guard let c = io.value.connections[link], c.queuedBytes < configuration.maximumQueuedBytes else { return }
-            c.send(frame)
+            c.send(.datagram(Array(bytes)))
+        }
+    }
+
+    /// The loop: makes the relayed datagrams' outbox, and watches it, the first time the session has a relayed link.
+    /// Without it (out of descriptors), datagrams to relayed peers are counted as not sent.
+    private func makeRelayedOutboxIfNeeded() {
+        guard io.value.relayedOutbox == nil, !io.value.relayedLinks.isEmpty,
+              let outbox = try? RelayedDatagramOutbox() else { return }
+        io.value.relayedOutbox = outbox
+        io.value.outboxRegistration = loop.register(fd: outbox.waker.fd, interest: .readable) { [unowned self] _ in
+            sendRelayedDatagrams()
         }
     }
 
@@ -177,7 +220,8 @@ extension SessionCore {
             table[route.peer] = SendRoute(link: link, remote: route.remote, remoteToken: route.remoteToken,
                                           counters: route.receiver.counters, key: route.receiver.keys?.send)
         }
-        sendTable.replace(with: SendTable(table, relayed: io.value.relayedLinks))
+        makeRelayedOutboxIfNeeded()
+        sendTable.replace(with: SendTable(table, relayed: io.value.relayedLinks, relayedOutbox: io.value.relayedOutbox))
     }
 
     /// Publishes the table datagrams are judged against. The loop never waits for the reader here: a `DatagramReader`

@@ -315,7 +315,8 @@ public final class Session: Sendable {
     /// with a UDP path costs no lock and no allocation. Sends to each of `peers` that is connected now and returns
     /// how many were not (they just left, or are not up yet: each is skipped); empty or oversize `bytes` reach no one
     /// and count all of `peers`. (A peer reached only through a relay pipe has no UDP path: its datagram is copied
-    /// and handed to the I/O thread, which takes that thread's queue lock.)
+    /// into a preallocated outbox that the I/O thread sends from, still with no lock and no allocation; a burst of more
+    /// than 64 before the I/O thread runs drops the rest, counted in `datagramsNotSent`.)
     @discardableResult
     public func sendDatagram(_ bytes: UnsafeRawBufferPointer, toConnected peers: [PeerID]) -> Int {
         guard !bytes.isEmpty, bytes.count <= Session.maximumDatagramSize else { return peers.count }

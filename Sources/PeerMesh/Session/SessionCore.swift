@@ -41,6 +41,10 @@ final class SessionCore: Sendable {
         var failureReason: [LinkID: DeclineReason] = [:]
         /// The UDP socket (`.delegate` delivery) or the reader's latch wake-up (`.reader`), as watched by the loop.
         var udpRegistration: EventLoop.Registration?
+        /// Where senders leave datagrams for relayed peers, made with the first relayed link (published to senders in
+        /// the send table), and its wake-up as watched by the loop.
+        var relayedOutbox: RelayedDatagramOutbox?
+        var outboxRegistration: EventLoop.Registration?
         var timer = DeadlineTimer()
         var nextPing: Nanos = 0
         var resources: ResourceStateMachine
@@ -164,6 +168,8 @@ final class SessionCore: Sendable {
             perform(actions)
             if let r = io.value.udpRegistration { loop.deregister(r) }
             io.value.udpRegistration = nil
+            if let r = io.value.outboxRegistration { loop.deregister(r) }
+            io.value.outboxRegistration = nil
             io.value.timer.cancel(on: loop)
             for c in io.value.connections.values { c.close() }
             io.value.connections.removeAll()
