@@ -71,8 +71,9 @@ package final class TerminalApproval: PlayerApproval {
     }
 
     private func show(_ r: JoinRequest) {
+        let namesake = r.namesakeFingerprint.map { " It is NOT the paired player of that name (key \($0)): its key differs." } ?? ""
         terminal.question("player \"\(TerminalText.escape(r.peer.displayName))\" at \(TerminalText.escape(r.address)) "
-            + "(key \(r.fingerprint), check code \(r.shortAuthenticationString)) wants to listen. "
+            + "(key \(r.fingerprint), check code \(r.shortAuthenticationString)) wants to listen.\(namesake) "
             + "Allow? [y] once, [a] always, [n] no:")
     }
 

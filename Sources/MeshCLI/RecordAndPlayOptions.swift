@@ -337,7 +337,8 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
            mesh-play --connect HOST:PORT [options]       join a paired host at an address, without DNS-SD
            mesh-play --pair CODE [--host NAME]           pair with the host showing CODE (mesh-record --host --pair)
            mesh-play --list | --paired | --forget NAME|FINGERPRINT
-      --host NAME|FP      only this host: its name (any case) or a prefix of its key fingerprint
+      --host NAME|FP      only this host: the name it was paired under (any case; with --pair, the name it
+                          advertises) or a prefix of its key fingerprint
       --connect HOST:PORT a host name, IPv4 address or [IPv6] address, and the host's --port
       --pair CODE|URI     the code the host shows (or the peermesh://pair URI of its QR code), then exit
       --list              print the hosts found (paired or not), then exit

@@ -78,6 +78,7 @@ package enum StatusReport {
         o.add("players", s.players.map { p in
             var j = JSONObject()
             j.add("name", p.name)
+            j.add("paired", p.pairedName != nil)
             j.add("callsItself", p.callsItself)
             j.add("address", p.address)
             j.add("fingerprint", p.fingerprint)

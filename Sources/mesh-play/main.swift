@@ -225,7 +225,10 @@ if final.framesReceived == 0 {
         case .direct(let e): why = "no audio from \(e) (not reachable, or it did not let this player in)"
         case .discover(let name):
             let wanted = name.map { "host \"\($0)\"" } ?? "paired host"
-            let seen = final.seen.map { "\($0.name) (\($0.trusted ? "paired" : "not paired"))" }
+            let seen = final.seen.map { h in
+                let alias = h.name == h.peer.displayName ? "" : ", calls itself \"\(h.peer.displayName)\""
+                return "\(h.name) (\(h.trusted ? "paired" : "not paired")\(alias))"
+            }
             why = "no \(wanted) found (service _\(options.service)._tcp)" + (seen.isEmpty ? "; no hosts seen at all" : "; saw: \(seen.joined(separator: ", "))")
         }
     }

@@ -186,7 +186,7 @@ do {
             + "\(s.players.count) player\(s.players.count == 1 ? "" : "s")" + (s.muted ? ", muted" : "")
             + (s.pairing ? ", pairing open" : "") + (s.advertised ? ", advertised" : ", not advertised")]
         for p in s.players {
-            let alias = p.callsItself.map { "\tcalls itself \"\(TerminalText.escape($0))\"" } ?? ""
+            let alias = p.pairedName == nil ? "\tnot paired" : p.callsItself.map { "\tcalls itself \"\(TerminalText.escape($0))\"" } ?? ""
             lines.append("  \(TerminalText.escape(p.name))\t\(p.address ?? "?")\t\(p.fingerprint ?? "-")\(alias)")
         }
         lines.append(StatusReport.json(host: s, name: device.identity.displayName, port: host.port, format: source.format).description)

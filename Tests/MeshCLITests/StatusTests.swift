@@ -52,6 +52,7 @@ import Testing
         #expect(players.map { $0["name"] as? String } == ["garage", "den", "visitor"])
         #expect(players.map { $0["callsItself"] as? String } == ["kitchen", nil, nil])
         #expect(players.map { $0["callsItself"] is NSNull } == [false, true, true])
+        #expect(players.map { $0["paired"] as? Bool } == [true, true, false])
         #expect(StatusReport.line(host: s, format: .default, hold: 0).contains("◀ garage talks"))
     }
 

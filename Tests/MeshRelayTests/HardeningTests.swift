@@ -7,7 +7,7 @@ import Testing
 
 /// What users and attackers hit first, through the real CLIs: hostile samples, honest exits, names and addresses,
 /// a daemon that comes late, a host that restarts. Real Avahi on lo, real UDP, encrypted and paired.
-@Suite("Hardening and honest behaviour (CLIs)", .serialized,
+@Suite("Hardening and honest behaviour (CLIs)", .serialized, .avahiDaemonShared,
        .enabled(if: Rig.avahi, "needs scripts/test's Avahi rig"))
 struct HardeningTests {
     /// A host that sends ±FLT_MAX, NaN and ±inf: the player neither traps nor plays them; it clamps, zeroes, counts.

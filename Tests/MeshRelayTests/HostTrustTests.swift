@@ -27,6 +27,7 @@ struct HostTrustTests {
         var shown: Lines?
         func ask(_ request: JoinRequest, decide: @escaping @Sendable (JoinDecision) -> Void) {
             shown?.events.withLock { $0.append(request.shortAuthenticationString) }
+            shown?.notices.withLock { $0.append(request.namesakeFingerprint ?? "none") }
             guard after > 0 else { return decide(decision) }
             DispatchQueue.global().asyncAfter(deadline: .now() + after) { [decision] in decide(decision) }
         }
@@ -152,5 +153,25 @@ struct HostTrustTests {
         #expect(eventually(10) { again.statistics.playout.received > 50 })
         Thread.sleep(forTimeInterval: 1.2)
         #expect(!quickLog.logged("check code"), "\(quickLog.events.withLock { $0 })")
+    }
+
+    @Test("A stranger that gives a paired player's name is asked about as a stranger, and the question names the paired one's key")
+    func aNamesakeIsAskedAboutAsAStranger() throws {
+        let paired = try PairedStates(players: 1, hostName: "ask-host")
+        // The host's paired "player-0" is another device: the player that connects gives its name with its own key.
+        let stranger = try paired.playerIdentity(0).publicKey
+        #expect(try paired.hostTrust.remove(matching: stranger.shortFingerprint).count == 1)
+        let real = try PeerIdentity.generate(displayName: "player-0").publicKey
+        try paired.hostTrust.add(real, name: "player-0")
+        let lines = Lines(), shown = Lines(), playerLog = Lines()
+        let host = try makeHost(paired, name: "ask-host", accept: .ask(Operator(decision: .no, shown: shown)), lines: lines)
+        defer { host.stop() }
+        let player = try makePlayer(paired, host: host, out: Rig.tempPath("trust-namesake.wav"),
+                                    log: { line in playerLog.events.withLock { $0.append(line) } })
+        defer { player.stop() }
+        #expect(eventually(10) { shown.notices.withLock { $0 }.count == 1 }, "the operator was asked")
+        #expect(shown.notices.withLock { $0 } == [real.shortFingerprint])
+        #expect(eventually(5) { lines.logged("declined player-0") }, "\(lines.events.withLock { $0 })")
+        #expect(player.statistics.playout.received == 0)
     }
 }

@@ -182,6 +182,16 @@ struct JoinStateMachineTests {
         #expect(JoinStateMachine.matches(impostor, pairedName: nil, name: "kitchen"), "a host that is not paired goes by its own name")
         let prefix = String(try #require(impostor.publicKey).shortFingerprint.prefix(6))
         #expect(JoinStateMachine.matches(impostor, pairedName: "garage", name: prefix))
+        // A host paired under a name that happens to be (or was ground to be) another's key prefix: the name picks
+        // the host paired under it alone.
+        #expect(!JoinStateMachine.matches(impostor, pairedName: "garage", name: prefix, nameIsPaired: true))
+        #expect(JoinStateMachine.matches(real, pairedName: prefix, name: prefix.uppercased(), nameIsPaired: true))
+        #expect(!JoinStateMachine.matches(impostor, pairedName: nil, name: "kitchen", nameIsPaired: true),
+                "nor by its advertised name")
+        var byPrefix = JoinStateMachine(target: .discover(hostName: prefix))
+        _ = byPrefix.start(now: 0)
+        #expect(byPrefix.found(impostor, pairedName: "garage", nameIsPaired: true, now: 1) == [])
+        #expect(byPrefix.found(real, pairedName: prefix, nameIsPaired: true, now: 2) == [.announce("found host \(prefix); joining"), .invite(real)])
 
         var m = JoinStateMachine(target: .discover(hostName: "kitchen"))
         _ = m.start(now: 0)

@@ -43,7 +43,7 @@ private func pairEveryone(_ names: [String], root: String) throws {
     }
 }
 
-@Suite("mesh-chat: a full-mesh room of real processes over Avahi on lo", .serialized,
+@Suite("mesh-chat: a full-mesh room of real processes over Avahi on lo", .serialized, .avahiDaemonShared,
        .enabled(if: Rig.avahi, "needs MESH_AVAHI_RIG=1 (scripts/lib/avahi-rig.sh)"))
 struct MeshChatTests {
     /// `n` members who have all paired with each other, in a room of their own; returns once each saw the others join.

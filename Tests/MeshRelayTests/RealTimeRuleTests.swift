@@ -24,7 +24,7 @@ private let optimizedBuild = true
 ///
 /// The rule is about the code users run: optimized builds, as `scripts/test` makes. A debug build runs generic code
 /// unspecialized, which allocates (hundreds of thousands of calls a second on `pm-playback`), so there it is skipped.
-@Suite("Real-time threads neither allocate nor wait on anything but the device (CLIs, LD_PRELOAD probe, JACK rig)", .serialized,
+@Suite("Real-time threads neither allocate nor wait on anything but the device (CLIs, LD_PRELOAD probe, JACK rig)", .serialized, .avahiDaemonShared,
        .enabled(if: Rig.jack && Rig.avahi, "needs scripts/test's JACK and Avahi rigs"),
        .enabled(if: optimizedBuild, "judged on optimized builds (scripts/test builds -c release)"))
 struct RealTimeRuleTests {

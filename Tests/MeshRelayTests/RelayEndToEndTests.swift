@@ -8,7 +8,7 @@ import Testing
 @testable import MeshRelay
 
 /// The relay end to end on one host: real Avahi on lo, real ALSA through the JACK rig, real UDP.
-@Suite("Relay end to end (CLIs, real Avahi, ALSA and UDP)", .serialized,
+@Suite("Relay end to end (CLIs, real Avahi, ALSA and UDP)", .serialized, .avahiDaemonShared,
        .enabled(if: Rig.jack && Rig.avahi, "needs scripts/test's JACK and Avahi rigs"))
 struct RelayEndToEndTests {
     /// Compares what the player played with the signal the host captured: 0 lost, no resampling (one clock, so the

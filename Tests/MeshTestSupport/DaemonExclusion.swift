@@ -15,14 +15,27 @@ package struct AvahiDaemonExclusive: SuiteTrait, TestTrait, TestScoping {
 
     package func provideScope(for test: Test, testCase: Test.Case?,
                               performing function: @Sendable () async throws -> Void) async throws {
-        await AsyncExclusion.avahiDaemon.acquire()
-        do {
-            try await function()
-        } catch {
-            await AsyncExclusion.avahiDaemon.release()
-            throw error
-        }
-        await AsyncExclusion.avahiDaemon.release()
+        try await AsyncExclusion.avahiDaemon.holding(exclusively: true, function)
+    }
+}
+
+/// Tests that use the shared avahi-daemon and would fail if a test stopped it meanwhile (the CLI suites that find
+/// hosts by DNS-SD): they share it with each other, and wait while an `.avahiDaemonExclusive` test has it (one that
+/// stops it, say), which in turn waits until they are done.
+///
+/// Apply `.avahiDaemonShared` to a suite; a test of it that is `.avahiDaemonExclusive` itself takes the daemon
+/// exclusively instead.
+package struct AvahiDaemonShared: SuiteTrait, TestTrait, TestScoping {
+    package var isRecursive: Bool { true }
+
+    package func scopeProvider(for test: Test, testCase: Test.Case?) -> Self? {
+        guard testCase != nil, !test.traits.contains(where: { $0 is AvahiDaemonExclusive }) else { return nil }
+        return self
+    }
+
+    package func provideScope(for test: Test, testCase: Test.Case?,
+                              performing function: @Sendable () async throws -> Void) async throws {
+        try await AsyncExclusion.avahiDaemon.holding(exclusively: false, function)
     }
 }
 
@@ -31,23 +44,54 @@ extension Trait where Self == AvahiDaemonExclusive {
     package static var avahiDaemonExclusive: Self { AvahiDaemonExclusive() }
 }
 
-/// A first-come, first-served asynchronous mutual exclusion.
+extension Trait where Self == AvahiDaemonShared {
+    /// The test (or each test of the suite) uses the shared avahi-daemon: no exclusive test runs meanwhile.
+    package static var avahiDaemonShared: Self { AvahiDaemonShared() }
+}
+
+/// A first-come, first-served asynchronous readers–writer exclusion: any number of shared holders at once, or one
+/// exclusive holder. Whoever waits is admitted in arrival order, so an exclusive waiter is not starved by shared
+/// holders that keep coming: they queue behind it.
 package actor AsyncExclusion {
     /// The one that guards the rig's avahi-daemon.
     package static let avahiDaemon = AsyncExclusion()
 
-    private var held = false
-    private var waiters: [CheckedContinuation<Void, Never>] = []
+    private var sharedHolders = 0
+    private var exclusiveHeld = false
+    private var waiters: [(exclusive: Bool, resume: CheckedContinuation<Void, Never>)] = []
 
-    package func acquire() async {
-        guard held else {
-            held = true
-            return
+    /// Runs `body` holding the exclusion (exclusively, or shared), and releases it however `body` ends.
+    package func holding(exclusively: Bool, _ body: @Sendable () async throws -> Void) async throws {
+        await acquire(exclusively: exclusively)
+        do {
+            try await body()
+        } catch {
+            release(exclusively: exclusively)
+            throw error
         }
-        await withCheckedContinuation { waiters.append($0) }
+        release(exclusively: exclusively)
     }
 
-    package func release() {
-        if waiters.isEmpty { held = false } else { waiters.removeFirst().resume() }
+    package func acquire(exclusively: Bool) async {
+        if waiters.isEmpty && !exclusiveHeld && (!exclusively || sharedHolders == 0) {
+            take(exclusively: exclusively)
+            return
+        }
+        await withCheckedContinuation { waiters.append((exclusively, $0)) }
+    }
+
+    package func release(exclusively: Bool) {
+        if exclusively { exclusiveHeld = false } else { sharedHolders -= 1 }
+        // Admit from the front: one exclusive waiter once nobody holds it, or every shared waiter up to the next
+        // exclusive one while nobody holds it exclusively.
+        while let next = waiters.first, !exclusiveHeld, !next.exclusive || sharedHolders == 0 {
+            take(exclusively: next.exclusive)
+            waiters.removeFirst().resume.resume()
+            if next.exclusive { break }
+        }
+    }
+
+    private func take(exclusively: Bool) {
+        if exclusively { exclusiveHeld = true } else { sharedHolders += 1 }
     }
 }

@@ -127,15 +127,18 @@ struct IdentityFileTests {
         try store.touch(kb, name: "bedroom")
         #expect(try store.entry(for: kb)?.lastSeen != nil)
         #expect(try store.entry(for: kb)?.lastSeenName == "bedroom" && store.entry(for: kb)?.callsItself == nil)
-        // A paired peer that connects under another peer's name keeps the name it was paired under in the list;
-        // forgetting by the name it took forgets it too, with the one paired under that name.
+        // A paired peer that connects under another peer's name keeps the name it was paired under in the list, and
+        // forgetting that name forgets the peer paired under it alone. The name it took names it only when no peer
+        // was paired under that name.
         try store.touch(kb, name: "Kitchen 2")
         #expect(try TrustStore(path: path).list().map(\.name) == ["Kitchen 2", "bedroom"])
         #expect(try store.entry(for: kb)?.callsItself == "Kitchen 2")
         #expect(try store.remove(matching: "no such name").isEmpty)
-        let renamed = try #require(try store.entry(for: kb))
-        #expect(TrustStore.matches(renamed, "kitchen 2") && TrustStore.matches(renamed, "Bedroom"))
-        #expect(try Set(store.remove(matching: "KITCHEN 2").map(\.publicKey)) == [ka, kb])
+        let entries = try store.list()
+        #expect(TrustStore.entries(named: "kitchen 2", in: entries).map(\.publicKey) == [ka])
+        #expect(TrustStore.entries(named: "Bedroom", in: entries).map(\.publicKey) == [kb])
+        #expect(try store.remove(matching: "KITCHEN 2").map(\.publicKey) == [ka])
+        #expect(try store.remove(matching: "kitchen 2").map(\.publicKey) == [kb], "no one is paired as kitchen 2 now: the name it gave")
         try store.add(kb, name: "bedroom")
         #expect(try store.remove(matching: "BEDROOM").map(\.publicKey) == [kb])
         try store.add(ka, name: "Kitchen 2")
@@ -156,7 +159,15 @@ struct IdentityFileTests {
         let again = try store.add(keys[1], name: "den")
         #expect(again.name == "den" && again.publicKey == keys[1])
         #expect(try store.add(keys[3], name: "raspberrypi-2").name == "raspberrypi-2", "a freed name is free")
+        // Every one of them says "raspberrypi" when it connects: a name still picks the one paired under it.
+        for k in keys { try store.touch(k, name: "raspberrypi") }
         #expect(try store.remove(matching: "raspberrypi").map(\.publicKey) == [keys[0]], "one name, one peer")
+        #expect(try store.list().map(\.name) == ["den", "raspberrypi-3", "raspberrypi-2"])
+        // A name as long as a display name may be keeps its suffix within a display name's length.
+        let long = String(repeating: "é", count: 31) + "x"  // 63 bytes
+        #expect(try store.add(keys[0], name: long).name == long)
+        let second = try store.add(try PeerIdentity.generate(displayName: "l").publicKey, name: long).name
+        #expect(second == String(repeating: "é", count: 30) + "-2" && second.utf8.count <= PeerID.maximumDisplayNameBytes)
     }
 
     @Test func concurrentWritersLoseNothing() throws {

@@ -11,15 +11,20 @@ public final class JoinRequest: Sendable {
     public let fingerprint: String
     /// Six digits the player can show too.
     public let shortAuthenticationString: String
+    /// The short fingerprint of the paired player whose name this one gives, if one is paired under it: this is not
+    /// that player (its key differs), whatever it calls itself.
+    public let namesakeFingerprint: String?
     private let invitation: Invitation
     /// Whether the request went away unanswered, and (until then) who wants to hear of it.
     private let withdrawal = Mutex<(done: Bool, waiting: [@Sendable () -> Void])>((false, []))
 
-    init(peer: PeerID, address: String, fingerprint: String, shortAuthenticationString: String, invitation: Invitation) {
+    init(peer: PeerID, address: String, fingerprint: String, shortAuthenticationString: String, namesakeFingerprint: String?,
+         invitation: Invitation) {
         self.peer = peer
         self.address = address
         self.fingerprint = fingerprint
         self.shortAuthenticationString = shortAuthenticationString
+        self.namesakeFingerprint = namesakeFingerprint
         self.invitation = invitation
     }
 

@@ -64,9 +64,12 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         var admittedByTrust: [PeerID: PublicKey] = [:]
         /// Where each player connected from.
         var addresses: [PeerID: String] = [:]
-        /// The names connected paired players were paired under: logs and status call them so, whatever name they
-        /// give now (a paired device cannot pass for another by taking its name).
-        var pairedNames: [PeerID: String] = [:]
+        /// The names connected paired players were paired under, with the number of the connection that noted each:
+        /// logs and status call them so, whatever name they give now (a paired device cannot pass for another by
+        /// taking its name). A connection's leave removes only its own note, never a rejoin's.
+        var pairedNames: [PeerID: (connection: UInt64, name: String)] = [:]
+        /// The number of the latest connection, for `pairedNames`.
+        var connections: UInt64 = 0
         /// Addresses with a question open to the operator (`.ask`): one at a time per address.
         var asking: Set<String> = []
         var advertised = false
@@ -291,7 +294,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     public var statistics: Statistics {
         var s = Statistics()
         s.codec = configuration.codec
-        let (addresses, pairedNames, advertised) = state.withLock { ($0.addresses, $0.pairedNames, $0.advertised) }
+        let (addresses, pairedNames, advertised) = state.withLock { ($0.addresses, $0.pairedNames.mapValues(\.name), $0.advertised) }
         let paused = players.paused
         let budget = self.budget.withLock { $0 }
         let control = self.control.withLock { $0 }
@@ -490,7 +493,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
 
     /// What logs call `peer`: the name it was paired under while it is connected as a paired player, else the name it
     /// gives.
-    private func name(of peer: PeerID) -> String { state.withLock { $0.pairedNames[peer] } ?? peer.displayName }
+    private func name(of peer: PeerID) -> String { state.withLock { $0.pairedNames[peer]?.name } ?? peer.displayName }
 
     /// Whether the trust store holds `key`. A store that cannot be read trusts nobody; the operator is told why.
     private func isTrusted(_ key: PublicKey?, peer: PeerID) -> Bool {
@@ -512,17 +515,18 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             // of this player's is logged.
             let paired = peer.publicKey.flatMap { key in (try? configuration.trust?.touch(key, name: peer.displayName)) ?? nil }
             let address = self.state.withLock { s in
-                s.pairedNames[peer] = paired?.name
+                s.connections += 1
+                s.pairedNames[peer] = paired.map { (s.connections, $0.name) }
                 return s.addresses[peer]
             }
-            let alias = paired.map { $0.name == peer.displayName ? "" : ", calls itself \"\(peer.displayName)\"" } ?? ""
+            let alias = paired.map { $0.name == peer.displayName ? "" : ", calls itself \"\(peer.displayName)\"" } ?? ", not paired"
             controlQueue.async { [self] in perform(control.withLock { $0.joined(peer) }) }
             events("player \(name(of: peer)) joined from \(address ?? "?") (\(peer.publicKey?.shortFingerprint ?? "no key")\(alias))")
         case .notConnected:
-            let name = self.name(of: peer)
-            self.state.withLock {
-                $0.admittedByTrust[peer] = nil
-                $0.addresses[peer] = nil
+            let (name, connection) = self.state.withLock { s in
+                s.admittedByTrust[peer] = nil
+                s.addresses[peer] = nil
+                return (s.pairedNames[peer]?.name ?? peer.displayName, s.pairedNames[peer]?.connection)
             }
             budget.withLock { $0.forget(peer) }
             controlQueue.async { [self] in
@@ -530,8 +534,10 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                 refusals.withLock { $0.forget(peer) }
                 clipRefusals.withLock { $0.forget(peer) }
                 changeLines.withLock { $0.forget(peer) }
-                // Its lines are logged by now (leaving may end its talk); the name goes too, unless it joined again.
-                if !players.all.contains(peer) { self.state.withLock { _ = $0.pairedNames.removeValue(forKey: peer) } }
+                // Its lines are logged by now (leaving may end its talk); its name goes too, unless it joined again.
+                self.state.withLock { s in
+                    if let connection, s.pairedNames[peer]?.connection == connection { s.pairedNames[peer] = nil }
+                }
             }
             events("player \(name) left")
         case .connecting: break
@@ -592,9 +598,11 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             guard state.withLock({ $0.asking.insert(address).inserted }) else {
                 return invitation.decline(.declined, message: "a request from \(address) is already waiting for an answer")
             }
+            // A stranger that gives a paired player's name is not that player: the question says so.
+            let namesake = (try? configuration.trust?.list())??.first { $0.name.lowercased() == peer.displayName.lowercased() }
             let request = JoinRequest(peer: peer, address: address, fingerprint: key.shortFingerprint,
                                       shortAuthenticationString: invitation.certificate?.shortAuthenticationString ?? "",
-                                      invitation: invitation)
+                                      namesakeFingerprint: namesake?.publicKey.shortFingerprint, invitation: invitation)
             approval.ask(request) { [self] decision in
                 state.withLock { _ = $0.asking.remove(address) }
                 switch decision {

@@ -106,16 +106,21 @@ public struct JoinStateMachine: Sendable {
     /// (at least 4 characters). A paired host (`pairedName` not nil) is named by the name it was paired under, never
     /// by the one it advertises: any paired host may advertise any name, so a name it chose cannot tell it from
     /// another. A host that is not paired (a player that joins any host) goes by its advertised name.
-    public static func matches(_ peer: PeerID, pairedName: String?, name: String) -> Bool {
-        (pairedName ?? peer.displayName).lowercased() == name.lowercased()
-            || (peer.publicKey?.matches(fingerprintPrefix: name) ?? false)
+    /// `nameIsPaired` says that some host was paired under `name`: then `name` names that host alone — not another
+    /// whose key was ground to a fingerprint that starts so, nor one that advertises it.
+    public static func matches(_ peer: PeerID, pairedName: String?, name: String, nameIsPaired: Bool = false) -> Bool {
+        if let pairedName, pairedName.lowercased() == name.lowercased() { return true }
+        if nameIsPaired { return false }
+        if pairedName == nil, peer.displayName.lowercased() == name.lowercased() { return true }
+        return peer.publicKey?.matches(fingerprintPrefix: name) ?? false
     }
 
     /// The browser found a host, or a host re-advertised (new address or name). `pairedName` is the name it was
-    /// paired under, when it is paired.
-    public mutating func found(_ peer: PeerID, pairedName: String? = nil, now: UInt64) -> [Action] {
+    /// paired under, when it is paired; `nameIsPaired`, whether some host was paired under the name `target` asks
+    /// for (`matches`).
+    public mutating func found(_ peer: PeerID, pairedName: String? = nil, nameIsPaired: Bool = false, now: UInt64) -> [Action] {
         guard case .discover(let wanted) = target else { return [] }
-        if let wanted, !Self.matches(peer, pairedName: pairedName, name: wanted) { return [] }
+        if let wanted, !Self.matches(peer, pairedName: pairedName, name: wanted, nameIsPaired: nameIsPaired) { return [] }
         pairedNames[peer] = pairedName
         let known = candidates.firstIndex(of: peer)
         if let i = known { candidates[i] = peer } else { candidates.append(peer) }

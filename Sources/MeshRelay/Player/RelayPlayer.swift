@@ -127,6 +127,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     /// Builds the playback chain, starts the sink (it plays silence until audio arrives) and starts joining.
     public func start() throws {
         started.store(monotonicNow(), ordering: .releasing)
+        warnOfSharedPairedName()
         try onControl { try buildPipeline(configuration.initialFormat) }
         try browser?.startBrowsingForPeers()
         ticking.store(true, ordering: .releasing)
@@ -494,19 +495,23 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     /// says why.
     private func trusts(_ key: PublicKey?) -> Bool { trust(of: key).trusted }
 
-    /// Whether this player may join the host with `key`, and the name it was paired under (nil when the player joins
-    /// any host).
-    private func trust(of key: PublicKey?) -> (trusted: Bool, pairedName: String?) {
+    /// What the trust store says of a host with `key`: whether this player may join it, the name it was paired under
+    /// (nil when the player joins any host), and whether some host was paired under the name `--host` asks for.
+    private func trust(of key: PublicKey?) -> (trusted: Bool, pairedName: String?, nameIsPaired: Bool) {
         switch configuration.hosts {
-        case .any: return (true, nil)
+        case .any: return (true, nil, false)
         case .paired(let store):
-            guard let key else { return (false, nil) }
             do {
-                let entry = try store.entry(for: key)
-                return (entry != nil, entry?.name)
+                let entries = try store.list()
+                let entry = key.flatMap { k in entries.first { $0.publicKey == k } }
+                var nameIsPaired = false
+                if case .discover(let wanted?) = configuration.target {
+                    nameIsPaired = entries.contains { $0.name.lowercased() == wanted.lowercased() }
+                }
+                return (entry != nil, entry?.name, nameIsPaired)
             } catch {
                 log("\(error); no host counts as paired")
-                return (false, nil)
+                return (false, nil, false)
             }
         }
     }
@@ -528,25 +533,36 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         }
     }
 
+    /// A trust store written before paired names were kept unique may hold two hosts paired under the name `--host`
+    /// asks for: say so, and how to choose one.
+    private func warnOfSharedPairedName() {
+        guard case .discover(let wanted?) = configuration.target, case .paired(let store) = configuration.hosts,
+              let entries = try? store.list() else { return }
+        let named = entries.filter { $0.name.lowercased() == wanted.lowercased() }
+        guard named.count > 1 else { return }
+        log("\(named.count) paired hosts are named \"\(wanted)\" (\(named.map(\.publicKey.shortFingerprint).joined(separator: ", "))): "
+            + "the first found is joined; give --host a fingerprint to choose, or --forget one and pair it again")
+    }
+
     /// How long a host may take to answer before the player says it is waiting, and shows the check code.
     static let answerPatience: DispatchTimeInterval = .seconds(1)
 
     public func browser(_ browser: NearbyServiceBrowser, foundPeer peer: PeerID, withDiscoveryInfo info: [String: String]?) {
-        let (trusted, pairedName) = trust(of: peer.publicKey)
+        let (trusted, pairedName, nameIsPaired) = trust(of: peer.publicKey)
         discoveryInfo.withLock { $0[peer] = info }
         let sighting = SeenHost(peer: peer, trusted: trusted, pairedName: pairedName)
         let firstSighting = seen.withLock { $0.updateValue(sighting, forKey: peer) == nil }
         // While searching, say once what else is out there: a wrong --host or a missing pairing is seen at once.
         if firstSighting, case .discover(let wanted) = configuration.target {
             let alias = pairedName.flatMap { $0 == peer.displayName ? nil : " (calls itself \"\(peer.displayName)\")" } ?? ""
-            if let wanted, !JoinStateMachine.matches(peer, pairedName: pairedName, name: wanted) {
+            if let wanted, !JoinStateMachine.matches(peer, pairedName: pairedName, name: wanted, nameIsPaired: nameIsPaired) {
                 log("found host \(sighting.name)\(alias), not \"\(wanted)\"; still searching")
             } else if !trusted {
                 log("found host \(peer.displayName) (not paired; pair with mesh-play --pair CODE); still searching")
             }
         }
         guard trusted else { return }
-        let actions = join.withLock { $0.found(peer, pairedName: pairedName, now: monotonicNow()) }
+        let actions = join.withLock { $0.found(peer, pairedName: pairedName, nameIsPaired: nameIsPaired, now: monotonicNow()) }
         control.async { self.perform(actions) }
     }
 

@@ -83,13 +83,21 @@ public final class TrustStore: Sendable {
         return entry
     }
 
-    /// `name`, or the first of `name-2`, `name-3`… that none of `taken` is (case-insensitive).
+    /// `name`, or the first of `name-2`, `name-3`… that none of `taken` is (case-insensitive). A suffixed name stays
+    /// within a display name's length (`PeerID.maximumDisplayNameBytes`), so that it can be typed wherever one is
+    /// (`--host`): `name` gives up its last characters for the suffix.
     static func unique(_ name: String, among taken: some Sequence<String>) -> String {
         let used = Set(taken.map { $0.lowercased() })
         guard used.contains(name.lowercased()) else { return name }
         var n = 2
-        while used.contains("\(name)-\(n)".lowercased()) { n += 1 }
-        return "\(name)-\(n)"
+        while true {
+            let suffix = "-\(n)"
+            var base = Substring(name)
+            while !base.isEmpty && base.utf8.count + suffix.utf8.count > PeerID.maximumDisplayNameBytes { base.removeLast() }
+            let candidate = String(base) + suffix
+            if !used.contains(candidate.lowercased()) { return candidate }
+            n += 1
+        }
     }
 
     /// Notes that `key` connected now, calling itself `name` (kept as `lastSeenName`: the name it was paired under
@@ -106,25 +114,27 @@ public final class TrustStore: Sendable {
         return entry
     }
 
-    /// Forgets the peers named `nameOrFingerprint` (the name one was paired under or last gave, case-insensitive,
-    /// or a prefix of its fingerprint). Returns what was removed.
+    /// Forgets the peers `nameOrFingerprint` names (`entries(named:in:)`). Returns what was removed.
     @discardableResult
     public func remove(matching nameOrFingerprint: String) throws(PeerMeshError) -> [TrustedPeer] {
         var removed: [TrustedPeer] = []
         try modify { peers in
-            removed = peers.filter { Self.matches($0, nameOrFingerprint) }
-            peers.removeAll { Self.matches($0, nameOrFingerprint) }
+            removed = Self.entries(named: nameOrFingerprint, in: peers)
+            let keys = Set(removed.map(\.publicKey))
+            peers.removeAll { keys.contains($0.publicKey) }
         }
         return removed
     }
 
-    /// Whether `peer` is named by `text`: the name it was paired under or the one it last gave (case-insensitive),
-    /// or a prefix of its fingerprint. Both names: an operator forgets the device it sees, whichever name it shows
-    /// there, and one that took another's name is forgotten with it rather than left behind.
-    public static func matches(_ peer: TrustedPeer, _ text: String) -> Bool {
+    /// The entries of `peers` that `text` names. A name a device was paired under names that device alone
+    /// (case-insensitive): not another whose key's fingerprint happens to start so (a key can be ground to a short
+    /// prefix), nor one that calls itself so now. Only when no device was paired under `text` does it name the devices
+    /// whose fingerprint starts with it, or that last called themselves so (the name an operator saw them give).
+    public static func entries(named text: String, in peers: [TrustedPeer]) -> [TrustedPeer] {
         let wanted = text.lowercased()
-        return peer.name.lowercased() == wanted || peer.lastSeenName?.lowercased() == wanted
-            || peer.publicKey.matches(fingerprintPrefix: text)
+        let paired = peers.filter { $0.name.lowercased() == wanted }
+        guard paired.isEmpty else { return paired }
+        return peers.filter { $0.publicKey.matches(fingerprintPrefix: text) || $0.lastSeenName?.lowercased() == wanted }
     }
 
     // MARK: File
