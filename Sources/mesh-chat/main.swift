@@ -34,13 +34,22 @@ if case .code(let code) = options.pair {
     }
 }
 
+/// What the room calls a member: the name it was paired under, so that a paired member cannot pass for another by
+/// giving its name; or, for a member that is not paired (an open room), the name it gives, marked so.
+struct Member: Sendable {
+    let name: String
+    let paired: Bool
+    /// As printed (raw: escape it for a terminal).
+    var label: String { paired ? name : "\(name) (not paired)" }
+}
+
 /// The room: the session, advertiser and browser delegate. Decides under its lock, acts after it.
 final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServiceBrowserDelegate, Sendable {
     private struct State {
         /// Members the browser sees now.
         var found: Set<PeerID> = []
-        /// Members connected now (each joined and left line is printed once).
-        var connected: Set<PeerID> = []
+        /// Members connected now, with what the room calls each (each joined and left line is printed once).
+        var connected: [PeerID: Member] = [:]
         /// Files being sent, and how far each is.
         var sending: [ResourceProgress] = []
     }
@@ -56,6 +65,16 @@ final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServic
         self.session = session
         self.pairing = pairing
     }
+
+    /// What the room calls `peer` (`Member`): noted when it joins, from the trust store.
+    func member(_ peer: PeerID) -> Member {
+        if let m = state.withLock({ $0.connected[peer] }) { return m }
+        if let key = peer.publicKey, let entry = (try? device.trust.entry(for: key)) ?? nil { return Member(name: entry.name, paired: true) }
+        return Member(name: peer.displayName, paired: false)
+    }
+
+    /// `member(peer).label`, escaped for the terminal.
+    func label(_ peer: PeerID) -> String { TerminalText.escape(member(peer).label) }
 
     /// Whether `peer`'s key may be in the room.
     func admits(_ key: PublicKey?) -> Bool {
@@ -114,9 +133,13 @@ final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServic
     func session(_ session: Session, peer: PeerID, didChange state: SessionState) {
         switch state {
         case .connected:
-            if self.state.withLock({ $0.connected.insert(peer).inserted }) { terminal.stdout("* \(TerminalText.escape(peer.displayName)) joined") }
+            let m = member(peer)
+            if self.state.withLock({ $0.connected.updateValue(m, forKey: peer) == nil }) {
+                let alias = m.paired && m.name != peer.displayName ? " (calls itself \"\(TerminalText.escape(peer.displayName))\")" : ""
+                terminal.stdout("* \(TerminalText.escape(m.label)) joined\(alias)")
+            }
         case .notConnected:
-            if self.state.withLock({ $0.connected.remove(peer) }) != nil { terminal.stdout("* \(TerminalText.escape(peer.displayName)) left") }
+            if let m = self.state.withLock({ $0.connected.removeValue(forKey: peer) }) { terminal.stdout("* \(TerminalText.escape(m.label)) left") }
             // Still advertised: try again shortly (it may have restarted).
             DispatchQueue.global().asyncAfter(deadline: .now() + 1) { [self] in
                 if let b = browser.withLock({ $0 }) { invite(peer, browser: b) }
@@ -127,9 +150,9 @@ final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServic
 
     func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {
         switch ChatMessage.decode(data) {
-        case .room(let text): terminal.stdout("<\(TerminalText.escape(peer.displayName))> \(text)")
-        case .direct(let text): terminal.stdout("<\(TerminalText.escape(peer.displayName)) to you> \(text)")
-        case nil: terminal.error("dropped a message from \(TerminalText.escape(peer.displayName)) that is not chat text")
+        case .room(let text): terminal.stdout("<\(label(peer))> \(text)")
+        case .direct(let text): terminal.stdout("<\(label(peer)) to you> \(text)")
+        case nil: terminal.error("dropped a message from \(label(peer)) that is not chat text")
         }
     }
 
@@ -141,20 +164,20 @@ final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServic
 
     func session(_ session: Session, didStartReceivingResourceWithName name: String, fromPeer peer: PeerID,
                  with progress: ResourceProgress) {
-        terminal.log("receiving \(name) (\(progress.totalUnitCount) bytes) from \(TerminalText.escape(peer.displayName))")
+        terminal.log("receiving \(name) (\(progress.totalUnitCount) bytes) from \(label(peer))")
     }
 
     func session(_ session: Session, didFinishReceivingResourceWithName name: String, fromPeer peer: PeerID,
                  at localURL: URL?, withError error: PeerMeshError?) {
         guard let localURL else {
-            return terminal.error("\(name) from \(TerminalText.escape(peer.displayName)) did not arrive: \(error.map(String.init(describing:)) ?? "?")")
+            return terminal.error("\(name) from \(label(peer)) did not arrive: \(error.map(String.init(describing:)) ?? "?")")
         }
         let target = Self.freePath(in: options.receiveDirectory, for: name)
         do {
             try FileManager.default.moveItem(atPath: localURL.path, toPath: target)
-            terminal.stdout("* received \(name) from \(TerminalText.escape(peer.displayName)): \(target)")
+            terminal.stdout("* received \(name) from \(label(peer)): \(target)")
         } catch {
-            terminal.error("cannot keep \(name) from \(TerminalText.escape(peer.displayName)) in \(options.receiveDirectory): \(error)")
+            terminal.error("cannot keep \(name) from \(label(peer)) in \(options.receiveDirectory): \(error)")
         }
     }
 
@@ -172,7 +195,9 @@ final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServic
     // MARK: Input
 
     /// Members now, by name.
-    var members: [PeerID] { session.connectedPeers.sorted { ($0.displayName, $0.identity) < ($1.displayName, $1.identity) } }
+    var members: [PeerID] {
+        session.connectedPeers.map { ($0, member($0).label) }.sorted { ($0.1, $0.0.identity) < ($1.1, $1.0.identity) }.map(\.0)
+    }
 
     func handle(_ input: ChatInput) {
         switch input {
@@ -180,11 +205,13 @@ final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServic
         case .invalid(let text): terminal.error(text)
         case .who:
             // A member reached only through another is marked: its link is relayed (still encrypted end to end).
-            let names = members.map { TerminalText.escape($0.displayName) + (session.isRelayed($0) ? " (relayed)" : "") }
+            let names = members.map { label($0) + (session.isRelayed($0) ? " (relayed)" : "") }
             terminal.stdout("* members: \(names.joined(separator: ", "))")
         case .say(let text): send(.room(text), to: members)
         case .tell(let name, let text):
-            let to = members.filter { $0.displayName == name }
+            // The member paired under that name, if one is: not another that gives the name.
+            let named = members.map { ($0, member($0)) }.filter { $0.1.name.lowercased() == name.lowercased() }
+            let to = (named.contains { $0.1.paired } ? named.filter { $0.1.paired } : named).map(\.0)
             if to.isEmpty { terminal.error("no member named \(name) (/who lists them)") } else { send(.direct(text), to: to) }
         case .send(let path): sendFile(path)
         case .quit: break
@@ -204,9 +231,10 @@ final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServic
         let name = String(path.split(separator: "/").last ?? Substring(path))
         for peer in peers {
             do {
+                let to = label(peer)
                 let progress = try session.sendResource(at: URL(fileURLWithPath: path), withName: name, toPeer: peer) { error in
-                    if let error { terminal.error("\(name) to \(TerminalText.escape(peer.displayName)) failed: \(error)") } else {
-                        terminal.log("sent \(name) to \(TerminalText.escape(peer.displayName))")
+                    if let error { terminal.error("\(name) to \(to) failed: \(error)") } else {
+                        terminal.log("sent \(name) to \(to)")
                     }
                 }
                 progress.setUpdateHandler { [self] _ in drawProgress() }

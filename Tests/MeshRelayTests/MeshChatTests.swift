@@ -11,11 +11,12 @@ private final class Member {
     let input = Pipe()
     let process: ChildProcess
 
-    init(_ name: String, service: String, root: String, extra: [String] = []) throws {
+    /// Member `name` (its directory), giving `displayName` (default: `name`) as its name.
+    init(_ name: String, service: String, root: String, displayName: String? = nil, extra: [String] = []) throws {
         self.name = name
         directory = "\(root)/\(name)"
         try FileManager.default.createDirectory(atPath: directory + "/inbox", withIntermediateDirectories: true)
-        process = try ChildProcess(product: "mesh-chat", ["--name", name, "--service", service, "--state-dir", directory + "/state",
+        process = try ChildProcess(product: "mesh-chat", ["--name", displayName ?? name, "--service", service, "--state-dir", directory + "/state",
                                                          "--receive-dir", directory + "/inbox", "--peer-timeout", "2"] + extra,
                                    stdin: input.fileHandleForReading)
     }
@@ -54,7 +55,8 @@ struct MeshChatTests {
         if !open { try pairEveryone(names, root: root) }
         let members = try names.map { try Member($0, service: service, root: root, extra: open ? ["--accept", "all"] : []) }
         // Everyone is connected to everyone: each member saw each other one join.
-        let joined = eventually(30) { members.allSatisfy { m in members.allSatisfy { $0 === m || m.count("* \($0.name) joined") == 1 } } }
+        // In an open room nobody is paired, and each is marked so.
+        let joined = eventually(30) { members.allSatisfy { m in members.allSatisfy { $0 === m || m.count("* \($0.name)\(open ? " (not paired)" : "") joined") == 1 } } }
         #expect(joined, "not all joined: \(members.map { "\($0.name): \($0.lines)" })")
         return members
     }
@@ -155,11 +157,32 @@ struct MeshChatTests {
         #expect(x.process.waitForExit(seconds: 10) == 0 && y.process.waitForExit(seconds: 10) == 0)
     }
 
+    @Test("A paired member that gives another's name is shown by the name it was paired under, and /to that name misses it")
+    func pairedNamesInTheRoom() throws {
+        let service = Rig.uniqueService()
+        let root = Rig.tempPath("chat-\(UUID().uuidString)")
+        try pairEveryone(["m0", "m1", "m2"], root: root)
+        let m0 = try Member("m0", service: service, root: root)
+        let m1 = try Member("m1", service: service, root: root)
+        let m2 = try Member("m2", service: service, root: root, displayName: "m0")
+        let all = [m0, m1, m2]
+        defer { for m in all { m.process.stop() } }
+        #expect(eventually(30) { m1.count("* m0 joined") == 1 && m1.count("* m2 joined (calls itself \"m0\")") == 1 },
+                "\(m1.lines)")
+        m2.type("I am m0, honest")
+        #expect(eventually(5) { m1.count("<m2> I am m0, honest") == 1 }, "\(m1.lines)")
+        #expect(!m1.lines.contains("<m0> I am m0, honest"))
+        m1.type("/to m0 for the real m0")
+        #expect(eventually(5) { m0.count("<m1 to you> for the real m0") == 1 }, "\(m0.lines)")
+        usleep(500_000)
+        #expect(!m2.lines.contains { $0.contains("for the real m0") }, "\(m2.lines)")
+    }
+
     @Test("An open room (the one mode that lets anyone in): unpaired members meet and talk")
     func openRoom() throws {
         let members = try room(3, open: true)
         members[0].type("anyone here?")
-        #expect(eventually(5) { members.dropFirst().allSatisfy { $0.count("<m0> anyone here?") == 1 } })
+        #expect(eventually(5) { members.dropFirst().allSatisfy { $0.count("<m0 (not paired)> anyone here?") == 1 } })
         for m in members { m.endInput() }
         for m in members { #expect(m.process.waitForExit(seconds: 10) == 0) }
     }
