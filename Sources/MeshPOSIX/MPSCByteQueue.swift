@@ -2,7 +2,8 @@ import Synchronization
 
 /// A bounded first-in first-out queue of short byte messages, each with a 64-bit tag, from any number of producer
 /// threads to one consumer thread. Its slots are allocated once in `init`: a producer copies its bytes into a slot
-/// without allocating, locking or waiting (a real-time thread may push), and a full queue refuses the message.
+/// without allocating, locking or blocking (a real-time thread may push; lock-free, not wait-free: its
+/// compare-and-exchange is retried while other producers win the race), and a full queue refuses the message.
 ///
 /// Dmitry Vyukov's bounded queue: each slot carries a sequence number that says whose turn it is — the producer
 /// that claimed position `p` (by moving `tail` from `p` to `p + 1`) when it equals `p`, the consumer when it equals
@@ -76,7 +77,8 @@ package final class MPSCByteQueue: @unchecked Sendable {  // slots are handed ov
     }
 
     /// The consumer thread only: hands the oldest message to `body` (its bytes are valid during the call) and frees
-    /// its slot; nil when the queue is empty (or its oldest message is still being written).
+    /// its slot; nil when the queue is empty (or its oldest message is still being written). Not re-entrant: `body`
+    /// must not pop. A `body` that throws has consumed its message all the same.
     package func pop<R>(_ body: (_ tag: UInt64, _ bytes: UnsafeRawBufferPointer) throws -> R) rethrows -> R? {
         let slot = head & mask
         guard sequences[slot].load(ordering: .acquiring) == head &+ 1 else { return nil }

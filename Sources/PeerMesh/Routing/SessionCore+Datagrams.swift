@@ -168,23 +168,43 @@ extension SessionCore {
 
     /// The loop: sends what the relayed datagrams' outbox holds, each as a DATAGRAM frame on its link's connection
     /// (sealed end to end by the link's records). Unreliable: a datagram whose link is gone, or whose connection's
-    /// queue is full, is dropped rather than let the queue grow.
+    /// queue is full, is dropped rather than let the queue grow, and counted as not sent.
     func sendRelayedDatagrams() {
+        var dropped: UInt64 = 0
         io.value.relayedOutbox?.drain { link, bytes in
-            guard let c = io.value.connections[link], c.queuedBytes < configuration.maximumQueuedBytes else { return }
+            guard let c = io.value.connections[link], c.queuedBytes < configuration.maximumQueuedBytes else {
+                dropped += 1
+                return
+            }
             c.send(.datagram(Array(bytes)))
         }
+        if dropped > 0 { counters.add { $0.datagramsNotSent += dropped } }
     }
 
     /// The loop: makes the relayed datagrams' outbox, and watches it, the first time the session has a relayed link.
-    /// Without it (out of descriptors), datagrams to relayed peers are counted as not sent.
+    /// Without it (out of descriptors), datagrams to relayed peers are counted as not sent; making it is tried again
+    /// at the next change of routes, unless the loop refused to watch one.
     private func makeRelayedOutboxIfNeeded() {
-        guard io.value.relayedOutbox == nil, !io.value.relayedLinks.isEmpty,
+        guard io.value.relayedOutbox == nil, !io.value.relayedOutboxRefused, !io.value.relayedLinks.isEmpty,
               let outbox = try? RelayedDatagramOutbox() else { return }
         io.value.relayedOutbox = outbox
-        io.value.outboxRegistration = loop.register(fd: outbox.waker.fd, interest: .readable) { [unowned self] _ in
-            sendRelayedDatagrams()
+        io.value.outboxRegistration = loop.register(fd: outbox.waker.fd, interest: .readable) { [unowned self] readiness in
+            if readiness.contains(.failed) { relayedOutboxRefused() } else { sendRelayedDatagrams() }
         }
+    }
+
+    /// The loop could not watch the outbox (epoll refused it): its datagrams are counted as not sent, and so are later
+    /// ones to relayed peers (the send table has no outbox from now on), rather than queue where nothing reads.
+    private func relayedOutboxRefused() {
+        guard let outbox = io.value.relayedOutbox else { return }
+        if let r = io.value.outboxRegistration { loop.deregister(r) }
+        io.value.outboxRegistration = nil
+        io.value.relayedOutbox = nil
+        io.value.relayedOutboxRefused = true
+        var lost: UInt64 = 0
+        outbox.drain { _, _ in lost += 1 }
+        if lost > 0 { counters.add { $0.datagramsNotSent += lost } }
+        publishSendTable()
     }
 
     /// Writes a datagram — header, then the payload sealed under `key` (nonce: the sequence number; associated

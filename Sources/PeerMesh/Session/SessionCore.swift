@@ -45,6 +45,8 @@ final class SessionCore: Sendable {
         /// the send table), and its wake-up as watched by the loop.
         var relayedOutbox: RelayedDatagramOutbox?
         var outboxRegistration: EventLoop.Registration?
+        /// The loop refused to watch the outbox: relayed peers' datagrams are counted as not sent.
+        var relayedOutboxRefused = false
         var timer = DeadlineTimer()
         var nextPing: Nanos = 0
         var resources: ResourceStateMachine
