@@ -599,8 +599,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                 return invitation.decline(.declined, message: "a request from \(address) is already waiting for an answer")
             }
             // A stranger that gives a paired player's name is not that player: the question says so.
-            let namesake = (try? configuration.trust?.list())??.first {
-                $0.publicKey != key && $0.name.lowercased() == peer.displayName.lowercased()
+            let namesake = ((try? configuration.trust?.list()) ?? nil).flatMap { entries in
+                TrustStore.entries(pairedUnder: peer.displayName, in: entries).first { $0.publicKey != key }
             }
             let request = JoinRequest(peer: peer, address: address, fingerprint: key.shortFingerprint,
                                       shortAuthenticationString: invitation.certificate?.shortAuthenticationString ?? "",

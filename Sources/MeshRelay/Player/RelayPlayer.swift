@@ -506,7 +506,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 let entry = key.flatMap { k in entries.first { $0.publicKey == k } }
                 var nameIsPaired = false
                 if case .discover(let wanted?) = configuration.target {
-                    nameIsPaired = entries.contains { $0.name.lowercased() == wanted.lowercased() }
+                    nameIsPaired = !TrustStore.entries(pairedUnder: wanted, in: entries).isEmpty
                 }
                 return (entry != nil, entry?.name, nameIsPaired)
             } catch {
@@ -538,7 +538,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     private func warnOfSharedPairedName() {
         guard case .discover(let wanted?) = configuration.target, case .paired(let store) = configuration.hosts,
               let entries = try? store.list() else { return }
-        let named = entries.filter { $0.name.lowercased() == wanted.lowercased() }
+        let named = TrustStore.entries(pairedUnder: wanted, in: entries)
         guard named.count > 1 else { return }
         log("\(named.count) paired hosts are named \"\(wanted)\" (\(named.map(\.publicKey.shortFingerprint).joined(separator: ", "))): "
             + "the first found is joined; give --host a fingerprint to choose, or --forget one and pair it again")

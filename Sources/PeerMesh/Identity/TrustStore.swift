@@ -131,10 +131,17 @@ public final class TrustStore: Sendable {
     /// prefix), nor one that calls itself so now. Only when no device was paired under `text` does it name the devices
     /// whose fingerprint starts with it, or that last called themselves so (the name an operator saw them give).
     public static func entries(named text: String, in peers: [TrustedPeer]) -> [TrustedPeer] {
-        let wanted = text.lowercased()
-        let paired = peers.filter { $0.name.lowercased() == wanted }
+        let paired = entries(pairedUnder: text, in: peers)
         guard paired.isEmpty else { return paired }
+        let wanted = text.lowercased()
         return peers.filter { $0.publicKey.matches(fingerprintPrefix: text) || $0.lastSeenName?.lowercased() == wanted }
+    }
+
+    /// The entries of `peers` paired under `name` (case-insensitive): one, or none (`add` keeps names unique), or more
+    /// in a store written before it did.
+    public static func entries(pairedUnder name: String, in peers: [TrustedPeer]) -> [TrustedPeer] {
+        let wanted = name.lowercased()
+        return peers.filter { $0.name.lowercased() == wanted }
     }
 
     // MARK: File
