@@ -279,7 +279,7 @@ struct RelayEndToEndTests {
         var sent = 0
         while Date() < until, sent < 200_000 {
             for i in 0..<junk.count { junk[i] = UInt8.random(in: 0...255) }
-            junk[0] = 0x50; junk[1] = 0x4d; junk[2] = 2; junk[3] = 1 // looks like PeerMesh data, with a bogus token
+            junk[0] = 0x50; junk[1] = 0x4d; junk[2] = peerMeshProtocolVersion; junk[3] = 1 // looks like PeerMesh data, with a bogus token
             _ = withUnsafePointer(to: &to) { p in
                 p.withMemoryRebound(to: sockaddr.self, capacity: 1) { sendto(fd, junk, junk.count, 0, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
             }

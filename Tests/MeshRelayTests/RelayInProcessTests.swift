@@ -141,8 +141,8 @@ struct RelayInProcessTests {
         #expect(watcher.failures.withLock { $0.first?.0 } == .notTrusted)
         // 2. A raw client that sends the preamble and half a handshake message, then waits.
         let tcp = try FileDescriptor.tcpConnect(to: SocketAddress(numericHost: "127.0.0.1", port: host.port)!)
-        // The v2 preamble ("PMSH", version 2, mode 1: encrypted), then 10 of a 32-byte message's bytes.
-        let partial: [UInt8] = Array("PMSH".utf8) + [2, 1, 0, 0] + [0, 32] + [UInt8](repeating: 7, count: 10)
+        // The preamble ("PMSH", this version, mode 1: encrypted), then 10 of a 64-byte message's bytes.
+        let partial: [UInt8] = Array("PMSH".utf8) + [peerMeshProtocolVersion, 1, 0, 0] + [0, 64] + [UInt8](repeating: 7, count: 10)
         _ = partial.withUnsafeBytes { send(tcp.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
         let before = player.statistics.playout.received
         Thread.sleep(forTimeInterval: 1)

@@ -43,7 +43,7 @@ struct AvahiDiscoveryTests {
             #expect(line[7] == "127.0.0.1")
             #expect(line[8] == "40123")
             let txt = line[9]
-            #expect(txt.contains("\"_v=2\""), "TXT was \(txt)")
+            #expect(txt.contains("\"_v=3\""), "TXT was \(txt)")
             #expect(txt.contains("\"_k=\(alice.publicKey!.hex)\""), "TXT was \(txt)")
             #expect(txt.contains("\"room=kitchen\""), "TXT was \(txt)")
             #expect(txt.contains("\"__x=y\""), "TXT was \(txt)")
@@ -59,9 +59,13 @@ struct AvahiDiscoveryTests {
         let badName = String(format: "%016llx", bad)
         // Published without _v/_d first, so that the browser sees it before (or with) the good one.
         let badChild = try ChildProcess(avahiTool: Self.avahiPublish, ["-s", badName, "_\(type)._tcp", "40200", "k=v"])
+        // A host of the previous protocol version: whole and well formed, but it could not complete a handshake.
+        let old = try PeerID(displayName: "Old")
+        let oldChild = try ChildProcess(avahiTool: Self.avahiPublish, ["-s", old.identityString, "_\(type)._tcp", "40202",
+                                                                 "_v=2", "_d=Old", "_k=\(old.publicKey!.hex)"])
         let goodChild = try ChildProcess(avahiTool: Self.avahiPublish, ["-s", good.identityString, "_\(type)._tcp", "40201",
-                                                                  "_v=2", "_d=Remote", "_k=\(good.publicKey!.hex)", "k=v", "__u=w"])
-        defer { badChild.stop(); goodChild.stop() }
+                                                                  "_v=\(peerMeshProtocolVersion)", "_d=Remote", "_k=\(good.publicKey!.hex)", "k=v", "__u=w"])
+        defer { badChild.stop(); oldChild.stop(); goodChild.stop() }
 
         // The skip is logged once, and the log handler may call back into discovery: here it ends another browse.
         let lines = Mutex<[String]>([])
@@ -81,11 +85,15 @@ struct AvahiDiscoveryTests {
         // Give the malformed one time to be resolved too: it must never surface, and we are still alive.
         try await Task.sleep(for: .milliseconds(500))
         #expect(!log.all.contains { $0.avahiFound?.peer.identity == bad })
+        #expect(!log.all.contains { $0.avahiFound?.peer == old }, "a version-2 host is not offered")
         #expect(!log.all.contains { if case .failed = $0 { true } else { false } })
         #expect(badChild.isRunning && goodChild.isRunning)
         #expect(eventually(3) { lines.withLock { $0.contains { $0.contains("skipping DNS-SD service \"\(badName)\"") } } },
                 "\(lines.withLock { $0 })")
         #expect(lines.withLock { $0.filter { $0.contains(badName) }.count } == 1, "logged once")
+        #expect(eventually(3) { lines.withLock { $0.contains { $0.contains(old.identityString)
+                                    && $0.contains("TXT record has protocol version 2; this build speaks 3") } } },
+                "\(lines.withLock { $0 })")
         #expect(other.withLock { $0 == nil }, "the log handler's call into discovery returned")
         reg.cancel()
     }
@@ -203,7 +211,7 @@ struct AvahiDiscoveryTests {
                                         onEvent: pubLog.handler)
         // avahi-publish without --no-fail exits when the daemon goes: this peer does not come back.
         let child = try ChildProcess(avahiTool: Self.avahiPublish, ["-s", vanishing.identityString, "_\(type)._tcp", "40601",
-                                                              "_v=2", "_d=Vanishes", "_k=\(vanishing.publicKey!.hex)"])
+                                                              "_v=3", "_d=Vanishes", "_k=\(vanishing.publicKey!.hex)"])
         defer { child.stop() }
         let log = AvahiEventLog<BrowseEvent>()
         let reg = try browser.browse(serviceType: type, localPeer: peer("Me"), onEvent: log.handler)

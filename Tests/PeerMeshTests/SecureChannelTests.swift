@@ -182,6 +182,70 @@ struct SecureChannelTests {
         #expect(frames(events).isEmpty)
     }
 
+    /// Plays the initiator by hand, with the Noise handshake itself: commits to `committed` in message 1 and opens
+    /// `opened` in message 3, as a man in the middle that searched for matching digits would have to. Returns what
+    /// the responder made of it.
+    private func handDrivenInitiator(committed: [UInt8]?, opened: [UInt8]) throws -> (SecureChannel, [SecureChannel.Event]) {
+        var r = SecureChannel(configuration: .init(role: .responder, preference: .required, localPeer: bob))
+        let pre = SecureChannel.preamble(SecureChannel.Mode.noiseXX.rawValue)
+        var hs = Noise.XXHandshake(role: .initiator, localStatic: alice.keys!, prologue: pre)
+        let m1 = try hs.writeMessage1(payload: committed.map(SecureChannel.commitment(to:)) ?? [])
+        var events = (pre + [UInt8(m1.count >> 8), UInt8(m1.count & 0xff)] + m1).withUnsafeBytes { r.received($0) }
+        let answer: [UInt8] = events.flatMap { e -> [UInt8] in if case .write(let b) = e { b } else { [] } }
+        guard answer.count > SecureChannel.preambleSize + 2, faults(events).isEmpty else { return (r, events) }
+        _ = try hs.readMessage2(Array(answer.dropFirst(SecureChannel.preambleSize + 2)))
+        #expect(r.shortAuthenticationString == nil, "the responder has no digits before the nonce is opened")
+        let hello = ControlFrame.hello(peer: alice).encoded().dropFirst(4)
+        let (m3, _) = try hs.writeMessage3(payload: opened + hello)
+        events += ([UInt8(m3.count >> 8), UInt8(m3.count & 0xff)] + m3).withUnsafeBytes { r.received($0) }
+        return (r, events)
+    }
+
+    @Test func anInitiatorThatOpensTheNonceItCommittedToIsAdmitted() throws {
+        let nonce = [UInt8](repeating: 0x5a, count: SecureChannel.nonceSize)
+        let (r, events) = try handDrivenInitiator(committed: nonce, opened: nonce)
+        #expect(faults(events).isEmpty)
+        #expect(frames(events) == [.hello(peer: alice)] && r.isEncrypted)
+        #expect(r.shortAuthenticationString != nil)
+    }
+
+    @Test func anInitiatorThatOpensAnotherNonceIsRefused() throws {
+        // What a man in the middle would need: commit to one nonce, then open whichever makes the digits match.
+        let committed = [UInt8](repeating: 0x5a, count: SecureChannel.nonceSize)
+        var other = committed
+        other[31] ^= 1
+        let (r, events) = try handDrivenInitiator(committed: committed, opened: other)
+        #expect(faults(events) == [.handshake("message 3's nonce does not open message 1's commitment")])
+        #expect(frames(events).isEmpty && !r.isEncrypted && !r.isOpen)
+        #expect(r.shortAuthenticationString == nil, "no digits to show for a refused handshake")
+    }
+
+    @Test func aMessage1WithoutACommitmentIsRefused() throws {
+        // A version-2 style message 1 (no payload) behind a version-3 preamble.
+        let (r, events) = try handDrivenInitiator(committed: nil, opened: [])
+        #expect(faults(events) == [.handshake("message 1 carries 0 bytes, not a 32-byte commitment")])
+        #expect(!r.isOpen && r.shortAuthenticationString == nil)
+    }
+
+    @Test func theDigitsTakeTheHandshakeAndTheNonce() {
+        let h = [UInt8](repeating: 1, count: 32)
+        let n1 = [UInt8](repeating: 2, count: 32), n2 = [UInt8](repeating: 3, count: 32)
+        let a = SecureChannel.sas(hashAfterMessage2: h, nonce: n1)
+        #expect(a == SecureChannel.sas(hashAfterMessage2: h, nonce: n1))
+        #expect(a != SecureChannel.sas(hashAfterMessage2: h, nonce: n2), "the nonce, unknown at message 2, moves them")
+        #expect(a != SecureChannel.sas(hashAfterMessage2: n2, nonce: n1))
+        #expect(a.count == 7 && a.dropFirst(3).first == " " && a.filter(\.isNumber).count == 6)
+        // The commitment is SHA-256 over the label and the nonce.
+        #expect(SecureChannel.commitment(to: n1) == Sodium.sha256([Array("PeerMesh v3 SAS commitment".utf8), n1]))
+        #expect(SecureChannel.commitment(to: n1) != SecureChannel.commitment(to: n2))
+    }
+
+    @Test func aVersion2PeerIsToldWhichVersionThisBuildSpeaks() {
+        var r = SecureChannel(configuration: .init(role: .responder, preference: .required, localPeer: bob))
+        let v2 = SecureChannel.magic + [2, 1, 0, 0]
+        #expect(faults(v2.withUnsafeBytes { r.received($0) }) == [.malformedFrame("protocol version 2; this build speaks 3")])
+    }
+
     @Test func anUnknownPeerOrV1BytesAreFaultsNotFrames() {
         var r = SecureChannel(configuration: .init(role: .responder, preference: .required, localPeer: bob))
         // A v1 HELLO frame: its length prefix is not the preamble's magic.

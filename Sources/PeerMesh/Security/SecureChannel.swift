@@ -23,8 +23,9 @@ public enum EncryptionPreference: Sendable, Equatable, CustomStringConvertible {
 /// the mode, the Noise XX handshake that carries HELLO, then AEAD records that carry the frame stream.
 ///
 /// ```
-/// preamble  "PMSH" · version (2) · mode (1 Noise XX, 0 plaintext, 255 refused) · reason · 0      (8 bytes, clear)
+/// preamble  "PMSH" · version (3) · mode (1 Noise XX, 0 plaintext, 255 refused) · reason · 0      (8 bytes, clear)
 /// handshake u16 length · Noise message (≤ 1024 bytes)                                              (clear framing)
+///           message 1's payload: the initiator's commitment to a secret nonce; message 3's: the nonce, then HELLO
 /// record    u16 length · ChaCha20-Poly1305(frame-stream bytes) (≤ 65 535 bytes, nonce = per-direction counter)
 /// ```
 ///
@@ -90,6 +91,21 @@ struct SecureChannel: Sendable {
     /// The 8-byte preamble for `mode` (or a refusal).
     static func preamble(_ mode: UInt8, reason: UInt8 = 0) -> [UInt8] { magic + [peerMeshProtocolVersion, mode, reason, 0] }
 
+    /// The initiator's side of the Noise handshake: the handshake, and the nonce it committed to in message 1 and
+    /// opens in message 3 (the short authentication string depends on it).
+    private struct InitiatorHandshake: Sendable {
+        var noise: Noise.XXHandshake
+        let nonce: [UInt8]
+    }
+
+    /// The responder's side after message 2: the handshake, the initiator's commitment from message 1, and the
+    /// handshake hash after message 2 (what the short authentication string is taken over, with the nonce).
+    private struct ResponderHandshake: Sendable {
+        var noise: Noise.XXHandshake
+        let commitment: [UInt8]
+        let hashAfterMessage2: [UInt8]
+    }
+
     private struct Transport: Sendable {
         var send: Noise.CipherState
         var receive: Noise.CipherState
@@ -102,17 +118,17 @@ struct SecureChannel: Sendable {
         /// Initiator before `start()`.
         case idle
         /// Initiator: preamble (and message 1) sent; waiting for the responder's preamble.
-        case awaitingPreamble(Noise.XXHandshake?)
+        case awaitingPreamble(InitiatorHandshake?)
         /// Initiator: waiting for message 2.
-        case awaitingMessage2(Noise.XXHandshake)
+        case awaitingMessage2(InitiatorHandshake)
         /// Initiator: message 2 read; the owner decides whether to trust the responder.
-        case awaitingApproval(Noise.XXHandshake, hello: ControlFrame)
+        case awaitingApproval(InitiatorHandshake, hello: ControlFrame)
         /// Responder: waiting for the initiator's preamble.
         case awaitingInitiatorPreamble
         /// Responder: waiting for message 1.
         case awaitingMessage1(Noise.XXHandshake)
         /// Responder: message 2 sent; waiting for message 3.
-        case awaitingMessage3(Noise.XXHandshake)
+        case awaitingMessage3(ResponderHandshake)
         /// Noise done: records both ways.
         case established(Transport)
         /// Plaintext: the frame stream as is.
@@ -153,12 +169,11 @@ struct SecureChannel: Sendable {
     }
 
     /// The short authentication string both sides can compare (six digits, `123 456`), from the handshake hash
-    /// after message 2 — known to both sides from then on, and different on each side of a man in the middle who
-    /// does not search for a match (nothing commits message 2 in advance: see docs/PROTOCOL.md §3.2 for what the
-    /// digits prove). Nil in plaintext or before message 2.
-    var shortAuthenticationString: String? { sasSource.map(Self.sas) }
-
-    private var sasSource: [UInt8]?
+    /// after message 2 and the nonce the initiator committed to in message 1: the initiator knows it once it has
+    /// read message 2, the responder once message 3 opened the commitment. A man in the middle has to write its
+    /// message 2 before it learns the nonce, so it cannot search for a message 2 that gives both ends the same
+    /// digits (docs/PROTOCOL.md §3.2 says what the digits prove). Nil in plaintext or before then.
+    private(set) var shortAuthenticationString: String?
 
     /// A value unique to this handshake that both ends share (like a TLS exporter): apps bind their own proofs
     /// to the channel with it (the pairing code's PAKE does). Nil in plaintext.
@@ -167,12 +182,24 @@ struct SecureChannel: Sendable {
         return Sodium.sha256([Array("PeerMesh v2 channel binding".utf8), t.handshakeHash])
     }
 
-    static func sas(_ handshakeHash: [UInt8]) -> String {
-        let d = Sodium.sha256([Array("PeerMesh v2 SAS".utf8), handshakeHash])
+    /// The short authentication string of a handshake: `SHA-256("PeerMesh v3 SAS" ‖ h ‖ nonce)`, where `h` is the
+    /// handshake hash after message 2 and `nonce` the initiator's opened commitment; its first four bytes,
+    /// big-endian, mod 10⁶, as `123 456`.
+    static func sas(hashAfterMessage2 handshakeHash: [UInt8], nonce: [UInt8]) -> String {
+        let d = Sodium.sha256([Array("PeerMesh v3 SAS".utf8), handshakeHash, nonce])
         let n = (UInt32(d[0]) << 24 | UInt32(d[1]) << 16 | UInt32(d[2]) << 8 | UInt32(d[3])) % 1_000_000
         let s = String(n)
         let padded = String(repeating: "0", count: 6 - s.count) + s
         return String(padded.prefix(3)) + " " + String(padded.suffix(3))
+    }
+
+    /// Bytes of the initiator's nonce, and of its commitment.
+    static let nonceSize = 32
+
+    /// The commitment message 1 carries: `SHA-256("PeerMesh v3 SAS commitment" ‖ nonce)` (32 bytes). The nonce is
+    /// 32 random bytes, so the commitment hides it; SHA-256 binds the initiator to it.
+    static func commitment(to nonce: [UInt8]) -> [UInt8] {
+        Sodium.sha256([Array("PeerMesh v3 SAS commitment".utf8), nonce])
     }
 
     /// The mode the initiator offers for a preference.
@@ -192,9 +219,10 @@ struct SecureChannel: Sendable {
             state = .closed
             return [.refused("this peer has no key pair; make it with PeerID(displayName:) or PeerIdentity")]
         }
-        var hs = Noise.XXHandshake(role: .initiator, localStatic: keys, prologue: pre)
+        var hs = InitiatorHandshake(noise: Noise.XXHandshake(role: .initiator, localStatic: keys, prologue: pre),
+                                    nonce: Sodium.randomBytes(Self.nonceSize))
         // writeMessage1 cannot fail on a fresh initiator.
-        let m1 = try! hs.writeMessage1()
+        let m1 = try! hs.noise.writeMessage1(payload: Self.commitment(to: hs.nonce))
         state = .awaitingPreamble(hs)
         return [.write(pre + Self.lengthPrefixed(m1))]
     }
@@ -233,7 +261,7 @@ struct SecureChannel: Sendable {
         guard case .awaitingApproval(var hs, _) = state else { return [] }
         let hello = ControlFrame.hello(peer: config.localPeer).encoded()
         let (m3, result): ([UInt8], Noise.Result)
-        do { (m3, result) = try hs.writeMessage3(payload: Array(hello.dropFirst(4))) } catch {
+        do { (m3, result) = try hs.noise.writeMessage3(payload: hs.nonce + hello.dropFirst(4)) } catch {
             state = .closed
             return [.fault(.handshake(error.description))]
         }
@@ -346,11 +374,11 @@ struct SecureChannel: Sendable {
         case .awaitingMessage2(var hs):
             guard let m = try takeMessage(limit: config.maximumHandshakeMessage) else { return false }
             let (hello, hash) = try Self.handshakeStep { () throws(Noise.Failure) in
-                let (rs, payload) = try hs.readMessage2(m)
-                return (try helloFrame(payload, remoteStatic: rs), hs.hash)
+                let (rs, payload) = try hs.noise.readMessage2(m)
+                return (try helloFrame(payload, remoteStatic: rs), hs.noise.hash)
             }
             guard case .hello(let peer) = hello else { throw .handshake("bad HELLO") }
-            sasSource = hash
+            shortAuthenticationString = Self.sas(hashAfterMessage2: hash, nonce: hs.nonce)
             state = .awaitingApproval(hs, hello: hello)
             events += [.frame(hello), .needsApproval(peer)]
             return false
@@ -383,21 +411,31 @@ struct SecureChannel: Sendable {
             }
         case .awaitingMessage1(var hs):
             guard let m = try takeMessage(limit: config.maximumHandshakeMessage) else { return false }
-            let payload = try Self.handshakeStep { () throws(Noise.Failure) in try hs.readMessage1(m) }
-            guard payload.isEmpty else { throw .handshake("message 1 carries a payload") }
+            let commitment = try Self.handshakeStep { () throws(Noise.Failure) in try hs.readMessage1(m) }
+            guard commitment.count == Self.nonceSize else {
+                throw .handshake("message 1 carries \(commitment.count) bytes, not a \(Self.nonceSize)-byte commitment")
+            }
             let hello = ControlFrame.hello(peer: config.localPeer).encoded()
             let m2 = try Self.handshakeStep { () throws(Noise.Failure) in
                 try hs.writeMessage2(payload: Array(hello.dropFirst(4)))
             }
-            sasSource = hs.hash
-            state = .awaitingMessage3(hs)
+            state = .awaitingMessage3(ResponderHandshake(noise: hs, commitment: commitment, hashAfterMessage2: hs.hash))
             events.append(.write(Self.lengthPrefixed(m2)))
         case .awaitingMessage3(var hs):
             guard let m = try takeMessage(limit: config.maximumHandshakeMessage) else { return false }
-            let (hello, result) = try Self.handshakeStep { () throws(Noise.Failure) in
-                let (payload, result) = try hs.readMessage3(m)
-                return (try helloFrame(payload, remoteStatic: result.remoteStatic), result)
+            let (nonce, hello, result) = try Self.handshakeStep { () throws(Noise.Failure) in
+                let (payload, result) = try hs.noise.readMessage3(m)
+                guard payload.count > Self.nonceSize else { throw .badLength(payload.count) }
+                let nonce = Array(payload.prefix(Self.nonceSize))
+                return (nonce, try helloFrame(Array(payload.dropFirst(Self.nonceSize)), remoteStatic: result.remoteStatic),
+                        result)
             }
+            // Message 3 authenticated, so it is the initiator's: a nonce that does not open its commitment is that
+            // initiator lying about the digits (a man in the middle that searched for a match), not a damaged byte.
+            guard Self.commitment(to: nonce) == hs.commitment else {
+                throw .handshake("message 3's nonce does not open message 1's commitment")
+            }
+            shortAuthenticationString = Self.sas(hashAfterMessage2: hs.hashAfterMessage2, nonce: nonce)
             state = .established(Transport(send: result.send, receive: result.receive, datagramSend: result.datagramSend,
                                            datagramReceive: result.datagramReceive, handshakeHash: result.handshakeHash))
             events.append(.frame(hello))

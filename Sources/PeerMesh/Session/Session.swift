@@ -48,9 +48,10 @@ public protocol SessionDelegate: AnyObject, Sendable {
 public struct PeerCertificate: Sendable, Equatable {
     /// The peer's long-term public key.
     public let publicKey: PublicKey
-    /// Six digits (`123 456`) that are the same on both sides of this handshake, and tell it from another one. They
-    /// stop a man in the middle only where a side also pins the other's key: one can search about 10⁶ variants of
-    /// its message 2 for a match (docs/PROTOCOL.md §3.2). Where no key is known, pair (`Pairing`) instead.
+    /// Six digits (`123 456`) that are the same on both sides of this handshake, and tell it from another one. A man
+    /// in the middle cannot make them match on both sides except by chance (one in 10⁶ per handshake the advertiser
+    /// answers): the inviter commits to its share before the advertiser's message 2 (docs/PROTOCOL.md §3.2). People
+    /// comparing them rule it out; pinning a key or pairing (`Pairing`) rules it out with no people.
     public let shortAuthenticationString: String
     /// Where the peer connected from (or was reached at).
     public let address: String?

@@ -1,7 +1,7 @@
 import FoundationEssentials
 
 /// Version of the PeerMesh wire protocol carried in every HELLO and datagram. See docs/PROTOCOL.md.
-public let peerMeshProtocolVersion: UInt8 = 2
+public let peerMeshProtocolVersion: UInt8 = 3
 
 /// Why an invitation was declined, carried in a DECLINE frame.
 public enum DeclineReason: UInt8, Sendable, Equatable, CustomStringConvertible {
