@@ -182,31 +182,48 @@ struct SecureChannelTests {
         #expect(frames(events).isEmpty)
     }
 
-    /// Plays the initiator by hand, with the Noise handshake itself: commits to `committed` in message 1 and opens
-    /// `opened` in message 3, as a man in the middle that searched for matching digits would have to. Returns what
-    /// the responder made of it.
-    private func handDrivenInitiator(committed: [UInt8]?, opened: [UInt8]) throws -> (SecureChannel, [SecureChannel.Event]) {
+    /// What a responder made of a hand-driven initiator.
+    private struct HandDriven {
+        var responder: SecureChannel
+        var events: [SecureChannel.Event]
+        /// The handshake hash after message 2, as the initiator computed it (nil if message 2 never came).
+        var hashAfterMessage2: [UInt8]?
+    }
+
+    /// Plays the initiator by hand, with the Noise handshake itself: message 1 carries `payload1` (an honest one
+    /// carries the commitment), message 3 carries `payload3Prefix` and then alice's HELLO — as a man in the middle
+    /// that searched for matching digits would have to. Returns what the responder made of it.
+    private func handDrivenInitiator(payload1: [UInt8], payload3Prefix: [UInt8], withHello: Bool = true) throws -> HandDriven {
         var r = SecureChannel(configuration: .init(role: .responder, preference: .required, localPeer: bob))
         let pre = SecureChannel.preamble(SecureChannel.Mode.noiseXX.rawValue)
         var hs = Noise.XXHandshake(role: .initiator, localStatic: alice.keys!, prologue: pre)
-        let m1 = try hs.writeMessage1(payload: committed.map(SecureChannel.commitment(to:)) ?? [])
-        var events = (pre + [UInt8(m1.count >> 8), UInt8(m1.count & 0xff)] + m1).withUnsafeBytes { r.received($0) }
-        let answer: [UInt8] = events.flatMap { e -> [UInt8] in if case .write(let b) = e { b } else { [] } }
-        guard answer.count > SecureChannel.preambleSize + 2, faults(events).isEmpty else { return (r, events) }
+        let m1 = try hs.writeMessage1(payload: payload1)
+        var out = HandDriven(responder: r, events: [])
+        out.events = (pre + [UInt8(m1.count >> 8), UInt8(m1.count & 0xff)] + m1).withUnsafeBytes { r.received($0) }
+        let answer: [UInt8] = out.events.flatMap { e -> [UInt8] in if case .write(let b) = e { b } else { [] } }
+        guard answer.count > SecureChannel.preambleSize + 2, faults(out.events).isEmpty else {
+            out.responder = r
+            return out
+        }
         _ = try hs.readMessage2(Array(answer.dropFirst(SecureChannel.preambleSize + 2)))
+        out.hashAfterMessage2 = hs.hash
         #expect(r.shortAuthenticationString == nil, "the responder has no digits before the nonce is opened")
-        let hello = ControlFrame.hello(peer: alice).encoded().dropFirst(4)
-        let (m3, _) = try hs.writeMessage3(payload: opened + hello)
-        events += ([UInt8(m3.count >> 8), UInt8(m3.count & 0xff)] + m3).withUnsafeBytes { r.received($0) }
-        return (r, events)
+        let hello = withHello ? Array(ControlFrame.hello(peer: alice).encoded().dropFirst(4)) : []
+        let (m3, _) = try hs.writeMessage3(payload: payload3Prefix + hello)
+        out.events += ([UInt8(m3.count >> 8), UInt8(m3.count & 0xff)] + m3).withUnsafeBytes { r.received($0) }
+        out.responder = r
+        return out
     }
 
     @Test func anInitiatorThatOpensTheNonceItCommittedToIsAdmitted() throws {
         let nonce = [UInt8](repeating: 0x5a, count: SecureChannel.nonceSize)
-        let (r, events) = try handDrivenInitiator(committed: nonce, opened: nonce)
-        #expect(faults(events).isEmpty)
-        #expect(frames(events) == [.hello(peer: alice)] && r.isEncrypted)
-        #expect(r.shortAuthenticationString != nil)
+        let d = try handDrivenInitiator(payload1: SecureChannel.commitment(to: nonce), payload3Prefix: nonce)
+        #expect(faults(d.events).isEmpty)
+        #expect(frames(d.events) == [.hello(peer: alice)] && d.responder.isEncrypted)
+        // The responder's digits are over the hash after message 2 and the opened nonce: not over the commitment
+        // (which an eavesdropper and a man in the middle see in message 1), not over the final hash.
+        let h2 = try #require(d.hashAfterMessage2)
+        #expect(d.responder.shortAuthenticationString == SecureChannel.sas(hashAfterMessage2: h2, nonce: nonce))
     }
 
     @Test func anInitiatorThatOpensAnotherNonceIsRefused() throws {
@@ -214,36 +231,81 @@ struct SecureChannelTests {
         let committed = [UInt8](repeating: 0x5a, count: SecureChannel.nonceSize)
         var other = committed
         other[31] ^= 1
-        let (r, events) = try handDrivenInitiator(committed: committed, opened: other)
-        #expect(faults(events) == [.handshake("message 3's nonce does not open message 1's commitment")])
-        #expect(frames(events).isEmpty && !r.isEncrypted && !r.isOpen)
-        #expect(r.shortAuthenticationString == nil, "no digits to show for a refused handshake")
+        let d = try handDrivenInitiator(payload1: SecureChannel.commitment(to: committed), payload3Prefix: other)
+        #expect(faults(d.events) == [.handshake("message 3's nonce does not open message 1's commitment")])
+        #expect(frames(d.events).isEmpty && !d.responder.isEncrypted && !d.responder.isOpen)
+        #expect(d.responder.shortAuthenticationString == nil, "no digits to show for a refused handshake")
     }
 
-    @Test func aMessage1WithoutACommitmentIsRefused() throws {
-        // A version-2 style message 1 (no payload) behind a version-3 preamble.
-        let (r, events) = try handDrivenInitiator(committed: nil, opened: [])
-        #expect(faults(events) == [.handshake("message 1 carries 0 bytes, not a 32-byte commitment")])
-        #expect(!r.isOpen && r.shortAuthenticationString == nil)
+    @Test(arguments: [0, 31, 33, 64])
+    func aMessage1WithoutA32ByteCommitmentIsRefused(_ size: Int) throws {
+        // 0 bytes: a version-2 style message 1 behind a version-3 preamble.
+        let d = try handDrivenInitiator(payload1: [UInt8](repeating: 1, count: size), payload3Prefix: [])
+        #expect(faults(d.events) == [.handshake("message 1 carries \(size) bytes, not a 32-byte commitment")])
+        #expect(d.hashAfterMessage2 == nil, "no message 2 was written")
+        #expect(!d.responder.isOpen && d.responder.shortAuthenticationString == nil)
+    }
+
+    @Test func aMessage3WithoutTheNonceAndAHelloIsRefused() throws {
+        let nonce = [UInt8](repeating: 0x5a, count: SecureChannel.nonceSize)
+        // The nonce alone (no HELLO after it), then a short nonce with a HELLO that does not fit behind it.
+        let alone = try handDrivenInitiator(payload1: SecureChannel.commitment(to: nonce), payload3Prefix: nonce, withHello: false)
+        #expect(faults(alone.events) == [.handshake("message 3 carries 32 bytes, not a 32-byte nonce and a HELLO")])
+        let short = try handDrivenInitiator(payload1: SecureChannel.commitment(to: nonce), payload3Prefix: Array(nonce.prefix(31)))
+        #expect(faults(short.events).count == 1 && !short.responder.isOpen && frames(short.events).isEmpty)
+    }
+
+    @Test func aRealInitiatorCommitsInMessage1AndOpensInMessage3() throws {
+        // Plays the responder by hand against a real initiator, and reads what it sends.
+        var i = SecureChannel(configuration: .init(role: .initiator, preference: .required, localPeer: alice))
+        let start: [UInt8] = i.start().flatMap { e -> [UInt8] in if case .write(let b) = e { b } else { [] } }
+        let pre = Array(start.prefix(SecureChannel.preambleSize))
+        var hs = Noise.XXHandshake(role: .responder, localStatic: bob.keys!, prologue: pre)
+        let commitment = try hs.readMessage1(Array(start.dropFirst(SecureChannel.preambleSize + 2)))
+        #expect(commitment.count == 32)
+        let m2 = try hs.writeMessage2(payload: Array(ControlFrame.hello(peer: bob).encoded().dropFirst(4)))
+        let h2 = hs.hash
+        let events = (pre + [UInt8(m2.count >> 8), UInt8(m2.count & 0xff)] + m2).withUnsafeBytes { i.received($0) }
+        #expect(events.contains(.needsApproval(bob)))
+        let digitsBeforeApproval = try #require(i.shortAuthenticationString, "the inviter has its digits at message 2")
+        let m3: [UInt8] = i.approve().flatMap { e -> [UInt8] in if case .write(let b) = e { b } else { [] } }
+        let (payload, _) = try hs.readMessage3(Array(m3.dropFirst(2)))
+        let nonce = Array(payload.prefix(32))
+        #expect(SecureChannel.commitment(to: nonce) == commitment, "message 3 opens message 1's commitment")
+        #expect(digitsBeforeApproval == SecureChannel.sas(hashAfterMessage2: h2, nonce: nonce))
+        #expect(i.shortAuthenticationString == digitsBeforeApproval, "approval does not change them")
+        // Each handshake draws its own nonce.
+        var again = SecureChannel(configuration: .init(role: .initiator, preference: .required, localPeer: alice))
+        let second: [UInt8] = again.start().flatMap { e -> [UInt8] in if case .write(let b) = e { b } else { [] } }
+        #expect(second.suffix(32) != start.suffix(32), "another handshake, another commitment")
     }
 
     @Test func theDigitsTakeTheHandshakeAndTheNonce() {
         let h = [UInt8](repeating: 1, count: 32)
         let n1 = [UInt8](repeating: 2, count: 32), n2 = [UInt8](repeating: 3, count: 32)
-        let a = SecureChannel.sas(hashAfterMessage2: h, nonce: n1)
-        #expect(a == SecureChannel.sas(hashAfterMessage2: h, nonce: n1))
-        #expect(a != SecureChannel.sas(hashAfterMessage2: h, nonce: n2), "the nonce, unknown at message 2, moves them")
-        #expect(a != SecureChannel.sas(hashAfterMessage2: n2, nonce: n1))
-        #expect(a.count == 7 && a.dropFirst(3).first == " " && a.filter(\.isNumber).count == 6)
-        // The commitment is SHA-256 over the label and the nonce.
-        #expect(SecureChannel.commitment(to: n1) == Sodium.sha256([Array("PeerMesh v3 SAS commitment".utf8), n1]))
+        // Known answers, computed with Python's hashlib: SHA-256(label ‖ h ‖ n)[0..<4] big-endian mod 10⁶.
+        #expect(SecureChannel.sas(hashAfterMessage2: h, nonce: n1) == "740 239")
+        #expect(SecureChannel.commitment(to: n1).map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined()
+                == "ae2944736bff7d84f19970ad7bcbfe6cfc1a82c1b16edc9f6e366095cfd514aa")
+        #expect(SecureChannel.sas(hashAfterMessage2: h, nonce: n2) != "740 239", "the nonce, unknown at message 2, moves them")
+        #expect(SecureChannel.sas(hashAfterMessage2: n2, nonce: n1) != "740 239")
         #expect(SecureChannel.commitment(to: n1) != SecureChannel.commitment(to: n2))
     }
 
-    @Test func aVersion2PeerIsToldWhichVersionThisBuildSpeaks() {
+    @Test func aPeerOfAnotherVersionIsToldThisBuildsVersion() {
         var r = SecureChannel(configuration: .init(role: .responder, preference: .required, localPeer: bob))
         let v2 = SecureChannel.magic + [2, 1, 0, 0]
-        #expect(faults(v2.withUnsafeBytes { r.received($0) }) == [.malformedFrame("protocol version 2; this build speaks 3")])
+        let events = v2.withUnsafeBytes { r.received($0) }
+        #expect(faults(events) == [.malformedFrame("protocol version 2; this build speaks \(peerMeshProtocolVersion)")])
+        // It answers with its own preamble (refused, reason 3) first, so that the other side can say which met.
+        #expect(events.first == .write(SecureChannel.magic + [peerMeshProtocolVersion, 255, 3, 0]))
+        #expect(!r.isOpen)
+        // An initiator that meets a responder of another version says so.
+        var i = SecureChannel(configuration: .init(role: .initiator, preference: .required, localPeer: alice))
+        _ = i.start()
+        let answer = SecureChannel.magic + [4, 255, 3, 0]
+        #expect(faults(answer.withUnsafeBytes { i.received($0) })
+                == [.malformedFrame("protocol version 4; this build speaks \(peerMeshProtocolVersion)")])
     }
 
     @Test func anUnknownPeerOrV1BytesAreFaultsNotFrames() {

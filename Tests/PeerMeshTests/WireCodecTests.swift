@@ -538,6 +538,7 @@ private let sampleFrames: [ControlFrame] = [
         }
         #expect(err(id, ["_d=Ann", annKey]) == .missingKey("_v"))
         #expect(err(id, ["_v=3", annKey]) == .missingKey("_d"))
+        #expect(err(id, ["_v=2", "_d=Ann", annKey]) == .unsupportedVersion("2"), "a version-2 advertiser is skipped")
         #expect(err(id, []) == .missingKey("_v"))
         #expect(err(id, ["_v=1", "_d=Ann", annKey]) == .unsupportedVersion("1"))
         #expect(err(id, ["_v", "_d=Ann", annKey]) == .unsupportedVersion(""))

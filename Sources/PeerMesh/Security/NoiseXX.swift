@@ -155,7 +155,8 @@ enum Noise {
         /// Datagram keys: ours to send with, the peer's to open with.
         let datagramSend: SecretKey
         let datagramReceive: SecretKey
-        /// The handshake hash: both sides hold the same value; the short authentication string comes from it.
+        /// The final handshake hash: both sides hold the same value; the channel binding comes from it. (The short
+        /// authentication string is taken earlier, over the hash after message 2: `SecureChannel`.)
         let handshakeHash: [UInt8]
     }
 

@@ -46,11 +46,15 @@ struct SecureChannel: Sendable {
     enum Refusal: UInt8, Sendable, CustomStringConvertible {
         case encryptionRequired = 1
         case encryptionUnsupported = 2
+        /// The initiator's preamble carries another protocol version; the refusal carries the responder's, so an
+        /// initiator of another version learns which one it met (it checks the version before the mode).
+        case versionUnsupported = 3
 
         var description: String {
             switch self {
             case .encryptionRequired: "the peer requires encryption; this side offered none"
             case .encryptionUnsupported: "the peer does not accept encryption (its encryption preference is none)"
+            case .versionUnsupported: "the peer speaks another protocol version"
             }
         }
     }
@@ -326,10 +330,13 @@ struct SecureChannel: Sendable {
         let p = Array(inbound[0..<Self.preambleSize])
         inbound.removeFirst(Self.preambleSize)
         guard Array(p[0..<4]) == Self.magic else { throw .malformedFrame("not a PeerMesh peer (bad magic)") }
-        guard p[4] == peerMeshProtocolVersion else {
-            throw .malformedFrame("protocol version \(p[4]); this build speaks \(peerMeshProtocolVersion)")
-        }
         return p
+    }
+
+    /// The fault of a preamble of another protocol version.
+    private static func otherVersion(_ preamble: [UInt8]) -> PeerFault? {
+        preamble[4] == peerMeshProtocolVersion ? nil
+            : .malformedFrame("protocol version \(preamble[4]); this build speaks \(peerMeshProtocolVersion)")
     }
 
     /// Runs the inbound state machine over `inbound` until it needs more bytes; a peer fault closes the channel.
@@ -359,6 +366,7 @@ struct SecureChannel: Sendable {
             return false
         case .awaitingPreamble(let hs):
             guard let pre = try takePreamble() else { return false }
+            if let fault = Self.otherVersion(pre) { throw fault }
             if pre[5] == Self.refusedMode {
                 state = .closed
                 let why = Refusal(rawValue: pre[6])?.description ?? "the peer refused the connection"
@@ -384,6 +392,13 @@ struct SecureChannel: Sendable {
             return false
         case .awaitingInitiatorPreamble:
             guard let pre = try takePreamble() else { return false }
+            if let fault = Self.otherVersion(pre) {
+                // Answer with our own version before closing, so that the initiator can say which one it met.
+                state = .closed
+                events += [.write(Self.preamble(Self.refusedMode, reason: Refusal.versionUnsupported.rawValue)),
+                           .fault(fault)]
+                return false
+            }
             guard let mode = Mode(rawValue: pre[5]) else { throw .malformedFrame("unknown mode \(pre[5])") }
             switch (mode, config.preference) {
             case (.plaintext, .required):
@@ -423,12 +438,13 @@ struct SecureChannel: Sendable {
             events.append(.write(Self.lengthPrefixed(m2)))
         case .awaitingMessage3(var hs):
             guard let m = try takeMessage(limit: config.maximumHandshakeMessage) else { return false }
-            let (nonce, hello, result) = try Self.handshakeStep { () throws(Noise.Failure) in
-                let (payload, result) = try hs.noise.readMessage3(m)
-                guard payload.count > Self.nonceSize else { throw .badLength(payload.count) }
-                let nonce = Array(payload.prefix(Self.nonceSize))
-                return (nonce, try helloFrame(Array(payload.dropFirst(Self.nonceSize)), remoteStatic: result.remoteStatic),
-                        result)
+            let (payload, result) = try Self.handshakeStep { () throws(Noise.Failure) in try hs.noise.readMessage3(m) }
+            guard payload.count > Self.nonceSize else {
+                throw .handshake("message 3 carries \(payload.count) bytes, not a \(Self.nonceSize)-byte nonce and a HELLO")
+            }
+            let nonce = Array(payload.prefix(Self.nonceSize))
+            let hello = try Self.handshakeStep { () throws(Noise.Failure) in
+                try helloFrame(Array(payload.dropFirst(Self.nonceSize)), remoteStatic: result.remoteStatic)
             }
             // Message 3 authenticated, so it is the initiator's: a nonce that does not open its commitment is that
             // initiator lying about the digits (a man in the middle that searched for a match), not a damaged byte.

@@ -48,10 +48,14 @@ public protocol SessionDelegate: AnyObject, Sendable {
 public struct PeerCertificate: Sendable, Equatable {
     /// The peer's long-term public key.
     public let publicKey: PublicKey
-    /// Six digits (`123 456`) that are the same on both sides of this handshake, and tell it from another one. A man
-    /// in the middle cannot make them match on both sides except by chance (one in 10⁶ per handshake the advertiser
-    /// answers): the inviter commits to its share before the advertiser's message 2 (docs/PROTOCOL.md §3.2). People
-    /// comparing them rule it out; pinning a key or pairing (`Pairing`) rules it out with no people.
+    /// Six digits (`123 456`) that are the same on both sides of this handshake, and tell it from another one. The
+    /// inviter commits to its share before the advertiser's message 2, so a man in the middle can no longer search
+    /// for matching digits offline; it can still search online, one chance in 10⁶ per handshake it makes the
+    /// advertiser answer (docs/PROTOCOL.md §3.2). Against a man in the middle, pin the key or pair (`Pairing`).
+    ///
+    /// The inviter has them when its certificate check runs (`weInvited`); the advertiser only once message 3 has
+    /// come, which waits for that check. An inviter that wants people to compare them approves first and
+    /// disconnects if they differ: waiting in the check for the advertiser's screen would wait for ever.
     public let shortAuthenticationString: String
     /// Where the peer connected from (or was reached at).
     public let address: String?
