@@ -203,7 +203,7 @@ struct AdvertiserStateMachineTests {
         _ = m.accepted(1, host: hostA, now: 0)
         _ = m.received(.hello(peer: bob), on: 1, now: 0)
         _ = m.received(.invite(invite()), on: 1, now: 0)
-        m.closed(1)
+        m.closed(1, now: 0)
         #expect(m.answered(1, .accept) == .ignore)
         #expect(m.nextDeadline() == nil)
     }
@@ -234,6 +234,82 @@ struct AdvertiserStateMachineTests {
         #expect(m.answered(1, .decline(.declined, "no")) == .decline(1, .declined, "no"))
         #expect(!m.isFull)
         #expect(m.accepted(4, host: hostB, now: 2) == .greet(4, .hello(peer: me), evicting: nil))
+    }
+
+    /// Accepts `id` from `host` at `now`, lets the caller speak (this side answers its message 1) and hang up.
+    private func abandon(_ m: inout AdvertiserStateMachine, _ id: PendingID, from host: [UInt8], at now: Nanos) -> AdvertiserStateMachine.OnAccepted {
+        let r = m.accepted(id, host: host, now: now)
+        guard case .greet = r else { return r }
+        m.heard(id)
+        m.closed(id, now: now)
+        return r
+    }
+
+    @Test func aHostThatLeavesHandshakesUnfinishedIsRationedOthersAreNot() {
+        // What a man in the middle searching for matching digits does: speak, get message 2, hang up, again.
+        var m = machine()
+        for id in 1...17 {
+            #expect(abandon(&m, id, from: hostA, at: 0) == .greet(id, .hello(peer: me), evicting: nil), "burst \(id)")
+        }
+        #expect(m.counters.unfinishedHandshakes == 17)
+        // 17 owed, 16 allowed at once: refused until a second has paid one off.
+        #expect(m.accepted(18, host: hostA, now: sec - 1) == .refuse(18))
+        #expect(m.accepted(19, host: hostB, now: sec - 1) == .greet(19, .hello(peer: me), evicting: nil), "another host is not")
+        #expect(m.accepted(20, host: hostA, now: sec) == .greet(20, .hello(peer: me), evicting: nil))
+        m.heard(20)
+        m.closed(20, now: sec)
+        // Then one a second: trying every millisecond for the next 10 s (1 s … 11 s) gets 9 more tries (at 2 s … 10 s;
+        // the one at 1 s was taken above), not thousands.
+        var admitted = 0
+        for k in 0..<10_000 {
+            let now = sec + Nanos(k) * sec / 1_000
+            if case .greet = abandon(&m, 100 + k, from: hostA, at: now) { admitted += 1 }
+        }
+        #expect(admitted == 9)
+        #expect(m.counters.refusedRationed == 1 + 9_991)
+        #expect(m.counters.unfinishedHandshakes == 17 + 1 + 9)
+    }
+
+    @Test func onlyHandshakesThatSpokeAndDidNotReachTheAppCount() {
+        var m = machine()
+        // Silent callers (never got message 2), invitations the app answered or that time out, and a stop: none count.
+        for id in 1...40 {
+            _ = m.accepted(id, host: hostA, now: 0)
+            m.closed(id, now: 0)
+        }
+        for id in 41...80 {
+            _ = m.accepted(id, host: hostA, now: 0)
+            m.heard(id)
+            _ = m.received(.hello(peer: bob), on: id, now: 0)
+            _ = m.received(.invite(invite(timeoutMillis: 1_000)), on: id, now: 0)
+            if id % 2 == 0 { _ = m.answered(id, .accept) } else { m.closed(id, now: 0) } // withdrawn by its inviter
+        }
+        #expect(m.counters.unfinishedHandshakes == 0)
+        #expect(m.accepted(81, host: hostA, now: 0) == .greet(81, .hello(peer: me), evicting: nil))
+        // A caller that breaks the protocol, one that said HELLO and never invited, and evicted ones that had spoken
+        // do count: a searcher could leave its handshakes in any of these ways.
+        m.heard(81)
+        _ = m.received(.data([1]), on: 81, now: 0)
+        _ = m.accepted(82, host: hostA, now: 0)
+        m.heard(82)
+        _ = m.received(.hello(peer: bob), on: 82, now: 0)
+        #expect(m.expire(now: 10 * sec) == [.close(82)])
+        var small = machine(pending: 64, perHost: 1)
+        _ = small.accepted(1, host: hostA, now: 0)
+        small.heard(1)
+        #expect(small.accepted(2, host: hostA, now: 0) == .greet(2, .hello(peer: me), evicting: 1))
+        #expect(m.counters.unfinishedHandshakes == 2 && small.counters.unfinishedHandshakes == 1)
+    }
+
+    @Test func theRationTableStaysBounded() {
+        var c = AdvertiserStateMachine.Configuration(localPeer: me)
+        c.maximumRationedHosts = 8
+        var m = AdvertiserStateMachine(configuration: c)
+        // 17 unfinished from one host, then one each from 100 others: the table keeps 8 hosts, the largest debts.
+        for id in 1...17 { _ = abandon(&m, id, from: hostA, at: 0) }
+        for k in 0..<100 { _ = abandon(&m, 100 + k, from: [10, 1, 0, UInt8(k)], at: 0) }
+        #expect(m.accepted(500, host: hostA, now: 0) == .refuse(500), "the host that owes most is still remembered")
+        #expect(m.accepted(501, host: hostA, now: sec) == .greet(501, .hello(peer: me), evicting: nil))
     }
 
     @Test func stopDeclinesWhatTheAppHoldsAndClosesTheRest() {

@@ -15,6 +15,13 @@ typealias PendingID = Int
 /// handshaking — a silent one first — so idle or slow connections cannot lock a real peer out (a real peer
 /// finishes its handshake within a round trip). Only when every slot holds an invitation the app is deciding
 /// is a new connection refused; then the driver stops accepting (`isFull`) until one ends.
+///
+/// Unfinished handshakes are rationed per source address. A handshake is unfinished when the caller spoke (in
+/// Noise mode: this side answered its message 1 with message 2) and the connection ended before its invitation
+/// reached the app: it hung up, broke the protocol, ran out of time or was evicted. A man in the middle searching
+/// for a handshake that shows the digits the inviter shows (docs/PROTOCOL.md §3.2) leaves one per try; real peers
+/// almost never do. A host may leave `unfinishedBurst` of them at once and then one per `unfinishedInterval`; past
+/// that its new connections are refused until its debt is paid. Other hosts are not affected.
 struct AdvertiserStateMachine: Sendable {
     /// Limits and timing.
     struct Configuration: Equatable, Sendable {
@@ -24,6 +31,12 @@ struct AdvertiserStateMachine: Sendable {
         var maximumInvitationWait: Nanos = 60_000_000_000
         var maximumPending: Int = 64
         var maximumPendingPerHost: Int = 8
+        /// Unfinished handshakes a host may leave at once before it is refused.
+        var unfinishedBurst: Int = 16
+        /// After the burst, one unfinished handshake per this interval.
+        var unfinishedInterval: Nanos = 1_000_000_000
+        /// Hosts whose unfinished handshakes are remembered at most (those whose debt is paid go first).
+        var maximumRationedHosts: Int = 1_024
     }
 
     private enum Pending: Equatable {
@@ -50,6 +63,13 @@ struct AdvertiserStateMachine: Sendable {
 
         var isAsking: Bool { if case .asking = self { true } else { false } }
         var isSilent: Bool { if case .silent = self { true } else { false } }
+        /// The caller spoke but its invitation has not reached the app: ending now leaves the handshake unfinished.
+        var isUnfinished: Bool {
+            switch self {
+            case .greeted, .introduced: true
+            case .silent, .asking: false
+            }
+        }
     }
 
     /// What to do with a connection just accepted.
@@ -57,7 +77,8 @@ struct AdvertiserStateMachine: Sendable {
         /// Keep it: send our HELLO (carried by the handshake when encrypted). Close `evicting` first, if any: it
         /// was the oldest connection still handshaking at a cap.
         case greet(PendingID, ControlFrame, evicting: PendingID?)
-        /// Every slot holds an invitation the app is deciding: close the new one at once.
+        /// Every slot holds an invitation the app is deciding, or the caller's host has left more unfinished
+        /// handshakes than it may: close the new one at once.
         case refuse(PendingID)
     }
 
@@ -98,9 +119,24 @@ struct AdvertiserStateMachine: Sendable {
     private let config: Configuration
     private var pending: [PendingID: Pending] = [:]
     private var stopped = false
+    /// Per host, the time at which its unfinished handshakes are paid off (a virtual scheduling time, as in GCRA:
+    /// each unfinished handshake moves it `unfinishedInterval` on from at least now).
+    private var unfinishedDebt: [[UInt8]: Nanos] = [:]
+
+    /// Exact counts since `init`.
+    struct Counters: Equatable, Sendable {
+        /// Handshakes the caller left unfinished (see the type's documentation).
+        var unfinishedHandshakes: UInt64 = 0
+        /// Connections refused because their host had left too many unfinished.
+        var refusedRationed: UInt64 = 0
+    }
+
+    private(set) var counters = Counters()
 
     init(configuration: Configuration) {
         precondition(configuration.maximumPending >= 1 && configuration.maximumPendingPerHost >= 1)
+        precondition(configuration.unfinishedBurst >= 1 && configuration.unfinishedInterval > 0
+                     && configuration.maximumRationedHosts >= 1)
         config = configuration
     }
 
@@ -129,6 +165,10 @@ struct AdvertiserStateMachine: Sendable {
     mutating func accepted(_ id: PendingID, host: [UInt8], now: Nanos) -> OnAccepted {
         precondition(pending[id] == nil, "pending ids are unique")
         guard !stopped else { return .refuse(id) }
+        guard !isRationed(host, now: now) else {
+            counters.refusedRationed += 1
+            return .refuse(id)
+        }
         var victim: PendingID?
         let fromHost = pending.filter { $0.value.host == host }
         if fromHost.count >= config.maximumPendingPerHost {
@@ -138,7 +178,7 @@ struct AdvertiserStateMachine: Sendable {
             victim = evictionCandidate(among: pending)
             guard victim != nil else { return .refuse(id) }
         }
-        if let victim { pending[victim] = nil }
+        if let victim { end(victim, now: now) }
         pending[id] = .silent(host: host, acceptedAt: now)
         return .greet(id, .hello(peer: config.localPeer), evicting: victim)
     }
@@ -162,7 +202,7 @@ struct AdvertiserStateMachine: Sendable {
         guard let p = pending[id] else { return .wait }
         switch (p, frame) {
         case (.silent(let host, let a), .hello(let peer)), (.greeted(let host, let a), .hello(let peer)):
-            if peer == config.localPeer { return close(id, .unexpectedFrame("our own HELLO")) }
+            if peer == config.localPeer { return close(id, .unexpectedFrame("our own HELLO"), now: now) }
             pending[id] = .introduced(host: host, acceptedAt: a, peer: peer)
             return .wait
         case (.introduced(let host, let a, let peer), .invite(let body)):
@@ -172,7 +212,7 @@ struct AdvertiserStateMachine: Sendable {
                                   deadline: now &+ min(wait, config.maximumInvitationWait))
             return .ask(id, peer, body)
         default:
-            return close(id, .unexpectedFrame(frame.name))
+            return close(id, .unexpectedFrame(frame.name), now: now)
         }
     }
 
@@ -190,8 +230,8 @@ struct AdvertiserStateMachine: Sendable {
     func isAsking(_ id: PendingID) -> Bool { pending[id]?.isAsking ?? false }
 
     /// The connection ended (the caller hung up, or it failed). An invitation the app holds is withdrawn.
-    mutating func closed(_ id: PendingID) {
-        pending[id] = nil
+    mutating func closed(_ id: PendingID, now: Nanos) {
+        end(id, now: now)
     }
 
     /// Time passed: close callers that never invited, decline invitations not answered in time.
@@ -199,7 +239,7 @@ struct AdvertiserStateMachine: Sendable {
         var out: [OnExpiry] = []
         for id in pending.keys.sorted() where deadline(pending[id]!) <= now {
             if case .asking = pending[id]! { out.append(.decline(id, .timedOut)) } else { out.append(.close(id)) }
-            pending[id] = nil
+            end(id, now: now)
         }
         return out
     }
@@ -214,8 +254,33 @@ struct AdvertiserStateMachine: Sendable {
         return out
     }
 
-    private mutating func close(_ id: PendingID, _ fault: PeerFault) -> OnFrame {
-        pending[id] = nil
+    private mutating func close(_ id: PendingID, _ fault: PeerFault, now: Nanos) -> OnFrame {
+        end(id, now: now)
         return .close(id, fault)
+    }
+
+    // MARK: Unfinished handshakes
+
+    /// Forgets `id`; if its caller had spoken and not yet reached the app, its host owes one unfinished handshake.
+    private mutating func end(_ id: PendingID, now: Nanos) {
+        guard let p = pending.removeValue(forKey: id), p.isUnfinished else { return }
+        counters.unfinishedHandshakes += 1
+        unfinishedDebt[p.host] = max(unfinishedDebt[p.host] ?? 0, now) &+ config.unfinishedInterval
+        if unfinishedDebt.count > config.maximumRationedHosts { forgetPaidDebts(now: now) }
+    }
+
+    /// Whether `host` has left more unfinished handshakes than its burst allows, as of `now`.
+    private func isRationed(_ host: [UInt8], now: Nanos) -> Bool {
+        guard let debt = unfinishedDebt[host] else { return false }
+        return debt > now &+ Nanos(config.unfinishedBurst) &* config.unfinishedInterval
+    }
+
+    /// Keeps the table within `maximumRationedHosts`: paid debts go first, then the smallest.
+    private mutating func forgetPaidDebts(now: Nanos) {
+        unfinishedDebt = unfinishedDebt.filter { $0.value > now }
+        while unfinishedDebt.count > config.maximumRationedHosts,
+              let least = unfinishedDebt.min(by: { $0.value < $1.value })?.key {
+            unfinishedDebt[least] = nil
+        }
     }
 }

@@ -50,8 +50,9 @@ public struct PeerCertificate: Sendable, Equatable {
     public let publicKey: PublicKey
     /// Six digits (`123 456`) that are the same on both sides of this handshake, and tell it from another one. The
     /// inviter commits to its share before the advertiser's message 2, so a man in the middle can no longer search
-    /// for matching digits offline; it can still search online, one chance in 10⁶ per handshake it makes the
-    /// advertiser answer (docs/PROTOCOL.md §3.2). Against a man in the middle, pin the key or pair (`Pairing`).
+    /// for matching digits offline; online it gets one chance in 10⁶ per handshake it makes the advertiser answer,
+    /// and the advertiser rations those per address (16, then one a second: docs/PROTOCOL.md §3.2). Against a man in
+    /// the middle that holds many addresses, pin the key or pair (`Pairing`).
     ///
     /// The inviter has them when its certificate check runs (`weInvited`); the advertiser only once message 3 has
     /// come, which waits for that check. An inviter that wants people to compare them approves first and

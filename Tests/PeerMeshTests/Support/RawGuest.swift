@@ -5,9 +5,10 @@ import MeshPOSIX
 import Glibc
 #endif
 
-/// A TCP connection to 127.0.0.1:`port`, with nothing sent yet.
-func connectRaw(_ port: UInt16) throws -> FileDescriptor {
-    try FileDescriptor.tcpConnect(to: SocketAddress(numericHost: "127.0.0.1", port: port)!)
+/// A TCP connection to 127.0.0.1:`port` (from `source`, another loopback address, when given), with nothing sent yet.
+func connectRaw(_ port: UInt16, from source: String? = nil) throws -> FileDescriptor {
+    try FileDescriptor.tcpConnect(to: SocketAddress(numericHost: "127.0.0.1", port: port)!,
+                                  from: source.flatMap { SocketAddress(numericHost: $0, port: 0) })
 }
 
 /// Writes all of `bytes`, waiting up to `seconds` for room. Returns whether it wrote them all (a peer that stops
@@ -31,9 +32,10 @@ final class RawGuest: @unchecked Sendable { // one thread at a time: a test hand
     let peer: PeerID
     private var channel: SecureChannel
 
-    /// Connects to an advertiser on 127.0.0.1:`port` and finishes the handshake (message 3 carries HELLO).
-    init(port: UInt16, name: String) throws {
-        fd = try connectRaw(port)
+    /// Connects to an advertiser on 127.0.0.1:`port` (from `source`, when given) and finishes the handshake
+    /// (message 3 carries HELLO).
+    init(port: UInt16, name: String, from source: String? = nil) throws {
+        fd = try connectRaw(port, from: source)
         peer = try PeerID(displayName: name)
         channel = SecureChannel(configuration: .init(role: .initiator, preference: .required, localPeer: peer))
         for case .write(let b) in channel.start() { sendAll(fd, b) }
