@@ -99,6 +99,8 @@ package enum StatusReport {
         o.add("malformedControl", s.malformedControl)
         o.add("droppedControl", s.droppedControl)
         o.add("refusedClips", s.refusedClips)
+        o.add("unadmittedHandshakes", s.unadmittedHandshakes)
+        o.add("rationedConnections", s.rationedConnections)
         o.add("peakDbfs", dbfs(s.peakLevel))
         o.add("rmsDbfs", dbfs(s.rmsLevel))
         o.add("rate", format.sampleRate)

@@ -17,13 +17,13 @@ struct RelayInProcessTests {
 
     init() throws { paired = try PairedStates(players: 8, hostName: "inproc-host") }
 
-    func makeHost(name: String, port: UInt16 = 0) throws -> RelayHost {
+    func makeHost(name: String, port: UInt16 = 0, notice: (@Sendable (String) -> Void)? = nil) throws -> RelayHost {
         let tone = try ToneSource(frequency: 440, amplitude: 0.5, format: .default, periodFrames: 128)
         var config = RelayHost.Configuration(identity: try paired.host.renamed(name), trust: paired.hostTrust,
                                              serviceType: "pmr-inproc", port: port, maximumPeers: 33,
                                              discovery: InProcessDiscovery())
         config.maximumPlayersPerAddress = 8   // every player of this test is on 127.0.0.1
-        let host = try RelayHost(configuration: config, source: tone)
+        let host = try RelayHost(configuration: config, source: tone, notice: notice)
         try host.start()
         return host
     }
@@ -115,6 +115,31 @@ struct RelayInProcessTests {
         #expect(after > before + 50, "the host's packets still reach a pipeline (counted as another format): \(before) → \(after)")
         #expect(player.statistics.format == .default)
         #expect(asked.withLock { $0.filter { $0 == 48_000 }.count } == 1, "a format the output refused is not tried again: \(asked.withLock { $0 })")
+    }
+
+    @Test("Someone searching for a matching check code (answered, hung up, again) is refused, counted and reported; the listener plays on")
+    func checkCodeSearchIsRationedAndReported() throws {
+        let notices = Mutex<[String]>([])
+        let host = try makeHost(name: "searched-host", notice: { line in notices.withLock { $0.append(line) } })
+        defer { host.stop() }
+        let player = try makePlayer(0, endpoint: PeerEndpoint(host: "127.0.0.1", port: host.port), out: Rig.tempPath("searched.wav"))
+        defer { player.stop() }
+        #expect(eventually(10) { host.statistics.players.count == 1 && player.statistics.playout.received > 50 })
+        var answered = 0
+        let started = Date()
+        for _ in 0..<24 {
+            if abandonedHandshake(port: host.port, preamble: Array("PMSH".utf8) + [peerMeshProtocolVersion, 1, 0, 0]) { answered += 1 }
+        }
+        // Sixteen at once, then one a second.
+        #expect(answered >= 16 && answered <= 16 + Int(Date().timeIntervalSince(started)), "\(answered)")
+        #expect(eventually(2) { host.statistics.unadmittedHandshakes == UInt64(answered) })
+        #expect(host.statistics.rationedConnections == UInt64(24 - answered))
+        // The operator hears of it once (at most every 10 s), with the count.
+        #expect(eventually(3) { notices.withLock { $0.contains { $0.hasPrefix("refused \(24 - answered) connections from an address that had more than 16 tries not admitted") } } },
+                "\(notices.withLock { $0 })")
+        let before = player.statistics.playout.received
+        #expect(eventually(3) { player.statistics.playout.received > before + 200 }, "the paired player, already in, plays on")
+        #expect(host.statistics.players.count == 1)
     }
 
     @Test("While a paired player listens, an unpaired PeerMesh client and a half-finished handshake get no audio datagram")

@@ -172,9 +172,9 @@ struct AdvertiserStateMachineTests {
         var m = machine()
         _ = m.accepted(1, host: hostA, now: 0)          // never speaks: 2 s to its first byte
         _ = m.accepted(3, host: hostA, now: 0)          // speaks, never finishes: 10 s (this machine's greeting time)
-        m.heard(3)
+        m.heard(3, now: 0)
         _ = m.accepted(2, host: hostA, now: 0)
-        m.heard(2)
+        m.heard(2, now: 0)
         _ = m.received(.hello(peer: bob), on: 2, now: 0)
         _ = m.received(.invite(invite(timeoutMillis: 3_000)), on: 2, now: sec) // asks until 4 s
         #expect(m.nextDeadline() == 2 * sec)
@@ -212,7 +212,7 @@ struct AdvertiserStateMachineTests {
         var m = machine(pending: 3, perHost: 2)
         #expect(m.accepted(1, host: hostA, now: 0) == .greet(1, .hello(peer: me), evicting: nil))
         #expect(m.accepted(2, host: hostA, now: 1) == .greet(2, .hello(peer: me), evicting: nil))
-        m.heard(1)
+        m.heard(1, now: 0)
         // A third from one host: the oldest *silent* one from that host goes (2), not the older live one (1).
         #expect(m.accepted(3, host: hostA, now: 2) == .greet(3, .hello(peer: me), evicting: 2))
         #expect(m.accepted(4, host: hostB, now: 3) == .greet(4, .hello(peer: me), evicting: nil))
@@ -240,24 +240,23 @@ struct AdvertiserStateMachineTests {
     private func abandon(_ m: inout AdvertiserStateMachine, _ id: PendingID, from host: [UInt8], at now: Nanos) -> AdvertiserStateMachine.OnAccepted {
         let r = m.accepted(id, host: host, now: now)
         guard case .greet = r else { return r }
-        m.heard(id)
+        m.heard(id, now: now)
         m.closed(id, now: now)
         return r
     }
 
-    @Test func aHostThatLeavesHandshakesUnfinishedIsRationedOthersAreNot() {
+    @Test func anAddressThatKeepsBreakingOffIsRationedOthersAreNot() {
         // What a man in the middle searching for matching digits does: speak, get message 2, hang up, again.
         var m = machine()
-        for id in 1...17 {
+        for id in 1...16 {
             #expect(abandon(&m, id, from: hostA, at: 0) == .greet(id, .hello(peer: me), evicting: nil), "burst \(id)")
         }
-        #expect(m.counters.unfinishedHandshakes == 17)
-        // 17 owed, 16 allowed at once: refused until a second has paid one off.
+        #expect(m.counters.unadmittedHandshakes == 16)
+        // Sixteen at once: the 17th is refused until a second has paid one off.
+        #expect(m.accepted(17, host: hostA, now: 0) == .refuse(17))
         #expect(m.accepted(18, host: hostA, now: sec - 1) == .refuse(18))
-        #expect(m.accepted(19, host: hostB, now: sec - 1) == .greet(19, .hello(peer: me), evicting: nil), "another host is not")
-        #expect(m.accepted(20, host: hostA, now: sec) == .greet(20, .hello(peer: me), evicting: nil))
-        m.heard(20)
-        m.closed(20, now: sec)
+        #expect(m.accepted(19, host: hostB, now: sec - 1) == .greet(19, .hello(peer: me), evicting: nil), "another address is not")
+        #expect(abandon(&m, 20, from: hostA, at: sec) == .greet(20, .hello(peer: me), evicting: nil))
         // Then one a second: trying every millisecond for the next 10 s (1 s … 11 s) gets 9 more tries (at 2 s … 10 s;
         // the one at 1 s was taken above), not thousands.
         var admitted = 0
@@ -266,50 +265,96 @@ struct AdvertiserStateMachineTests {
             if case .greet = abandon(&m, 100 + k, from: hostA, at: now) { admitted += 1 }
         }
         #expect(admitted == 9)
-        #expect(m.counters.refusedRationed == 1 + 9_991)
-        #expect(m.counters.unfinishedHandshakes == 17 + 1 + 9)
+        #expect(m.counters.rationedConnections == 2 + 9_991)
+        #expect(m.counters.unadmittedHandshakes == 16 + 1 + 9)
     }
 
-    @Test func onlyHandshakesThatSpokeAndDidNotReachTheAppCount() {
+    /// Accepts `id` from `host`, has it say HELLO and invite, and returns the machine asking the app.
+    private func asking(_ m: inout AdvertiserStateMachine, _ id: PendingID, from host: [UInt8], timeoutMillis: UInt32 = 5_000) {
+        _ = m.accepted(id, host: host, now: 0)
+        m.heard(id, now: 0)
+        _ = m.received(.hello(peer: bob), on: id, now: 0)
+        _ = m.received(.invite(invite(timeoutMillis: timeoutMillis)), on: id, now: 0)
+    }
+
+    @Test func aTryIsForgivenOnlyWhenTheCallerNeverSpokeOrWasAdmitted() {
         var m = machine()
-        // Silent callers (never got message 2), invitations the app answered or that time out, and a stop: none count.
+        // Silent callers (they never got message 2) and admitted ones cost nothing: 80 from one address at once.
         for id in 1...40 {
             _ = m.accepted(id, host: hostA, now: 0)
             m.closed(id, now: 0)
         }
         for id in 41...80 {
-            _ = m.accepted(id, host: hostA, now: 0)
-            m.heard(id)
-            _ = m.received(.hello(peer: bob), on: id, now: 0)
-            _ = m.received(.invite(invite(timeoutMillis: 1_000)), on: id, now: 0)
-            if id % 2 == 0 { _ = m.answered(id, .accept) } else { m.closed(id, now: 0) } // withdrawn by its inviter
+            asking(&m, id, from: hostA)
+            #expect(m.answered(id, .accept) == .handOver(id, bob, invite()))
         }
-        #expect(m.counters.unfinishedHandshakes == 0)
-        #expect(m.accepted(81, host: hostA, now: 0) == .greet(81, .hello(peer: me), evicting: nil))
-        // A caller that breaks the protocol, one that said HELLO and never invited, and evicted ones that had spoken
-        // do count: a searcher could leave its handshakes in any of these ways.
-        m.heard(81)
-        _ = m.received(.data([1]), on: 81, now: 0)
-        _ = m.accepted(82, host: hostA, now: 0)
-        m.heard(82)
-        _ = m.received(.hello(peer: bob), on: 82, now: 0)
-        #expect(m.expire(now: 10 * sec) == [.close(82)])
-        var small = machine(pending: 64, perHost: 1)
-        _ = small.accepted(1, host: hostA, now: 0)
-        small.heard(1)
-        #expect(small.accepted(2, host: hostA, now: 0) == .greet(2, .hello(peer: me), evicting: 1))
-        #expect(m.counters.unfinishedHandshakes == 2 && small.counters.unfinishedHandshakes == 1)
+        #expect(m.counters.unadmittedHandshakes == 0)
+        // Every other way a try can end keeps its charge, so a searcher cannot get its tries for free by reaching
+        // the app: declined, withdrawn, its invitation timed out (1 ms), hung up after HELLO, broke the protocol, or
+        // never finished in time.
+        asking(&m, 100, from: hostB)
+        _ = m.answered(100, .decline(.declined, "no"))
+        asking(&m, 101, from: hostB)
+        m.closed(101, now: 0)
+        asking(&m, 102, from: hostB, timeoutMillis: 1)
+        _ = m.accepted(103, host: hostB, now: 0)
+        m.heard(103, now: 0)
+        _ = m.received(.hello(peer: bob), on: 103, now: 0)
+        m.closed(103, now: 0)
+        _ = m.accepted(104, host: hostB, now: 0)
+        m.heard(104, now: 0)
+        #expect(m.received(.data([1]), on: 104, now: 0) == .close(104, .unexpectedFrame("DATA")))
+        _ = m.accepted(105, host: hostB, now: 0)
+        m.heard(105, now: 0)
+        #expect(m.expire(now: 1_000_000) == [.decline(102, .timedOut)])
+        #expect(m.counters.unadmittedHandshakes == 5)
+        // Five spent and one (105) still open and charged: ten more tries at once, not eleven. Beyond 8 open from one
+        // address each newcomer evicts the oldest try (105, then 110, 111), which is forgiven while the newcomer pays
+        // for it, and counted as not admitted.
+        var greeted = 0
+        for id in 110...120 {
+            guard case .greet = m.accepted(id, host: hostB, now: 1_000_000) else { continue }
+            greeted += 1
+            m.heard(id, now: 1_000_000)
+        }
+        #expect(greeted == 10)
+        #expect(m.counters.unadmittedHandshakes == 5 + 3)
+        // Silent callers cost nothing at all: an address's idle connections never use up its tries.
+        var idle = machine()
+        var refused = 0
+        for id in 1...100 { if idle.accepted(id, host: hostA, now: 0) == .refuse(id) { refused += 1 } }
+        #expect(refused == 0 && idle.counters.unadmittedHandshakes == 0)
     }
 
-    @Test func theRationTableStaysBounded() {
+    @Test func anEvictionIsChargedToWhoeverMadeRoom() {
+        var c = AdvertiserStateMachine.Configuration(localPeer: me)
+        c.maximumPending = 1
+        c.tryBurst = 2
+        var m = AdvertiserStateMachine(configuration: c)
+        _ = m.accepted(1, host: hostA, now: 0)
+        m.heard(1, now: 0)
+        // B's connection evicts A's live one: A is forgiven, B pays for its own try and for the eviction.
+        #expect(m.accepted(2, host: hostB, now: 0) == .greet(2, .hello(peer: me), evicting: 1))
+        m.heard(2, now: 0)
+        #expect(m.counters.unadmittedHandshakes == 1)
+        #expect(m.accepted(3, host: hostB, now: 0) == .refuse(3), "B used its two at once")
+        #expect(m.accepted(4, host: hostA, now: 0) == .greet(4, .hello(peer: me), evicting: 2), "A was forgiven")
+    }
+
+    @Test func theRationTableStaysBoundedAndForgetsPaidDebtsFirst() {
         var c = AdvertiserStateMachine.Configuration(localPeer: me)
         c.maximumRationedHosts = 8
+        c.tryBurst = 2
         var m = AdvertiserStateMachine(configuration: c)
-        // 17 unfinished from one host, then one each from 100 others: the table keeps 8 hosts, the largest debts.
-        for id in 1...17 { _ = abandon(&m, id, from: hostA, at: 0) }
+        // Two tries from A (paid off at 2 s), then one each from 100 others (paid off at 1 s): 8 addresses are kept,
+        // A, which owes most, among them.
+        for id in 1...2 { _ = abandon(&m, id, from: hostA, at: 0) }
         for k in 0..<100 { _ = abandon(&m, 100 + k, from: [10, 1, 0, UInt8(k)], at: 0) }
-        #expect(m.accepted(500, host: hostA, now: 0) == .refuse(500), "the host that owes most is still remembered")
-        #expect(m.accepted(501, host: hostA, now: sec) == .greet(501, .hello(peer: me), evicting: nil))
+        #expect(m.rationedHostCount == 8)
+        #expect(m.accepted(500, host: hostA, now: 0) == .refuse(500), "the address that owes most is remembered")
+        // At 1.5 s the others have paid; A has not. One more address overflows the table: the paid go first.
+        _ = abandon(&m, 501, from: [10, 2, 0, 1], at: 3 * sec / 2)
+        #expect(m.rationedHostCount == 2, "A and the newcomer")
     }
 
     @Test func stopDeclinesWhatTheAppHoldsAndClosesTheRest() {

@@ -107,6 +107,11 @@ extension RelayHost {
         /// Clip starts refused because their player was over its clip quota (`Configuration.clipQuota`), every player
         /// together, those that left included.
         public var refusedClips: UInt64 = 0
+        /// Callers that spoke and were not admitted (`AdvertiserStatistics.unadmittedHandshakes`).
+        public var unadmittedHandshakes: UInt64 = 0
+        /// Connections refused because their address had used its ration of tries
+        /// (`AdvertiserStatistics.rationedConnections`).
+        public var rationedConnections: UInt64 = 0
     }
 
     /// Where talkback from the players is played: a sink for the talker's format, and whether the talker keeps

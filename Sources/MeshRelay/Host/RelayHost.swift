@@ -58,6 +58,9 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     /// A player's pause and talk changes are logged about once a second at most (the control queue's; a lock for
     /// `Sendable`).
     private let changeLines = Mutex(ChangeLineCoalescer<PeerID>(interval: 1_000_000_000))
+    /// The advertiser's rationed connections the operator was last told of, when, and when they were last looked at
+    /// (the timers queue's; a lock for `Sendable`).
+    private let rationNotice = Mutex<(told: UInt64, saidAtNanos: UInt64, checkedAtNanos: UInt64)>((0, 0, 0))
 
     private struct HostState {
         /// Players admitted because the trust store has their key: forgotten keys are disconnected.
@@ -262,6 +265,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         timers.asyncAfter(deadline: .now() + .milliseconds(250)) { [weak self] in
             guard let self, self.running.load(ordering: .acquiring) else { return }
             self.checkTrust()
+            self.sayRationedConnections()
             if let fault = self.source.fault, !self.failed.exchange(true, ordering: .acquiringAndReleasing) {
                 self.onFailure("capture ended: \(fault)")
             }
@@ -277,6 +281,29 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             }
             self.watch()
         }
+    }
+
+    /// Tells the operator, at most every 10 s, that connections were refused because their address had used its
+    /// ration of tries: what a man in the middle searching for a matching check code runs into (docs/PROTOCOL.md §3.2).
+    private func sayRationedConnections() {
+        let now = MonotonicClock.nowNanos()
+        // Looked at once a second (the advertiser answers on its loop), said at most every 10 s.
+        let due = rationNotice.withLock { n -> Bool in
+            guard now &- n.checkedAtNanos >= 1_000_000_000 else { return false }
+            n.checkedAtNanos = now
+            return now &- n.saidAtNanos >= 10_000_000_000
+        }
+        guard due else { return }
+        let refused = advertiser.statistics.rationedConnections
+        let told = rationNotice.withLock { n -> UInt64? in
+            guard refused > n.told else { return nil }
+            defer { (n.told, n.saidAtNanos) = (refused, now) }
+            return n.told
+        }
+        guard let told else { return }
+        notices("refused \(refused - told) connection\(refused - told == 1 ? "" : "s") from an address that had more than 16 "
+                + "tries not admitted (\(refused) so far): a client that breaks off its handshakes or is turned away and "
+                + "tries again at once, such as someone searching for a check code that matches")
     }
 
     /// Stops capture (nothing is sent after this), stops advertising and says goodbye to every player.
@@ -308,6 +335,9 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         s.controlCommands = control.counters.commands
         s.malformedControl = control.counters.malformed
         s.refusedClips = control.counters.refusedClips
+        let callers = advertiser.statistics
+        s.unadmittedHandshakes = callers.unadmittedHandshakes
+        s.rationedConnections = callers.rationedConnections
         s.pairing = pairing?.isOpen ?? false
         s.advertised = advertised
         s.muted = capture.isMuted

@@ -140,7 +140,7 @@ extension SessionCore {
         } else {
             // Only a caller we made connection data for gets through to the listener (which checks the ticket).
             guard let acceptor = owner.withLock({ $0.value })?.direct.withLock({ $0 }), acceptor.hasTicket(for: peer),
-                  acceptor.advertiser.admitRelayed(pair.1)
+                  acceptor.advertiser.admitRelayed(pair.1, from: peer)
             else { return endFailed(key, other: pair.1) }
         }
     }

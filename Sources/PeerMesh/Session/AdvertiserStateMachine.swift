@@ -16,12 +16,16 @@ typealias PendingID = Int
 /// finishes its handshake within a round trip). Only when every slot holds an invitation the app is deciding
 /// is a new connection refused; then the driver stops accepting (`isFull`) until one ends.
 ///
-/// Unfinished handshakes are rationed per source address. A handshake is unfinished when the caller spoke (in
-/// Noise mode: this side answered its message 1 with message 2) and the connection ended before its invitation
-/// reached the app: it hung up, broke the protocol, ran out of time or was evicted. A man in the middle searching
-/// for a handshake that shows the digits the inviter shows (docs/PROTOCOL.md §3.2) leaves one per try; real peers
-/// almost never do. A host may leave `unfinishedBurst` of them at once and then one per `unfinishedInterval`; past
-/// that its new connections are refused until its debt is paid. Other hosts are not affected.
+/// Tries are rationed per source address. A connection becomes a try, charged to its address, when its caller
+/// first speaks (in Noise mode this side answers with message 2, from which the digits follow); a silent one costs
+/// nothing. A try is forgiven when the app accepts its invitation. Every other end keeps the charge: a caller that
+/// hung up, broke the protocol, ran out of time, withdrew its invitation or was declined. So a man in the middle
+/// searching for a handshake that shows the digits the inviter shows (docs/PROTOCOL.md §3.2) pays for every try,
+/// however it ends it, and a real peer pays only when it is turned away. A try evicted at a cap is forgiven and its
+/// evictor charged for it. An address may have `tryBurst` unforgiven tries at once and then one per
+/// `tryInterval` (checked at accept, so the connections it may already have open add at most
+/// `maximumPendingPerHost`); past that its new connections are refused until the debt is paid. Other addresses are
+/// not affected.
 struct AdvertiserStateMachine: Sendable {
     /// Limits and timing.
     struct Configuration: Equatable, Sendable {
@@ -31,11 +35,11 @@ struct AdvertiserStateMachine: Sendable {
         var maximumInvitationWait: Nanos = 60_000_000_000
         var maximumPending: Int = 64
         var maximumPendingPerHost: Int = 8
-        /// Unfinished handshakes a host may leave at once before it is refused.
-        var unfinishedBurst: Int = 16
-        /// After the burst, one unfinished handshake per this interval.
-        var unfinishedInterval: Nanos = 1_000_000_000
-        /// Hosts whose unfinished handshakes are remembered at most (those whose debt is paid go first).
+        /// Unforgiven tries an address may have at once before it is refused.
+        var tryBurst: Int = 16
+        /// After the burst, one try per this interval.
+        var tryInterval: Nanos = 1_000_000_000
+        /// Addresses whose tries are remembered at most (those whose debt is paid go first, then the smallest).
         var maximumRationedHosts: Int = 1_024
     }
 
@@ -63,13 +67,6 @@ struct AdvertiserStateMachine: Sendable {
 
         var isAsking: Bool { if case .asking = self { true } else { false } }
         var isSilent: Bool { if case .silent = self { true } else { false } }
-        /// The caller spoke but its invitation has not reached the app: ending now leaves the handshake unfinished.
-        var isUnfinished: Bool {
-            switch self {
-            case .greeted, .introduced: true
-            case .silent, .asking: false
-            }
-        }
     }
 
     /// What to do with a connection just accepted.
@@ -77,8 +74,8 @@ struct AdvertiserStateMachine: Sendable {
         /// Keep it: send our HELLO (carried by the handshake when encrypted). Close `evicting` first, if any: it
         /// was the oldest connection still handshaking at a cap.
         case greet(PendingID, ControlFrame, evicting: PendingID?)
-        /// Every slot holds an invitation the app is deciding, or the caller's host has left more unfinished
-        /// handshakes than it may: close the new one at once.
+        /// Every slot holds an invitation the app is deciding, or the caller's address has used its ration of tries:
+        /// close the new one at once.
         case refuse(PendingID)
     }
 
@@ -119,24 +116,19 @@ struct AdvertiserStateMachine: Sendable {
     private let config: Configuration
     private var pending: [PendingID: Pending] = [:]
     private var stopped = false
-    /// Per host, the time at which its unfinished handshakes are paid off (a virtual scheduling time, as in GCRA:
-    /// each unfinished handshake moves it `unfinishedInterval` on from at least now).
-    private var unfinishedDebt: [[UInt8]: Nanos] = [:]
+    /// Per address, the time at which its tries are paid off (a virtual scheduling time, as in GCRA: each try moves
+    /// it `tryInterval` on from at least now; a forgiven try moves it back).
+    private var tryDebt: [[UInt8]: Nanos] = [:]
 
     /// Exact counts since `init`.
-    struct Counters: Equatable, Sendable {
-        /// Handshakes the caller left unfinished (see the type's documentation).
-        var unfinishedHandshakes: UInt64 = 0
-        /// Connections refused because their host had left too many unfinished.
-        var refusedRationed: UInt64 = 0
-    }
-
-    private(set) var counters = Counters()
+    private(set) var counters = AdvertiserStatistics()
 
     init(configuration: Configuration) {
         precondition(configuration.maximumPending >= 1 && configuration.maximumPendingPerHost >= 1)
-        precondition(configuration.unfinishedBurst >= 1 && configuration.unfinishedInterval > 0
+        precondition(configuration.tryBurst >= 1 && configuration.tryInterval > 0
                      && configuration.maximumRationedHosts >= 1)
+        precondition(configuration.tryInterval.multipliedReportingOverflow(by: Nanos(configuration.tryBurst))
+                        .partialValue < Nanos.max / 4, "the ration's window must not wrap the clock")
         config = configuration
     }
 
@@ -166,7 +158,7 @@ struct AdvertiserStateMachine: Sendable {
         precondition(pending[id] == nil, "pending ids are unique")
         guard !stopped else { return .refuse(id) }
         guard !isRationed(host, now: now) else {
-            counters.refusedRationed += 1
+            counters.rationedConnections += 1
             return .refuse(id)
         }
         var victim: PendingID?
@@ -178,7 +170,12 @@ struct AdvertiserStateMachine: Sendable {
             victim = evictionCandidate(among: pending)
             guard victim != nil else { return .refuse(id) }
         }
-        if let victim { end(victim, now: now) }
+        if let victim, let p = pending.removeValue(forKey: victim), !p.isSilent {
+            // Evicting a try is this side's doing: the victim is forgiven, and whoever made room pays for it.
+            counters.unadmittedHandshakes += 1
+            forgive(p.host)
+            charge(host, now: now)
+        }
         pending[id] = .silent(host: host, acceptedAt: now)
         return .greet(id, .hello(peer: config.localPeer), evicting: victim)
     }
@@ -192,9 +189,11 @@ struct AdvertiserStateMachine: Sendable {
             }?.key
     }
 
-    /// The first bytes arrived on `id`: it is no longer silent.
-    mutating func heard(_ id: PendingID) {
-        if case .silent(let host, let a)? = pending[id] { pending[id] = .greeted(host: host, acceptedAt: a) }
+    /// The first bytes arrived on `id`: it is no longer silent, and it is a try of its address's.
+    mutating func heard(_ id: PendingID, now: Nanos) {
+        guard case .silent(let host, let a)? = pending[id] else { return }
+        pending[id] = .greeted(host: host, acceptedAt: a)
+        charge(host, now: now)
     }
 
     /// A frame arrived on a pending connection.
@@ -218,11 +217,15 @@ struct AdvertiserStateMachine: Sendable {
 
     /// The app answered the invitation on `id`.
     mutating func answered(_ id: PendingID, _ answer: Answer) -> OnAnswer {
-        guard case .asking(_, _, let peer, let invite, _)? = pending[id] else { return .ignore }
+        guard case .asking(let host, _, let peer, let invite, _)? = pending[id] else { return .ignore }
         pending[id] = nil
         switch answer {
-        case .accept: return .handOver(id, peer, invite)
-        case .decline(let reason, let text): return .decline(id, reason, text)
+        case .accept:
+            forgive(host)
+            return .handOver(id, peer, invite)
+        case .decline(let reason, let text):
+            counters.unadmittedHandshakes += 1
+            return .decline(id, reason, text)
         }
     }
 
@@ -259,28 +262,41 @@ struct AdvertiserStateMachine: Sendable {
         return .close(id, fault)
     }
 
-    // MARK: Unfinished handshakes
+    // MARK: The ration of tries
 
-    /// Forgets `id`; if its caller had spoken and not yet reached the app, its host owes one unfinished handshake.
+    /// Forgets `id`, which ended without being admitted: if its caller spoke, the try keeps its charge.
     private mutating func end(_ id: PendingID, now: Nanos) {
-        guard let p = pending.removeValue(forKey: id), p.isUnfinished else { return }
-        counters.unfinishedHandshakes += 1
-        unfinishedDebt[p.host] = max(unfinishedDebt[p.host] ?? 0, now) &+ config.unfinishedInterval
-        if unfinishedDebt.count > config.maximumRationedHosts { forgetPaidDebts(now: now) }
+        guard let p = pending.removeValue(forKey: id), !p.isSilent else { return }
+        counters.unadmittedHandshakes += 1
     }
 
-    /// Whether `host` has left more unfinished handshakes than its burst allows, as of `now`.
-    private func isRationed(_ host: [UInt8], now: Nanos) -> Bool {
-        guard let debt = unfinishedDebt[host] else { return false }
-        return debt > now &+ Nanos(config.unfinishedBurst) &* config.unfinishedInterval
+    /// One more try for `host`.
+    private mutating func charge(_ host: [UInt8], now: Nanos) {
+        tryDebt[host] = max(tryDebt[host] ?? 0, now) &+ config.tryInterval
+        if tryDebt.count > config.maximumRationedHosts { forgetPaidDebts(now: now) }
     }
+
+    /// One try of `host`'s taken back (a debt already paid off stays paid).
+    private mutating func forgive(_ host: [UInt8]) {
+        guard let debt = tryDebt[host] else { return }
+        tryDebt[host] = debt >= config.tryInterval ? debt - config.tryInterval : 0
+    }
+
+    /// Whether `host` has used its burst, as of `now`: `tryBurst` tries at once, then one per interval.
+    private func isRationed(_ host: [UInt8], now: Nanos) -> Bool {
+        guard let debt = tryDebt[host] else { return false }
+        return debt > now &+ Nanos(config.tryBurst - 1) &* config.tryInterval
+    }
+
+    /// Addresses whose tries are remembered (for tests of the table's bound).
+    var rationedHostCount: Int { tryDebt.count }
 
     /// Keeps the table within `maximumRationedHosts`: paid debts go first, then the smallest.
     private mutating func forgetPaidDebts(now: Nanos) {
-        unfinishedDebt = unfinishedDebt.filter { $0.value > now }
-        while unfinishedDebt.count > config.maximumRationedHosts,
-              let least = unfinishedDebt.min(by: { $0.value < $1.value })?.key {
-            unfinishedDebt[least] = nil
+        tryDebt = tryDebt.filter { $0.value > now }
+        while tryDebt.count > config.maximumRationedHosts,
+              let least = tryDebt.min(by: { $0.value < $1.value })?.key {
+            tryDebt[least] = nil
         }
     }
 }

@@ -30,6 +30,20 @@ public extension NearbyServiceAdvertiserDelegate {
     }
 }
 
+/// Counters of an advertiser's callers since it started advertising: what it refused, and why.
+public struct AdvertiserStatistics: Sendable, Equatable {
+    /// Connections whose caller spoke (in Noise mode this side answered its message 1 with message 2) and that did
+    /// not end with the caller admitted: it hung up, broke the protocol, ran out of time, withdrew its invitation,
+    /// was declined or was evicted at a cap.
+    public var unadmittedHandshakes: UInt64 = 0
+    /// Connections refused at accept because their address had used its ration of tries (16 not admitted at once,
+    /// then one a second): what a man in the middle searching for matching digits runs into (docs/PROTOCOL.md
+    /// §3.2), or a client that keeps being turned away and trying again at once.
+    public var rationedConnections: UInt64 = 0
+
+    public init() {}
+}
+
 /// Publishes this peer under a service type and accepts invitations, as MC's `MCNearbyServiceAdvertiser`.
 ///
 /// It listens on a TCP port (`port`, 0 picks one) and publishes that port through a `DiscoveryBackend`
@@ -92,6 +106,9 @@ public final class NearbyServiceAdvertiser: Sendable {
     /// The TCP port invitations arrive on, once started.
     public var port: UInt16? { state.withLock { $0?.port } }
 
+    /// What the advertiser refused and why, since it started advertising (zeros when it is not advertising).
+    public var statistics: AdvertiserStatistics { state.withLock { $0?.core }?.statistics ?? AdvertiserStatistics() }
+
     /// Opens the listener, publishes, and starts taking invitations. Throws if the port cannot be bound or the
     /// discovery backend refuses.
     public func startAdvertisingPeer() throws(PeerMeshError) {
@@ -148,12 +165,12 @@ public final class NearbyServiceAdvertiser: Sendable {
 
     /// Takes `socket`, the end of a relay pipe another member splices to a caller, as a connection from the
     /// listener. False (and the socket closed) when not advertising.
-    func admitRelayed(_ socket: FileDescriptor) -> Bool {
+    func admitRelayed(_ socket: FileDescriptor, from caller: PeerID) -> Bool {
         guard let core = state.withLock({ $0?.core }) else {
             socket.close()
             return false
         }
-        core.admitRelayed(socket)
+        core.admitRelayed(socket, from: caller)
         return true
     }
 
@@ -214,6 +231,9 @@ private final class AdvertiserCore: Sendable {
         }
     }
 
+    /// The state machine's counters, read on the loop.
+    var statistics: AdvertiserStatistics { loop.submitAndWait { [self] in io.value.machine.counters } }
+
     /// Declines what is pending and closes the listener; waits for it unless called on the loop.
     func stop() {
         loop.submitAndWait { [self] in
@@ -248,22 +268,26 @@ private final class AdvertiserCore: Sendable {
     }
 
     /// Takes a relay pipe's end as a connection (from any thread).
-    func admitRelayed(_ socket: FileDescriptor) {
-        loop.execute { [self] in admit(socket, remote: nil, relayed: true) }
+    func admitRelayed(_ socket: FileDescriptor, from caller: PeerID) {
+        // A relayed caller has no address of its own: its tries are rationed by the identity it calls as (only one
+        // holding a ticket for it gets this far), so that one caller cannot use up every relayed caller's tries.
+        let key = [0xff] + withUnsafeBytes(of: caller.identity.bigEndian, Array.init)
+        loop.execute { [self] in admit(socket, remote: nil, relayed: true, rationKey: key) }
     }
 
-    /// Takes a connection as if accepted from the listener: a TCP one, or a relay pipe's end. Loop thread only.
-    private func admit(_ socket: FileDescriptor, remote: SocketAddress?, relayed: Bool) {
+    /// Takes a connection as if accepted from the listener: a TCP one, or a relay pipe's end (no `remote`; its
+    /// tries are rationed under `rationKey`). Loop thread only.
+    private func admit(_ socket: FileDescriptor, remote: SocketAddress?, relayed: Bool, rationKey: [UInt8]? = nil) {
         io.value.nextID += 1
         let id = io.value.nextID
-        switch io.value.machine.accepted(id, host: remote?.hostBytes ?? [], now: MonotonicClock.nowNanos()) {
+        switch io.value.machine.accepted(id, host: rationKey ?? remote?.hostBytes ?? [], now: MonotonicClock.nowNanos()) {
         case .refuse:
             socket.close()
         case .greet(_, let hello, let victim):
             if let victim { io.value.connections.removeValue(forKey: victim)?.close() }
             let c = Connection(socket: socket, remote: remote, connecting: false, loop: loop, channel: channel, relayed: relayed)
             io.value.connections[id] = c
-            c.onFirstBytes = { [unowned self] in io.value.machine.heard(id) }
+            c.onFirstBytes = { [unowned self] in io.value.machine.heard(id, now: MonotonicClock.nowNanos()) }
             c.start(onFrame: { [unowned self] f in received(f, on: id) }, onEnd: { [unowned self] _ in ended(id) })
             c.send(hello)
         }

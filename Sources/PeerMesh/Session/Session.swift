@@ -51,8 +51,8 @@ public struct PeerCertificate: Sendable, Equatable {
     /// Six digits (`123 456`) that are the same on both sides of this handshake, and tell it from another one. The
     /// inviter commits to its share before the advertiser's message 2, so a man in the middle can no longer search
     /// for matching digits offline; online it gets one chance in 10⁶ per handshake it makes the advertiser answer,
-    /// and the advertiser rations those per address (16, then one a second: docs/PROTOCOL.md §3.2). Against a man in
-    /// the middle that holds many addresses, pin the key or pair (`Pairing`).
+    /// and the advertiser rations those per address (16 not admitted at once, then one a second: docs/PROTOCOL.md
+    /// §3.2). Against a man in the middle that holds many addresses (easy on IPv6), pin the key or pair (`Pairing`).
     ///
     /// The inviter has them when its certificate check runs (`weInvited`); the advertiser only once message 3 has
     /// come, which waits for that check. An inviter that wants people to compare them approves first and

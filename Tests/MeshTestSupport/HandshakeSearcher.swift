@@ -1,0 +1,34 @@
+// What a man in the middle does when it searches online for matching check digits (docs/PROTOCOL.md §3.2).
+import Foundation
+import MeshPOSIX
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One try of a man in the middle searching for a handshake whose check digits match the ones another screen
+/// shows: connects to 127.0.0.1:`port`, sends `preamble` (the inviter's, of the protocol version under test) and a
+/// Noise message 1 (a random ephemeral key and a 32-byte commitment), waits up to `seconds` for the advertiser's
+/// answer (its preamble and message 2: what the searcher would compute the digits from), and hangs up.
+///
+/// Returns whether the advertiser answered; false when it closed the connection at once (refused) or said nothing.
+package func abandonedHandshake(port: UInt16, preamble: [UInt8], seconds: Double = 2) -> Bool {
+    guard let tcp = try? FileDescriptor.tcpConnect(to: SocketAddress(numericHost: "127.0.0.1", port: port)!) else { return false }
+    defer { tcp.close() }
+    var p = pollfd(fd: tcp.fd, events: Int16(POLLOUT), revents: 0)
+    guard poll(&p, 1, Int32(seconds * 1_000)) == 1, p.revents & Int16(POLLOUT) != 0 else { return false }
+    let message1 = (0..<64).map { _ in UInt8.random(in: 0...255) }
+    let first = preamble + [0, UInt8(message1.count)] + message1
+    guard first.withUnsafeBytes({ send(tcp.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }) == first.count else { return false }
+    // The advertiser's preamble (8 bytes) and message 2 (a u16 length, then 32 + 48 + HELLO + 16 bytes).
+    var got = 0
+    var buffer = [UInt8](repeating: 0, count: 4_096)
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline, got <= 8 + 2 + 96 {
+        p = pollfd(fd: tcp.fd, events: Int16(POLLIN), revents: 0)
+        guard poll(&p, 1, 100) == 1 else { continue }
+        let n = buffer.withUnsafeMutableBytes { recv(tcp.fd, $0.baseAddress, $0.count, 0) }
+        guard n > 0 else { return false }
+        got += n
+    }
+    return got > 8 + 2 + 96
+}
