@@ -284,6 +284,27 @@ struct AttackTests {
         withExtendedLifetime(advertiser) {}
     }
 
+    @Test("Twenty real peers from one address, one after another, are all let in: a try the session admits is forgiven")
+    func admittedTriesAreForgiven() throws {
+        let host = try Session(peer: try PeerID(displayName: "host"),
+                               configuration: .init(maximumPeers: 24, bindHost: "127.0.0.1", maximumPeersPerHost: 24))
+        let log = MeshEventLog()
+        host.delegate = log
+        let advertiser = try advertise(host, as: "pm-admitted", answeredBy: log)
+        var guests: [Session] = []
+        for i in 0..<20 {
+            let g = try Session(peer: try PeerID(displayName: "guest\(i)"), configuration: .init(bindHost: "127.0.0.1"))
+            let gl = MeshEventLog()
+            g.delegate = gl
+            try g.connect(to: PeerEndpoint(host: "127.0.0.1", port: advertiser.port!), timeout: .seconds(5))
+            #expect(gl.wait(5) { s in s.states.contains { $0.1 == .connected } }, "guest \(i): \(gl.snapshot.failures)")
+            guests.append(g)
+        }
+        #expect(host.connectedPeers.count == 20)
+        #expect(advertiser.statistics == AdvertiserStatistics(), "nothing refused, nothing left unadmitted")
+        withExtendedLifetime((guests, advertiser)) {}
+    }
+
     @Test("40 peers from one address cannot fill the slots; a peer from another address still joins")
     func onePlaceCannotFillTheSlots() throws {
         let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(maximumPeers: 33, bindHost: "127.0.0.1"))

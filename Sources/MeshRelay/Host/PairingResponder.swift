@@ -39,10 +39,11 @@ public final class PairingResponder: SessionDelegate, Sendable {
     ///   - windowChanged: the window opened (true) or closed (false): advertise `pair=1` meanwhile.
     public init(identity: PeerIdentity, trust: TrustStore, peerTimeout: Duration = .seconds(2), bindHost: String = "",
                 notices: @escaping @Sendable (String) -> Void, windowChanged: @escaping @Sendable (Bool) -> Void) throws {
-        session = try Session(securityIdentity: identity,
-                              configuration: .init(maximumPeers: 4, peerTimeout: peerTimeout, bindHost: bindHost,
-                                                   maximumMessageSize: 4096, maximumPeersPerHost: 2, maximumResourceSize: 0,
-                                                   topology: .star))
+        var configuration = Session.Configuration(maximumPeers: 4, peerTimeout: peerTimeout, bindHost: bindHost,
+                                                  maximumMessageSize: 4096, maximumPeersPerHost: 2, maximumResourceSize: 0,
+                                                  topology: .star)
+        configuration.admissionForgivesTry = false
+        session = try Session(securityIdentity: identity, configuration: configuration)
         self.trust = trust
         self.notices = notices
         self.windowChanged = windowChanged

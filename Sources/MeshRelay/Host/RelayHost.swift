@@ -301,9 +301,9 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             return n.told
         }
         guard let told else { return }
-        notices("refused \(refused - told) connection\(refused - told == 1 ? "" : "s") from an address that had more than 16 "
-                + "tries not admitted (\(refused) so far): a client that breaks off its handshakes or is turned away and "
-                + "tries again at once, such as someone searching for a check code that matches")
+        notices("refused \(refused - told) connection\(refused - told == 1 ? "" : "s") from addresses that had used up their "
+                + "tries (16 not let in at once, then one a second; \(refused) so far): a client that breaks off its "
+                + "handshakes or is turned away and tries again at once, such as someone searching for a check code that matches")
     }
 
     /// Stops capture (nothing is sent after this), stops advertising and says goodbye to every player.

@@ -18,14 +18,16 @@ typealias PendingID = Int
 ///
 /// Tries are rationed per source address. A connection becomes a try, charged to its address, when its caller
 /// first speaks (in Noise mode this side answers with message 2, from which the digits follow); a silent one costs
-/// nothing. A try is forgiven when the app accepts its invitation. Every other end keeps the charge: a caller that
-/// hung up, broke the protocol, ran out of time, withdrew its invitation or was declined. So a man in the middle
-/// searching for a handshake that shows the digits the inviter shows (docs/PROTOCOL.md §3.2) pays for every try,
-/// however it ends it, and a real peer pays only when it is turned away. A try evicted at a cap is forgiven and its
-/// evictor charged for it. An address may have `tryBurst` unforgiven tries at once and then one per
-/// `tryInterval` (checked at accept, so the connections it may already have open add at most
-/// `maximumPendingPerHost`); past that its new connections are refused until the debt is paid. Other addresses are
-/// not affected.
+/// nothing. A try is forgiven (`admitted`) only when the session the app chose has let the caller in — after its
+/// certificate check and peer limits — and that session is not a pairing window's. Every other end keeps the
+/// charge: a caller that hung up, broke the protocol, ran out of time, withdrew its invitation, was declined, or
+/// was turned away by the session. So a man in the middle searching for a handshake that shows the digits the
+/// inviter shows (docs/PROTOCOL.md §3.2) pays for every try, however it ends it, and a real peer pays only when it
+/// is turned away. A try evicted by another from the same address moves its charge to the newcomer (a wash); one
+/// evicted by another address keeps it. An address may have `tryBurst` unforgiven tries at once and then one per
+/// `tryInterval` (checked at accept, so the connections it already has open and silent add at most
+/// `maximumPendingPerHost − 1`); past that its new connections are refused until the debt is paid. Other addresses
+/// are not affected.
 struct AdvertiserStateMachine: Sendable {
     /// Limits and timing.
     struct Configuration: Equatable, Sendable {
@@ -127,8 +129,8 @@ struct AdvertiserStateMachine: Sendable {
         precondition(configuration.maximumPending >= 1 && configuration.maximumPendingPerHost >= 1)
         precondition(configuration.tryBurst >= 1 && configuration.tryInterval > 0
                      && configuration.maximumRationedHosts >= 1)
-        precondition(configuration.tryInterval.multipliedReportingOverflow(by: Nanos(configuration.tryBurst))
-                        .partialValue < Nanos.max / 4, "the ration's window must not wrap the clock")
+        let window = configuration.tryInterval.multipliedReportingOverflow(by: Nanos(configuration.tryBurst))
+        precondition(!window.overflow && window.partialValue < Nanos.max / 4, "the ration's window must not wrap the clock")
         config = configuration
     }
 
@@ -171,10 +173,14 @@ struct AdvertiserStateMachine: Sendable {
             guard victim != nil else { return .refuse(id) }
         }
         if let victim, let p = pending.removeValue(forKey: victim), !p.isSilent {
-            // Evicting a try is this side's doing: the victim is forgiven, and whoever made room pays for it.
             counters.unadmittedHandshakes += 1
-            forgive(p.host)
-            charge(host, now: now)
+            // Within one address the newcomer pays for the try it pushed out (the victim's charge moves to it). From
+            // another address the victim keeps its charge: it did get its answer, and an innocent caller that makes
+            // room at the global cap must not pay for a searcher's tries.
+            if p.host == host {
+                forgive(p.host)
+                charge(host, now: now)
+            }
         }
         pending[id] = .silent(host: host, acceptedAt: now)
         return .greet(id, .hello(peer: config.localPeer), evicting: victim)
@@ -217,17 +223,23 @@ struct AdvertiserStateMachine: Sendable {
 
     /// The app answered the invitation on `id`.
     mutating func answered(_ id: PendingID, _ answer: Answer) -> OnAnswer {
-        guard case .asking(let host, _, let peer, let invite, _)? = pending[id] else { return .ignore }
+        guard case .asking(_, _, let peer, let invite, _)? = pending[id] else { return .ignore }
         pending[id] = nil
         switch answer {
         case .accept:
-            forgive(host)
+            // Still charged: the session may yet turn the caller away (`admitted` forgives it once it is in).
             return .handOver(id, peer, invite)
         case .decline(let reason, let text):
             counters.unadmittedHandshakes += 1
             return .decline(id, reason, text)
         }
     }
+
+    /// The address (or relayed caller) `id`'s tries are charged to.
+    func rationKey(of id: PendingID) -> [UInt8]? { pending[id]?.host }
+
+    /// A caller handed over from `rationKey` is in the session: its try is forgiven.
+    mutating func admitted(rationKey: [UInt8]) { forgive(rationKey) }
 
     /// Whether `id` is an invitation the app holds.
     func isAsking(_ id: PendingID) -> Bool { pending[id]?.isAsking ?? false }
@@ -250,6 +262,7 @@ struct AdvertiserStateMachine: Sendable {
     /// The advertiser stops: every pending invitation is declined as unavailable, the rest closed.
     mutating func stop() -> [OnExpiry] {
         stopped = true
+        counters.unadmittedHandshakes += UInt64(pending.values.filter { !$0.isSilent }.count)
         let out = pending.keys.sorted().map { id -> OnExpiry in
             if case .asking = pending[id]! { .decline(id, .unavailable) } else { .close(id) }
         }
@@ -291,12 +304,14 @@ struct AdvertiserStateMachine: Sendable {
     /// Addresses whose tries are remembered (for tests of the table's bound).
     var rationedHostCount: Int { tryDebt.count }
 
-    /// Keeps the table within `maximumRationedHosts`: paid debts go first, then the smallest.
+    /// Keeps the table within `maximumRationedHosts`: paid debts go first, then the smallest, down to 7/8 of it, so
+    /// that a table kept full (by a searcher with more addresses than it holds) is trimmed once per eighth of its
+    /// size, not on every try. Such a searcher makes the table forget its newest addresses first: it is not bounded
+    /// per address anyway (docs/PROTOCOL.md §3.2).
     private mutating func forgetPaidDebts(now: Nanos) {
         tryDebt = tryDebt.filter { $0.value > now }
-        while tryDebt.count > config.maximumRationedHosts,
-              let least = tryDebt.min(by: { $0.value < $1.value })?.key {
-            tryDebt[least] = nil
-        }
+        let keep = max(1, config.maximumRationedHosts * 7 / 8)
+        guard tryDebt.count > keep else { return }
+        for (host, _) in tryDebt.sorted(by: { $0.value < $1.value }).prefix(tryDebt.count - keep) { tryDebt[host] = nil }
     }
 }

@@ -32,13 +32,14 @@ public extension NearbyServiceAdvertiserDelegate {
 
 /// Counters of an advertiser's callers since it started advertising: what it refused, and why.
 public struct AdvertiserStatistics: Sendable, Equatable {
-    /// Connections whose caller spoke (in Noise mode this side answered its message 1 with message 2) and that did
-    /// not end with the caller admitted: it hung up, broke the protocol, ran out of time, withdrew its invitation,
-    /// was declined or was evicted at a cap.
+    /// Connections whose caller spoke (in Noise mode this side answered its message 1 with message 2) and that ended
+    /// before the app let it through: it hung up, broke the protocol, ran out of time, withdrew its invitation, was
+    /// declined, was evicted at a cap, or was still under way when advertising stopped. (A caller the app let through
+    /// and its session then turned away is charged against its address's tries, not counted here.)
     public var unadmittedHandshakes: UInt64 = 0
-    /// Connections refused at accept because their address had used its ration of tries (16 not admitted at once,
-    /// then one a second): what a man in the middle searching for matching digits runs into (docs/PROTOCOL.md
-    /// §3.2), or a client that keeps being turned away and trying again at once.
+    /// Connections refused at accept because their address had used up its tries (16 not let in at once, then one a
+    /// second): what a man in the middle searching for matching digits runs into (docs/PROTOCOL.md §3.2), or a
+    /// client that keeps being turned away and trying again at once.
     public var rationedConnections: UInt64 = 0
 
     public init() {}
@@ -232,12 +233,22 @@ private final class AdvertiserCore: Sendable {
     }
 
     /// The state machine's counters, read on the loop.
-    var statistics: AdvertiserStatistics { loop.submitAndWait { [self] in io.value.machine.counters } }
+    var statistics: AdvertiserStatistics { published.withLock { $0 } }
+
+    /// The machine's counters as of the loop's last event, for any thread to read without waiting on the loop.
+    private let published = Mutex(AdvertiserStatistics())
+
+    /// Copies the machine's counters out (after every event that may move them). Loop thread only.
+    private func publishCounters() {
+        let counters = io.value.machine.counters
+        published.withLock { $0 = counters }
+    }
 
     /// Declines what is pending and closes the listener; waits for it unless called on the loop.
     func stop() {
         loop.submitAndWait { [self] in
             for e in io.value.machine.stop() { perform(e) }
+            publishCounters()
             // Whatever the machine no longer counted: none may outlive us holding our handlers.
             for c in io.value.connections.values { c.close() }
             io.value.connections.removeAll()
@@ -280,6 +291,7 @@ private final class AdvertiserCore: Sendable {
     private func admit(_ socket: FileDescriptor, remote: SocketAddress?, relayed: Bool, rationKey: [UInt8]? = nil) {
         io.value.nextID += 1
         let id = io.value.nextID
+        defer { publishCounters() }
         switch io.value.machine.accepted(id, host: rationKey ?? remote?.hostBytes ?? [], now: MonotonicClock.nowNanos()) {
         case .refuse:
             socket.close()
@@ -309,6 +321,7 @@ private final class AdvertiserCore: Sendable {
     }
 
     private func received(_ frame: ControlFrame, on id: PendingID) {
+        defer { publishCounters() }
         switch io.value.machine.received(frame, on: id, now: MonotonicClock.nowNanos()) {
         case .wait:
             break
@@ -335,12 +348,19 @@ private final class AdvertiserCore: Sendable {
 
     private func answer(_ id: PendingID, _ answer: AdvertiserStateMachine.Answer, _ session: Session?) {
         io.value.invitations[id] = nil
+        let rationKey = io.value.machine.rationKey(of: id)
+        defer { publishCounters() }
         switch io.value.machine.answered(id, answer) {
         case .ignore:
             break
         case .handOver(_, let peer, let invite):
             guard let c = io.value.connections.removeValue(forKey: id) else { break }
-            if let session { session.core.adopt(c, from: peer, invite: invite, listenerPort: port) } else {
+            // The caller's try is forgiven once the session has let it in (the session runs on this loop).
+            let admitted = { [weak self] in
+                guard let self, let rationKey else { return }
+                self.io.value.machine.admitted(rationKey: rationKey)
+            }
+            if let session { session.core.adopt(c, from: peer, invite: invite, listenerPort: port, onAdmitted: admitted) } else {
                 c.send(.decline(.unavailable, DeclineReason.unavailable.description))
                 c.close()
             }
@@ -352,6 +372,7 @@ private final class AdvertiserCore: Sendable {
     }
 
     private func ended(_ id: PendingID) {
+        defer { publishCounters() }
         io.value.connections[id] = nil
         io.value.machine.closed(id, now: MonotonicClock.nowNanos())
         io.value.invitations.removeValue(forKey: id)?.withdraw()
@@ -383,6 +404,7 @@ private final class AdvertiserCore: Sendable {
     private func timerFired() {
         io.value.timer.fired()
         for e in io.value.machine.expire(now: MonotonicClock.nowNanos()) { perform(e) }
+        publishCounters()
         resumeAccepting()
         armTimer()
     }

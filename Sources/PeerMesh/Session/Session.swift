@@ -173,6 +173,10 @@ public final class Session: Sendable {
         public var datagramDelivery: DatagramDelivery = .delegate
         /// Tests only: introduced members skip the direct connection and call through the introducer at once.
         var relaysIntroductions = false
+        /// Whether admitting a caller forgives its try at the advertiser that handed it over (docs/PROTOCOL.md
+        /// §3.6). A pairing session sets false: being let in to try a code is not being admitted, and a caller that
+        /// joins it and leaves without a word must not get its handshakes for free.
+        package var admissionForgivesTry = true
 
         /// The settings, each named for its property above and with the same default.
         public init(maximumPeers: Int = 8, peerTimeout: Duration = .seconds(2), heartbeatInterval: Duration? = nil,

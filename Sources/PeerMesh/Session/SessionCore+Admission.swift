@@ -6,8 +6,11 @@ import Synchronization
 
 extension SessionCore {
     /// Takes over a connection whose invitation the app accepted into this session. An encrypted link's key goes
-    /// to the delegate's certificate check first; a peer over the per-host limit is declined. Loop thread only.
-    func adopt(_ connection: Connection, from peer: PeerID, invite: ControlFrame.InviteBody, listenerPort: UInt16) {
+    /// to the delegate's certificate check first; a peer over the per-host limit is declined. `onAdmitted` runs once
+    /// the caller is in (not when it is turned away after all), unless this session's admissions forgive no tries.
+    /// Loop thread only.
+    func adopt(_ connection: Connection, from peer: PeerID, invite: ControlFrame.InviteBody, listenerPort: UInt16,
+               onAdmitted: @escaping () -> Void = {}) {
         func decline(_ reason: DeclineReason, _ text: String) {
             connection.send(.decline(reason, text))
             connection.close()
@@ -25,7 +28,7 @@ extension SessionCore {
         connection.setMaximumFrameLength(max(configuration.maximumMessageSize + 1, ResourceFrame.maximumFrameLength))
         connection.maximumQueued = 2 * configuration.maximumQueuedBytes
         guard connection.isEncrypted, let key = peer.publicKey else {
-            return admit(connection, from: peer, invite: invite, listenerPort: listenerPort)
+            return admit(connection, from: peer, invite: invite, listenerPort: listenerPort, onAdmitted: onAdmitted)
         }
         // The app judges the proven key; the connection waits (its own frames are not read meanwhile), and holds
         // its place against the per-host limit. It is ours now: a hang-up meanwhile must not reach the advertiser.
@@ -46,14 +49,15 @@ extension SessionCore {
             // The guest left while the app judged its key: nothing to admit or to decline.
             if c.hasEnded { return }
             switch ok {
-            case true?: admit(c, from: peer, invite: invite, listenerPort: listenerPort)
+            case true?: admit(c, from: peer, invite: invite, listenerPort: listenerPort, onAdmitted: onAdmitted)
             case false?: decline(.declined, "certificate rejected: \(peer.displayName)'s key \(key.shortFingerprint) is not trusted")
             case nil: decline(.timedOut, "the host's app did not answer the certificate check in time")
             }
         }
     }
 
-    func admit(_ connection: Connection, from peer: PeerID, invite: ControlFrame.InviteBody, listenerPort: UInt16) {
+    func admit(_ connection: Connection, from peer: PeerID, invite: ControlFrame.InviteBody, listenerPort: UInt16,
+               onAdmitted: () -> Void = {}) {
         let token = Sodium.randomUInt64() | 1
         let acceptPort: UInt16 = udpPort == listenerPort ? 0 : udpPort
         let adopted = shared.withLock { s -> (LinkID, [SessionStateMachine.Action])? in
@@ -71,6 +75,7 @@ extension SessionCore {
         }
         io.value.connections[link] = connection
         io.value.localTokens[link] = token
+        if configuration.admissionForgivesTry { onAdmitted() }
         // The acceptance first (ACCEPT sent, the app told of `connecting` then `connected`), and only then the frames
         // the guest sent behind its INVITE, which `rehome` delivers at once: a GOODBYE among them must end a peer the
         // app already knows as connected, not one it will be told about afterwards and then keep forever.
