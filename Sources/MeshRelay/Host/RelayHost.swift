@@ -58,9 +58,9 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     /// A player's pause and talk changes are logged about once a second at most (the control queue's; a lock for
     /// `Sendable`).
     private let changeLines = Mutex(ChangeLineCoalescer<PeerID>(interval: 1_000_000_000))
-    /// The advertiser's rationed connections the operator was last told of, when, and when they were last looked at
-    /// (the timers queue's; a lock for `Sendable`).
-    private let rationNotice = Mutex<(told: UInt64, saidAtNanos: UInt64, checkedAtNanos: UInt64)>((0, 0, 0))
+    /// The advertiser's rationed connections the operator was last told of, and when (the timers queue's; a lock for
+    /// `Sendable`).
+    private let rationNotice = Mutex<(told: UInt64, saidAtNanos: UInt64)>((0, 0))
 
     private struct HostState {
         /// Players admitted because the trust store has their key: forgotten keys are disconnected.
@@ -287,16 +287,9 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     /// ration of tries: what a man in the middle searching for a matching check code runs into (docs/PROTOCOL.md §3.2).
     private func sayRationedConnections() {
         let now = MonotonicClock.nowNanos()
-        // Looked at once a second (the advertiser answers on its loop), said at most every 10 s.
-        let due = rationNotice.withLock { n -> Bool in
-            guard now &- n.checkedAtNanos >= 1_000_000_000 else { return false }
-            n.checkedAtNanos = now
-            return now &- n.saidAtNanos >= 10_000_000_000
-        }
-        guard due else { return }
         let refused = advertiser.statistics.rationedConnections
         let told = rationNotice.withLock { n -> UInt64? in
-            guard refused > n.told else { return nil }
+            guard refused > n.told, now &- n.saidAtNanos >= 10_000_000_000 else { return nil }
             defer { (n.told, n.saidAtNanos) = (refused, now) }
             return n.told
         }

@@ -232,7 +232,7 @@ private final class AdvertiserCore: Sendable {
         }
     }
 
-    /// The state machine's counters, read on the loop.
+    /// The state machine's counters as of the loop's last event (any thread; never waits on the loop).
     var statistics: AdvertiserStatistics { published.withLock { $0 } }
 
     /// The machine's counters as of the loop's last event, for any thread to read without waiting on the loop.
@@ -247,8 +247,9 @@ private final class AdvertiserCore: Sendable {
     /// Declines what is pending and closes the listener; waits for it unless called on the loop.
     func stop() {
         loop.submitAndWait { [self] in
-            for e in io.value.machine.stop() { perform(e) }
+            let ends = io.value.machine.stop()
             publishCounters()
+            for e in ends { perform(e) }
             // Whatever the machine no longer counted: none may outlive us holding our handlers.
             for c in io.value.connections.values { c.close() }
             io.value.connections.removeAll()
@@ -280,8 +281,9 @@ private final class AdvertiserCore: Sendable {
 
     /// Takes a relay pipe's end as a connection (from any thread).
     func admitRelayed(_ socket: FileDescriptor, from caller: PeerID) {
-        // A relayed caller has no address of its own: its tries are rationed by the identity it calls as (only one
-        // holding a ticket for it gets this far), so that one caller cannot use up every relayed caller's tries.
+        // A relayed caller has no address of its own: its tries are rationed by the identity its relaying member names
+        // (one this side made a ticket for; the handshake proves it only at message 3), so that one relayed caller
+        // cannot use up every relayed caller's tries.
         let key = [0xff] + withUnsafeBytes(of: caller.identity.bigEndian, Array.init)
         loop.execute { [self] in admit(socket, remote: nil, relayed: true, rationKey: key) }
     }
@@ -291,8 +293,9 @@ private final class AdvertiserCore: Sendable {
     private func admit(_ socket: FileDescriptor, remote: SocketAddress?, relayed: Bool, rationKey: [UInt8]? = nil) {
         io.value.nextID += 1
         let id = io.value.nextID
-        defer { publishCounters() }
-        switch io.value.machine.accepted(id, host: rationKey ?? remote?.hostBytes ?? [], now: MonotonicClock.nowNanos()) {
+        let decision = io.value.machine.accepted(id, host: rationKey ?? remote?.hostBytes ?? [], now: MonotonicClock.nowNanos())
+        publishCounters()   // before the caller can see the outcome (a refusal is a close it sees at once)
+        switch decision {
         case .refuse:
             socket.close()
         case .greet(_, let hello, let victim):
@@ -321,8 +324,9 @@ private final class AdvertiserCore: Sendable {
     }
 
     private func received(_ frame: ControlFrame, on id: PendingID) {
-        defer { publishCounters() }
-        switch io.value.machine.received(frame, on: id, now: MonotonicClock.nowNanos()) {
+        let action = io.value.machine.received(frame, on: id, now: MonotonicClock.nowNanos())
+        publishCounters()
+        switch action {
         case .wait:
             break
         case .close(_, _):
@@ -349,8 +353,9 @@ private final class AdvertiserCore: Sendable {
     private func answer(_ id: PendingID, _ answer: AdvertiserStateMachine.Answer, _ session: Session?) {
         io.value.invitations[id] = nil
         let rationKey = io.value.machine.rationKey(of: id)
-        defer { publishCounters() }
-        switch io.value.machine.answered(id, answer) {
+        let action = io.value.machine.answered(id, answer)
+        publishCounters()
+        switch action {
         case .ignore:
             break
         case .handOver(_, let peer, let invite):
@@ -372,9 +377,9 @@ private final class AdvertiserCore: Sendable {
     }
 
     private func ended(_ id: PendingID) {
-        defer { publishCounters() }
         io.value.connections[id] = nil
         io.value.machine.closed(id, now: MonotonicClock.nowNanos())
+        publishCounters()
         io.value.invitations.removeValue(forKey: id)?.withdraw()
         resumeAccepting()
     }
@@ -403,8 +408,9 @@ private final class AdvertiserCore: Sendable {
 
     private func timerFired() {
         io.value.timer.fired()
-        for e in io.value.machine.expire(now: MonotonicClock.nowNanos()) { perform(e) }
+        let ends = io.value.machine.expire(now: MonotonicClock.nowNanos())
         publishCounters()
+        for e in ends { perform(e) }
         resumeAccepting()
         armTimer()
     }
