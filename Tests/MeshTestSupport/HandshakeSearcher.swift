@@ -19,16 +19,18 @@ package func abandonedHandshake(port: UInt16, preamble: [UInt8], seconds: Double
     let message1 = (0..<64).map { _ in UInt8.random(in: 0...255) }
     let first = preamble + [0, UInt8(message1.count)] + message1
     guard first.withUnsafeBytes({ send(tcp.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }) == first.count else { return false }
-    // The advertiser's preamble (8 bytes) and message 2 (a u16 length, then 32 + 48 + HELLO + 16 bytes).
+    // The advertiser's preamble (8 bytes) and message 2 (a u16 length, then 32 + 48 + HELLO + 16 bytes): more than
+    // this many bytes means message 2 came.
+    let answer = 8 + 2 + 96
     var got = 0
     var buffer = [UInt8](repeating: 0, count: 4_096)
     let deadline = Date().addingTimeInterval(seconds)
-    while Date() < deadline, got <= 8 + 2 + 96 {
+    while Date() < deadline, got <= answer {
         p = pollfd(fd: tcp.fd, events: Int16(POLLIN), revents: 0)
         guard poll(&p, 1, 100) == 1 else { continue }
         let n = buffer.withUnsafeMutableBytes { recv(tcp.fd, $0.baseAddress, $0.count, 0) }
         guard n > 0 else { return false }
         got += n
     }
-    return got > 8 + 2 + 96
+    return got > answer
 }

@@ -203,7 +203,7 @@ struct AdvertiserStateMachineTests {
         _ = m.accepted(1, host: hostA, now: 0)
         _ = m.received(.hello(peer: bob), on: 1, now: 0)
         _ = m.received(.invite(invite()), on: 1, now: 0)
-        m.closed(1, now: 0)
+        m.closed(1)
         #expect(m.answered(1, .accept) == .ignore)
         #expect(m.nextDeadline() == nil)
     }
@@ -241,7 +241,7 @@ struct AdvertiserStateMachineTests {
         let r = m.accepted(id, host: host, now: now)
         guard case .greet = r else { return r }
         m.heard(id, now: now)
-        m.closed(id, now: now)
+        m.closed(id)
         return r
     }
 
@@ -282,7 +282,7 @@ struct AdvertiserStateMachineTests {
         // Silent callers (they never got message 2) and callers the session let in cost nothing: 80 from one address.
         for id in 1...40 {
             _ = m.accepted(id, host: hostA, now: 0)
-            m.closed(id, now: 0)
+            m.closed(id)
         }
         for id in 41...80 {
             asking(&m, id, from: hostA)
@@ -297,12 +297,12 @@ struct AdvertiserStateMachineTests {
         asking(&m, 100, from: hostB)
         _ = m.answered(100, .decline(.declined, "no"))
         asking(&m, 101, from: hostB)
-        m.closed(101, now: 0)
+        m.closed(101)
         asking(&m, 102, from: hostB, timeoutMillis: 1)
         _ = m.accepted(103, host: hostB, now: 0)
         m.heard(103, now: 0)
         _ = m.received(.hello(peer: bob), on: 103, now: 0)
-        m.closed(103, now: 0)
+        m.closed(103)
         _ = m.accepted(104, host: hostB, now: 0)
         m.heard(104, now: 0)
         #expect(m.received(.data([1]), on: 104, now: 0) == .close(104, .unexpectedFrame("DATA")))

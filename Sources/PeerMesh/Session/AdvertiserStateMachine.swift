@@ -207,7 +207,7 @@ struct AdvertiserStateMachine: Sendable {
         guard let p = pending[id] else { return .wait }
         switch (p, frame) {
         case (.silent(let host, let a), .hello(let peer)), (.greeted(let host, let a), .hello(let peer)):
-            if peer == config.localPeer { return close(id, .unexpectedFrame("our own HELLO"), now: now) }
+            if peer == config.localPeer { return close(id, .unexpectedFrame("our own HELLO")) }
             pending[id] = .introduced(host: host, acceptedAt: a, peer: peer)
             return .wait
         case (.introduced(let host, let a, let peer), .invite(let body)):
@@ -217,7 +217,7 @@ struct AdvertiserStateMachine: Sendable {
                                   deadline: now &+ min(wait, config.maximumInvitationWait))
             return .ask(id, peer, body)
         default:
-            return close(id, .unexpectedFrame(frame.name), now: now)
+            return close(id, .unexpectedFrame(frame.name))
         }
     }
 
@@ -245,8 +245,8 @@ struct AdvertiserStateMachine: Sendable {
     func isAsking(_ id: PendingID) -> Bool { pending[id]?.isAsking ?? false }
 
     /// The connection ended (the caller hung up, or it failed). An invitation the app holds is withdrawn.
-    mutating func closed(_ id: PendingID, now: Nanos) {
-        end(id, now: now)
+    mutating func closed(_ id: PendingID) {
+        end(id)
     }
 
     /// Time passed: close callers that never invited, decline invitations not answered in time.
@@ -254,7 +254,7 @@ struct AdvertiserStateMachine: Sendable {
         var out: [OnExpiry] = []
         for id in pending.keys.sorted() where deadline(pending[id]!) <= now {
             if case .asking = pending[id]! { out.append(.decline(id, .timedOut)) } else { out.append(.close(id)) }
-            end(id, now: now)
+            end(id)
         }
         return out
     }
@@ -270,15 +270,15 @@ struct AdvertiserStateMachine: Sendable {
         return out
     }
 
-    private mutating func close(_ id: PendingID, _ fault: PeerFault, now: Nanos) -> OnFrame {
-        end(id, now: now)
+    private mutating func close(_ id: PendingID, _ fault: PeerFault) -> OnFrame {
+        end(id)
         return .close(id, fault)
     }
 
     // MARK: The ration of tries
 
     /// Forgets `id`, which ended without being admitted: if its caller spoke, the try keeps its charge.
-    private mutating func end(_ id: PendingID, now: Nanos) {
+    private mutating func end(_ id: PendingID) {
         guard let p = pending.removeValue(forKey: id), !p.isSilent else { return }
         counters.unadmittedHandshakes += 1
     }

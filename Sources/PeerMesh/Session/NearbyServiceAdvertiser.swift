@@ -378,7 +378,7 @@ private final class AdvertiserCore: Sendable {
 
     private func ended(_ id: PendingID) {
         io.value.connections[id] = nil
-        io.value.machine.closed(id, now: MonotonicClock.nowNanos())
+        io.value.machine.closed(id)
         publishCounters()
         io.value.invitations.removeValue(forKey: id)?.withdraw()
         resumeAccepting()
