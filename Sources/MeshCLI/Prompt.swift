@@ -71,6 +71,9 @@ package final class TerminalApproval: PlayerApproval {
     }
 
     private func show(_ r: JoinRequest) {
+        // Only now may the player (or someone posing as it) learn the code: a request queued behind another gives
+        // nothing away.
+        r.revealShortAuthenticationString()
         let namesake = r.namesakeFingerprint.map { " It is NOT the paired player of that name (key \($0)): its key differs." } ?? ""
         terminal.question("player \"\(TerminalText.escape(r.peer.displayName))\" at \(TerminalText.escape(r.address)) "
             + "(key \(r.fingerprint), check code \(r.shortAuthenticationString)) wants to listen.\(namesake) "

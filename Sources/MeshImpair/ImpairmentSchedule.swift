@@ -94,11 +94,11 @@ struct ImpairmentSchedule<Outlet: Sendable>: Sendable {
 
     var isEmpty: Bool { heap.isEmpty && holds.isEmpty }
 
-    /// A PeerMesh data datagram: magic `PM`, protocol version 2 or 3, kind 1, a payload after the 20-byte header.
+    /// A PeerMesh data datagram: magic `PM`, protocol version 2, 3 or 4, kind 1, a payload after the 20-byte header.
     /// The proxy does not link PeerMesh, so it names the versions whose header has this layout (a later version
     /// that keeps it is added here); the header is clear even when the payload is sealed.
     static func isPeerMeshData(_ b: [UInt8]) -> Bool {
-        b.count > 20 && b[0] == 0x50 && b[1] == 0x4d && (2...3).contains(b[2]) && b[3] == 1
+        b.count > 20 && b[0] == 0x50 && b[1] == 0x4d && (2...4).contains(b[2]) && b[3] == 1
     }
 
     mutating func admit(_ batch: [Incoming], now: UInt64) -> Admission {

@@ -431,19 +431,20 @@ struct ImpairmentProxyTests {
         #expect(st.received == 3 && st.forwarded == 3 && st.reordered == 1 && st.pending == 0)
     }
 
-    @Test("audio drops are told apart by the clear datagram header: magic PM, version 2 or 3, kind data")
+    @Test("audio drops are told apart by the clear datagram header: magic PM, version 2, 3 or 4, kind data")
     func peerMeshDataByHeader() {
         func datagram(_ magic: [UInt8] = [0x50, 0x4d], version: UInt8, kind: UInt8, size: Int = 40) -> [UInt8] {
             magic + [version, kind] + [UInt8](repeating: 7, count: size - 4)
         }
         #expect(ImpairmentSchedule<Int>.isPeerMeshData(datagram(version: 2, kind: 1)))
-        #expect(ImpairmentSchedule<Int>.isPeerMeshData(datagram(version: 3, kind: 1)), "the current version")
+        #expect(ImpairmentSchedule<Int>.isPeerMeshData(datagram(version: 3, kind: 1)))
+        #expect(ImpairmentSchedule<Int>.isPeerMeshData(datagram(version: 4, kind: 1)), "the current version")
         #expect(!ImpairmentSchedule<Int>.isPeerMeshData(datagram(version: 1, kind: 1)))
-        #expect(!ImpairmentSchedule<Int>.isPeerMeshData(datagram(version: 4, kind: 1)), "a layout it does not know")
+        #expect(!ImpairmentSchedule<Int>.isPeerMeshData(datagram(version: 5, kind: 1)), "a layout it does not know")
         #expect(!ImpairmentSchedule<Int>.isPeerMeshData(datagram(version: 255, kind: 1)))
-        #expect(!ImpairmentSchedule<Int>.isPeerMeshData(datagram(version: 3, kind: 2)), "a ping is not audio")
-        #expect(!ImpairmentSchedule<Int>.isPeerMeshData(datagram([0x50, 0x4e], version: 3, kind: 1)))
-        #expect(!ImpairmentSchedule<Int>.isPeerMeshData(datagram(version: 3, kind: 1, size: 20)), "a header alone")
+        #expect(!ImpairmentSchedule<Int>.isPeerMeshData(datagram(version: 4, kind: 2)), "a ping is not audio")
+        #expect(!ImpairmentSchedule<Int>.isPeerMeshData(datagram([0x50, 0x4e], version: 4, kind: 1)))
+        #expect(!ImpairmentSchedule<Int>.isPeerMeshData(datagram(version: 4, kind: 1, size: 20)), "a header alone")
     }
 
     @Test("the JSON line carries every counter under its field name, both directions included")

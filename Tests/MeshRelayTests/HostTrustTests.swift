@@ -20,12 +20,14 @@ struct HostTrustTests {
         func logged(_ text: String) -> Bool { events.withLock { $0.contains { $0.contains(text) } } }
     }
 
-    /// Answers every join request with `decision`, `after` seconds later; the check codes it was shown go to `shown`.
+    /// Answers every join request with `decision`, `after` seconds later; the check codes it was shown (at once,
+    /// revealed to the player) go to `shown`.
     struct Operator: PlayerApproval {
         let decision: JoinDecision
         var after = 0.0
         var shown: Lines?
         func ask(_ request: JoinRequest, decide: @escaping @Sendable (JoinDecision) -> Void) {
+            if shown != nil { request.revealShortAuthenticationString() }
             shown?.events.withLock { $0.append(request.shortAuthenticationString) }
             shown?.notices.withLock { $0.append(request.namesakeFingerprint ?? "none") }
             guard after > 0 else { return decide(decision) }

@@ -284,6 +284,10 @@ struct PairingFlowTests {
         #expect(prompt?.contains("player \"\\x1b[2K\\x1b[1Galice\" at 127.0.0.1") == true, "the name is escaped: \(prompt ?? "")")
         #expect(prompt?.contains("key \(player.publicKey.shortFingerprint)") == true)
         #expect(prompt?.contains("check code ") == true)
+        // Shown on the terminal, the code is revealed to the player, which (kept waiting) shows the same one.
+        let code = try #require(prompt.flatMap { p in p.range(of: "check code ").map { String(p[$0.upperBound...].prefix(7)) } })
+        #expect(code.count == 7 && code.filter(\.isNumber).count == 6, "\(code)")
+        #expect(listener.stderr.contains { $0.hasSuffix("check code there is \(code)") }, "\(listener.stderr)")
         let raw = json["raw"] as? String ?? ""
         #expect(!raw.contains("\u{1B}[1Galice"), "no raw escape from the peer reached the terminal")
         #expect(eventually(10) { listener.stderr.contains { $0.contains("joined ask-tty") } }, "\(listener.stderr)")

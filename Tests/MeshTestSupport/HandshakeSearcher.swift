@@ -8,7 +8,9 @@ import Glibc
 /// One try of a man in the middle searching for a handshake whose check digits match the ones another screen
 /// shows: connects to 127.0.0.1:`port`, sends `preamble` (the inviter's, of the protocol version under test) and a
 /// Noise message 1 (a random ephemeral key and a 32-byte commitment), waits up to `seconds` for the advertiser's
-/// answer (its preamble and message 2: what the searcher would compute the digits from), and hangs up.
+/// answer (its preamble and message 2: in wire version 3 what the searcher computed the digits from; since version
+/// 4 the digits need a nonce the advertiser opens only once its app has an invitation), and hangs up. Each such try
+/// still costs the advertiser a handshake, and is rationed.
 ///
 /// Returns whether the advertiser answered; false when it closed the connection at once (refused) or said nothing.
 package func abandonedHandshake(port: UInt16, preamble: [UInt8], seconds: Double = 2) -> Bool {
@@ -19,7 +21,7 @@ package func abandonedHandshake(port: UInt16, preamble: [UInt8], seconds: Double
     let message1 = (0..<64).map { _ in UInt8.random(in: 0...255) }
     let first = preamble + [0, UInt8(message1.count)] + message1
     guard first.withUnsafeBytes({ send(tcp.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }) == first.count else { return false }
-    // The advertiser's preamble (8 bytes) and message 2 (a u16 length, then 32 + 48 + HELLO + 16 bytes): more than
+    // The advertiser's preamble (8 bytes) and message 2 (a u16 length, then 32 + 48 + commitment 32 + HELLO + 16): more than
     // this many bytes means message 2 came.
     let answer = 8 + 2 + 96
     var got = 0

@@ -61,6 +61,76 @@ private func judgedHost() throws -> (Session, Judge) {
     return (host, judge)
 }
 
+/// An inviter played by hand over a real TCP connection: a real `SecureChannel` whose bytes the test moves, so
+/// that it can stop where a man in the middle would (after the handshake, before its INVITE).
+private struct HandDrivenCaller {
+    let socket: FileDescriptor
+    var channel: SecureChannel
+    /// The advertiser's digits, once its SAS-NONCE came.
+    var digits: String?
+    var faults: [PeerFault] = []
+    /// Frames the advertiser sent, in order (its HELLO first).
+    var frames: [ControlFrame] = []
+
+    init(port: UInt16, as peer: PeerID) throws {
+        socket = try FileDescriptor.tcpConnect(to: SocketAddress(numericHost: "127.0.0.1", port: port)!)
+        channel = SecureChannel(configuration: .init(role: .initiator, preference: .required, localPeer: peer))
+        perform(channel.start())
+    }
+
+    /// Writes all of `bytes` (small: the socket takes them).
+    func write(_ bytes: [UInt8]) {
+        var rest = bytes[...]
+        while !rest.isEmpty {
+            switch rest.withUnsafeBytes({ socket.writeSome($0) }) {
+            case .moved(let n): rest = rest.dropFirst(n)
+            case .wouldBlock: usleep(1_000)
+            default: return
+            }
+        }
+    }
+
+    mutating func perform(_ events: [SecureChannel.Event]) {
+        for e in events {
+            switch e {
+            case .write(let b): write(b)
+            case .needsApproval: perform(channel.approve())
+            case .shortAuthenticationString(let d): digits = d
+            case .fault(let f): faults.append(f)
+            case .frame(let f): frames.append(f)
+            case .refused: break
+            }
+        }
+    }
+
+    /// Reads and handles what arrives for up to `seconds`, or until `done` holds.
+    mutating func pump(seconds: Double, until done: (HandDrivenCaller) -> Bool = { _ in false }) -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        var buffer = [UInt8](repeating: 0, count: 4_096)
+        while !done(self) {
+            guard Date() < deadline else { return false }
+            switch buffer.withUnsafeMutableBytes({ socket.readSome(into: $0) }) {
+            case .moved(let n): perform(buffer.prefix(n).withUnsafeBytes { channel.received($0) })
+            case .wouldBlock: usleep(2_000)
+            case .endOfStream, .failed: return done(self)
+            }
+        }
+        return true
+    }
+}
+
+/// Holds every invitation it is handed, unanswered, and notes when one is withdrawn.
+private final class HeldInvitations: NearbyServiceAdvertiserDelegate, Sendable {
+    let invitations = Mutex<[Invitation]>([])
+    let withdrawn = Atomic<Int>(0)
+    func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceiveInvitationFromPeer peer: PeerID, withContext context: Data?,
+                    invitationHandler: @escaping @Sendable (Bool, Session?) -> Void) {}
+    func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceive invitation: Invitation) {
+        invitations.withLock { $0.append(invitation) }
+        invitation.onWithdrawn { self.withdrawn.add(1, ordering: .relaxed) }
+    }
+}
+
 /// `count` guest sessions on 127.0.0.1, named `prefix`0, `prefix`1…, each inviting itself to `endpoint`.
 private func guests(_ prefix: String, _ count: Int, to endpoint: PeerEndpoint, timeout: Duration) throws -> [Session] {
     try (0..<count).map { i in
@@ -282,6 +352,52 @@ struct AttackTests {
         #expect(host.connectedPeers.map(\.displayName) == ["real"])
         #expect(advertiser.statistics.unadmittedHandshakes == UInt64(answered), "a real peer's handshake is finished")
         withExtendedLifetime(advertiser) {}
+    }
+
+    @Test("A man in the middle learns the advertiser's digits only once its app shows them to a person: not from the handshake, not from inviting")
+    func advertisersDigitsCostAnInvitationShownToAPerson() throws {
+        let host = try PeerID(displayName: "host")
+        let held = HeldInvitations()
+        let advertiser = try NearbyServiceAdvertiser(peer: host, discoveryInfo: nil, serviceType: "pm-sasnonce",
+                                                     discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
+        advertiser.delegate = held
+        try advertiser.startAdvertisingPeer()
+        let invite = ControlFrame.invite(.init(context: [], timeoutMillis: 30_000, udpPort: 9, token: 7))
+        var caller = try HandDrivenCaller(port: advertiser.port!, as: try PeerID(displayName: "mallory"))
+        // The whole handshake, message 3 included: what version 3 gave the digits away after (at message 2).
+        #expect(caller.pump(seconds: 5) { $0.channel.isEncrypted }, "\(caller.faults)")
+        _ = caller.pump(seconds: 0.5)
+        #expect(caller.digits == nil && caller.channel.shortAuthenticationString == nil,
+                "a finished handshake tells the caller nothing of the advertiser's digits")
+        // Inviting hands the app the invitation, which it holds unshown (a prompt queued behind another): still nothing.
+        caller.write(caller.channel.send(invite))
+        #expect(eventually(3) { held.invitations.withLock { $0.count } == 1 })
+        _ = caller.pump(seconds: 0.5)
+        #expect(caller.digits == nil, "an invitation the app has not shown gives nothing away")
+        // The app shows them: now the caller has them, and they are the app's.
+        let first = try #require(held.invitations.withLock { $0.first })
+        first.revealShortAuthenticationString()
+        #expect(caller.pump(seconds: 5) { $0.digits != nil }, "\(caller.faults)")
+        #expect(first.certificate?.shortAuthenticationString == caller.digits, "the app's screen and the caller's digits agree")
+        #expect(caller.faults.isEmpty)
+        // A searcher whose digits do not match hangs up: the app sees the invitation withdrawn, and the try counted.
+        caller.socket.close()
+        #expect(eventually(3) { held.withdrawn.load(ordering: .relaxed) == 1 })
+        #expect(eventually(2) { advertiser.statistics.unadmittedHandshakes == 1 }, "\(advertiser.statistics)")
+
+        // An invitation declined unshown gives nothing away either; a reveal after the answer does nothing.
+        var declined = try HandDrivenCaller(port: advertiser.port!, as: try PeerID(displayName: "mallory2"))
+        #expect(declined.pump(seconds: 5) { $0.channel.isEncrypted }, "\(declined.faults)")
+        declined.write(declined.channel.send(invite))
+        #expect(eventually(3) { held.invitations.withLock { $0.count } == 2 })
+        let second = try #require(held.invitations.withLock { $0.last })
+        second.decline()
+        second.revealShortAuthenticationString()
+        #expect(declined.pump(seconds: 3) { $0.frames.contains { if case .decline = $0 { true } else { false } } },
+                "\(declined.frames)")
+        #expect(declined.digits == nil, "declined unshown: no digits")
+        declined.socket.close()
+        advertiser.stopAdvertisingPeer()
     }
 
     @Test("Twenty real peers from one address, one after another, are all let in: a try the session admits is forgiven")

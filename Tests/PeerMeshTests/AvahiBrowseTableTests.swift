@@ -67,7 +67,7 @@ import Testing
         // Not a hex identity, wrong version, missing display name: skipped.
         #expect(t.resolved(key("printer"), txt: txt(alice), endpoint: e).count == 1)
         #expect(t.resolved(key("00000000000000aa"), txt: ["_v=99", "_d=X"], endpoint: e).count == 1)
-        #expect(t.resolved(key("00000000000000ab"), txt: ["_v=3"], endpoint: e).count == 1)
+        #expect(t.resolved(key("00000000000000ab"), txt: ["_v=\(peerMeshProtocolVersion)"], endpoint: e).count == 1)
         #expect(t.knownIdentities.isEmpty)
     }
 
@@ -75,7 +75,7 @@ import Testing
         var t = AvahiBrowseTable(serviceType: "t", localIdentity: me.identity)
         let e = PeerEndpoint(host: "127.0.0.1", port: 9)
         _ = t.resolved(key(alice.identityString), txt: txt(alice), endpoint: e)
-        let out = t.resolved(key(alice.identityString), txt: ["_v=3"], endpoint: e)
+        let out = t.resolved(key(alice.identityString), txt: ["_v=\(peerMeshProtocolVersion)"], endpoint: e)
         #expect(out.first == .deliver(.lost(alice)))
         #expect(out.count == 2) // and the one log line
     }

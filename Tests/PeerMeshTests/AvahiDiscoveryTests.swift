@@ -43,7 +43,7 @@ struct AvahiDiscoveryTests {
             #expect(line[7] == "127.0.0.1")
             #expect(line[8] == "40123")
             let txt = line[9]
-            #expect(txt.contains("\"_v=3\""), "TXT was \(txt)")
+            #expect(txt.contains("\"_v=\(peerMeshProtocolVersion)\""), "TXT was \(txt)")
             #expect(txt.contains("\"_k=\(alice.publicKey!.hex)\""), "TXT was \(txt)")
             #expect(txt.contains("\"room=kitchen\""), "TXT was \(txt)")
             #expect(txt.contains("\"__x=y\""), "TXT was \(txt)")
@@ -62,7 +62,7 @@ struct AvahiDiscoveryTests {
         // A host of the previous protocol version: whole and well formed, but it could not complete a handshake.
         let old = try PeerID(displayName: "Old")
         let oldChild = try ChildProcess(avahiTool: Self.avahiPublish, ["-s", old.identityString, "_\(type)._tcp", "40202",
-                                                                 "_v=2", "_d=Old", "_k=\(old.publicKey!.hex)"])
+                                                                 "_v=\(peerMeshProtocolVersion - 1)", "_d=Old", "_k=\(old.publicKey!.hex)"])
         let goodChild = try ChildProcess(avahiTool: Self.avahiPublish, ["-s", good.identityString, "_\(type)._tcp", "40201",
                                                                   "_v=\(peerMeshProtocolVersion)", "_d=Remote", "_k=\(good.publicKey!.hex)", "k=v", "__u=w"])
         defer { badChild.stop(); oldChild.stop(); goodChild.stop() }
@@ -91,7 +91,7 @@ struct AvahiDiscoveryTests {
                 "\(lines.withLock { $0 })")
         #expect(lines.withLock { $0.filter { $0.contains(badName) }.count } == 1, "logged once")
         #expect(eventually(3) { lines.withLock { $0.contains { $0.contains(old.identityString)
-                                    && $0.contains("TXT record has protocol version 2; this build speaks \(peerMeshProtocolVersion)") } } },
+                                    && $0.contains("TXT record has protocol version \(peerMeshProtocolVersion - 1); this build speaks \(peerMeshProtocolVersion)") } } },
                 "\(lines.withLock { $0 })")
         #expect(!log.all.contains { $0.avahiFound?.peer == old }, "the version-2 host, resolved and skipped, was not offered")
         #expect(other.withLock { $0 == nil }, "the log handler's call into discovery returned")
@@ -211,7 +211,7 @@ struct AvahiDiscoveryTests {
                                         onEvent: pubLog.handler)
         // avahi-publish without --no-fail exits when the daemon goes: this peer does not come back.
         let child = try ChildProcess(avahiTool: Self.avahiPublish, ["-s", vanishing.identityString, "_\(type)._tcp", "40601",
-                                                              "_v=3", "_d=Vanishes", "_k=\(vanishing.publicKey!.hex)"])
+                                                              "_v=\(peerMeshProtocolVersion)", "_d=Vanishes", "_k=\(vanishing.publicKey!.hex)"])
         defer { child.stop() }
         let log = AvahiEventLog<BrowseEvent>()
         let reg = try browser.browse(serviceType: type, localPeer: peer("Me"), onEvent: log.handler)

@@ -91,6 +91,10 @@ struct NearbyConnectionTests {
         #expect(eventually(5) { p.bothConnected() })
         #expect(p.host.isEncrypted(p.guestPeer) && p.guest.isEncrypted(p.hostPeer))
         #expect(p.host.shortAuthenticationString(for: p.guestPeer) == p.guest.shortAuthenticationString(for: p.hostPeer))
+        // The inviter was told them once, before it was connected.
+        let told = p.guestLog.state.withLock { $0.digits }
+        #expect(told.count == 1 && told.first?.0 == p.hostPeer && told.first?.afterConnected == false)
+        #expect(told.first?.1 == p.host.shortAuthenticationString(for: p.guestPeer))
         try p.guest.send(Data("over the direct link".utf8), toPeers: [p.hostPeer], with: .reliable)
         #expect(p.hostLog.wait(5) { $0.reliable.first?.1 == Data("over the direct link".utf8) })
         #expect(p.guestLog.states(of: p.hostPeer) == [.connecting, .connected])

@@ -81,6 +81,10 @@ struct SecureChannelTests {
         #expect(seenAlice == alice && seenAlice.publicKey == alice.publicKey)
         #expect(frames(w.responderSaw) == [.hello(peer: alice), invite])
         #expect(w.initiator.isEncrypted && w.responder.isEncrypted)
+        // The initiator has the digits once the responder opens its nonce (its owner does so when it asks its app).
+        #expect(w.initiator.shortAuthenticationString == nil)
+        w.toInitiator.append(w.responder.revealNonce())
+        w.pump()
         #expect(w.initiator.shortAuthenticationString == w.responder.shortAuthenticationString)
         #expect(w.initiator.shortAuthenticationString?.count == 7)
         // A message bigger than one record crosses as several.
@@ -188,6 +192,12 @@ struct SecureChannelTests {
         var events: [SecureChannel.Event]
         /// The handshake hash after message 2, as the initiator computed it (nil if message 2 never came).
         var hashAfterMessage2: [UInt8]?
+        /// The responder's commitment, from message 2's payload.
+        var responderCommitment: [UInt8]?
+        /// The initiator's transport keys, once message 3 is written.
+        var keys: Noise.Result?
+        /// What the responder made of message 3 alone.
+        var message3Events: [SecureChannel.Event] = []
     }
 
     /// Plays the initiator by hand, with the Noise handshake itself: message 1 carries `payload1` (an honest one
@@ -205,25 +215,60 @@ struct SecureChannelTests {
             out.responder = r
             return out
         }
-        _ = try hs.readMessage2(Array(answer.dropFirst(SecureChannel.preambleSize + 2)))
+        let (_, payload2) = try hs.readMessage2(Array(answer.dropFirst(SecureChannel.preambleSize + 2)))
         out.hashAfterMessage2 = hs.hash
+        out.responderCommitment = Array(payload2.prefix(SecureChannel.nonceSize))
         #expect(r.shortAuthenticationString == nil, "the responder has no digits before the nonce is opened")
         let hello = withHello ? Array(ControlFrame.hello(peer: alice).encoded().dropFirst(4)) : []
-        let (m3, _) = try hs.writeMessage3(payload: payload3Prefix + hello)
-        out.events += ([UInt8(m3.count >> 8), UInt8(m3.count & 0xff)] + m3).withUnsafeBytes { r.received($0) }
+        let (m3, keys) = try hs.writeMessage3(payload: payload3Prefix + hello)
+        out.keys = keys
+        out.message3Events = ([UInt8(m3.count >> 8), UInt8(m3.count & 0xff)] + m3).withUnsafeBytes { r.received($0) }
+        out.events += out.message3Events
         out.responder = r
         return out
     }
 
-    @Test func anInitiatorThatOpensTheNonceItCommittedToIsAdmitted() throws {
+    /// Opens one sealed record under `keys` (the hand-driven initiator's) and decodes the frame in it.
+    private func openRecord(_ bytes: [UInt8], with cipher: inout Noise.CipherState) throws -> ControlFrame? {
+        guard bytes.count > 2 else { return nil }
+        let plain = try cipher.decrypt(ad: [], Array(bytes.dropFirst(2)))
+        return try plain.dropFirst(4).withUnsafeBytes { ControlFrame.decode(body: $0) }.get()
+    }
+
+    @Test func anInitiatorThatOpensTheNonceItCommittedToIsAdmittedAndTheResponderOpensItsOwnOnlyWhenAsked() throws {
         let nonce = [UInt8](repeating: 0x5a, count: SecureChannel.nonceSize)
-        let d = try handDrivenInitiator(payload1: SecureChannel.commitment(to: nonce), payload3Prefix: nonce)
+        var d = try handDrivenInitiator(payload1: SecureChannel.commitment(to: nonce, by: .initiator), payload3Prefix: nonce)
         #expect(faults(d.events).isEmpty)
         #expect(frames(d.events) == [.hello(peer: alice)] && d.responder.isEncrypted)
-        // The responder's digits are over the hash after message 2 and the opened nonce: not over the commitment
-        // (which an eavesdropper and a man in the middle see in message 1), not over the final hash.
+        // Message 3 gets no answer by itself: the responder's nonce waits for its owner (the app being asked).
+        #expect(d.message3Events == [.frame(.hello(peer: alice))], "nothing written in answer to message 3")
+        // The responder's nonce opens the commitment message 2 carried, and the digits are over the hash after
+        // message 2 and both nonces: not over a commitment (which anyone on the path sees), not over the final hash.
+        var cipher = try #require(d.keys).receive
+        guard case .sasNonce(let responderNonce)? = try openRecord(d.responder.revealNonce(), with: &cipher) else {
+            Issue.record("revealNonce did not send a SAS-NONCE"); return
+        }
+        #expect(SecureChannel.commitment(to: responderNonce, by: .responder) == d.responderCommitment)
         let h2 = try #require(d.hashAfterMessage2)
-        #expect(d.responder.shortAuthenticationString == SecureChannel.sas(hashAfterMessage2: h2, nonce: nonce))
+        #expect(d.responder.shortAuthenticationString
+                == SecureChannel.sas(hashAfterMessage2: h2, initiatorNonce: nonce, responderNonce: responderNonce))
+        #expect(d.responder.revealNonce().isEmpty, "the nonce is sent once")
+    }
+
+    @Test func eachResponderHandshakeDrawsItsOwnNonce() throws {
+        // Two handshakes with the same responder key, the same initiator and the same initiator nonce: the responder's
+        // commitments differ, and so do the nonces it opens (a fixed nonce would let a searcher predict the digits).
+        let nonce = [UInt8](repeating: 0x5a, count: SecureChannel.nonceSize)
+        var opened: [[UInt8]] = []
+        var commitments: [[UInt8]] = []
+        for _ in 0..<2 {
+            var d = try handDrivenInitiator(payload1: SecureChannel.commitment(to: nonce, by: .initiator), payload3Prefix: nonce)
+            commitments.append(try #require(d.responderCommitment))
+            var cipher = try #require(d.keys).receive
+            if case .sasNonce(let n)? = try openRecord(d.responder.revealNonce(), with: &cipher) { opened.append(n) }
+        }
+        #expect(commitments.count == 2 && commitments[0] != commitments[1])
+        #expect(opened.count == 2 && opened[0] != opened[1])
     }
 
     @Test func anInitiatorThatOpensAnotherNonceIsRefused() throws {
@@ -231,15 +276,25 @@ struct SecureChannelTests {
         let committed = [UInt8](repeating: 0x5a, count: SecureChannel.nonceSize)
         var other = committed
         other[31] ^= 1
-        let d = try handDrivenInitiator(payload1: SecureChannel.commitment(to: committed), payload3Prefix: other)
+        var d = try handDrivenInitiator(payload1: SecureChannel.commitment(to: committed, by: .initiator), payload3Prefix: other)
         #expect(faults(d.events) == [.handshake("message 3's nonce does not open message 1's commitment")])
         #expect(frames(d.events).isEmpty && !d.responder.isEncrypted && !d.responder.isOpen)
         #expect(d.responder.shortAuthenticationString == nil, "no digits to show for a refused handshake")
+        #expect(d.responder.revealNonce().isEmpty, "and no nonce to give away")
+    }
+
+    @Test func aCommitmentReplayedAsTheOtherSidesDoesNotOpen() throws {
+        // A man in the middle that sends an initiator's commitment back as its own cannot open it with the nonce it
+        // is later shown: the role is part of what is committed to.
+        let nonce = [UInt8](repeating: 0x5a, count: SecureChannel.nonceSize)
+        #expect(SecureChannel.commitment(to: nonce, by: .initiator) != SecureChannel.commitment(to: nonce, by: .responder))
+        let d = try handDrivenInitiator(payload1: SecureChannel.commitment(to: nonce, by: .responder), payload3Prefix: nonce)
+        #expect(faults(d.events) == [.handshake("message 3's nonce does not open message 1's commitment")])
     }
 
     @Test(arguments: [0, 31, 33, 64])
     func aMessage1WithoutA32ByteCommitmentIsRefused(_ size: Int) throws {
-        // 0 bytes: a version-2 style message 1 behind a version-3 preamble.
+        // 0 bytes: a version-2 style message 1 behind a current preamble.
         let d = try handDrivenInitiator(payload1: [UInt8](repeating: 1, count: size), payload3Prefix: [])
         #expect(faults(d.events) == [.handshake("message 1 carries \(size) bytes, not a 32-byte commitment")])
         #expect(d.hashAfterMessage2 == nil, "no message 2 was written")
@@ -248,64 +303,157 @@ struct SecureChannelTests {
 
     @Test func aMessage3WithoutTheNonceAndAHelloIsRefused() throws {
         let nonce = [UInt8](repeating: 0x5a, count: SecureChannel.nonceSize)
+        let commitment = SecureChannel.commitment(to: nonce, by: .initiator)
         // The nonce alone (no HELLO after it), then a short nonce with a HELLO that does not fit behind it.
-        let alone = try handDrivenInitiator(payload1: SecureChannel.commitment(to: nonce), payload3Prefix: nonce, withHello: false)
+        let alone = try handDrivenInitiator(payload1: commitment, payload3Prefix: nonce, withHello: false)
         #expect(faults(alone.events) == [.handshake("message 3 carries 32 bytes, not a 32-byte nonce and a HELLO")])
-        let short = try handDrivenInitiator(payload1: SecureChannel.commitment(to: nonce), payload3Prefix: Array(nonce.prefix(31)))
+        let short = try handDrivenInitiator(payload1: commitment, payload3Prefix: Array(nonce.prefix(31)))
         #expect(faults(short.events).count == 1 && !short.responder.isOpen && frames(short.events).isEmpty)
     }
 
-    @Test func aRealInitiatorCommitsInMessage1AndOpensInMessage3() throws {
-        // Plays the responder by hand against a real initiator, and reads what it sends.
+    /// A real initiator, and a responder played by hand up to message 3: what the initiator sent, and what the
+    /// hand-driven side needs to answer it.
+    private struct HandDrivenResponder {
+        var initiator: SecureChannel
+        var noise: Noise.XXHandshake
+        var initiatorCommitment: [UInt8]
+        var hashAfterMessage2: [UInt8]
+        var eventsAtMessage2: [SecureChannel.Event]
+    }
+
+    /// Plays the responder by hand: reads the real initiator's message 1, and answers with a message 2 whose
+    /// payload is `payload2` (an honest one: a commitment, then bob's HELLO).
+    private func handDrivenResponder(payload2: (_ helloBody: [UInt8]) -> [UInt8]) throws -> HandDrivenResponder {
         var i = SecureChannel(configuration: .init(role: .initiator, preference: .required, localPeer: alice))
         let start: [UInt8] = i.start().flatMap { e -> [UInt8] in if case .write(let b) = e { b } else { [] } }
         let pre = Array(start.prefix(SecureChannel.preambleSize))
         var hs = Noise.XXHandshake(role: .responder, localStatic: bob.keys!, prologue: pre)
         let commitment = try hs.readMessage1(Array(start.dropFirst(SecureChannel.preambleSize + 2)))
-        #expect(commitment.count == 32)
-        let m2 = try hs.writeMessage2(payload: Array(ControlFrame.hello(peer: bob).encoded().dropFirst(4)))
+        let m2 = try hs.writeMessage2(payload: payload2(Array(ControlFrame.hello(peer: bob).encoded().dropFirst(4))))
         let h2 = hs.hash
         let events = (pre + [UInt8(m2.count >> 8), UInt8(m2.count & 0xff)] + m2).withUnsafeBytes { i.received($0) }
-        #expect(events.contains(.needsApproval(bob)))
-        let digitsBeforeApproval = try #require(i.shortAuthenticationString, "the inviter has its digits at message 2")
-        let m3: [UInt8] = i.approve().flatMap { e -> [UInt8] in if case .write(let b) = e { b } else { [] } }
-        let (payload, _) = try hs.readMessage3(Array(m3.dropFirst(2)))
-        let nonce = Array(payload.prefix(32))
-        #expect(SecureChannel.commitment(to: nonce) == commitment, "message 3 opens message 1's commitment")
-        #expect(digitsBeforeApproval == SecureChannel.sas(hashAfterMessage2: h2, nonce: nonce))
-        #expect(i.shortAuthenticationString == digitsBeforeApproval, "approval does not change them")
-        // Each handshake draws its own nonce.
-        var again = SecureChannel(configuration: .init(role: .initiator, preference: .required, localPeer: alice))
-        let second: [UInt8] = again.start().flatMap { e -> [UInt8] in if case .write(let b) = e { b } else { [] } }
-        #expect(second.suffix(32) != start.suffix(32), "another handshake, another commitment")
+        return HandDrivenResponder(initiator: i, noise: hs, initiatorCommitment: commitment, hashAfterMessage2: h2,
+                                   eventsAtMessage2: events)
     }
 
-    @Test func theDigitsTakeTheHandshakeAndTheNonce() {
-        let h = [UInt8](repeating: 1, count: 32)
-        let n1 = [UInt8](repeating: 2, count: 32), n2 = [UInt8](repeating: 3, count: 32)
-        // Known answers, computed with Python's hashlib: SHA-256(label ‖ h ‖ n)[0..<4] big-endian mod 10⁶.
-        #expect(SecureChannel.sas(hashAfterMessage2: h, nonce: n1) == "740 239")
-        #expect(SecureChannel.commitment(to: n1).map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined()
-                == "ae2944736bff7d84f19970ad7bcbfe6cfc1a82c1b16edc9f6e366095cfd514aa")
-        #expect(SecureChannel.sas(hashAfterMessage2: h, nonce: n2) != "740 239", "the nonce, unknown at message 2, moves them")
-        #expect(SecureChannel.sas(hashAfterMessage2: n2, nonce: n1) != "740 239")
-        #expect(SecureChannel.commitment(to: n1) != SecureChannel.commitment(to: n2))
+    /// Seals `frame` as the hand-driven responder's next record under `cipher`.
+    private func sealRecord(_ frame: ControlFrame, with cipher: inout Noise.CipherState) -> [UInt8] {
+        let c = cipher.encrypt(ad: [], frame.encoded())
+        return [UInt8(c.count >> 8), UInt8(c.count & 0xff)] + c
     }
+
+    @Test func aRealInitiatorLearnsTheDigitsOnlyFromTheRespondersOpenedNonce() throws {
+        let responderNonce = [UInt8](repeating: 0x77, count: SecureChannel.nonceSize)
+        var d = try handDrivenResponder { SecureChannel.commitment(to: responderNonce, by: .responder) + $0 }
+        #expect(d.initiatorCommitment.count == 32)
+        #expect(d.eventsAtMessage2.contains(.needsApproval(bob)))
+        #expect(d.initiator.shortAuthenticationString == nil, "no digits before the responder opens its nonce")
+        let m3: [UInt8] = d.initiator.approve().flatMap { e -> [UInt8] in if case .write(let b) = e { b } else { [] } }
+        let (payload, keys) = try d.noise.readMessage3(Array(m3.dropFirst(2)))
+        var cipher = keys.send
+        let initiatorNonce = Array(payload.prefix(32))
+        #expect(SecureChannel.commitment(to: initiatorNonce, by: .initiator) == d.initiatorCommitment,
+                "message 3 opens message 1's commitment")
+        #expect(d.initiator.shortAuthenticationString == nil, "approval gives no digits either")
+        let events = sealRecord(.sasNonce(responderNonce), with: &cipher).withUnsafeBytes { d.initiator.received($0) }
+        let expected = SecureChannel.sas(hashAfterMessage2: d.hashAfterMessage2, initiatorNonce: initiatorNonce,
+                                         responderNonce: responderNonce)
+        #expect(events == [.shortAuthenticationString(expected)], "the owner is told, and sees no frame")
+        #expect(d.initiator.shortAuthenticationString == expected)
+        // A second one is out of turn.
+        let again = sealRecord(.sasNonce(responderNonce), with: &cipher).withUnsafeBytes { d.initiator.received($0) }
+        #expect(faults(again) == [.unexpectedFrame("SAS-NONCE")])
+        // Each handshake draws its own nonce.
+        let other = try handDrivenResponder { SecureChannel.commitment(to: responderNonce, by: .responder) + $0 }
+        #expect(other.initiatorCommitment != d.initiatorCommitment, "another handshake, another commitment")
+    }
+
+    @Test func aResponderWhoseNonceDoesNotOpenItsCommitmentIsRefused() throws {
+        // What a man in the middle facing the inviter would need: commit in message 2, then open whichever nonce
+        // makes the inviter's digits match the ones it found elsewhere.
+        let committed = [UInt8](repeating: 0x77, count: SecureChannel.nonceSize)
+        var d = try handDrivenResponder { SecureChannel.commitment(to: committed, by: .responder) + $0 }
+        let m3: [UInt8] = d.initiator.approve().flatMap { e -> [UInt8] in if case .write(let b) = e { b } else { [] } }
+        var cipher = try d.noise.readMessage3(Array(m3.dropFirst(2))).1.send
+        var other = committed
+        other[0] ^= 0x80
+        let events = sealRecord(.sasNonce(other), with: &cipher).withUnsafeBytes { d.initiator.received($0) }
+        #expect(faults(events) == [.handshake("SAS-NONCE does not open message 2's commitment")])
+        #expect(d.initiator.shortAuthenticationString == nil && !d.initiator.isOpen)
+    }
+
+    @Test func aMessage2WithoutACommitmentAndAHelloIsRefused() throws {
+        // A version-3 message 2 (the HELLO alone) behind a current preamble.
+        var helloSize = 0
+        let d = try handDrivenResponder { hello in
+            helloSize = hello.count
+            return hello
+        }
+        #expect(faults(d.eventsAtMessage2)
+                == [.handshake("message 2 carries \(helloSize) bytes, not a 32-byte commitment and a HELLO")])
+        #expect(!d.eventsAtMessage2.contains(.needsApproval(bob)) && !d.initiator.isOpen)
+    }
+
+    @Test func aSASNonceOutOfTurnIsAFault() {
+        // Through the whole exchange: the responder reveals once, the initiator learns the same digits.
+        var w = Wire()
+        w.start()
+        w.pump()
+        #expect(w.initiator.shortAuthenticationString == nil && w.responder.shortAuthenticationString != nil)
+        w.toInitiator.append(w.responder.revealNonce())
+        w.pump()
+        #expect(w.initiatorSaw.contains(.shortAuthenticationString(w.responder.shortAuthenticationString!)))
+        #expect(w.initiator.shortAuthenticationString == w.responder.shortAuthenticationString)
+        #expect(faults(w.initiatorSaw + w.responderSaw).isEmpty)
+        // An initiator that sends one, to a responder: out of turn.
+        let nonce = [UInt8](repeating: 1, count: SecureChannel.nonceSize)
+        w.toResponder.append(w.initiator.sendRawFrameForTests(.sasNonce(nonce)))
+        w.pump()
+        #expect(faults(w.responderSaw) == [.unexpectedFrame("SAS-NONCE")])
+        // In plaintext there is nothing to open.
+        var p = Wire(.none, .none)
+        p.start()
+        p.pump()
+        #expect(p.responder.revealNonce().isEmpty, "a plaintext responder has no nonce to send")
+        p.toInitiator.append(ControlFrame.sasNonce(nonce).encoded())
+        p.pump()
+        #expect(faults(p.initiatorSaw) == [.unexpectedFrame("SAS-NONCE")])
+    }
+
+    @Test func theDigitsTakeTheHandshakeAndBothNonces() {
+        let h = [UInt8](repeating: 1, count: 32)
+        let n1 = [UInt8](repeating: 2, count: 32), n2 = [UInt8](repeating: 3, count: 32), nr = [UInt8](repeating: 4, count: 32)
+        // Known answers, computed with Python's hashlib: SHA-256(label ‖ h ‖ nᵢ ‖ nᵣ)[0..<4] big-endian mod 10⁶, and
+        // SHA-256(label ‖ role ‖ n).
+        #expect(SecureChannel.sas(hashAfterMessage2: h, initiatorNonce: n1, responderNonce: nr) == "360 432")
+        #expect(hex(SecureChannel.commitment(to: n1, by: .initiator))
+                == "24b6bf438da73ca7d1afb6ab6ee0b148cdb6003f53a9391ae6453cd05a0dcfc4")
+        #expect(hex(SecureChannel.commitment(to: n1, by: .responder))
+                == "ac0574120278384d069aa42603ed3f146f9f24c05857215c74489c3467d04d1c")
+        #expect(SecureChannel.sas(hashAfterMessage2: h, initiatorNonce: n2, responderNonce: nr) != "360 432",
+                "the initiator's nonce, unknown at message 2, moves them")
+        #expect(SecureChannel.sas(hashAfterMessage2: h, initiatorNonce: n1, responderNonce: n2) != "360 432",
+                "so does the responder's, unknown until its app is asked")
+        #expect(SecureChannel.sas(hashAfterMessage2: n2, initiatorNonce: n1, responderNonce: nr) != "360 432")
+        #expect(SecureChannel.commitment(to: n1, by: .initiator) != SecureChannel.commitment(to: n2, by: .initiator))
+    }
+
+    private func hex(_ bytes: [UInt8]) -> String { bytes.map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined() }
 
     @Test func aPeerOfAnotherVersionIsToldThisBuildsVersion() {
         var r = SecureChannel(configuration: .init(role: .responder, preference: .required, localPeer: bob))
-        let v2 = SecureChannel.magic + [2, 1, 0, 0]
-        let events = v2.withUnsafeBytes { r.received($0) }
-        #expect(faults(events) == [.malformedFrame("protocol version 2; this build speaks \(peerMeshProtocolVersion)")])
+        let previous = SecureChannel.magic + [peerMeshProtocolVersion - 1, 1, 0, 0]
+        let events = previous.withUnsafeBytes { r.received($0) }
+        #expect(faults(events) == [.malformedFrame("protocol version \(peerMeshProtocolVersion - 1); this build speaks \(peerMeshProtocolVersion)")])
         // It answers with its own preamble (refused, reason 3) first, so that the other side can say which met.
         #expect(events.first == .write(SecureChannel.magic + [peerMeshProtocolVersion, 255, 3, 0]))
         #expect(!r.isOpen)
         // An initiator that meets a responder of another version says so.
         var i = SecureChannel(configuration: .init(role: .initiator, preference: .required, localPeer: alice))
         _ = i.start()
-        let answer = SecureChannel.magic + [4, 255, 3, 0]
+        let answer = SecureChannel.magic + [peerMeshProtocolVersion + 1, 255, 3, 0]
         #expect(faults(answer.withUnsafeBytes { i.received($0) })
-                == [.malformedFrame("protocol version 4; this build speaks \(peerMeshProtocolVersion)")])
+                == [.malformedFrame("protocol version \(peerMeshProtocolVersion + 1); this build speaks \(peerMeshProtocolVersion)")])
     }
 
     @Test func anUnknownPeerOrV1BytesAreFaultsNotFrames() {

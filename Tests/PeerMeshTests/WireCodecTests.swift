@@ -92,6 +92,7 @@ private let sampleFrames: [ControlFrame] = [
     .relay(.credit(pipe: 4, opener: false, bytes: UInt32(RelayFrame.window))),
     .relay(.close(pipe: 5, opener: true)),
     .datagram([1, 2, 3]),
+    .sasNonce((0..<32).map { UInt8($0) }),
 ]
 
 @Suite struct WireCodecTests {
@@ -105,10 +106,19 @@ private let sampleFrames: [ControlFrame] = [
         #expect(ControlFrame.accept(udpPort: 0x1234, token: 0x0102_0304_0506_0708).encoded()
                 == [0, 0, 0, 11, 3, 0x12, 0x34, 1, 2, 3, 4, 5, 6, 7, 8])
         #expect(ControlFrame.hello(peer: ann).encoded()
-                == [0, 0, 0, 18, 1, 0x50, 0x4d, 0x53, 0x48, 3, 1, 2, 3, 4, 5, 6, 7, 8, 3, 0x41, 0x6e, 0x6e])
+                == [0, 0, 0, 18, 1, 0x50, 0x4d, 0x53, 0x48, peerMeshProtocolVersion, 1, 2, 3, 4, 5, 6, 7, 8, 3, 0x41, 0x6e, 0x6e])
         #expect(ControlFrame.invite(.init(context: [0xaa], timeoutMillis: 0x0a0b_0c0d, udpPort: 0x1f90, token: 5)).encoded()
                 == [0, 0, 0, 18, 2, 0x0a, 0x0b, 0x0c, 0x0d, 0x1f, 0x90] + be64(5) + [0, 1, 0xaa])
         #expect(ControlFrame.decline(.peerLimit, "no").encoded() == [0, 0, 0, 6, 4, 2, 0, 2, 0x6e, 0x6f])
+        #expect(ControlFrame.sasNonce([UInt8](repeating: 0x5a, count: 32)).encoded()
+                == [0, 0, 0, 33, 26] + [UInt8](repeating: 0x5a, count: 32))
+    }
+
+    @Test func aSASNonceIsExactly32Bytes() {
+        #expect(decode([26]) == .failure(.truncated))
+        #expect(decode([26] + [UInt8](repeating: 1, count: 31)) == .failure(.truncated))
+        #expect(decode([26] + [UInt8](repeating: 1, count: 33)) == .failure(.trailingBytes))
+        #expect(decode([26] + [UInt8](repeating: 1, count: 32)) == .success(.sasNonce([UInt8](repeating: 1, count: 32))))
     }
 
     @Test func everyFrameRoundTrips() {
@@ -183,6 +193,7 @@ private let sampleFrames: [ControlFrame] = [
         #expect(decode(hello(version: 0)) == .failure(.unsupportedVersion(0)))
         #expect(decode(hello(version: 1)) == .failure(.unsupportedVersion(1)), "a v1 peer is refused")
         #expect(decode(hello(version: 2)) == .failure(.unsupportedVersion(2)), "a v2 peer is refused")
+        #expect(decode(hello(version: 3)) == .failure(.unsupportedVersion(3)), "a v3 peer is refused")
         #expect(decode(hello(version: peerMeshProtocolVersion + 1)) == .failure(.unsupportedVersion(peerMeshProtocolVersion + 1)))
         #expect(decode(hello(name: [])) == .failure(.badField("peer")))
         #expect(decode(hello(name: [UInt8](repeating: 0x61, count: 64))) == .failure(.badField("peer")))
@@ -200,7 +211,7 @@ private let sampleFrames: [ControlFrame] = [
 
     @Test func otherFrameFailures() {
         #expect(decode([]) == .failure(.truncated))
-        for t: UInt8 in [0, 26, 27, 0x80, 0xff] { #expect(decode([t]) == .failure(.unknownType(t))) }
+        for t: UInt8 in [0, 27, 28, 0x80, 0xff] { #expect(decode([t]) == .failure(.unknownType(t))) }
         #expect(decode([6, 0]) == .failure(.trailingBytes))
         #expect(decode([7, 1, 2]) == .failure(.trailingBytes))
         #expect(decode([3, 0, 1] + be64(1) + [0]) == .failure(.trailingBytes))
@@ -337,7 +348,7 @@ private let sampleFrames: [ControlFrame] = [
             }
         }
         #expect(write(DatagramHeader(kind: .pong, token: 0x0102_0304_0506_0708, sequence: 9))
-                == [0x50, 0x4d, 3, 3] + be64(0x0102_0304_0506_0708) + be64(9))
+                == [0x50, 0x4d, peerMeshProtocolVersion, 3] + be64(0x0102_0304_0506_0708) + be64(9))
     }
 
     @Test func datagramHeaderFailures() {
@@ -351,7 +362,9 @@ private let sampleFrames: [ControlFrame] = [
         #expect(header(b) == .failure(.badVersion))
         b = good; b[2] = 2
         #expect(header(b) == .failure(.badVersion))
-        b = good; b[2] = 4
+        b = good; b[2] = 3
+        #expect(header(b) == .failure(.badVersion))
+        b = good; b[2] = 5
         #expect(header(b) == .failure(.badVersion))
         b = good; b[2] = 0
         #expect(header(b) == .failure(.badVersion))
@@ -374,7 +387,7 @@ private let sampleFrames: [ControlFrame] = [
             outcomes["frame " + outcome(decode(bytes)), default: 0] += 1
             var d = bytes
             if n >= 4, Bool.random(using: &rng) { // mostly-valid datagram headers
-                d[0] = 0x50; d[1] = 0x4d; d[2] = UInt8.random(in: 1...3, using: &rng); d[3] = UInt8.random(in: 0...4, using: &rng)
+                d[0] = 0x50; d[1] = 0x4d; d[2] = UInt8.random(in: (peerMeshProtocolVersion - 2)...peerMeshProtocolVersion, using: &rng); d[3] = UInt8.random(in: 0...4, using: &rng)
             }
             outcomes["header " + outcome(header(d)), default: 0] += 1
             var stream = bytes
@@ -507,7 +520,7 @@ private let sampleFrames: [ControlFrame] = [
     @Test func txtRecordRoundTripsWithEscapedKeys() throws {
         let info = ["b": "2", "_a": "1", "a": "x=y=z", "__deep": "d", "_v": "not a version", "_d": "not a name", "empty": ""]
         let txt = TXTRecord.encode(peer: annKeyed, discoveryInfo: info)
-        #expect(txt == ["_v=3", "_d=Ann", annKey, "___deep=d", "__a=1", "__d=not a name", "__v=not a version", "a=x=y=z", "b=2", "empty="])
+        #expect(txt == ["_v=\(peerMeshProtocolVersion)", "_d=Ann", annKey, "___deep=d", "__a=1", "__d=not a name", "__v=not a version", "a=x=y=z", "b=2", "empty="])
         let decoded = try TXTRecord.decode(instanceName: annKeyed.identityString, txt: txt).get()
         #expect(decoded.0 == annKeyed)
         #expect(decoded.0.displayName == "Ann")
@@ -522,7 +535,7 @@ private let sampleFrames: [ControlFrame] = [
         let id = "0123456789abcdef"
         let key = String(repeating: "é", count: 32)   // 64 bytes, 32 characters
         #expect(key.utf8.count == 64)
-        guard case .failure(.badPublicKey) = TXTRecord.decode(instanceName: id, txt: ["_v=3", "_d=x", "_k=" + key]) else {
+        guard case .failure(.badPublicKey) = TXTRecord.decode(instanceName: id, txt: ["_v=\(peerMeshProtocolVersion)", "_d=x", "_k=" + key]) else {
             Issue.record("a multibyte key was not refused")
             return
         }
@@ -537,24 +550,24 @@ private let sampleFrames: [ControlFrame] = [
             if case .failure(let e) = TXTRecord.decode(instanceName: name, txt: txt) { e } else { nil }
         }
         #expect(err(id, ["_d=Ann", annKey]) == .missingKey("_v"))
-        #expect(err(id, ["_v=3", annKey]) == .missingKey("_d"))
-        #expect(err(id, ["_v=2", "_d=Ann", annKey]) == .unsupportedVersion("2"), "a version-2 advertiser is skipped")
+        #expect(err(id, ["_v=\(peerMeshProtocolVersion)", annKey]) == .missingKey("_d"))
+        #expect(err(id, ["_v=\(peerMeshProtocolVersion - 1)", "_d=Ann", annKey]) == .unsupportedVersion("\(peerMeshProtocolVersion - 1)"), "an advertiser of the previous version is skipped")
         #expect(err(id, []) == .missingKey("_v"))
         #expect(err(id, ["_v=1", "_d=Ann", annKey]) == .unsupportedVersion("1"))
         #expect(err(id, ["_v", "_d=Ann", annKey]) == .unsupportedVersion(""))
-        #expect(err(id, ["_v=3", "_d=", annKey]) == .badDisplayName(""))
-        #expect(err(id, ["_v=3", "_d=" + String(repeating: "n", count: 64), annKey]) == .badDisplayName(String(repeating: "n", count: 64)))
-        #expect(err(id, ["_v=3", "_d=" + String(repeating: "n", count: 63), annKey]) == nil)
-        #expect(err(id, ["_v=3", "_d=Ann"]) == .missingKey("_k"))
-        #expect(err(id, ["_v=3", "_d=Ann", "_k=00"]) == .badPublicKey("00"))
+        #expect(err(id, ["_v=\(peerMeshProtocolVersion)", "_d=", annKey]) == .badDisplayName(""))
+        #expect(err(id, ["_v=\(peerMeshProtocolVersion)", "_d=" + String(repeating: "n", count: 64), annKey]) == .badDisplayName(String(repeating: "n", count: 64)))
+        #expect(err(id, ["_v=\(peerMeshProtocolVersion)", "_d=" + String(repeating: "n", count: 63), annKey]) == nil)
+        #expect(err(id, ["_v=\(peerMeshProtocolVersion)", "_d=Ann"]) == .missingKey("_k"))
+        #expect(err(id, ["_v=\(peerMeshProtocolVersion)", "_d=Ann", "_k=00"]) == .badPublicKey("00"))
         // A record that names one identity with another key: refused (nobody can claim an identity without its key).
         let otherKey = "_k=" + PublicKey(bytes: Array(repeating: 9, count: 32))!.hex
-        #expect(err(id, ["_v=3", "_d=Ann", otherKey]) == .badPublicKey(String(otherKey.dropFirst(3))))
+        #expect(err(id, ["_v=\(peerMeshProtocolVersion)", "_d=Ann", otherKey]) == .badPublicKey(String(otherKey.dropFirst(3))))
         for bad in ["", "xyz", "0102030405060708a", "010203040506070", "000000000000000g", "0000000000000000",
                     "+00000000000000a", "-00000000000000a", " 00000000000000a"] {
-            #expect(err(bad, ["_v=3", "_d=Ann", annKey]) == .badInstanceName(bad), "instance name \(bad)")
+            #expect(err(bad, ["_v=\(peerMeshProtocolVersion)", "_d=Ann", annKey]) == .badInstanceName(bad), "instance name \(bad)")
         }
-        #expect(err(id.uppercased(), ["_v=3", "_d=Ann", annKey]) == nil) // upper-case hex is still hex
+        #expect(err(id.uppercased(), ["_v=\(peerMeshProtocolVersion)", "_d=Ann", annKey]) == nil) // upper-case hex is still hex
         #expect(TXTRecord.DecodeError.missingKey("_v").description.contains("_v"))
         #expect(TXTRecord.DecodeError.badDisplayName("").description.contains("1–63 UTF-8 bytes"))
         #expect(TXTRecord.DecodeError.unsupportedVersion("1").description.contains("version 1"))
@@ -562,7 +575,7 @@ private let sampleFrames: [ControlFrame] = [
     }
 
     @Test func txtRecordDecodeEdgeEntries() throws {
-        let txt = ["_v=3", "_d=Ann=B", annKey, "=orphan", "flag", "_future=ignored", "k=first", "k=second", "__u=1", "__u=2", "_d=Other"]
+        let txt = ["_v=\(peerMeshProtocolVersion)", "_d=Ann=B", annKey, "=orphan", "flag", "_future=ignored", "k=first", "k=second", "__u=1", "__u=2", "_d=Other"]
         let (p, info) = try TXTRecord.decode(instanceName: annKeyed.identityString, txt: txt).get()
         #expect(p.displayName == "Ann=B")
         #expect(info == ["flag": "", "k": "first", "_u": "1"])

@@ -42,6 +42,11 @@ public final class JoinRequest: Sendable {
     /// Whether the request still waits for an answer.
     public var isOpen: Bool { invitation.isOpen }
 
+    /// Lets the player learn the check code, so that it can show it too: call it when the operator is shown
+    /// `shortAuthenticationString`, not before (a request still queued behind another shows nothing, and so gives
+    /// nothing away to someone searching for matching digits: docs/PROTOCOL.md §3.2).
+    public func revealShortAuthenticationString() { invitation.revealShortAuthenticationString() }
+
     func withdraw() {
         let waiting = withdrawal.withLock { w -> [@Sendable () -> Void] in
             guard !w.done else { return [] }
@@ -65,8 +70,9 @@ public enum JoinDecision: Sendable, Equatable {
 
 /// Asks someone whether a player may join (`RelayHost.AcceptPolicy.ask`).
 public protocol PlayerApproval: Sendable {
-    /// Asks about `request`; call `decide` exactly once, from any thread. If the request is withdrawn first,
-    /// take the question down (`request.onWithdrawn`); a late answer changes nothing. The take-down runs on the host's
+    /// Asks about `request`; call `decide` exactly once, from any thread. When the operator is shown the check code,
+    /// call `request.revealShortAuthenticationString()` (so that the player shows it too). If the request is withdrawn
+    /// first, take the question down (`request.onWithdrawn`); a late answer changes nothing. The take-down runs on the host's
     /// I/O thread, possibly while `RelayHost.stop()` waits for it: it must not wait for the thread that stops the host.
     func ask(_ request: JoinRequest, decide: @escaping @Sendable (JoinDecision) -> Void)
 }

@@ -48,7 +48,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     /// Marks `control`, so that `onControl` knows when it already runs there.
     private let onControlKey = DispatchSpecificKey<Bool>()
     private let seen = Mutex<[PeerID: SeenHost]>([:])
-    /// Hosts whose handshake this player finished and that have not answered yet, with their check code.
+    /// Hosts whose operator was shown this player's check code and that have not answered yet, with the code.
     private let unanswered = Mutex<[PeerID: String]>([:])
     private let accounting = Mutex(Accounting())
     private let ticking = Atomic<Bool>(false)
@@ -519,13 +519,14 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     public func session(_ session: Session, didReceiveCertificate certificate: PeerCertificate, fromPeer peer: PeerID,
                         certificateHandler: @escaping @Sendable (Bool) -> Void) {
         // Pinned by key: a host that is not paired is not joined, whatever its name.
-        let trusted = trusts(certificate.publicKey)
-        certificateHandler(trusted)
-        // A host that does not let this player in at once may be asking its operator (`--accept ask`), whose prompt
-        // shows a check code: this side shows the same one, so that the person there can tell this player's request
-        // from anyone else's.
-        guard trusted, !certificate.shortAuthenticationString.isEmpty else { return }
-        unanswered.withLock { $0[peer] = certificate.shortAuthenticationString }
+        certificateHandler(trusts(certificate.publicKey))
+    }
+
+    public func session(_ session: Session, didReceiveShortAuthenticationString digits: String, fromPeer peer: PeerID) {
+        // The host's app opened its share of the digits: its operator is being shown them (`--accept ask`), or the
+        // player is being let in. If no answer comes soon, this side shows the same ones, so that the person there can
+        // tell this player's request from anyone else's.
+        unanswered.withLock { $0[peer] = digits }
         control.asyncAfter(deadline: .now() + Self.answerPatience) { [weak self] in
             guard let self, let code = self.unanswered.withLock({ $0.removeValue(forKey: peer) }) else { return }
             self.log("waiting for \(self.join.withLock { $0.name(of: peer) }) to let this player in; if its operator is asked, the check code "

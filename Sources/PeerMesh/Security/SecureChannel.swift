@@ -23,10 +23,12 @@ public enum EncryptionPreference: Sendable, Equatable, CustomStringConvertible {
 /// the mode, the Noise XX handshake that carries HELLO, then AEAD records that carry the frame stream.
 ///
 /// ```
-/// preamble  "PMSH" · version (3) · mode (1 Noise XX, 0 plaintext, 255 refused) · reason · 0      (8 bytes, clear)
+/// preamble  "PMSH" · version (4) · mode (1 Noise XX, 0 plaintext, 255 refused) · reason · 0      (8 bytes, clear)
 /// handshake u16 length · Noise message (≤ 1024 bytes)                                              (clear framing)
-///           message 1's payload: the initiator's commitment to a secret nonce; message 3's: the nonce, then HELLO
+///           message 1's payload: the initiator's commitment to a secret nonce; message 2's: the responder's
+///           commitment to its own, then its HELLO; message 3's: the initiator's nonce, then its HELLO
 /// record    u16 length · ChaCha20-Poly1305(frame-stream bytes) (≤ 65 535 bytes, nonce = per-direction counter)
+///           the responder opens its nonce in a SAS-NONCE frame when its owner says (`revealNonce`)
 /// ```
 ///
 /// Bytes in, events out: `received` parses what arrived and returns what to write, the frames that arrived and
@@ -79,6 +81,9 @@ struct SecureChannel: Sendable {
         /// The initiator has identified the responder; call `approve()` to finish the handshake (after checking
         /// the key) or close.
         case needsApproval(PeerID)
+        /// Initiator: the responder opened its nonce (its app showed the digits to a person, or accepted), so the
+        /// short authentication string is known now: these digits.
+        case shortAuthenticationString(String)
         /// The peer refused the mode we offered: close, and say why.
         case refused(String)
         /// The peer broke the protocol: close.
@@ -102,12 +107,32 @@ struct SecureChannel: Sendable {
         let nonce: [UInt8]
     }
 
-    /// The responder's side after message 2: the handshake, the initiator's commitment from message 1, and the
-    /// handshake hash after message 2 (what the short authentication string is taken over, with the nonce).
+    /// The initiator's side after message 2: the handshake, its own nonce, and what the responder's message 2 fixed —
+    /// the handshake hash and the responder's commitment to its nonce.
+    private struct InitiatorAwaitingApproval: Sendable {
+        var handshake: InitiatorHandshake
+        let hashAfterMessage2: [UInt8]
+        let responderCommitment: [UInt8]
+    }
+
+    /// The responder's side after message 2: the handshake, the initiator's commitment from message 1, the
+    /// handshake hash after message 2 (what the short authentication string is taken over, with both nonces), and
+    /// the responder's own nonce, committed to in message 2.
     private struct ResponderHandshake: Sendable {
         var noise: Noise.XXHandshake
         let commitment: [UInt8]
         let hashAfterMessage2: [UInt8]
+        let nonce: [UInt8]
+    }
+
+    /// Where the short authentication string stands once the handshake is over.
+    private enum Digits: Sendable {
+        /// Initiator: waiting for the responder to open the nonce it committed to in message 2.
+        case awaitingResponderNonce(hashAfterMessage2: [UInt8], ownNonce: [UInt8], responderCommitment: [UInt8])
+        /// Responder: the digits are known here; the nonce that gives them to the initiator is not yet sent.
+        case unrevealed(nonce: [UInt8])
+        /// Both sides can have them: the nonce was sent (responder) or received and checked (initiator).
+        case settled
     }
 
     private struct Transport: Sendable {
@@ -116,6 +141,7 @@ struct SecureChannel: Sendable {
         let datagramSend: SecretKey
         let datagramReceive: SecretKey
         let handshakeHash: [UInt8]
+        var digits: Digits
     }
 
     private enum State: Sendable {
@@ -126,7 +152,7 @@ struct SecureChannel: Sendable {
         /// Initiator: waiting for message 2.
         case awaitingMessage2(InitiatorHandshake)
         /// Initiator: message 2 read; the owner decides whether to trust the responder.
-        case awaitingApproval(InitiatorHandshake, hello: ControlFrame)
+        case awaitingApproval(InitiatorAwaitingApproval, hello: ControlFrame)
         /// Responder: waiting for the initiator's preamble.
         case awaitingInitiatorPreamble
         /// Responder: waiting for message 1.
@@ -173,10 +199,13 @@ struct SecureChannel: Sendable {
     }
 
     /// The short authentication string both sides can compare (six digits, `123 456`), from the handshake hash
-    /// after message 2 and the nonce the initiator committed to in message 1: the initiator knows it once it has
-    /// read message 2, the responder once message 3 opened the commitment. A man in the middle has to write its
-    /// message 2 before it learns the nonce, so it cannot search for a message 2 that gives both ends the same
-    /// digits (docs/PROTOCOL.md §3.2 says what the digits prove). Nil in plaintext or before then.
+    /// after message 2 and two nonces, each committed to before the other side's was seen: the initiator's
+    /// (committed in message 1, opened in message 3) and the responder's (committed in message 2, opened in a
+    /// SAS-NONCE frame when the owner calls `revealNonce`). The responder knows the digits once message 3 has come;
+    /// the initiator once the SAS-NONCE frame has (`.shortAuthenticationString`). A man in the middle cannot choose
+    /// what either end shows, and learns what the responder shows only once the responder opens its nonce: the
+    /// advertiser does so when its app shows the digits to a person or accepts, so every guess costs a prompt
+    /// (docs/PROTOCOL.md §3.2). Nil in plaintext or before then.
     private(set) var shortAuthenticationString: String?
 
     /// A value unique to this handshake that both ends share (like a TLS exporter): apps bind their own proofs
@@ -186,24 +215,26 @@ struct SecureChannel: Sendable {
         return Sodium.sha256([Array("PeerMesh v2 channel binding".utf8), t.handshakeHash])
     }
 
-    /// The short authentication string of a handshake: `SHA-256("PeerMesh v3 SAS" ‖ h ‖ nonce)`, where `h` is the
-    /// handshake hash after message 2 and `nonce` the initiator's opened commitment; its first four bytes,
-    /// big-endian, mod 10⁶, as `123 456`.
-    static func sas(hashAfterMessage2 handshakeHash: [UInt8], nonce: [UInt8]) -> String {
-        let d = Sodium.sha256([Array("PeerMesh v3 SAS".utf8), handshakeHash, nonce])
+    /// The short authentication string of a handshake: `SHA-256("PeerMesh v4 SAS" ‖ h ‖ nᵢ ‖ nᵣ)`, where `h` is the
+    /// handshake hash after message 2 and `nᵢ`, `nᵣ` the initiator's and the responder's opened nonces; its first four
+    /// bytes, big-endian, mod 10⁶, as `123 456`.
+    static func sas(hashAfterMessage2 handshakeHash: [UInt8], initiatorNonce: [UInt8], responderNonce: [UInt8]) -> String {
+        let d = Sodium.sha256([Array("PeerMesh v4 SAS".utf8), handshakeHash, initiatorNonce, responderNonce])
         let n = (UInt32(d[0]) << 24 | UInt32(d[1]) << 16 | UInt32(d[2]) << 8 | UInt32(d[3])) % 1_000_000
         let s = String(n)
         let padded = String(repeating: "0", count: 6 - s.count) + s
         return String(padded.prefix(3)) + " " + String(padded.suffix(3))
     }
 
-    /// Bytes of the initiator's nonce, and of its commitment.
+    /// Bytes of each side's nonce, and of a commitment to one.
     static let nonceSize = 32
 
-    /// The commitment message 1 carries: `SHA-256("PeerMesh v3 SAS commitment" ‖ nonce)` (32 bytes). The nonce is
-    /// 32 random bytes, so the commitment hides it; SHA-256 binds the initiator to it.
-    static func commitment(to nonce: [UInt8]) -> [UInt8] {
-        Sodium.sha256([Array("PeerMesh v3 SAS commitment".utf8), nonce])
+    /// The commitment `role` sends (message 1: the initiator's; message 2: the responder's):
+    /// `SHA-256("PeerMesh v4 SAS commitment" ‖ role ‖ nonce)`, role 1 for the initiator and 2 for the responder (32
+    /// bytes). The nonce is 32 random bytes, so the commitment hides it; SHA-256 binds its sender to it. The role
+    /// byte keeps one side's commitment from being replayed as the other's.
+    static func commitment(to nonce: [UInt8], by role: Role) -> [UInt8] {
+        Sodium.sha256([Array("PeerMesh v4 SAS commitment".utf8), [role == .initiator ? 1 : 2], nonce])
     }
 
     /// The mode the initiator offers for a preference.
@@ -226,7 +257,7 @@ struct SecureChannel: Sendable {
         var hs = InitiatorHandshake(noise: Noise.XXHandshake(role: .initiator, localStatic: keys, prologue: pre),
                                     nonce: Sodium.randomBytes(Self.nonceSize))
         // writeMessage1 cannot fail on a fresh initiator.
-        let m1 = try! hs.noise.writeMessage1(payload: Self.commitment(to: hs.nonce))
+        let m1 = try! hs.noise.writeMessage1(payload: Self.commitment(to: hs.nonce, by: .initiator))
         state = .awaitingPreamble(hs)
         return [.write(pre + Self.lengthPrefixed(m1))]
     }
@@ -262,15 +293,18 @@ struct SecureChannel: Sendable {
 
     /// Initiator: the owner trusts the responder; finish the handshake and send what was held.
     mutating func approve() -> [Event] {
-        guard case .awaitingApproval(var hs, _) = state else { return [] }
+        guard case .awaitingApproval(var a, _) = state else { return [] }
         let hello = ControlFrame.hello(peer: config.localPeer).encoded()
         let (m3, result): ([UInt8], Noise.Result)
-        do { (m3, result) = try hs.noise.writeMessage3(payload: hs.nonce + hello.dropFirst(4)) } catch {
+        do { (m3, result) = try a.handshake.noise.writeMessage3(payload: a.handshake.nonce + hello.dropFirst(4)) } catch {
             state = .closed
             return [.fault(.handshake(error.description))]
         }
+        let digits = Digits.awaitingResponderNonce(hashAfterMessage2: a.hashAfterMessage2, ownNonce: a.handshake.nonce,
+                                                   responderCommitment: a.responderCommitment)
         state = .established(Transport(send: result.send, receive: result.receive, datagramSend: result.datagramSend,
-                                       datagramReceive: result.datagramReceive, handshakeHash: result.handshakeHash))
+                                       datagramReceive: result.datagramReceive, handshakeHash: result.handshakeHash,
+                                       digits: digits))
         var out = Self.lengthPrefixed(m3)
         out += sealHeld()
         var events: [Event] = [.write(out)]
@@ -292,6 +326,17 @@ struct SecureChannel: Sendable {
             held.append(frame)
             return []
         }
+    }
+
+    /// Responder: the bytes that open our nonce to the initiator (a sealed SAS-NONCE frame), so that it can show the
+    /// digits too. Call it when a person is shown the digits, or the invitation is accepted, not before: until then
+    /// a man in the middle cannot tell which digits this side shows. Once; empty after that, in plaintext, or before
+    /// message 3.
+    mutating func revealNonce() -> [UInt8] {
+        guard case .established(var t) = state, case .unrevealed(let nonce) = t.digits else { return [] }
+        t.digits = .settled
+        state = .established(t)
+        return seal(ControlFrame.sasNonce(nonce).encoded())
     }
 
     /// Raises the frame limit (after an invitation is accepted, the session's own limit applies).
@@ -381,13 +426,17 @@ struct SecureChannel: Sendable {
             }
         case .awaitingMessage2(var hs):
             guard let m = try takeMessage(limit: config.maximumHandshakeMessage) else { return false }
-            let (hello, hash) = try Self.handshakeStep { () throws(Noise.Failure) in
-                let (rs, payload) = try hs.noise.readMessage2(m)
-                return (try helloFrame(payload, remoteStatic: rs), hs.noise.hash)
+            let (remoteStatic, payload) = try Self.handshakeStep { () throws(Noise.Failure) in try hs.noise.readMessage2(m) }
+            guard payload.count > Self.nonceSize else {
+                throw .handshake("message 2 carries \(payload.count) bytes, not a \(Self.nonceSize)-byte commitment and a HELLO")
+            }
+            let hello = try Self.handshakeStep { () throws(Noise.Failure) in
+                try helloFrame(Array(payload.dropFirst(Self.nonceSize)), remoteStatic: remoteStatic)
             }
             guard case .hello(let peer) = hello else { throw .handshake("bad HELLO") }
-            shortAuthenticationString = Self.sas(hashAfterMessage2: hash, nonce: hs.nonce)
-            state = .awaitingApproval(hs, hello: hello)
+            state = .awaitingApproval(InitiatorAwaitingApproval(handshake: hs, hashAfterMessage2: hs.noise.hash,
+                                                                responderCommitment: Array(payload.prefix(Self.nonceSize))),
+                                      hello: hello)
             events += [.frame(hello), .needsApproval(peer)]
             return false
         case .awaitingInitiatorPreamble:
@@ -430,11 +479,13 @@ struct SecureChannel: Sendable {
             guard commitment.count == Self.nonceSize else {
                 throw .handshake("message 1 carries \(commitment.count) bytes, not a \(Self.nonceSize)-byte commitment")
             }
+            let nonce = Sodium.randomBytes(Self.nonceSize)
             let hello = ControlFrame.hello(peer: config.localPeer).encoded()
             let m2 = try Self.handshakeStep { () throws(Noise.Failure) in
-                try hs.writeMessage2(payload: Array(hello.dropFirst(4)))
+                try hs.writeMessage2(payload: Self.commitment(to: nonce, by: .responder) + hello.dropFirst(4))
             }
-            state = .awaitingMessage3(ResponderHandshake(noise: hs, commitment: commitment, hashAfterMessage2: hs.hash))
+            state = .awaitingMessage3(ResponderHandshake(noise: hs, commitment: commitment, hashAfterMessage2: hs.hash,
+                                                         nonce: nonce))
             events.append(.write(Self.lengthPrefixed(m2)))
         case .awaitingMessage3(var hs):
             guard let m = try takeMessage(limit: config.maximumHandshakeMessage) else { return false }
@@ -448,12 +499,14 @@ struct SecureChannel: Sendable {
             }
             // Message 3 authenticated, so it is the initiator's: a nonce that does not open its commitment is that
             // initiator lying about the digits (a man in the middle that searched for a match), not a damaged byte.
-            guard Self.commitment(to: nonce) == hs.commitment else {
+            guard Self.commitment(to: nonce, by: .initiator) == hs.commitment else {
                 throw .handshake("message 3's nonce does not open message 1's commitment")
             }
-            shortAuthenticationString = Self.sas(hashAfterMessage2: hs.hashAfterMessage2, nonce: nonce)
+            shortAuthenticationString = Self.sas(hashAfterMessage2: hs.hashAfterMessage2, initiatorNonce: nonce,
+                                                 responderNonce: hs.nonce)
             state = .established(Transport(send: result.send, receive: result.receive, datagramSend: result.datagramSend,
-                                           datagramReceive: result.datagramReceive, handshakeHash: result.handshakeHash))
+                                           datagramReceive: result.datagramReceive, handshakeHash: result.handshakeHash,
+                                           digits: .unrevealed(nonce: hs.nonce)))
             events.append(.frame(hello))
             let sealed = sealHeld()
             if !sealed.isEmpty { events.append(.write(sealed)) }
@@ -482,6 +535,22 @@ struct SecureChannel: Sendable {
             switch r {
             case .success(.hello) where isEncrypted:
                 return events + fail(.unexpectedFrame("HELLO inside the encrypted channel"))
+            case .success(.sasNonce(let nonce)):
+                // Only an initiator waiting for it takes one, once: anything else is a peer out of turn.
+                guard case .established(var t) = state,
+                      case .awaitingResponderNonce(let h2, let own, let commitment) = t.digits else {
+                    return events + fail(.unexpectedFrame("SAS-NONCE"))
+                }
+                // Sealed under the channel's keys, so it is the responder's own: a nonce that does not open its
+                // commitment is that responder lying about the digits, not a damaged byte.
+                guard Self.commitment(to: nonce, by: .responder) == commitment else {
+                    return events + fail(.handshake("SAS-NONCE does not open message 2's commitment"))
+                }
+                t.digits = .settled
+                state = .established(t)
+                let digits = Self.sas(hashAfterMessage2: h2, initiatorNonce: own, responderNonce: nonce)
+                shortAuthenticationString = digits
+                events.append(.shortAuthenticationString(digits))
             case .success(let f): events.append(.frame(f))
             case .failure(let e): return events + fail(.malformedFrame(e))
             }

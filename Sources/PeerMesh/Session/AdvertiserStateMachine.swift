@@ -17,7 +17,7 @@ typealias PendingID = Int
 /// is a new connection refused; then the driver stops accepting (`isFull`) until one ends.
 ///
 /// Tries are rationed per source address. A connection becomes a try, charged to its address, when its caller
-/// first speaks (in Noise mode this side answers with message 2, from which the digits follow); a silent one costs
+/// first speaks (in Noise mode this side answers with message 2); a silent one costs
 /// nothing. A try is forgiven (`admitted`) only when the session the app chose has let the caller in — after its
 /// certificate check and peer limits — and that session is not a pairing window's. Every other end keeps the
 /// charge: a caller that hung up, broke the protocol, ran out of time, withdrew its invitation, was declined, or

@@ -7,6 +7,11 @@ import Synchronization
 /// Answer once, from any thread, now or later: `accept(into:)` or `decline(_:message:)`. An invitation not answered
 /// before the inviter's timeout is declined for you; if the inviter hangs up or the invitation expires first, the
 /// `onWithdrawn` handler runs (an app that shows a prompt takes it down then).
+///
+/// An app that shows a person the short authentication string (`certificate?.shortAuthenticationString`) calls
+/// `revealShortAuthenticationString()` as it does, so that the inviter can show the same digits; accepting reveals
+/// them too. Until then the inviter — or a man in the middle posing as it — cannot tell which digits this side shows,
+/// so a search for matching digits costs one invitation shown to a person per guess (docs/PROTOCOL.md §3.2).
 public final class Invitation: Sendable {
     /// Who invites. On an encrypted link its `publicKey` is proven.
     public let peer: PeerID
@@ -25,14 +30,25 @@ public final class Invitation: Sendable {
 
     private let state = Mutex(State.open(withdrawn: nil))
     private let answer: @Sendable (AdvertiserStateMachine.Answer, Session?) -> Void
+    private let reveal: @Sendable () -> Void
 
     init(peer: PeerID, context: Data?, address: String?, certificate: PeerCertificate?,
+         reveal: @escaping @Sendable () -> Void = {},
          answer: @escaping @Sendable (AdvertiserStateMachine.Answer, Session?) -> Void) {
         self.peer = peer
         self.context = context
         self.address = address
         self.certificate = certificate
+        self.reveal = reveal
         self.answer = answer
+    }
+
+    /// Lets the inviter learn the short authentication string, so that it can show the same digits: call it when a
+    /// person is shown them. From any thread; once is enough (later calls, and calls after the invitation was
+    /// answered or withdrawn, do nothing more). Nothing in plaintext.
+    public func revealShortAuthenticationString() {
+        guard isOpen else { return }
+        reveal()
     }
 
     /// Lets the inviter into `session`. Later answers do nothing.

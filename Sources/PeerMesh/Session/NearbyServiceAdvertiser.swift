@@ -339,8 +339,15 @@ private final class AdvertiserCore: Sendable {
                 PeerCertificate(publicKey: $0, shortAuthenticationString: c.shortAuthenticationString ?? "",
                                 address: c.remote?.host, weInvited: false)
             }
+            // The inviter learns the digits this side shows only once the app shows them to a person (or accepts): a
+            // man in the middle that searches for a match pays one shown invitation per guess (docs/PROTOCOL.md §3.2).
+            let reveal: @Sendable () -> Void = { [weak self] in
+                guard let self else { return }
+                self.loop.execute { self.io.value.connections[id]?.revealNonce() }
+            }
             let invitation = Invitation(peer: peer, context: invite.context.isEmpty ? nil : Data(invite.context),
-                                        address: c.remote?.host, certificate: c.isEncrypted ? certificate : nil) { [weak self] answer, session in
+                                        address: c.remote?.host, certificate: c.isEncrypted ? certificate : nil,
+                                        reveal: reveal) { [weak self] answer, session in
                 guard let self else { return }
                 self.loop.execute { self.answer(id, answer, session) }
             }
@@ -360,6 +367,8 @@ private final class AdvertiserCore: Sendable {
             break
         case .handOver(_, let peer, let invite):
             guard let c = io.value.connections.removeValue(forKey: id) else { break }
+            // Accepted: the inviter gets the digits now if no one was shown them (before ACCEPT, which the session sends).
+            c.revealNonce()
             // The caller's try is forgiven once the session has let it in (the session runs on this loop).
             let admitted = { [weak self] in
                 guard let self, let rationKey else { return }

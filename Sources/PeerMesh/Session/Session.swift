@@ -31,6 +31,12 @@ public protocol SessionDelegate: AnyObject, Sendable {
     /// Until then the peer stays `connecting` (bounded by the invitation's timeout). The default accepts.
     func session(_ session: Session, didReceiveCertificate certificate: PeerCertificate, fromPeer peer: PeerID,
                  certificateHandler: @escaping @Sendable (Bool) -> Void)
+    /// Inviter: the advertiser `peer` opened its share of the short authentication string — its app showed the
+    /// digits to a person (`Invitation.revealShortAuthenticationString()`) or accepted — and they are `digits`
+    /// (`123 456`). Someone comparing them with the advertiser's screen (a prompt such as mesh-record's
+    /// `--accept ask`) rules out a man in the middle. At most once per handshake, after the certificate check and
+    /// before `connected`; never in plaintext, nor for an invitation declined unshown. The default does nothing.
+    func session(_ session: Session, didReceiveShortAuthenticationString digits: String, fromPeer peer: PeerID)
     /// `peer` started sending a resource (`sendResource`); `progress` follows it and can cancel it.
     func session(_ session: Session, didStartReceivingResourceWithName name: String, fromPeer peer: PeerID,
                  with progress: ResourceProgress)
@@ -48,15 +54,17 @@ public protocol SessionDelegate: AnyObject, Sendable {
 public struct PeerCertificate: Sendable, Equatable {
     /// The peer's long-term public key.
     public let publicKey: PublicKey
-    /// Six digits (`123 456`) that are the same on both sides of this handshake, and tell it from another one. The
-    /// inviter commits to its share before the advertiser's message 2, so a man in the middle can no longer search
-    /// for matching digits offline; online it gets one chance in 10⁶ per handshake it makes the advertiser answer,
-    /// and the advertiser rations those per address (16 not admitted at once, then one a second: docs/PROTOCOL.md
-    /// §3.2). Against a man in the middle that holds many addresses (easy on IPv6), pin the key or pair (`Pairing`).
+    /// Six digits (`123 456`) that are the same on both sides of this handshake, and tell it from another one. Each
+    /// side commits to its share before it sees the other's, so a man in the middle can neither search for matching
+    /// digits offline nor choose them; and it learns what the advertiser shows only once the advertiser's app has
+    /// shown them to a person (`Invitation.revealShortAuthenticationString()`) or accepted, so every guess it makes
+    /// costs an invitation a person sees (one chance in 10⁶ each; the advertiser also rations tries per address:
+    /// docs/PROTOCOL.md §3.2).
     ///
-    /// The inviter has them when its certificate check runs (`weInvited`); the advertiser only once message 3 has
-    /// come, which waits for that check. An inviter that wants people to compare them approves first and
-    /// disconnects if they differ: waiting in the check for the advertiser's screen would wait for ever.
+    /// On the advertiser's side (`weInvited` false) they are here. The inviter's certificate check comes before the
+    /// advertiser has opened its share, so there they are empty: the inviter gets them from
+    /// `SessionDelegate.session(_:didReceiveShortAuthenticationString:fromPeer:)`. An inviter that wants people to
+    /// compare them approves the certificate and disconnects if they differ.
     public let shortAuthenticationString: String
     /// Where the peer connected from (or was reached at).
     public let address: String?
@@ -82,6 +90,7 @@ public extension SessionDelegate {
                  certificateHandler: @escaping @Sendable (Bool) -> Void) {
         certificateHandler(true)
     }
+    func session(_ session: Session, didReceiveShortAuthenticationString digits: String, fromPeer peer: PeerID) {}
 }
 
 /// Counters of a session's traffic. Exact: every datagram the session reads lands in one of them.
@@ -377,7 +386,8 @@ public final class Session: Sendable {
     public func disconnect(_ peer: PeerID) { core.disconnect(peer) }
 
     /// The short authentication string of the encrypted link to `peer` (six digits, the same on both sides), or
-    /// nil when the peer is not connected over an encrypted link.
+    /// nil when the peer is not connected over an encrypted link. (While it is still connecting, the inviter learns
+    /// them from `SessionDelegate.session(_:didReceiveShortAuthenticationString:fromPeer:)`.)
     public func shortAuthenticationString(for peer: PeerID) -> String? { core.shortAuthenticationString(for: peer) }
 
     /// 32 bytes unique to the encrypted link to `peer`, the same on both ends (a channel binding, like a TLS

@@ -121,6 +121,7 @@ extension SessionCore {
         }
         let certificate = PeerCertificate(publicKey: key, shortAuthenticationString: c.shortAuthenticationString ?? "",
                                           address: c.remote?.host, weInvited: true)
+        c.onShortAuthenticationString = { [unowned self] digits in tell(digits, from: peer) }
         askCertificate(certificate, from: peer) { [self] ok in
             guard let c = io.value.connections[link] else { return }
             if ok == true {
@@ -132,5 +133,12 @@ extension SessionCore {
                 perform(actions)
             }
         }
+    }
+
+    /// Initiator: the advertiser opened its share of the digits (its app showed them, or accepted); tell the
+    /// delegate what its screen shows.
+    private func tell(_ digits: String, from peer: PeerID) {
+        guard let s = owner.withLock({ $0.value }), let d = delegate.withLock({ $0.value }) else { return }
+        d.session(s, didReceiveShortAuthenticationString: digits, fromPeer: peer)
     }
 }

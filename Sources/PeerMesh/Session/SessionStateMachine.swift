@@ -211,7 +211,7 @@ struct SessionStateMachine: Sendable {
         case .mesh(let f): [.mesh(peer, f)]
         case .relay(let f): [.relay(link, peer, f)]
         case .heartbeat: []
-        case .hello, .invite, .accept, .decline, .goodbye: preconditionFailure("\(frame.name) is not traffic")
+        case .hello, .invite, .accept, .decline, .goodbye, .sasNonce: preconditionFailure("\(frame.name) is not traffic")
         }
     }
 
@@ -385,7 +385,8 @@ extension ControlFrame {
     fileprivate var isTraffic: Bool {
         switch self {
         case .data, .datagram, .resource, .stream, .mesh, .relay, .heartbeat: true
-        case .hello, .invite, .accept, .decline, .goodbye: false
+        // SAS-NONCE never reaches a session: the channel takes it.
+        case .hello, .invite, .accept, .decline, .goodbye, .sasNonce: false
         }
     }
 }

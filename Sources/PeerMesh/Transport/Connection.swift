@@ -47,6 +47,9 @@ final class Connection {
     private var paused = false
     /// Called once, when the first bytes arrive (the advertiser tells idle connections from live ones).
     var onFirstBytes: (() -> Void)?
+    /// Initiator: called once, with the six digits, when the responder has opened its nonce (its app showed the digits
+    /// or accepted) and the short authentication string is known.
+    var onShortAuthenticationString: ((String) -> Void)?
     /// Called when the socket is writable and fewer than `sendSpaceMark` bytes are queued, while set: resource
     /// transfers top the queue up from it. While it is set the connection watches for writability even with an
     /// empty queue, so a queue drained by any write (a heartbeat's, a message's) still leads here.
@@ -106,6 +109,7 @@ final class Connection {
     /// may be gone by then — are dropped. An end meanwhile shows in `hasEnded`; `rehome` later starts delivery.
     func hold() {
         onFirstBytes = nil
+        onShortAuthenticationString = nil
         onFrame = { _ in }
         onApproval = { _ in }
         onEnd = { _ in }
@@ -133,6 +137,15 @@ final class Connection {
 
     /// The short authentication string both sides can show, once encrypted.
     var shortAuthenticationString: String? { channel.shortAuthenticationString }
+
+    /// Responder: sends the nonce that gives the initiator the short authentication string (once; nothing in
+    /// plaintext). The advertiser calls it when its app shows the digits (`Invitation.revealShortAuthenticationString`)
+    /// or accepts.
+    func revealNonce() {
+        guard !ended, !hasFailed else { return }
+        enqueue(channel.revealNonce())
+        updateInterest()
+    }
 
     /// Raises the frame limit (a session's limit after the advertiser's tighter one).
     func setMaximumFrameLength(_ n: Int) { channel.setMaximumFrameLength(n) }
@@ -296,6 +309,7 @@ final class Connection {
                 enqueue(bytes)
             case .frame(let f): onFrame(f)
             case .needsApproval(let peer): onApproval(peer)
+            case .shortAuthenticationString(let digits): onShortAuthenticationString?(digits)
             case .refused(let why):
                 if connected { flush() }
                 end(.failed(why))
@@ -323,6 +337,7 @@ final class Connection {
         onApproval = { _ in }
         onEnd = { _ in }
         onFirstBytes = nil
+        onShortAuthenticationString = nil
         pendingEvents = []
         nextPending = 0
         outbound = []

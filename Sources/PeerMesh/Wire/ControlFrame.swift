@@ -1,7 +1,7 @@
 import FoundationEssentials
 
 /// Version of the PeerMesh wire protocol carried in every HELLO and datagram. See docs/PROTOCOL.md.
-public let peerMeshProtocolVersion: UInt8 = 3
+public let peerMeshProtocolVersion: UInt8 = 4
 
 /// Why an invitation was declined, carried in a DECLINE frame.
 public enum DeclineReason: UInt8, Sendable, Equatable, CustomStringConvertible {
@@ -71,6 +71,10 @@ enum ControlFrame: Equatable, Sendable {
     /// An unreliable message carried on the connection: how a relayed link, which has no UDP path, carries
     /// `.unreliable` sends. 1 byte or more.
     case datagram([UInt8])
+    /// Responder → initiator, once, inside the encrypted channel: the nonce the responder committed to in handshake
+    /// message 2, opened when the responder's app shows the digits or accepts (the initiator's short authentication
+    /// string needs it). `SecureChannel` sends and takes it; owners never see it. Exactly 32 bytes.
+    case sasNonce([UInt8])
 
     struct InviteBody: Equatable, Sendable {
         var context: [UInt8]
@@ -86,6 +90,7 @@ enum ControlFrame: Equatable, Sendable {
         case meshIntroRequest = 17, meshIntroData = 18, meshIntroduce = 19
         case relayRequest = 20, relayIncoming = 21, relayData = 22, relayCredit = 23, relayClose = 24
         case datagram = 25
+        case sasNonce = 26
     }
 
     /// The frame's name, for diagnostics.
@@ -103,6 +108,7 @@ enum ControlFrame: Equatable, Sendable {
         case .mesh(let f): f.name
         case .relay(let f): f.name
         case .datagram: "DATAGRAM"
+        case .sasNonce: "SAS-NONCE"
         }
     }
 
@@ -166,6 +172,9 @@ enum ControlFrame: Equatable, Sendable {
         case .datagram(let payload):
             w.u8(Kind.datagram.rawValue)
             w.raw(payload)
+        case .sasNonce(let nonce):
+            w.u8(Kind.sasNonce.rawValue)
+            w.raw(nonce)
         }
         var out = w.bytes
         let length = UInt32(out.count - 4)
@@ -259,6 +268,9 @@ enum ControlFrame: Equatable, Sendable {
             // What a relayed link carries is what a UDP datagram would: 1 to `Session.maximumDatagramSize` bytes.
             guard (1...Session.maximumDatagramSize).contains(payload.count) else { return .failure(.badField("datagram length")) }
             frame = .datagram(Array(payload))
+        case .sasNonce:
+            guard let nonce = r.bytes(SecureChannel.nonceSize) else { return .failure(.truncated) }
+            frame = .sasNonce(Array(nonce))
         }
         guard r.remaining == 0 else { return .failure(.trailingBytes) }
         return .success(frame)

@@ -3,7 +3,7 @@
 /// | bytes | field |
 /// |---|---|
 /// | 0–1 | magic `PM` (0x50 0x4D) |
-/// | 2 | protocol version (`peerMeshProtocolVersion`: 3) |
+/// | 2 | protocol version (`peerMeshProtocolVersion`: 4) |
 /// | 3 | kind: 1 data, 2 ping, 3 pong |
 /// | 4–11 | the receiver's link token, chosen by the receiver during the handshake |
 /// | 12–19 | the sender's per-link sequence number, starting at 1 |

@@ -169,6 +169,7 @@ package enum FuzzEntryPoints {
             .relay(.request(pipe: 1, peer: fixtures.responder)), .relay(.incoming(pipe: 2, peer: fixtures.responder)),
             .relay(.data(pipe: 1, opener: true, bytes: [7, 7])), .relay(.credit(pipe: 1, opener: false, bytes: 2)),
             .relay(.close(pipe: 2, opener: false)), .datagram([1, 2, 3]),
+            .sasNonce([UInt8](repeating: 0x5a, count: SecureChannel.nonceSize)),
         ]
         let stream = frames.flatMap { $0.encoded() }
         // A handshake's first messages, as an initiator writes them.

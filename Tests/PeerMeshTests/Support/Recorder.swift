@@ -22,6 +22,9 @@ final class MeshEventLog: SessionDelegate, NearbyServiceAdvertiserDelegate, Near
         var streams: [(PeerID, String, InputByteStream)] = []
         /// Everything in the order it happened, for tests of interleaving ("msg", "resource").
         var order: [String] = []
+        /// Short authentication strings the advertisers we invited opened to us, and whether the peer was already
+        /// connected when they came.
+        var digits: [(PeerID, String, afterConnected: Bool)] = []
     }
 
     /// Where received resources are moved during the delegate call (nil: left to be deleted).
@@ -54,6 +57,11 @@ final class MeshEventLog: SessionDelegate, NearbyServiceAdvertiserDelegate, Near
             if (try? FileManager.default.moveItem(atPath: localURL.path, toPath: target)) != nil { kept = target }
         }
         state.withLock { $0.resourcesFinished.append((peer, name, kept, error)); $0.order.append("resource") }
+    }
+    func session(_ session: Session, didReceiveShortAuthenticationString digits: String, fromPeer peer: PeerID) {
+        state.withLock { s in
+            s.digits.append((peer, digits, s.states.contains { $0.0 == peer && $0.1 == .connected }))
+        }
     }
     func session(_ session: Session, didReceiveDatagram data: Data, fromPeer peer: PeerID) {
         state.withLock { $0.datagrams.append((peer, data)) }
