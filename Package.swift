@@ -80,7 +80,7 @@ let package = Package(
         .testTarget(name: "MeshRelayTests", dependencies: ["MeshRelay", "PeerMesh", "MeshAudio", "MeshPipeline", "MeshImpair",
                                                           "MeshCLI", "MeshTestSupport"]),
         .testTarget(name: "MeshImpairTests", dependencies: ["MeshImpair", "MeshTestSupport"]),
-        .testTarget(name: "MeshCLITests", dependencies: ["MeshCLI", "MeshAudio", "MeshRelay"]),
+        .testTarget(name: "MeshCLITests", dependencies: ["MeshCLI", "MeshAudio", "MeshRelay", "PeerMesh", "MeshTestSupport"]),
     ],
     swiftLanguageModes: [.v6]
 )

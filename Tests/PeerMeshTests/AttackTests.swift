@@ -71,6 +71,8 @@ private struct HandDrivenCaller {
     var faults: [PeerFault] = []
     /// Frames the advertiser sent, in order (its HELLO first).
     var frames: [ControlFrame] = []
+    /// The digits this caller had when ACCEPT came (nil: none, or no ACCEPT).
+    var digitsAtAccept: String?
 
     init(port: UInt16, as peer: PeerID) throws {
         socket = try FileDescriptor.tcpConnect(to: SocketAddress(numericHost: "127.0.0.1", port: port)!)
@@ -97,7 +99,9 @@ private struct HandDrivenCaller {
             case .needsApproval: perform(channel.approve())
             case .shortAuthenticationString(let d): digits = d
             case .fault(let f): faults.append(f)
-            case .frame(let f): frames.append(f)
+            case .frame(let f):
+                if case .accept = f { digitsAtAccept = digits }
+                frames.append(f)
             case .refused: break
             }
         }
@@ -117,6 +121,13 @@ private struct HandDrivenCaller {
         }
         return true
     }
+}
+
+/// A session delegate whose certificate check refuses every key.
+private final class RefusesEveryKey: SessionDelegate, Sendable {
+    func session(_ session: Session, peer: PeerID, didChange state: SessionState) {}
+    func session(_ session: Session, didReceiveCertificate certificate: PeerCertificate, fromPeer peer: PeerID,
+                 certificateHandler: @escaping @Sendable (Bool) -> Void) { certificateHandler(false) }
 }
 
 /// Holds every invitation it is handed, unanswered, and notes when one is withdrawn.
@@ -397,7 +408,35 @@ struct AttackTests {
                 "\(declined.frames)")
         #expect(declined.digits == nil, "declined unshown: no digits")
         declined.socket.close()
+
+        // Accepted unshown into a session that turns the caller away (its certificate check says no): nothing.
+        let refusing = try Session(peer: host, configuration: .init(bindHost: "127.0.0.1"))
+        let refuser = RefusesEveryKey()
+        refusing.delegate = refuser
+        var turnedAway = try HandDrivenCaller(port: advertiser.port!, as: try PeerID(displayName: "mallory3"))
+        #expect(turnedAway.pump(seconds: 5) { $0.channel.isEncrypted }, "\(turnedAway.faults)")
+        turnedAway.write(turnedAway.channel.send(invite))
+        #expect(eventually(3) { held.invitations.withLock { $0.count } == 3 })
+        held.invitations.withLock { $0[2] }.accept(into: refusing)
+        #expect(turnedAway.pump(seconds: 3) { $0.frames.contains { if case .decline = $0 { true } else { false } } },
+                "\(turnedAway.frames)")
+        #expect(turnedAway.digits == nil, "turned away by the session: no digits")
+        turnedAway.socket.close()
+
+        // Accepted unshown and let in: the digits come, before ACCEPT.
+        let welcoming = try Session(peer: host, configuration: .init(bindHost: "127.0.0.1"))
+        var admitted = try HandDrivenCaller(port: advertiser.port!, as: try PeerID(displayName: "guest"))
+        #expect(admitted.pump(seconds: 5) { $0.channel.isEncrypted }, "\(admitted.faults)")
+        admitted.write(admitted.channel.send(invite))
+        #expect(eventually(3) { held.invitations.withLock { $0.count } == 4 })
+        let fourth = held.invitations.withLock { $0[3] }
+        fourth.accept(into: welcoming)
+        #expect(admitted.pump(seconds: 3) { $0.frames.contains { if case .accept = $0 { true } else { false } } },
+                "\(admitted.frames)")
+        #expect(admitted.digitsAtAccept != nil && admitted.digitsAtAccept == fourth.certificate?.shortAuthenticationString)
+        admitted.socket.close()
         advertiser.stopAdvertisingPeer()
+        withExtendedLifetime((refusing, welcoming)) {}
     }
 
     @Test("Twenty real peers from one address, one after another, are all let in: a try the session admits is forgiven")

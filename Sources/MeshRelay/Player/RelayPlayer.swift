@@ -48,8 +48,9 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     /// Marks `control`, so that `onControl` knows when it already runs there.
     private let onControlKey = DispatchSpecificKey<Bool>()
     private let seen = Mutex<[PeerID: SeenHost]>([:])
-    /// Hosts whose operator was shown this player's check code and that have not answered yet, with the code.
-    private let unanswered = Mutex<[PeerID: String]>([:])
+    /// Hosts this player approved and that have not answered yet: whether the player said it waits, and the check
+    /// code once the host's operator is shown it.
+    private let unanswered = Mutex(Unanswered())
     private let accounting = Mutex(Accounting())
     private let ticking = Atomic<Bool>(false)
     private let log: @Sendable (String) -> Void
@@ -432,7 +433,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         }
         if state != .connecting {
             arrivals.sinceJoin.store(false, ordering: .releasing)
-            unanswered.withLock { _ = $0.removeValue(forKey: peer) }
+            unanswered.withLock { _ = $0.byHost.removeValue(forKey: peer) }
         }
         // Trust follows the key: the paired entry notes when the host was last seen and the name it gave (the name
         // it was paired under stays).
@@ -519,18 +520,40 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     public func session(_ session: Session, didReceiveCertificate certificate: PeerCertificate, fromPeer peer: PeerID,
                         certificateHandler: @escaping @Sendable (Bool) -> Void) {
         // Pinned by key: a host that is not paired is not joined, whatever its name.
-        certificateHandler(trusts(certificate.publicKey))
+        let trusted = trusts(certificate.publicKey)
+        certificateHandler(trusted)
+        guard trusted else { return }
+        // A host that does not let this player in at once may be asking its operator (`--accept ask`), or have the
+        // request queued behind another's: after a moment, say that this player waits (and the code, once known).
+        let attempt = unanswered.withLock { w -> Int in
+            w.attempts += 1
+            w.byHost[peer] = Waiting(attempt: w.attempts)
+            return w.attempts
+        }
+        control.asyncAfter(deadline: .now() + Self.answerPatience) { [weak self] in
+            guard let self else { return }
+            let code = unanswered.withLock { w -> String?? in
+                guard w.byHost[peer]?.attempt == attempt else { return nil }
+                w.byHost[peer]?.said = true
+                return .some(w.byHost[peer]?.code)
+            }
+            guard let code else { return }
+            log("waiting for \(join.withLock { $0.name(of: peer) }) to let this player in"
+                + (code.map { "; its operator is asked, the check code there is \($0)" } ?? ""))
+        }
     }
 
     public func session(_ session: Session, didReceiveShortAuthenticationString digits: String, fromPeer peer: PeerID) {
-        // The host's app opened its share of the digits: its operator is being shown them (`--accept ask`), or the
-        // player is being let in. If no answer comes soon, this side shows the same ones, so that the person there can
-        // tell this player's request from anyone else's.
-        unanswered.withLock { $0[peer] = digits }
-        control.asyncAfter(deadline: .now() + Self.answerPatience) { [weak self] in
-            guard let self, let code = self.unanswered.withLock({ $0.removeValue(forKey: peer) }) else { return }
-            self.log("waiting for \(self.join.withLock { $0.name(of: peer) }) to let this player in; if its operator is asked, the check code "
-                     + "there is \(code)")
+        // The host's app opened its share of the digits: its operator is being shown them (`--accept ask`), or this
+        // player is being let in. This side shows the same ones when it says it waits, so that the person there can
+        // tell this player's request from anyone else's; if it already said so without them, it says them now.
+        let alreadySaid = unanswered.withLock { w -> Bool in
+            guard w.byHost[peer] != nil else { return false }
+            w.byHost[peer]?.code = digits
+            return w.byHost[peer]?.said == true
+        }
+        if alreadySaid {
+            log("\(join.withLock { $0.name(of: peer) })'s operator is asked now; the check code there is \(digits)")
         }
     }
 
@@ -543,6 +566,19 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         guard named.count > 1 else { return }
         log("\(named.count) paired hosts are named \"\(wanted)\" (\(named.map(\.publicKey.shortFingerprint).joined(separator: ", "))): "
             + "the first found is joined; give --host a fingerprint to choose, or --forget one and pair it again")
+    }
+
+    /// A host this player waits on (`unanswered`): which attempt, whether the player said so, and the check code.
+    private struct Waiting {
+        let attempt: Int
+        var said = false
+        var code: String?
+    }
+
+    /// The hosts this player waits on, and a counter that tells one attempt's timer from the next one's.
+    private struct Unanswered {
+        var byHost: [PeerID: Waiting] = [:]
+        var attempts = 0
     }
 
     /// How long a host may take to answer before the player says it is waiting, and shows the check code.

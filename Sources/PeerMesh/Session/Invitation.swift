@@ -9,9 +9,11 @@ import Synchronization
 /// `onWithdrawn` handler runs (an app that shows a prompt takes it down then).
 ///
 /// An app that shows a person the short authentication string (`certificate?.shortAuthenticationString`) calls
-/// `revealShortAuthenticationString()` as it does, so that the inviter can show the same digits; accepting reveals
-/// them too. Until then the inviter — or a man in the middle posing as it — cannot tell which digits this side shows,
-/// so a search for matching digits costs one invitation shown to a person per guess (docs/PROTOCOL.md §3.2).
+/// `revealShortAuthenticationString()` as it does, so that the inviter can show the same digits; the session lets
+/// the inviter have them anyway when it lets it in. Until then the inviter — or a man in the middle posing as it —
+/// cannot tell which digits this side shows, so a search for matching digits costs one invitation shown to a person
+/// per guess (docs/PROTOCOL.md §3.2). An app that shows invitations one after another spaces them (mesh-record: a
+/// second), or a man in the middle that hangs up at once makes the next one a guess at network speed.
 public final class Invitation: Sendable {
     /// Who invites. On an encrypted link its `publicKey` is proven.
     public let peer: PeerID

@@ -367,8 +367,6 @@ private final class AdvertiserCore: Sendable {
             break
         case .handOver(_, let peer, let invite):
             guard let c = io.value.connections.removeValue(forKey: id) else { break }
-            // Accepted: the inviter gets the digits now if no one was shown them (before ACCEPT, which the session sends).
-            c.revealNonce()
             // The caller's try is forgiven once the session has let it in (the session runs on this loop).
             let admitted = { [weak self] in
                 guard let self, let rationKey else { return }

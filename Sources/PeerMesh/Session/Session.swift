@@ -32,7 +32,7 @@ public protocol SessionDelegate: AnyObject, Sendable {
     func session(_ session: Session, didReceiveCertificate certificate: PeerCertificate, fromPeer peer: PeerID,
                  certificateHandler: @escaping @Sendable (Bool) -> Void)
     /// Inviter: the advertiser `peer` opened its share of the short authentication string — its app showed the
-    /// digits to a person (`Invitation.revealShortAuthenticationString()`) or accepted — and they are `digits`
+    /// digits to a person (`Invitation.revealShortAuthenticationString()`) or let this session in — and they are `digits`
     /// (`123 456`). Someone comparing them with the advertiser's screen (a prompt such as mesh-record's
     /// `--accept ask`) rules out a man in the middle. At most once per handshake, after the certificate check and
     /// before `connected`; never in plaintext, nor for an invitation declined unshown. The default does nothing.
@@ -57,9 +57,10 @@ public struct PeerCertificate: Sendable, Equatable {
     /// Six digits (`123 456`) that are the same on both sides of this handshake, and tell it from another one. Each
     /// side commits to its share before it sees the other's, so a man in the middle can neither search for matching
     /// digits offline nor choose them; and it learns what the advertiser shows only once the advertiser's app has
-    /// shown them to a person (`Invitation.revealShortAuthenticationString()`) or accepted, so every guess it makes
+    /// shown them to a person (`Invitation.revealShortAuthenticationString()`) or let it in, so every guess it makes
     /// costs an invitation a person sees (one chance in 10⁶ each; the advertiser also rations tries per address:
-    /// docs/PROTOCOL.md §3.2).
+    /// docs/PROTOCOL.md §3.2). That holds where the advertiser's app shows them at the invitation, before answering:
+    /// shown only here, in its certificate check, they reach the inviter once the check says yes.
     ///
     /// On the advertiser's side (`weInvited` false) they are here. The inviter's certificate check comes before the
     /// advertiser has opened its share, so there they are empty: the inviter gets them from

@@ -139,8 +139,8 @@ final class Connection {
     var shortAuthenticationString: String? { channel.shortAuthenticationString }
 
     /// Responder: sends the nonce that gives the initiator the short authentication string (once; nothing in
-    /// plaintext). The advertiser calls it when its app shows the digits (`Invitation.revealShortAuthenticationString`)
-    /// or accepts.
+    /// plaintext). The advertiser calls it when its app shows the digits (`Invitation.revealShortAuthenticationString`);
+    /// the session that lets the caller in calls it before ACCEPT.
     func revealNonce() {
         guard !ended, !hasFailed else { return }
         enqueue(channel.revealNonce())
