@@ -54,12 +54,17 @@ private final class Asked: Sendable {
 /// match) gets one guess per `spacing`, each on the operator's screen (docs/PROTOCOL.md §3.2).
 @Suite("The terminal's join questions: one at a time, codes revealed when shown, spaced")
 struct TerminalApprovalTests {
+    /// A terminal approval whose input the test types (end it with `type(nil)`).
+    private static func approval(spacing: Double) -> (TypedLines, TerminalApproval) {
+        let typed = TypedLines()
+        return (typed, TerminalApproval(terminal: Terminal(program: "test", quiet: true),
+                                        input: StandardInput(lines: { typed.next() }), spacing: spacing))
+    }
+
     @Test("A queued request reveals nothing; after a withdrawal the next appears no sooner than the spacing, and a line typed meanwhile answers nothing")
     func queuedRequestsAreRevealedWhenShownAndSpaced() throws {
-        let typed = TypedLines()
+        let (typed, approval) = Self.approval(spacing: 0.5)
         defer { typed.type(nil) }
-        let approval = TerminalApproval(terminal: Terminal(program: "test", quiet: true),
-                                        input: StandardInput(lines: { typed.next() }), spacing: 0.5)
         let first = try Asked("first"), second = try Asked("second")
         for a in [first, second] {
             approval.ask(a.request) { d in a.decisions.withLock { $0.append(d) } }
@@ -80,10 +85,8 @@ struct TerminalApprovalTests {
 
     @Test("Withdrawn and asked again at once, over and over: codes go out no faster than one per spacing")
     func aSearcherGetsOneCodePerSpacing() throws {
-        let typed = TypedLines()
+        let (typed, approval) = Self.approval(spacing: 0.2)
         defer { typed.type(nil) }
-        let approval = TerminalApproval(terminal: Terminal(program: "test", quiet: true),
-                                        input: StandardInput(lines: { typed.next() }), spacing: 0.2)
         let started = Date()
         var asked: [Asked] = []
         // Each try asks, waits for its code, and hangs up: what a searcher does as fast as the host lets it.

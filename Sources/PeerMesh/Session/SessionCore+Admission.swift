@@ -77,12 +77,15 @@ extension SessionCore {
         io.value.localTokens[link] = token
         if configuration.admissionForgivesTry { onAdmitted() }
         // Let in: the inviter gets the digits now if no one was shown them at the invitation — after the limits and
-        // the certificate check, so a caller turned away never learns them; before ACCEPT, which `actions` sends.
-        connection.revealNonce()
-        // The acceptance first (ACCEPT sent, the app told of `connecting` then `connected`), and only then the frames
-        // the guest sent behind its INVITE, which `rehome` delivers at once: a GOODBYE among them must end a peer the
-        // app already knows as connected, not one it will be told about afterwards and then keep forever.
-        perform(actions)
+        // the certificate check, so a caller turned away never learns them; before ACCEPT, which `actions` sends, and
+        // in the same write. The acceptance first (ACCEPT sent, the app told of `connecting` then `connected`), and
+        // only then the frames the guest sent behind its INVITE, which `rehome` delivers at once: a GOODBYE among them
+        // must end a peer the app already knows as connected, not one it will be told about afterwards and then keep
+        // forever.
+        connection.corked {
+            connection.revealNonce()
+            perform(actions)
+        }
         connection.rehome(onFrame: { [unowned self] f in received(f, on: link) },
                           onEnd: { [unowned self] why in ended(link, why) })
     }

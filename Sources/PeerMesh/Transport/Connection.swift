@@ -45,6 +45,8 @@ final class Connection {
     /// See `outbound`.
     static let keptCapacity = 1 << 20
     private var paused = false
+    /// While set, queued bytes wait (`corked`): several frames go out in one write.
+    private var isCorked = false
     /// Called once, when the first bytes arrive (the advertiser tells idle connections from live ones).
     var onFirstBytes: (() -> Void)?
     /// Initiator: called once, with the six digits, when the responder has opened its nonce (its app showed the digits
@@ -138,6 +140,19 @@ final class Connection {
     /// The short authentication string both sides can show, once encrypted.
     var shortAuthenticationString: String? { channel.shortAuthenticationString }
 
+    /// Runs `body` with writes held back, then writes everything it queued at once: frames sent together (the nonce
+    /// and ACCEPT) leave in one write and arrive in one read.
+    func corked(_ body: () -> Void) {
+        let wasCorked = isCorked
+        isCorked = true
+        body()
+        isCorked = wasCorked
+        if !isCorked, !ended, connected, !hasFailed {
+            flush()
+            updateInterest()
+        }
+    }
+
     /// Responder: sends the nonce that gives the initiator the short authentication string (once; nothing in
     /// plaintext). The advertiser calls it when its app shows the digits (`Invitation.revealShortAuthenticationString`);
     /// the session that lets the caller in calls it before ACCEPT.
@@ -169,7 +184,7 @@ final class Connection {
     private func enqueue(_ bytes: [UInt8]) {
         guard !hasFailed else { return }
         outbound.append(contentsOf: bytes)
-        if connected { flush() }
+        if connected, !isCorked { flush() }
         if queuedBytes > maximumQueued { failLater(.fault(.notReading)) }
     }
 
