@@ -125,8 +125,9 @@ extension SessionCore {
         if let pinned = io.value.expectedKeys[link], pinned != key {
             return faulted(link, .wrongPeer)
         }
-        let certificate = PeerCertificate(publicKey: key, shortAuthenticationString: c.shortAuthenticationString ?? "",
-                                          address: c.remote?.host, weInvited: true)
+        // No digits yet: the advertiser opens its share only once its app shows them or lets us in (`tell`).
+        let certificate = PeerCertificate(publicKey: key, shortAuthenticationString: "", address: c.remote?.host,
+                                          weInvited: true)
         c.onShortAuthenticationString = { [unowned self] digits in tell(digits, from: peer) }
         askCertificate(certificate, from: peer) { [self] ok in
             guard let c = io.value.connections[link] else { return }
@@ -141,8 +142,8 @@ extension SessionCore {
         }
     }
 
-    /// Initiator: the advertiser opened its share of the digits (its app showed them, or accepted); tell the
-    /// delegate what its screen shows.
+    /// Initiator: the advertiser opened its share of the digits (its app showed them, or its session let us in);
+    /// tell the delegate what its screen shows.
     private func tell(_ digits: String, from peer: PeerID) {
         guard let s = owner.withLock({ $0.value }), let d = delegate.withLock({ $0.value }) else { return }
         d.session(s, didReceiveShortAuthenticationString: digits, fromPeer: peer)
