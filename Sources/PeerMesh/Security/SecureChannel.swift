@@ -81,7 +81,7 @@ struct SecureChannel: Sendable {
         /// The initiator has identified the responder; call `approve()` to finish the handshake (after checking
         /// the key) or close.
         case needsApproval(PeerID)
-        /// Initiator: the responder opened its nonce (its app showed the digits to a person, or accepted), so the
+        /// Initiator: the responder opened its nonce (its app showed the digits to a person, or let us in), so the
         /// short authentication string is known now: these digits.
         case shortAuthenticationString(String)
         /// The peer refused the mode we offered: close, and say why.
@@ -204,7 +204,7 @@ struct SecureChannel: Sendable {
     /// SAS-NONCE frame when the owner calls `revealNonce`). The responder knows the digits once message 3 has come;
     /// the initiator once the SAS-NONCE frame has (`.shortAuthenticationString`). A man in the middle cannot choose
     /// what either end shows, and learns what the responder shows only once the responder opens its nonce: the
-    /// advertiser does so when its app shows the digits to a person or accepts, so every guess costs a prompt
+    /// advertiser does so when its app shows the digits to a person or lets the caller in, so every guess costs a prompt
     /// (docs/PROTOCOL.md §3.2). Nil in plaintext or before then.
     private(set) var shortAuthenticationString: String?
 

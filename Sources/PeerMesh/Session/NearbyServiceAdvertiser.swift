@@ -238,17 +238,19 @@ private final class AdvertiserCore: Sendable {
     /// The machine's counters as of the loop's last event, for any thread to read without waiting on the loop.
     private let published = Mutex(AdvertiserStatistics())
 
-    /// Copies the machine's counters out (after every event that may move them). Loop thread only.
-    private func publishCounters() {
+    /// Runs one event through the state machine, then copies its counters out for `statistics` — before anything
+    /// acts on the outcome, so that a caller never sees its refusal (a close) before it is counted. Loop thread only.
+    private func decide<Outcome>(_ event: (inout AdvertiserStateMachine) -> Outcome) -> Outcome {
+        let outcome = event(&io.value.machine)
         let counters = io.value.machine.counters
         published.withLock { $0 = counters }
+        return outcome
     }
 
     /// Declines what is pending and closes the listener; waits for it unless called on the loop.
     func stop() {
         loop.submitAndWait { [self] in
-            let ends = io.value.machine.stop()
-            publishCounters()
+            let ends = decide { $0.stop() }
             for e in ends { perform(e) }
             // Whatever the machine no longer counted: none may outlive us holding our handlers.
             for c in io.value.connections.values { c.close() }
@@ -293,8 +295,7 @@ private final class AdvertiserCore: Sendable {
     private func admit(_ socket: FileDescriptor, remote: SocketAddress?, relayed: Bool, rationKey: [UInt8]? = nil) {
         io.value.nextID += 1
         let id = io.value.nextID
-        let decision = io.value.machine.accepted(id, host: rationKey ?? remote?.hostBytes ?? [], now: MonotonicClock.nowNanos())
-        publishCounters()   // before the caller can see the outcome (a refusal is a close it sees at once)
+        let decision = decide { $0.accepted(id, host: rationKey ?? remote?.hostBytes ?? [], now: MonotonicClock.nowNanos()) }
         switch decision {
         case .refuse:
             socket.close()
@@ -324,8 +325,7 @@ private final class AdvertiserCore: Sendable {
     }
 
     private func received(_ frame: ControlFrame, on id: PendingID) {
-        let action = io.value.machine.received(frame, on: id, now: MonotonicClock.nowNanos())
-        publishCounters()
+        let action = decide { $0.received(frame, on: id, now: MonotonicClock.nowNanos()) }
         switch action {
         case .wait:
             break
@@ -339,8 +339,9 @@ private final class AdvertiserCore: Sendable {
                 PeerCertificate(publicKey: $0, shortAuthenticationString: c.shortAuthenticationString ?? "",
                                 address: c.remote?.host, weInvited: false)
             }
-            // The inviter learns the digits this side shows only once the app shows them to a person (or accepts): a
-            // man in the middle that searches for a match pays one shown invitation per guess (docs/PROTOCOL.md §3.2).
+            // The inviter learns the digits this side shows only once the app shows them to a person (or the session
+            // lets it in): a man in the middle that searches for a match pays one shown invitation per guess
+            // (docs/PROTOCOL.md §3.2).
             let reveal: @Sendable () -> Void = { [weak self] in
                 guard let self else { return }
                 self.loop.execute { self.io.value.connections[id]?.revealNonce() }
@@ -360,8 +361,7 @@ private final class AdvertiserCore: Sendable {
     private func answer(_ id: PendingID, _ answer: AdvertiserStateMachine.Answer, _ session: Session?) {
         io.value.invitations[id] = nil
         let rationKey = io.value.machine.rationKey(of: id)
-        let action = io.value.machine.answered(id, answer)
-        publishCounters()
+        let action = decide { $0.answered(id, answer) }
         switch action {
         case .ignore:
             break
@@ -385,8 +385,7 @@ private final class AdvertiserCore: Sendable {
 
     private func ended(_ id: PendingID) {
         io.value.connections[id] = nil
-        io.value.machine.closed(id)
-        publishCounters()
+        decide { $0.closed(id) }
         io.value.invitations.removeValue(forKey: id)?.withdraw()
         resumeAccepting()
     }
@@ -415,8 +414,7 @@ private final class AdvertiserCore: Sendable {
 
     private func timerFired() {
         io.value.timer.fired()
-        let ends = io.value.machine.expire(now: MonotonicClock.nowNanos())
-        publishCounters()
+        let ends = decide { $0.expire(now: MonotonicClock.nowNanos()) }
         for e in ends { perform(e) }
         resumeAccepting()
         armTimer()

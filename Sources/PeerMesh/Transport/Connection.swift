@@ -50,7 +50,7 @@ final class Connection {
     /// Called once, when the first bytes arrive (the advertiser tells idle connections from live ones).
     var onFirstBytes: (() -> Void)?
     /// Initiator: called once, with the six digits, when the responder has opened its nonce (its app showed the digits
-    /// or accepted) and the short authentication string is known.
+    /// or its session let us in) and the short authentication string is known.
     var onShortAuthenticationString: ((String) -> Void)?
     /// Called when the socket is writable and fewer than `sendSpaceMark` bytes are queued, while set: resource
     /// transfers top the queue up from it. While it is set the connection watches for writability even with an
@@ -158,7 +158,9 @@ final class Connection {
     /// the session that lets the caller in calls it before ACCEPT.
     func revealNonce() {
         guard !ended, !hasFailed else { return }
-        enqueue(channel.revealNonce())
+        let bytes = channel.revealNonce()
+        guard !bytes.isEmpty else { return }
+        enqueue(bytes)
         updateInterest()
     }
 

@@ -72,7 +72,7 @@ enum ControlFrame: Equatable, Sendable {
     /// `.unreliable` sends. 1 byte or more.
     case datagram([UInt8])
     /// Responder → initiator, once, inside the encrypted channel: the nonce the responder committed to in handshake
-    /// message 2, opened when the responder's app shows the digits or accepts (the initiator's short authentication
+    /// message 2, opened when the responder's app shows the digits or its session lets the initiator in (the initiator's short authentication
     /// string needs it). `SecureChannel` sends and takes it; owners never see it. Exactly 32 bytes.
     case sasNonce([UInt8])
 
