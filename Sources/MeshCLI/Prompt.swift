@@ -48,8 +48,8 @@ package final class StandardInput: Sendable {
 /// A question reveals its check code to the player only when it is shown (a request queued behind another gives
 /// nothing away), and questions are shown at least `spacing` apart: someone searching for a matching code, who hangs
 /// up each time the code it learns does not match, gets at most one guess per `spacing`, each a question on the
-/// operator's screen (docs/PROTOCOL.md §3.2). A line typed while the next question waits out the spacing answers
-/// nothing.
+/// operator's screen (docs/PROTOCOL.md §3.2; the advertiser also opens at most one code a second, whatever asks it).
+/// A line typed while the next question waits out the spacing answers nothing.
 package final class TerminalApproval: PlayerApproval {
     /// The least time between two questions' appearance (and so between two codes revealed).
     package static let spacing: Double = 1

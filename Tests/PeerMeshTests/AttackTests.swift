@@ -142,6 +142,17 @@ private final class HeldInvitations: NearbyServiceAdvertiserDelegate, Sendable {
     }
 }
 
+/// An app that shows every invitation to a person the moment it comes (so reveals its digits at once) and holds it.
+private final class ShowsEveryInvitationAtOnce: NearbyServiceAdvertiserDelegate, Sendable {
+    let invitations = Mutex<[Invitation]>([])
+    func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceiveInvitationFromPeer peer: PeerID, withContext context: Data?,
+                    invitationHandler: @escaping @Sendable (Bool, Session?) -> Void) {}
+    func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceive invitation: Invitation) {
+        invitations.withLock { $0.append(invitation) }
+        invitation.revealShortAuthenticationString()
+    }
+}
+
 /// `count` guest sessions on 127.0.0.1, named `prefix`0, `prefix`1…, each inviting itself to `endpoint`.
 private func guests(_ prefix: String, _ count: Int, to endpoint: PeerEndpoint, timeout: Duration) throws -> [Session] {
     try (0..<count).map { i in
@@ -424,7 +435,7 @@ struct AttackTests {
         turnedAway.socket.close()
 
         // Accepted unshown and let in: the digits come, before ACCEPT.
-        let welcoming = try Session(peer: host, configuration: .init(bindHost: "127.0.0.1"))
+        let welcoming = try Session(peer: host, configuration: .init(maximumPeers: 2, peerTimeout: .seconds(30), bindHost: "127.0.0.1"))
         var admitted = try HandDrivenCaller(port: advertiser.port!, as: try PeerID(displayName: "guest"))
         #expect(admitted.pump(seconds: 5) { $0.channel.isEncrypted }, "\(admitted.faults)")
         admitted.write(admitted.channel.send(invite))
@@ -434,9 +445,72 @@ struct AttackTests {
         #expect(admitted.pump(seconds: 3) { $0.frames.contains { if case .accept = $0 { true } else { false } } },
                 "\(admitted.frames)")
         #expect(admitted.digitsAtAccept != nil && admitted.digitsAtAccept == fourth.certificate?.shortAuthenticationString)
+
+        // Accepted unshown into that session, now full: turned away at its peer limit, with no digits.
+        var overLimit = try HandDrivenCaller(port: advertiser.port!, as: try PeerID(displayName: "mallory5"))
+        #expect(overLimit.pump(seconds: 5) { $0.channel.isEncrypted }, "\(overLimit.faults)")
+        overLimit.write(overLimit.channel.send(invite))
+        #expect(eventually(3) { held.invitations.withLock { $0.count } == 5 })
+        held.invitations.withLock { $0[4] }.accept(into: welcoming)
+        #expect(overLimit.pump(seconds: 3) { $0.frames.contains { if case .decline(.peerLimit, _) = $0 { true } else { false } } },
+                "\(overLimit.frames)")
+        #expect(overLimit.digits == nil, "turned away at the peer limit: no digits")
+        overLimit.socket.close()
         admitted.socket.close()
         advertiser.stopAdvertisingPeer()
         withExtendedLifetime((refusing, welcoming)) {}
+    }
+
+    @Test("Against an app that shows every invitation at once, a man in the middle learns one set of the advertiser's digits a second, however fast it hangs up")
+    func advertisersDigitsOpenOneASecond() throws {
+        let app = ShowsEveryInvitationAtOnce()
+        let advertiser = try NearbyServiceAdvertiser(peer: try PeerID(displayName: "host"), discoveryInfo: nil,
+                                                     serviceType: "pm-sas-pace", discovery: InProcessDiscovery(),
+                                                     bindHost: "127.0.0.1")
+        advertiser.delegate = app
+        try advertiser.startAdvertisingPeer()
+        defer { advertiser.stopAdvertisingPeer() }
+        let invite = ControlFrame.invite(.init(context: [], timeoutMillis: 30_000, udpPort: 9, token: 7))
+        /// A caller that finishes the handshake and invites; returns it once its invitation is with the app.
+        func invitingCaller(_ n: Int) throws -> HandDrivenCaller {
+            var c = try HandDrivenCaller(port: advertiser.port!, as: try PeerID(displayName: "mallory\(n)"))
+            #expect(c.pump(seconds: 5) { $0.channel.isEncrypted }, "\(c.faults)")
+            c.write(c.channel.send(invite))
+            #expect(eventually(3) { app.invitations.withLock { $0.count } == n }, "invitation \(n) reached the app")
+            return c
+        }
+        // One searcher after another, each hanging up the moment it has the digits.
+        var openedAt: [Date] = []
+        for n in 1...4 {
+            var c = try invitingCaller(n)
+            #expect(c.pump(seconds: 5) { $0.digits != nil }, "try \(n): \(c.faults)")
+            openedAt.append(Date())
+            #expect(c.digits == app.invitations.withLock { $0[n - 1] }.certificate?.shortAuthenticationString)
+            c.socket.close()
+        }
+        let gaps = zip(openedAt.dropFirst(), openedAt).map { $0.timeIntervalSince($1) }
+        print("digits opened to one searcher after another, gaps \(gaps.map { String(format: "%.3f", $0) }) s")
+        // Measured here after polling: one gap may look short when the one before it was noticed late; the span may not.
+        #expect(openedAt.last!.timeIntervalSince(openedAt.first!) >= 2.9, "one set of digits a second: \(gaps)")
+
+        // Three at once from the app's point of view: the second hangs up while it waits its turn; the third still gets
+        // the app's digits, a turn after the first, and the one that left got nothing.
+        var first = try invitingCaller(5)
+        var second = try invitingCaller(6)
+        var third = try invitingCaller(7)
+        #expect(first.pump(seconds: 5) { $0.digits != nil }, "\(first.faults)")
+        let firstAt = Date()
+        _ = second.pump(seconds: 0.1)
+        #expect(second.digits == nil, "its turn has not come")
+        second.socket.close()
+        #expect(third.pump(seconds: 5) { $0.digits != nil }, "\(third.faults)")
+        let wait = Date().timeIntervalSince(firstAt)
+        #expect(wait >= 0.9 && wait < 1.9, "one turn after the first: the caller that left gave its turn up (\(wait) s)")
+        #expect(third.digits == app.invitations.withLock { $0[6] }.certificate?.shortAuthenticationString)
+        #expect(first.faults.isEmpty && third.faults.isEmpty)
+        first.socket.close()
+        third.socket.close()
+        #expect(eventually(3) { advertiser.statistics.unadmittedHandshakes == 7 }, "\(advertiser.statistics)")
     }
 
     @Test("Twenty real peers from one address, one after another, are all let in: a try the session admits is forgiven")

@@ -398,6 +398,91 @@ struct AdvertiserStateMachineTests {
         #expect(m.rationedHostCount == 1 + newcomers, "A and the \(newcomers) newcomers")
     }
 
+    @Test func sharesOfTheDigitsOpenOneASecondInTheOrderShown() {
+        var m = machine()
+        for (id, host) in [(1, hostA), (2, hostB), (3, [10, 0, 0, 4] as [UInt8]), (4, [10, 0, 0, 5] as [UInt8])] {
+            asking(&m, id, from: host, timeoutMillis: 60_000)
+        }
+        #expect(m.share(of: 1) == .held && m.nextDeadline() == 60 * sec, "nothing is opened unshown")
+        #expect(m.revealRequested(1, now: 10 * sec) == .open(1))
+        #expect(m.share(of: 1) == .opened)
+        #expect(m.revealRequested(1, now: 10 * sec) == .wait, "shown twice: opened once, and no turn taken")
+        // Two more shown within the second, from other addresses: each waits its turn, in the order shown.
+        #expect(m.revealRequested(3, now: 10 * sec + 1) == .wait)
+        #expect(m.revealRequested(2, now: 10 * sec + 2) == .wait)
+        #expect(m.share(of: 3) == .queued(round: 1, ticket: 1) && m.share(of: 2) == .queued(round: 1, ticket: 2))
+        #expect(m.nextDeadline() == 11 * sec)
+        #expect(m.expire(now: 11 * sec - 1) == [])
+        #expect(m.expire(now: 11 * sec) == [.open(3)])
+        #expect(m.nextDeadline() == 12 * sec)
+        // The next in line hangs up before its turn: it frees the turn, and the one shown after it takes it.
+        m.closed(2)
+        #expect(m.nextDeadline() == 60 * sec, "no share waits")
+        #expect(m.revealRequested(4, now: 11 * sec + sec / 2) == .wait, "within a second of the last opening")
+        #expect(m.expire(now: 12 * sec) == [.open(4)])
+        // A timer that fires late opens the next no earlier, and the one after waits a whole interval from then.
+        asking(&m, 5, from: hostA, timeoutMillis: 60_000)
+        asking(&m, 6, from: hostB, timeoutMillis: 60_000)
+        #expect(m.revealRequested(5, now: 12 * sec + 1) == .wait)
+        #expect(m.revealRequested(6, now: 12 * sec + 2) == .wait)
+        #expect(m.expire(now: 20 * sec) == [.open(5)])
+        #expect(m.expire(now: 20 * sec + 1) == [])
+        #expect(m.expire(now: 21 * sec) == [.open(6)])
+        // After a quiet second, a share shown opens at once.
+        asking(&m, 7, from: hostA, timeoutMillis: 60_000)
+        #expect(m.revealRequested(7, now: 22 * sec) == .open(7))
+        #expect(m.revealRequested(99, now: 30 * sec) == .wait, "no such invitation")
+    }
+
+    @Test func sharesWaitingAreServedRoundRobinAcrossAddresses() {
+        var m = machine()
+        // Address A shows four invitations (the first opens at once), then B one: B waits one turn, not three.
+        for id in 1...4 { asking(&m, id, from: hostA, timeoutMillis: 60_000) }
+        asking(&m, 5, from: hostB, timeoutMillis: 60_000)
+        #expect(m.revealRequested(1, now: 0) == .open(1))
+        for id in 2...4 { #expect(m.revealRequested(id, now: 1) == .wait) }
+        #expect(m.revealRequested(5, now: 2) == .wait)
+        var order: [PendingID] = []
+        for t in 1...4 {
+            for e in m.expire(now: Nanos(t) * sec) { if case .open(let id) = e { order.append(id) } }
+        }
+        #expect(order == [2, 5, 3, 4])
+        // A late timer: a share shown after its turn came but before the timer fired queues behind the waiting one.
+        asking(&m, 6, from: hostA, timeoutMillis: 60_000)
+        asking(&m, 7, from: hostB, timeoutMillis: 60_000)
+        #expect(m.revealRequested(6, now: 4 * sec + 1) == .wait)
+        #expect(m.revealRequested(7, now: 6 * sec) == .wait, "the turn is 6's, which waited")
+        #expect(m.expire(now: 6 * sec + 1) == [.open(6)])
+        #expect(m.expire(now: 7 * sec + 1) == [.open(7)])
+    }
+
+    @Test func aShareWhoseInvitationTimesOutIsDeclinedNotOpened() {
+        var m = machine()
+        asking(&m, 1, from: hostA, timeoutMillis: 60_000)
+        asking(&m, 2, from: hostB, timeoutMillis: 1_000)     // its invitation ends at 1 s, just as its turn comes
+        asking(&m, 3, from: [10, 0, 0, 4], timeoutMillis: 60_000)
+        #expect(m.revealRequested(1, now: 0) == .open(1))
+        #expect(m.revealRequested(2, now: 1) == .wait)
+        #expect(m.revealRequested(3, now: 2) == .wait)
+        #expect(m.expire(now: sec) == [.decline(2, .timedOut), .open(3)])
+    }
+
+    @Test func aShareWaitingItsTurnIsNeverOpenedAfterItsInvitationEnds() {
+        var m = machine()
+        for id in 1...4 { asking(&m, id, from: [10, 0, 0, UInt8(id)], timeoutMillis: 60_000) }
+        #expect(m.revealRequested(1, now: 0) == .open(1))
+        for id in 2...4 { #expect(m.revealRequested(id, now: 1) == .wait) }
+        #expect(m.answered(2, .accept) == .handOver(2, bob, invite(timeoutMillis: 60_000)), "the session opens it when it lets the caller in")
+        #expect(m.answered(3, .decline(.declined, "no")) == .decline(3, .declined, "no"))
+        #expect(m.share(of: 2) == nil && m.share(of: 3) == nil)
+        #expect(m.expire(now: sec) == [.open(4)], "the answered ones are out of the queue")
+        asking(&m, 5, from: hostA, timeoutMillis: 60_000)
+        #expect(m.revealRequested(5, now: sec + 1) == .wait)
+        #expect(m.stop() == [.decline(1, .unavailable), .decline(4, .unavailable), .decline(5, .unavailable)],
+                "a stop opens nothing")
+        #expect(m.nextDeadline() == nil)
+    }
+
     @Test func stopDeclinesWhatTheAppHoldsAndClosesTheRest() {
         var m = machine()
         _ = m.accepted(1, host: hostA, now: 0)

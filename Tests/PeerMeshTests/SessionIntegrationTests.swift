@@ -22,6 +22,59 @@ struct SessionIntegrationTests {
         #expect(!events.isEmpty && !events.contains(UInt(pthread_self())))
     }
 
+    @Test("An advertiser's port reserved before it starts: a taken one fails at once with the system's words; a free one is held, then served")
+    func reservedPort() throws {
+        func freePort() throws -> UInt16 {
+            try FileDescriptor.tcpListener(SocketAddress(numericHost: "127.0.0.1", port: 0)!).localAddress().port
+        }
+        func bind(_ port: UInt16) throws -> FileDescriptor {
+            try FileDescriptor.tcpListener(SocketAddress(numericHost: "127.0.0.1", port: port)!)
+        }
+        let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
+        func advertiser(on port: UInt16) throws -> NearbyServiceAdvertiser {
+            try NearbyServiceAdvertiser(peer: host.myPeerID, discoveryInfo: nil, serviceType: "pm-reserve",
+                                        discovery: InProcessDiscovery(), port: port, bindHost: "127.0.0.1")
+        }
+        // Taken by someone else: the reservation says so, in the system's words.
+        let squatter = try bind(try freePort())
+        let squatted = try squatter.localAddress().port
+        do {
+            try advertiser(on: squatted).reservePort()
+            Issue.record("reserved a port another socket listens on")
+        } catch {
+            #expect("\(error)".contains("Address already in use"), "\(error)")
+        }
+        squatter.close()
+
+        // Free: held from the reservation on (nobody else can bind it), served once advertising starts.
+        let port = try freePort()
+        let log = MeshEventLog()
+        log.acceptInto.withLock { $0 = host }
+        let a = try advertiser(on: port)
+        a.delegate = log
+        try a.reservePort()
+        #expect(throws: SyscallError.self) { _ = try bind(port) }
+        #expect(a.port == nil, "not advertising yet")
+        try a.startAdvertisingPeer()
+        #expect(a.port == port)
+        let guest = try Session(peer: try PeerID(displayName: "guest"), configuration: .init(bindHost: "127.0.0.1"))
+        let guestLog = MeshEventLog()
+        guest.delegate = guestLog
+        try guest.connect(to: PeerEndpoint(host: "127.0.0.1", port: port), timeout: .seconds(5))
+        #expect(guestLog.wait(5) { s in s.states.contains { $0.1 == .connected } }, "\(guestLog.snapshot.failures)")
+        a.stopAdvertisingPeer()
+
+        // Reserved and never started: the advertiser gives the port back when it goes.
+        let unused = try freePort()
+        do {
+            let b = try advertiser(on: unused)
+            try b.reservePort()
+            withExtendedLifetime(b) {}
+        }
+        _ = try bind(unused)
+        withExtendedLifetime((host, guest)) {}
+    }
+
     @Test("Three peers: two guests join one host and everyone hears everyone's data")
     func threePeers() throws {
         let pair = try Pair()

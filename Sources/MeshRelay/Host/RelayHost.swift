@@ -155,7 +155,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         let offer = AdvertisedFeatures(HostControl<PeerID>(clips: configuration.clips != nil, talk: configuration.talk != nil).offered)
         self.offer = offer
         // One port number for UDP and TCP. With no port asked for, the session's free UDP port may be taken for TCP
-        // (by any connection's local port): then try another.
+        // (by any connection's local port): then try another. The TCP port is bound here (`reservePort`), not only
+        // when advertising starts, so that a taken one is found while another can still be tried.
         var attempt = 0
         var made: (Session, NearbyServiceAdvertiser)?
         while made == nil {
@@ -164,8 +165,10 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                                       configuration: sessionConfig)
             let advertiser: NearbyServiceAdvertiser?
             do {
-                advertiser = try Self.makeAdvertiser(configuration, source: source, features: offer.value,
-                                                     port: configuration.port == 0 ? session.udpPort : configuration.port)
+                let a = try Self.makeAdvertiser(configuration, source: source, features: offer.value,
+                                                port: configuration.port == 0 ? session.udpPort : configuration.port)
+                try a.reservePort()
+                advertiser = a
             } catch {
                 guard configuration.port == 0, attempt < 8, "\(error)".contains("Address already in use") else { throw error }
                 advertiser = nil

@@ -28,6 +28,16 @@ typealias PendingID = Int
 /// `tryInterval` (checked at accept, so the connections it already has open and silent add at most
 /// `maximumPendingPerHost − 1`); past that its new connections are refused until the debt is paid. Other addresses
 /// are not affected.
+///
+/// The caller's share of the digits (the advertiser's SAS nonce, docs/PROTOCOL.md §3.2) is opened when the app shows
+/// the digits to a person (`revealRequested`) — and at most one invitation's a `revealInterval`, across every address,
+/// whatever the app does. Later requests wait their turn (`expire` opens the next when it is due), served round-robin
+/// across addresses and oldest first within one, so that the shares one address keeps waiting delay another's by at
+/// most one turn each; one whose invitation ends first is dropped and frees its turn. So a man in the middle
+/// searching for a match from any number of addresses learns at most one set of the advertiser's digits a second,
+/// even from an app that shows every invitation at once and drops it the moment its caller hangs up, and a real
+/// caller waits at most a second per other address with shares waiting (at most `maximumPending`). (The session
+/// that lets a caller in opens its share without waiting: by then the app has let it in.)
 struct AdvertiserStateMachine: Sendable {
     /// Limits and timing.
     struct Configuration: Equatable, Sendable {
@@ -43,6 +53,20 @@ struct AdvertiserStateMachine: Sendable {
         var tryInterval: Nanos = 1_000_000_000
         /// Addresses whose tries are remembered at most (those whose debt is paid go first, then the smallest).
         var maximumRationedHosts: Int = 1_024
+        /// At most one invitation's share of the digits is opened per this interval.
+        var revealInterval: Nanos = 1_000_000_000
+    }
+
+    /// Where an invitation's share of the digits stands.
+    enum Share: Equatable, Sendable {
+        /// The app has not shown the digits: the caller cannot know them.
+        case held
+        /// The app has shown them; the share waits for its turn: the lowest `round` goes first (an address's first
+        /// share waiting joins the round after the last one opened, its next the round after that…), then the lowest
+        /// `ticket` (the order shown).
+        case queued(round: UInt64, ticket: UInt64)
+        /// Sent to the caller.
+        case opened
     }
 
     private enum Pending: Equatable {
@@ -53,22 +77,36 @@ struct AdvertiserStateMachine: Sendable {
         /// The caller said HELLO; its INVITE has not come.
         case introduced(host: [UInt8], acceptedAt: Nanos, peer: PeerID)
         /// The app holds the invitation.
-        case asking(host: [UInt8], acceptedAt: Nanos, peer: PeerID, invite: ControlFrame.InviteBody, deadline: Nanos)
+        case asking(host: [UInt8], acceptedAt: Nanos, peer: PeerID, invite: ControlFrame.InviteBody, deadline: Nanos,
+                    share: Share)
 
         var host: [UInt8] {
             switch self {
-            case .silent(let h, _), .greeted(let h, _), .introduced(let h, _, _), .asking(let h, _, _, _, _): h
+            case .silent(let h, _), .greeted(let h, _), .introduced(let h, _, _), .asking(let h, _, _, _, _, _): h
             }
         }
 
         var acceptedAt: Nanos {
             switch self {
-            case .silent(_, let a), .greeted(_, let a), .introduced(_, let a, _), .asking(_, let a, _, _, _): a
+            case .silent(_, let a), .greeted(_, let a), .introduced(_, let a, _), .asking(_, let a, _, _, _, _): a
             }
         }
 
         var isAsking: Bool { if case .asking = self { true } else { false } }
         var isSilent: Bool { if case .silent = self { true } else { false } }
+
+        /// The same invitation with its share of the digits at `share` (only an invitation the app holds has one).
+        func with(share: Share) -> Pending {
+            guard case .asking(let h, let a, let peer, let invite, let d, _) = self else {
+                preconditionFailure("only an invitation the app holds has a share of the digits")
+            }
+            return .asking(host: h, acceptedAt: a, peer: peer, invite: invite, deadline: d, share: share)
+        }
+
+        /// The round and ticket of a share waiting for its turn.
+        var queuedTurn: (round: UInt64, ticket: UInt64)? {
+            if case .asking(_, _, _, _, _, .queued(let r, let t)) = self { (r, t) } else { nil }
+        }
     }
 
     /// What to do with a connection just accepted.
@@ -113,6 +151,17 @@ struct AdvertiserStateMachine: Sendable {
         case close(PendingID)
         /// Answer DECLINE with the reason, then close.
         case decline(PendingID, DeclineReason)
+        /// Send the caller its share of the digits (SAS-NONCE): its turn came.
+        case open(PendingID)
+    }
+
+    /// What to do when the app shows an invitation's digits.
+    enum OnReveal: Equatable, Sendable {
+        /// Send the caller its share of the digits (SAS-NONCE) now.
+        case open(PendingID)
+        /// Nothing now: the share waits its turn (`expire` opens it), was opened already, or belongs to no invitation
+        /// the app holds.
+        case wait
     }
 
     private let config: Configuration
@@ -121,6 +170,12 @@ struct AdvertiserStateMachine: Sendable {
     /// Per address, the time at which its tries are paid off (a virtual scheduling time, as in GCRA: each try moves
     /// it `tryInterval` on from at least now; a forgiven try moves it back).
     private var tryDebt: [[UInt8]: Nanos] = [:]
+    /// The earliest time at which the next share of the digits may be opened.
+    private var nextOpening: Nanos = 0
+    /// The ticket the next queued share gets.
+    private var nextTicket: UInt64 = 0
+    /// The round of the share opened last from the queue.
+    private var openedRound: UInt64 = 0
 
     /// Exact counts since `init`.
     private(set) var counters = AdvertiserStatistics()
@@ -146,12 +201,20 @@ struct AdvertiserStateMachine: Sendable {
         switch p {
         case .silent(_, let a): a &+ config.firstByteTimeout
         case .greeted(_, let a), .introduced(_, let a, _): a &+ config.greetingTimeout
-        case .asking(_, _, _, _, let d): d
+        case .asking(_, _, _, _, let d, _): d
         }
     }
 
-    /// The next instant at which `expire` has work.
-    func nextDeadline() -> Nanos? { pending.values.map(deadline).min() }
+    /// The next instant at which `expire` has work: a deadline, or the turn of a share waiting to be opened.
+    func nextDeadline() -> Nanos? {
+        let turn = nextQueuedShare() == nil ? nil : nextOpening
+        return (pending.values.map(deadline) + [turn].compactMap { $0 }).min()
+    }
+
+    /// The invitation whose share's turn is next.
+    private func nextQueuedShare() -> PendingID? {
+        pending.compactMap { id, p in p.queuedTurn.map { (id, $0) } }.min { $0.1 < $1.1 }?.0
+    }
 
     // MARK: Events
 
@@ -214,7 +277,7 @@ struct AdvertiserStateMachine: Sendable {
             var wait = UInt64(body.timeoutMillis) * 1_000_000
             if wait == 0 { wait = 30_000_000_000 }
             pending[id] = .asking(host: host, acceptedAt: a, peer: peer, invite: body,
-                                  deadline: now &+ min(wait, config.maximumInvitationWait))
+                                  deadline: now &+ min(wait, config.maximumInvitationWait), share: .held)
             return .ask(id, peer, body)
         default:
             return close(id, .unexpectedFrame(frame.name))
@@ -223,7 +286,7 @@ struct AdvertiserStateMachine: Sendable {
 
     /// The app answered the invitation on `id`.
     mutating func answered(_ id: PendingID, _ answer: Answer) -> OnAnswer {
-        guard case .asking(_, _, let peer, let invite, _)? = pending[id] else { return .ignore }
+        guard case .asking(_, _, let peer, let invite, _, _)? = pending[id] else { return .ignore }
         pending[id] = nil
         switch answer {
         case .accept:
@@ -233,6 +296,27 @@ struct AdvertiserStateMachine: Sendable {
             counters.unadmittedHandshakes += 1
             return .decline(id, reason, text)
         }
+    }
+
+    /// The app showed the digits of the invitation on `id` to a person: its caller may have its share of them, now
+    /// if no other share was opened within `revealInterval` and none waits, else in its turn.
+    mutating func revealRequested(_ id: PendingID, now: Nanos) -> OnReveal {
+        guard let p = pending[id], case .asking(let host, _, _, _, _, .held) = p else { return .wait }
+        if now >= nextOpening, nextQueuedShare() == nil {
+            nextOpening = now &+ config.revealInterval
+            pending[id] = p.with(share: .opened)
+            return .open(id)
+        }
+        // Round-robin across addresses: one round after this address's last share waiting, or after the last opened.
+        let lastOfHost = pending.values.compactMap { $0.host == host ? $0.queuedTurn?.round : nil }.max()
+        nextTicket += 1
+        pending[id] = p.with(share: .queued(round: max(lastOfHost ?? 0, openedRound) + 1, ticket: nextTicket))
+        return .wait
+    }
+
+    /// Where the share of the digits of the invitation on `id` stands (nil: no invitation the app holds).
+    func share(of id: PendingID) -> Share? {
+        if case .asking(_, _, _, _, _, let s)? = pending[id] { s } else { nil }
     }
 
     /// The address (or relayed caller) `id`'s tries are charged to.
@@ -249,12 +333,19 @@ struct AdvertiserStateMachine: Sendable {
         end(id)
     }
 
-    /// Time passed: close callers that never invited, decline invitations not answered in time.
+    /// Time passed: close callers that never invited, decline invitations not answered in time, and open the share
+    /// of the digits whose turn has come.
     mutating func expire(now: Nanos) -> [OnExpiry] {
         var out: [OnExpiry] = []
         for id in pending.keys.sorted() where deadline(pending[id]!) <= now {
             if case .asking = pending[id]! { out.append(.decline(id, .timedOut)) } else { out.append(.close(id)) }
             end(id)
+        }
+        if now >= nextOpening, let id = nextQueuedShare(), let p = pending[id], let turn = p.queuedTurn {
+            nextOpening = now &+ config.revealInterval
+            openedRound = turn.round
+            pending[id] = p.with(share: .opened)
+            out.append(.open(id))
         }
         return out
     }

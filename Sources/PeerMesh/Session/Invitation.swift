@@ -12,8 +12,10 @@ import Synchronization
 /// `revealShortAuthenticationString()` as it does, so that the inviter can show the same digits; the session lets
 /// the inviter have them anyway when it lets it in. Until then the inviter — or a man in the middle posing as it —
 /// cannot tell which digits this side shows, so a search for matching digits costs one invitation shown to a person
-/// per guess (docs/PROTOCOL.md §3.2). An app that shows invitations one after another spaces them (mesh-record: a
-/// second), or a man in the middle that hangs up at once makes the next one a guess at network speed.
+/// per guess (docs/PROTOCOL.md §3.2). The advertiser opens at most one invitation's share a second, whatever the app
+/// does: a share shown sooner after the last goes out in its turn (about a second later per share ahead of it), and
+/// not at all if the invitation ends first. So even an app that shows every invitation at once costs a searcher a
+/// second per guess.
 public final class Invitation: Sendable {
     /// Who invites. On an encrypted link its `publicKey` is proven.
     public let peer: PeerID
@@ -46,8 +48,11 @@ public final class Invitation: Sendable {
     }
 
     /// Lets the inviter learn the short authentication string, so that it can show the same digits: call it when a
-    /// person is shown them. From any thread; once is enough (later calls, and calls after the invitation was
-    /// answered or withdrawn, do nothing more). Nothing in plaintext.
+    /// person is shown them. The inviter has them a round trip later, or — when another invitation's were opened
+    /// within the last second, or wait their turn — in its turn, a second after the one before (served round-robin
+    /// across addresses: about a second per other address with digits waiting). From any thread;
+    /// once is enough (later calls, and calls after the invitation was answered or withdrawn, do nothing more).
+    /// Nothing in plaintext.
     public func revealShortAuthenticationString() {
         guard isOpen else { return }
         reveal()

@@ -67,6 +67,8 @@ public final class NearbyServiceAdvertiser: Sendable {
     private let requestedPort: UInt16
     private let bindHost: String
     private let state = Mutex<Running?>(nil)
+    /// A listener bound ahead of `startAdvertisingPeer` by `reservePort()`, which it takes.
+    private let reserved = Mutex<FileDescriptor?>(nil)
     private let delegateBox = Mutex(WeakAdvertiserDelegate(nil))
 
     /// A started advertiser: its loop-side driver and its publication.
@@ -96,7 +98,10 @@ public final class NearbyServiceAdvertiser: Sendable {
         self.encryptionPreference = encryptionPreference
     }
 
-    deinit { stopAdvertisingPeer() }
+    deinit {
+        stopAdvertisingPeer()
+        reserved.withLock { $0?.close() }
+    }
 
     /// The delegate, held weakly.
     public var delegate: (any NearbyServiceAdvertiserDelegate)? {
@@ -110,16 +115,35 @@ public final class NearbyServiceAdvertiser: Sendable {
     /// What the advertiser refused and why, since it started advertising (zeros when it is not advertising).
     public var statistics: AdvertiserStatistics { state.withLock { $0?.core }?.statistics ?? AdvertiserStatistics() }
 
-    /// Opens the listener, publishes, and starts taking invitations. Throws if the port cannot be bound or the
-    /// discovery backend refuses.
-    public func startAdvertisingPeer() throws(PeerMeshError) {
-        guard state.withLock({ $0 == nil }) else { return }
+    /// Binds the TCP listener now, before advertising starts, so that a caller that needs this port number for
+    /// something else too (the relay host: one number for TCP and UDP) learns at once whether it is free, and keeps it.
+    /// `startAdvertisingPeer` then listens on it. Throws `.transport` with the bind's error ("Address already in
+    /// use"…). Nothing is published and no invitation is taken until `startAdvertisingPeer`.
+    package func reservePort() throws(PeerMeshError) {
+        guard state.withLock({ $0 == nil }), reserved.withLock({ $0 == nil }) else { return }
+        let listener = try bindListener()
+        reserved.withLock { r in
+            if r == nil { r = listener } else { listener.close() }
+        }
+    }
+
+    private func bindListener() throws(PeerMeshError) -> FileDescriptor {
         guard let bind = SocketAddress.bindAddress(bindHost, port: requestedPort) else {
             throw .invalidParameter("bindHost \"\(bindHost)\" is not a numeric IPv4 or IPv6 address (or \"\" for all)")
         }
+        do { return try FileDescriptor.tcpListener(bind) } catch { throw .transport(error.description) }
+    }
+
+    /// Opens the listener (or takes the one `reservePort` bound), publishes, and starts taking invitations. Throws if
+    /// the port cannot be bound or the discovery backend refuses.
+    public func startAdvertisingPeer() throws(PeerMeshError) {
+        guard state.withLock({ $0 == nil }) else { return }
+        let listener: FileDescriptor
+        if let r = reserved.withLock({ r -> FileDescriptor? in defer { r = nil }; return r }) { listener = r } else {
+            listener = try bindListener()
+        }
         let core: AdvertiserCore
         do {
-            let listener = try FileDescriptor.tcpListener(bind)
             core = AdvertiserCore(listener: listener, port: try listener.localAddress().port, loop: try EventLoop.shared(),
                                   configuration: .init(localPeer: myPeerID, maximumInvitationWait: maximumInvitationWait.nanoseconds),
                                   channel: SecureChannel.Configuration(role: .responder, preference: encryptionPreference,
@@ -340,11 +364,13 @@ private final class AdvertiserCore: Sendable {
                                 address: c.remote?.host, weInvited: false)
             }
             // The inviter learns the digits this side shows only once the app shows them to a person (or the session
-            // lets it in): a man in the middle that searches for a match pays one shown invitation per guess
-            // (docs/PROTOCOL.md §3.2).
+            // lets it in), and then in its turn, one invitation a second: a man in the middle that searches for a
+            // match pays one shown invitation and a second per guess (docs/PROTOCOL.md §3.2).
+            // (A plaintext link has no digits: nothing to open, and no turn to take.)
+            let encrypted = c.isEncrypted
             let reveal: @Sendable () -> Void = { [weak self] in
-                guard let self else { return }
-                self.loop.execute { self.io.value.connections[id]?.revealNonce() }
+                guard encrypted, let self else { return }
+                self.loop.execute { self.revealRequested(id) }
             }
             let invitation = Invitation(peer: peer, context: invite.context.isEmpty ? nil : Data(invite.context),
                                         address: c.remote?.host, certificate: c.isEncrypted ? certificate : nil,
@@ -354,6 +380,14 @@ private final class AdvertiserCore: Sendable {
             }
             io.value.invitations[id] = invitation
             if let a = advertiser.value { a.deliver(invitation) } else { invitation.decline(.unavailable) }
+        }
+        armTimer()
+    }
+
+    /// The app showed the digits of the invitation on `id`: open the caller's share now, or arm the timer for its turn.
+    private func revealRequested(_ id: PendingID) {
+        if case .open(let id) = decide({ $0.revealRequested(id, now: MonotonicClock.nowNanos()) }) {
+            io.value.connections[id]?.revealNonce()
         }
         armTimer()
     }
@@ -404,6 +438,8 @@ private final class AdvertiserCore: Sendable {
             io.value.connections.removeValue(forKey: id)?.close()
         case .decline(let id, let reason):
             decline(id, reason, reason.description)
+        case .open(let id):
+            io.value.connections[id]?.revealNonce()
         }
     }
 

@@ -75,7 +75,10 @@ extension SessionCore {
         }
         io.value.connections[link] = connection
         io.value.localTokens[link] = token
-        if configuration.admissionForgivesTry { onAdmitted() }
+        // The machine may still turn the caller away (peer limit, already connected, a simultaneous invitation): then
+        // its try stays charged and it learns no digits.
+        let letIn = actions.contains { if case .linkUp(link, _, _, _) = $0 { true } else { false } }
+        if letIn, configuration.admissionForgivesTry { onAdmitted() }
         // Let in: the inviter gets the digits now if no one was shown them at the invitation — after the limits and
         // the certificate check, so a caller turned away never learns them; before ACCEPT, which `actions` sends, and
         // in the same write. The acceptance first (ACCEPT sent, the app told of `connecting` then `connected`), and
@@ -83,7 +86,7 @@ extension SessionCore {
         // must end a peer the app already knows as connected, not one it will be told about afterwards and then keep
         // forever.
         connection.corked {
-            connection.revealNonce()
+            if letIn { connection.revealNonce() }
             perform(actions)
         }
         connection.rehome(onFrame: { [unowned self] f in received(f, on: link) },
