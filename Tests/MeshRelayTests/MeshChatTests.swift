@@ -170,9 +170,9 @@ struct MeshChatTests {
         // Each side learns of a link in its own time: wait until every member has the other two, or a line typed by
         // one that has not yet heard of the other goes to no one.
         #expect(eventually(30) {
-            m1.count("* m0 joined") == 1 && m1.count("* m2 joined (calls itself \"m0\")") == 1
-                && m0.count("* m1 joined") == 1 && m0.count("* m2 joined (calls itself \"m0\")") == 1
-                && m2.count("* m0 joined") == 1 && m2.count("* m1 joined") == 1
+            m1.count("* m0 joined") >= 1 && m1.count("* m2 joined (calls itself \"m0\")") >= 1
+                && m0.count("* m1 joined") >= 1 && m0.count("* m2 joined (calls itself \"m0\")") >= 1
+                && m2.count("* m0 joined") >= 1 && m2.count("* m1 joined") >= 1
         }, "m0: \(m0.lines) m1: \(m1.lines) m2: \(m2.lines)")
         m2.type("I am m0, honest")
         #expect(eventually(5) { m1.count("<m2> I am m0, honest") == 1 }, "\(m1.lines)")

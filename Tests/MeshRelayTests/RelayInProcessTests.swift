@@ -48,6 +48,20 @@ struct RelayInProcessTests {
         return (host, player, endpoint)
     }
 
+    @Test("A host with no port asked for holds its one number for TCP as well as UDP from the moment it is made; stopped unstarted, it gives the TCP port back")
+    func theHostsPortIsHeldFromTheStart() throws {
+        let tone = try ToneSource(frequency: 440, amplitude: 0.5, format: .default, periodFrames: 128)
+        let config = RelayHost.Configuration(identity: try paired.host.renamed("reserving-host"), trust: paired.hostTrust,
+                                             serviceType: "pmr-reserve", discovery: InProcessDiscovery())
+        let host = try RelayHost(configuration: config, source: tone)
+        let address = SocketAddress(numericHost: "127.0.0.1", port: host.port)!
+        // Bound already (so a clash with the UDP port's number was found while another could be tried), not yet served.
+        #expect(throws: SyscallError.self) { _ = try FileDescriptor.tcpListener(address) }
+        host.stop()
+        #expect(throws: Never.self) { try FileDescriptor.tcpListener(address).close() }
+        withExtendedLifetime(host) {}
+    }
+
     @Test("Fan-out: one host serves eight players at once, each gets the tone with nothing lost")
     func fanOutEight() throws {
         let host = try makeHost(name: "fan-host")

@@ -64,15 +64,19 @@ struct SessionIntegrationTests {
         #expect(guestLog.wait(5) { s in s.states.contains { $0.1 == .connected } }, "\(guestLog.snapshot.failures)")
         a.stopAdvertisingPeer()
 
-        // Reserved and never started: the advertiser gives the port back when it goes.
+        // Reserved and never started: stopping gives the port back, and so does going away.
         let unused = try freePort()
+        let b = try advertiser(on: unused)
+        try b.reservePort()
+        b.stopAdvertisingPeer()
+        try bind(unused).close()
         do {
-            let b = try advertiser(on: unused)
-            try b.reservePort()
-            withExtendedLifetime(b) {}
+            let c = try advertiser(on: unused)
+            try c.reservePort()
+            withExtendedLifetime(c) {}
         }
         _ = try bind(unused)
-        withExtendedLifetime((host, guest)) {}
+        withExtendedLifetime((host, guest, b)) {}
     }
 
     @Test("Three peers: two guests join one host and everyone hears everyone's data")

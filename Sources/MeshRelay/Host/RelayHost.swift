@@ -304,7 +304,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
 
     /// Stops capture (nothing is sent after this), stops advertising and says goodbye to every player.
     public func stop() {
-        guard running.exchange(false, ordering: .acquiringAndReleasing) else { return }
+        // Never started, or its start failed: give back the TCP port it reserved (stopping twice does nothing more).
+        guard running.exchange(false, ordering: .acquiringAndReleasing) else { return advertiser.stopAdvertisingPeer() }
         capture.stop()
         clips?.stop()
         talkback?.stop()

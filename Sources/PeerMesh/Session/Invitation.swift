@@ -50,7 +50,8 @@ public final class Invitation: Sendable {
     /// Lets the inviter learn the short authentication string, so that it can show the same digits: call it when a
     /// person is shown them. The inviter has them a round trip later, or — when another invitation's were opened
     /// within the last second, or wait their turn — in its turn, a second after the one before (served round-robin
-    /// across addresses: about a second per other address with digits waiting). From any thread;
+    /// across addresses: about a second per other address with digits waiting, and per earlier invitation from its
+    /// own). From any thread;
     /// once is enough (later calls, and calls after the invitation was answered or withdrawn, do nothing more).
     /// Nothing in plaintext.
     public func revealShortAuthenticationString() {

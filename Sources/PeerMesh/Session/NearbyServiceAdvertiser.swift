@@ -98,10 +98,7 @@ public final class NearbyServiceAdvertiser: Sendable {
         self.encryptionPreference = encryptionPreference
     }
 
-    deinit {
-        stopAdvertisingPeer()
-        reserved.withLock { $0?.close() }
-    }
+    deinit { stopAdvertisingPeer() }
 
     /// The delegate, held weakly.
     public var delegate: (any NearbyServiceAdvertiserDelegate)? {
@@ -153,7 +150,12 @@ public final class NearbyServiceAdvertiser: Sendable {
         } catch {
             throw .transport(error.description)
         }
-        let registration = try publish(port: core.port)
+        let registration: any DiscoveryRegistration
+        do { registration = try publish(port: core.port) } catch {
+            // Nothing published: keep the port for the next try, as `reservePort` did.
+            reserved.withLock { r in if r == nil { r = listener } }
+            throw error
+        }
         state.withLock { $0 = Running(port: core.port, core: core, registration: registration) }
         core.start()
     }
@@ -181,8 +183,13 @@ public final class NearbyServiceAdvertiser: Sendable {
         }
     }
 
-    /// Withdraws the advertisement and closes the listener. Invitations not yet answered are declined.
+    /// Withdraws the advertisement and closes the listener (a reserved one too). Invitations not yet answered are
+    /// declined.
     public func stopAdvertisingPeer() {
+        reserved.withLock { r in
+            r?.close()
+            r = nil
+        }
         guard let r = state.withLock({ s -> Running? in let r = s; s = nil; return r }) else { return }
         r.registration.cancel()
         r.core.stop()
