@@ -46,12 +46,22 @@ private final class Judge: SessionDelegate, Sendable {
 /// accepting them into `host`.
 private func advertise(_ host: Session, as type: String, answeredBy invitations: MeshEventLog) throws -> NearbyServiceAdvertiser {
     invitations.acceptInto.withLock { $0 = host }
-    let a = try NearbyServiceAdvertiser(peer: host.myPeerID, discoveryInfo: nil, serviceType: type,
+    return try advertiser(for: host.myPeerID, as: type, delegate: invitations)
+}
+
+/// A started advertiser for `peer` on 127.0.0.1 (in-process discovery) whose invitations go to `delegate` (held
+/// weakly: the caller keeps it).
+private func advertiser(for peer: PeerID, as type: String,
+                        delegate: any NearbyServiceAdvertiserDelegate) throws -> NearbyServiceAdvertiser {
+    let a = try NearbyServiceAdvertiser(peer: peer, discoveryInfo: nil, serviceType: type,
                                         discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
-    a.delegate = invitations
+    a.delegate = delegate
     try a.startAdvertisingPeer()
     return a
 }
+
+/// The INVITE the hand-driven callers send.
+private let handInvite = ControlFrame.invite(.init(context: [], timeoutMillis: 30_000, udpPort: 9, token: 7))
 
 /// A host session on 127.0.0.1 whose certificate checks a `Judge` holds.
 private func judgedHost() throws -> (Session, Judge) {
@@ -78,6 +88,16 @@ private struct HandDrivenCaller {
         socket = try FileDescriptor.tcpConnect(to: SocketAddress(numericHost: "127.0.0.1", port: port)!)
         channel = SecureChannel(configuration: .init(role: .initiator, preference: .required, localPeer: peer))
         perform(channel.start())
+    }
+
+    /// A caller that has finished the handshake with `advertiser` and invited, once `arrived` says its invitation
+    /// reached the app.
+    init(inviting advertiser: NearbyServiceAdvertiser, as name: String, arrived: () -> Bool) throws {
+        try self.init(port: advertiser.port!, as: try PeerID(displayName: name))
+        #expect(pump(seconds: 5) { $0.channel.isEncrypted }, "\(faults)")
+        write(channel.send(handInvite))
+        let reached = eventually(3, arrived)
+        #expect(reached, "\(name)'s invitation reached the app")
     }
 
     /// Writes all of `bytes` (small: the socket takes them).
@@ -380,11 +400,7 @@ struct AttackTests {
     func advertisersDigitsCostAnInvitationShownToAPerson() throws {
         let host = try PeerID(displayName: "host")
         let held = HeldInvitations()
-        let advertiser = try NearbyServiceAdvertiser(peer: host, discoveryInfo: nil, serviceType: "pm-sasnonce",
-                                                     discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
-        advertiser.delegate = held
-        try advertiser.startAdvertisingPeer()
-        let invite = ControlFrame.invite(.init(context: [], timeoutMillis: 30_000, udpPort: 9, token: 7))
+        let advertiser = try advertiser(for: host, as: "pm-sasnonce", delegate: held)
         var caller = try HandDrivenCaller(port: advertiser.port!, as: try PeerID(displayName: "mallory"))
         // The whole handshake, message 3 included: what version 3 gave the digits away after (at message 2).
         #expect(caller.pump(seconds: 5) { $0.channel.isEncrypted }, "\(caller.faults)")
@@ -392,7 +408,7 @@ struct AttackTests {
         #expect(caller.digits == nil && caller.channel.shortAuthenticationString == nil,
                 "a finished handshake tells the caller nothing of the advertiser's digits")
         // Inviting hands the app the invitation, which it holds unshown (a prompt queued behind another): still nothing.
-        caller.write(caller.channel.send(invite))
+        caller.write(caller.channel.send(handInvite))
         #expect(eventually(3) { held.invitations.withLock { $0.count } == 1 })
         _ = caller.pump(seconds: 0.5)
         #expect(caller.digits == nil, "an invitation the app has not shown gives nothing away")
@@ -408,10 +424,7 @@ struct AttackTests {
         #expect(eventually(2) { advertiser.statistics.unadmittedHandshakes == 1 }, "\(advertiser.statistics)")
 
         // An invitation declined unshown gives nothing away either; a reveal after the answer does nothing.
-        var declined = try HandDrivenCaller(port: advertiser.port!, as: try PeerID(displayName: "mallory2"))
-        #expect(declined.pump(seconds: 5) { $0.channel.isEncrypted }, "\(declined.faults)")
-        declined.write(declined.channel.send(invite))
-        #expect(eventually(3) { held.invitations.withLock { $0.count } == 2 })
+        var declined = try HandDrivenCaller(inviting: advertiser, as: "mallory2") { held.invitations.withLock { $0.count } == 2 }
         let second = try #require(held.invitations.withLock { $0.last })
         second.decline()
         second.revealShortAuthenticationString()
@@ -424,10 +437,7 @@ struct AttackTests {
         let refusing = try Session(peer: host, configuration: .init(bindHost: "127.0.0.1"))
         let refuser = RefusesEveryKey()
         refusing.delegate = refuser
-        var turnedAway = try HandDrivenCaller(port: advertiser.port!, as: try PeerID(displayName: "mallory3"))
-        #expect(turnedAway.pump(seconds: 5) { $0.channel.isEncrypted }, "\(turnedAway.faults)")
-        turnedAway.write(turnedAway.channel.send(invite))
-        #expect(eventually(3) { held.invitations.withLock { $0.count } == 3 })
+        var turnedAway = try HandDrivenCaller(inviting: advertiser, as: "mallory3") { held.invitations.withLock { $0.count } == 3 }
         held.invitations.withLock { $0[2] }.accept(into: refusing)
         #expect(turnedAway.pump(seconds: 3) { $0.frames.contains { if case .decline = $0 { true } else { false } } },
                 "\(turnedAway.frames)")
@@ -436,10 +446,7 @@ struct AttackTests {
 
         // Accepted unshown and let in: the digits come, before ACCEPT.
         let welcoming = try Session(peer: host, configuration: .init(maximumPeers: 2, peerTimeout: .seconds(30), bindHost: "127.0.0.1"))
-        var admitted = try HandDrivenCaller(port: advertiser.port!, as: try PeerID(displayName: "guest"))
-        #expect(admitted.pump(seconds: 5) { $0.channel.isEncrypted }, "\(admitted.faults)")
-        admitted.write(admitted.channel.send(invite))
-        #expect(eventually(3) { held.invitations.withLock { $0.count } == 4 })
+        var admitted = try HandDrivenCaller(inviting: advertiser, as: "guest") { held.invitations.withLock { $0.count } == 4 }
         let fourth = held.invitations.withLock { $0[3] }
         fourth.accept(into: welcoming)
         #expect(admitted.pump(seconds: 3) { $0.frames.contains { if case .accept = $0 { true } else { false } } },
@@ -447,10 +454,7 @@ struct AttackTests {
         #expect(admitted.digitsAtAccept != nil && admitted.digitsAtAccept == fourth.certificate?.shortAuthenticationString)
 
         // Accepted unshown into that session, now full: turned away at its peer limit, with no digits.
-        var overLimit = try HandDrivenCaller(port: advertiser.port!, as: try PeerID(displayName: "mallory5"))
-        #expect(overLimit.pump(seconds: 5) { $0.channel.isEncrypted }, "\(overLimit.faults)")
-        overLimit.write(overLimit.channel.send(invite))
-        #expect(eventually(3) { held.invitations.withLock { $0.count } == 5 })
+        var overLimit = try HandDrivenCaller(inviting: advertiser, as: "mallory5") { held.invitations.withLock { $0.count } == 5 }
         held.invitations.withLock { $0[4] }.accept(into: welcoming)
         #expect(overLimit.pump(seconds: 3) { $0.frames.contains { $0 == .decline(.peerLimit, DeclineReason.peerLimit.description) } },
                 "the session's own limit (not the per-address one): \(overLimit.frames)")
@@ -464,25 +468,12 @@ struct AttackTests {
     @Test("Against an app that shows every invitation at once, a man in the middle learns one set of the advertiser's digits a second, however fast it hangs up")
     func advertisersDigitsOpenOneASecond() throws {
         let app = ShowsEveryInvitationAtOnce()
-        let advertiser = try NearbyServiceAdvertiser(peer: try PeerID(displayName: "host"), discoveryInfo: nil,
-                                                     serviceType: "pm-sas-pace", discovery: InProcessDiscovery(),
-                                                     bindHost: "127.0.0.1")
-        advertiser.delegate = app
-        try advertiser.startAdvertisingPeer()
+        let advertiser = try advertiser(for: try PeerID(displayName: "host"), as: "pm-sas-pace", delegate: app)
         defer { advertiser.stopAdvertisingPeer() }
-        let invite = ControlFrame.invite(.init(context: [], timeoutMillis: 30_000, udpPort: 9, token: 7))
-        /// A caller that finishes the handshake and invites; returns it once its invitation is with the app.
-        func invitingCaller(_ n: Int) throws -> HandDrivenCaller {
-            var c = try HandDrivenCaller(port: advertiser.port!, as: try PeerID(displayName: "mallory\(n)"))
-            #expect(c.pump(seconds: 5) { $0.channel.isEncrypted }, "\(c.faults)")
-            c.write(c.channel.send(invite))
-            #expect(eventually(3) { app.invitations.withLock { $0.count } == n }, "invitation \(n) reached the app")
-            return c
-        }
         // One searcher after another, each hanging up the moment it has the digits.
         var openedAt: [Date] = []
         for n in 1...4 {
-            var c = try invitingCaller(n)
+            var c = try HandDrivenCaller(inviting: advertiser, as: "mallory\(n)") { app.invitations.withLock { $0.count } == n }
             #expect(c.pump(seconds: 5) { $0.digits != nil }, "try \(n): \(c.faults)")
             openedAt.append(Date())
             #expect(c.digits == app.invitations.withLock { $0[n - 1] }.certificate?.shortAuthenticationString)
@@ -498,20 +489,11 @@ struct AttackTests {
     @Test("Three invitations shown at once: the first caller has the digits at once, the third a turn later, since the second hung up while it waited its turn and learned nothing")
     func aCallerThatLeavesGivesItsTurnUp() throws {
         let held = HeldInvitations()
-        let advertiser = try NearbyServiceAdvertiser(peer: try PeerID(displayName: "host"), discoveryInfo: nil,
-                                                     serviceType: "pm-sas-turns", discovery: InProcessDiscovery(),
-                                                     bindHost: "127.0.0.1")
-        advertiser.delegate = held
-        try advertiser.startAdvertisingPeer()
+        let advertiser = try advertiser(for: try PeerID(displayName: "host"), as: "pm-sas-turns", delegate: held)
         defer { advertiser.stopAdvertisingPeer() }
-        let invite = ControlFrame.invite(.init(context: [], timeoutMillis: 30_000, udpPort: 9, token: 7))
         var callers: [HandDrivenCaller] = []
         for n in 1...3 {
-            var c = try HandDrivenCaller(port: advertiser.port!, as: try PeerID(displayName: "mallory\(n)"))
-            #expect(c.pump(seconds: 5) { $0.channel.isEncrypted }, "\(c.faults)")
-            c.write(c.channel.send(invite))
-            #expect(eventually(3) { held.invitations.withLock { $0.count } == n }, "invitation \(n) reached the app")
-            callers.append(c)
+            callers.append(try HandDrivenCaller(inviting: advertiser, as: "mallory\(n)") { held.invitations.withLock { $0.count } == n })
         }
         // The app shows all three at once.
         let shownAt = Date()
@@ -542,14 +524,13 @@ struct AttackTests {
         let endpoint = PeerEndpoint(host: "127.0.0.1", port: advertiser.port!)
         let member = try guests("member", 1, to: endpoint, timeout: .seconds(5))
         #expect(eventually(5) { host.connectedPeers.count == 1 })
-        let invite = ControlFrame.invite(.init(context: [], timeoutMillis: 30_000, udpPort: 9, token: 7))
         // 16 tries at once, then one a second: each caller here is accepted by the app and turned away by the session.
         var turnedAway = 0
         while turnedAway < 40 {
             var c = try HandDrivenCaller(port: advertiser.port!, as: try PeerID(displayName: "caller\(turnedAway)"))
             defer { c.socket.close() }
             guard c.pump(seconds: 5, until: { $0.channel.isEncrypted }) else { break }  // refused at accept
-            c.write(c.channel.send(invite))
+            c.write(c.channel.send(handInvite))
             #expect(c.pump(seconds: 3) { $0.frames.contains { $0 == .decline(.peerLimit, DeclineReason.peerLimit.description) } },
                     "\(c.frames)")
             #expect(c.digits == nil)
