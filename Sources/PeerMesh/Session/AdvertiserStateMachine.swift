@@ -207,14 +207,27 @@ struct AdvertiserStateMachine: Sendable {
     }
 
     /// The next instant at which `expire` has work: a deadline, or the turn of a share waiting to be opened.
+    /// (Runs after every event the driver handles: one pass over the pending connections, nothing allocated.)
     func nextDeadline() -> Nanos? {
-        let turn = nextQueuedShare() == nil ? nil : nextOpening
-        return (pending.values.map(deadline) + [turn].compactMap { $0 }).min()
+        var next: Nanos?
+        var shareWaits = false
+        for p in pending.values {
+            let d = deadline(p)
+            if next.map({ d < $0 }) ?? true { next = d }
+            if p.queuedTurn != nil { shareWaits = true }
+        }
+        if shareWaits, next.map({ nextOpening < $0 }) ?? true { next = nextOpening }
+        return next
     }
 
     /// The invitation whose share's turn is next.
     private func nextQueuedShare() -> PendingID? {
-        pending.compactMap { id, p in p.queuedTurn.map { (id, $0) } }.min { $0.1 < $1.1 }?.0
+        var best: (id: PendingID, turn: (round: UInt64, ticket: UInt64))?
+        for (id, p) in pending {
+            guard let turn = p.queuedTurn else { continue }
+            if best.map({ turn < $0.turn }) ?? true { best = (id, turn) }
+        }
+        return best?.id
     }
 
     // MARK: Events
