@@ -37,8 +37,8 @@ typealias PendingID = Int
 /// searching for a match from any number of addresses learns at most one set of the advertiser's digits a second,
 /// even from an app that shows every invitation at once and drops it the moment its caller hangs up, and a real
 /// caller waits about a second per share ahead of it: at most one per other address with shares waiting, plus those
-/// its own address has waiting (at most `maximumPending` in all). (The session
-/// that lets a caller in opens its share without waiting: by then the app has let it in.)
+/// its own address has waiting (at most `maximumPending` in all). (The session that lets a caller in opens its share
+/// without waiting: by then the app has let it in.)
 struct AdvertiserStateMachine: Sendable {
     /// Limits and timing.
     struct Configuration: Equatable, Sendable {

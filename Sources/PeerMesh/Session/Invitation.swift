@@ -51,9 +51,8 @@ public final class Invitation: Sendable {
     /// person is shown them. The inviter has them a round trip later, or — when another invitation's were opened
     /// within the last second, or wait their turn — in its turn, a second after the one before (served round-robin
     /// across addresses: about a second per other address with digits waiting, and per earlier invitation from its
-    /// own). From any thread;
-    /// once is enough (later calls, and calls after the invitation was answered or withdrawn, do nothing more).
-    /// Nothing in plaintext.
+    /// own). From any thread; once is enough (later calls, and calls after the invitation was answered or withdrawn,
+    /// do nothing more). Nothing in plaintext.
     public func revealShortAuthenticationString() {
         guard isOpen else { return }
         reveal()

@@ -393,8 +393,8 @@ private final class AdvertiserCore: Sendable {
 
     /// The app showed the digits of the invitation on `id`: open the caller's share now, or arm the timer for its turn.
     private func revealRequested(_ id: PendingID) {
-        if case .open(let id) = decide({ $0.revealRequested(id, now: MonotonicClock.nowNanos()) }) {
-            io.value.connections[id]?.revealNonce()
+        if case .open(let opened) = decide({ $0.revealRequested(id, now: MonotonicClock.nowNanos()) }) {
+            io.value.connections[opened]?.revealNonce()
         }
         armTimer()
     }

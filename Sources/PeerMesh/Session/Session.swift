@@ -59,8 +59,9 @@ public struct PeerCertificate: Sendable, Equatable {
     /// digits offline nor choose them; and it learns what the advertiser shows only once the advertiser's app has
     /// shown them to a person (`Invitation.revealShortAuthenticationString()`) or let it in, so every guess it makes
     /// costs an invitation a person sees (one chance in 10⁶ each; the advertiser opens its share to at most one caller
-    /// a second and rations tries per address: docs/PROTOCOL.md §3.2). That holds where the advertiser's app shows them at the invitation, before answering:
-    /// shown only here, in its certificate check, they reach the inviter once the check says yes.
+    /// a second and rations tries per address: docs/PROTOCOL.md §3.2). That holds where the advertiser's app shows
+    /// them at the invitation, before answering: shown only here, in its certificate check, they reach the inviter
+    /// once the check says yes.
     ///
     /// On the advertiser's side (`weInvited` false) they are here. The inviter's certificate check comes before the
     /// advertiser has opened its share, so there they are empty: the inviter gets them from
