@@ -101,16 +101,7 @@ private struct HandDrivenCaller {
     }
 
     /// Writes all of `bytes` (small: the socket takes them).
-    func write(_ bytes: [UInt8]) {
-        var rest = bytes[...]
-        while !rest.isEmpty {
-            switch rest.withUnsafeBytes({ socket.writeSome($0) }) {
-            case .moved(let n): rest = rest.dropFirst(n)
-            case .wouldBlock: usleep(1_000)
-            default: return
-            }
-        }
-    }
+    func write(_ bytes: [UInt8]) { writeAll(bytes, to: socket) }
 
     mutating func perform(_ events: [SecureChannel.Event]) {
         for e in events {
@@ -140,6 +131,71 @@ private struct HandDrivenCaller {
             }
         }
         return true
+    }
+}
+
+/// Writes all of `bytes` to the non-blocking `socket` (small: it takes them), or stops when it fails.
+private func writeAll(_ bytes: [UInt8], to socket: FileDescriptor) {
+    var rest = bytes[...]
+    while !rest.isEmpty {
+        switch rest.withUnsafeBytes({ socket.writeSome($0) }) {
+        case .moved(let n): rest = rest.dropFirst(n)
+        case .wouldBlock: usleep(1_000)
+        default: return
+        }
+    }
+}
+
+/// A man in the middle facing an inviter, played by hand over real TCP: it answers each connection as a real
+/// responder does (a real `SecureChannel`), so it knows the inviter's digits once message 3 has come; then it
+/// declines the invitation, or accepts it without opening its own share first, and hangs up. Either way the inviter
+/// never learns the digits, and only sees an invitation that failed.
+private struct DigitsWithholder {
+    let listener: FileDescriptor
+    let peer: PeerID
+    let port: UInt16
+
+    init() throws {
+        listener = try FileDescriptor.tcpListener(SocketAddress(numericHost: "127.0.0.1", port: 0)!)
+        port = try listener.localAddress().port
+        peer = try PeerID(displayName: "host")
+    }
+
+    /// Answers the next connection, waiting up to `seconds` in all, with DECLINE (or `acceptingWithoutDigits`, an
+    /// ACCEPT with no SAS-NONCE before it): when its message 3 came (nil: no handshake finished, or no INVITE
+    /// followed).
+    func answer(within seconds: Double, acceptingWithoutDigits: Bool = false) -> Date? {
+        let deadline = Date().addingTimeInterval(seconds)
+        var accepted: FileDescriptor?
+        while accepted == nil, Date() < deadline {
+            if let (c, _) = try? listener.accept() { accepted = c } else { usleep(1_000) }
+        }
+        guard let socket = accepted else { return nil }
+        defer { socket.close() }
+        var channel = SecureChannel(configuration: .init(role: .responder, preference: .required, localPeer: peer))
+        var message3: Date?
+        var buffer = [UInt8](repeating: 0, count: 4_096)
+        while Date() < deadline {
+            switch buffer.withUnsafeMutableBytes({ socket.readSome(into: $0) }) {
+            case .moved(let n):
+                for event in buffer.prefix(n).withUnsafeBytes({ channel.received($0) }) {
+                    if message3 == nil, channel.shortAuthenticationString != nil { message3 = Date() }
+                    switch event {
+                    case .write(let b): writeAll(b, to: socket)
+                    case .frame(.invite):
+                        let answer = acceptingWithoutDigits ? ControlFrame.accept(udpPort: 9, token: 7)
+                            : .decline(.unavailable, "not now")
+                        writeAll(channel.send(answer), to: socket)
+                        return message3
+                    case .fault, .refused: return nil
+                    default: break
+                    }
+                }
+            case .wouldBlock: usleep(1_000)
+            case .endOfStream, .failed: return nil
+            }
+        }
+        return nil
     }
 }
 
@@ -541,6 +597,72 @@ struct AttackTests {
         #expect(advertiser.statistics.rationedConnections >= 1)
         #expect(host.connectedPeers.count == 1)
         withExtendedLifetime(member) {}
+    }
+
+    @Test("An inviter that re-invites after every failure gives a man in the middle that withholds its share (declining, or accepting without it) one silent guess a second after the burst; a real host is still joined")
+    func anInviterOpensItsShareUnansweredAtMostOneASecond() throws {
+        var configuration = Session.Configuration(bindHost: "127.0.0.1")
+        configuration.unansweredInvitationBurst = 3
+        let inviter = try Session(peer: try PeerID(displayName: "inviter"), configuration: configuration)
+        let log = MeshEventLog()
+        inviter.delegate = log
+        let hostSession = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
+        let hostLog = MeshEventLog()
+        hostSession.delegate = hostLog
+        let advertiser = try advertise(hostSession, as: "pm-withheld", answeredBy: hostLog)
+        let m = try DigitsWithholder()
+        // Every other round M accepts without opening its share: the inviter refuses that as a fault, so M cannot
+        // have its guess forgiven by letting the link come up.
+        let rounds = 6
+        var message3: [Date] = []
+        for i in 0..<rounds {
+            try inviter.connect(to: PeerEndpoint(host: "127.0.0.1", port: m.port), timeout: .seconds(10))
+            let at = m.answer(within: 5, acceptingWithoutDigits: i % 2 == 1)
+            #expect(at != nil, "round \(i): the handshake finished and an INVITE came")
+            if let at { message3.append(at) }
+            #expect(log.wait(5) { $0.failures.count == i + 1 }, "round \(i): the app heard its invitation failed")
+        }
+        try #require(message3.count == rounds)
+        // Three went at network speed; then one a second, counted from the first: the app re-invited at once each
+        // time, so without the ration all six would come within a fraction of a second.
+        let sinceFirst = message3.map { $0.timeIntervalSince(message3[0]) }
+        #expect(sinceFirst[2] < 0.8, "\(sinceFirst)")
+        for (k, i) in (3..<rounds).enumerated() { #expect(sinceFirst[i] >= Double(k + 1) - 0.2, "\(sinceFirst)") }
+        #expect(sinceFirst[rounds - 1] < 8, "\(sinceFirst)")
+        #expect(inviter.statistics.pacedInvitations == 3)
+        #expect(inviter.statistics.peerFaults == 3, "each ACCEPT without the digits")
+        let snapshot = log.snapshot
+        #expect(snapshot.digits.isEmpty, "the man in the middle never opened its share")
+        #expect(!snapshot.states.contains { $0.1 == .connected }, "never connected without the digits")
+        for (i, failure) in snapshot.failures.enumerated() {
+            let expected = i % 2 == 1 ? "the peer sent ACCEPT before SAS-NONCE out of turn" : "not now"
+            #expect(failure.2 == expected, "round \(i)")
+        }
+        // The real host is still joined: its handshake waits its turn (up to a second), then goes through, and its
+        // session opens its share as it lets the inviter in.
+        try inviter.connect(to: PeerEndpoint(host: "127.0.0.1", port: advertiser.port!), timeout: .seconds(10))
+        #expect(log.wait(5) { s in s.states.contains { $0.1 == .connected } }, "\(log.snapshot.failures.last.map { $0.2 } ?? "")")
+        #expect(inviter.statistics.pacedInvitations == 4)
+        #expect(log.snapshot.digits.count == 1)
+        withExtendedLifetime(advertiser) {}
+    }
+
+    @Test("Connection data pins the key, so the digits decide nothing: its invitation does not wait when the ration is used up")
+    func connectionDataIsNotRationed() throws {
+        var configuration = Session.Configuration(bindHost: "127.0.0.1")
+        configuration.unansweredInvitationBurst = 1
+        let inviter = try Session(peer: try PeerID(displayName: "inviter"), configuration: configuration)
+        let log = MeshEventLog()
+        inviter.delegate = log
+        let m = try DigitsWithholder()
+        try inviter.connect(to: PeerEndpoint(host: "127.0.0.1", port: m.port), timeout: .seconds(10))
+        #expect(m.answer(within: 5) != nil)
+        #expect(log.wait(5) { $0.failures.count == 1 }, "the ration of one is used up for the next second")
+        let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
+        let data = try host.nearbyConnectionData(forPeer: inviter.myPeerID)
+        try inviter.connectPeer(host.myPeerID, withNearbyConnectionData: data)
+        #expect(log.wait(5) { s in s.states.contains { $0.0 == host.myPeerID && $0.1 == .connected } })
+        #expect(inviter.statistics.pacedInvitations == 0)
     }
 
     @Test("Twenty real peers from one address, one after another, are all let in: a try the session admits is forgiven")

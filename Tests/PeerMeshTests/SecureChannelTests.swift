@@ -420,6 +420,33 @@ struct SecureChannelTests {
         #expect(faults(p.initiatorSaw) == [.unexpectedFrame("SAS-NONCE")])
     }
 
+    @Test func anAcceptBeforeTheRespondersNonceIsAFaultAfterItAFrame() {
+        // A responder that accepts without opening its nonce: the link would come up with no digits to show.
+        var w = Wire()
+        w.start()
+        w.pump()
+        w.sendFromResponder(.accept(udpPort: 7, token: 9))
+        w.pump()
+        #expect(faults(w.initiatorSaw) == [.unexpectedFrame("ACCEPT before SAS-NONCE")])
+        #expect(!frames(w.initiatorSaw).contains(.accept(udpPort: 7, token: 9)))
+        // The order a real responder sends them in (one write): the digits, then ACCEPT.
+        var ok = Wire()
+        ok.start()
+        ok.pump()
+        ok.toInitiator.append(ok.responder.revealNonce() + ok.responder.send(.accept(udpPort: 7, token: 9)))
+        ok.pump()
+        #expect(faults(ok.initiatorSaw).isEmpty)
+        #expect(ok.initiatorSaw.suffix(2) == [.shortAuthenticationString(ok.responder.shortAuthenticationString!),
+                                             .frame(.accept(udpPort: 7, token: 9))])
+        // In plaintext there are no digits: ACCEPT is just a frame.
+        var p = Wire(.none, .none)
+        p.start()
+        p.pump()
+        p.sendFromResponder(.accept(udpPort: 7, token: 9))
+        p.pump()
+        #expect(faults(p.initiatorSaw).isEmpty && frames(p.initiatorSaw).contains(.accept(udpPort: 7, token: 9)))
+    }
+
     @Test func theDigitsTakeTheHandshakeAndBothNonces() {
         let h = [UInt8](repeating: 1, count: 32)
         let n1 = [UInt8](repeating: 2, count: 32), n2 = [UInt8](repeating: 3, count: 32), nr = [UInt8](repeating: 4, count: 32)

@@ -39,7 +39,7 @@ extension SessionCore {
             attempt.next += 1
             if let link = try? invite(expected: data.peer, endpoint: PeerEndpoint(host: address, port: data.port),
                                       context: Data(NearbyConnectionData.contextPrefix + data.ticket),
-                                      timeout: introductionTimeout) {
+                                      timeout: introductionTimeout, keyFromConnectionData: true) {
                 io.value.introductions[link] = attempt
                 return
             }
@@ -133,7 +133,8 @@ extension SessionCore {
             guard let data = io.value.relayCalls.removeValue(forKey: key) else { return endFailed(key, other: pair.1) }
             do {
                 try invite(expected: data.peer, socket: pair.1, remote: nil, relayed: true,
-                           context: Data(NearbyConnectionData.contextPrefix + data.ticket), timeout: introductionTimeout)
+                           context: Data(NearbyConnectionData.contextPrefix + data.ticket), timeout: introductionTimeout,
+                           keyFromConnectionData: true)
             } catch {
                 endFailed(key, other: pair.1)
             }

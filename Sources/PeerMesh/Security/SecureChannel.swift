@@ -282,6 +282,12 @@ struct SecureChannel: Sendable {
         }
     }
 
+    /// Initiator, encrypted: whether the responder has yet to open its nonce.
+    private var isAwaitingResponderNonce: Bool {
+        guard case .established(let t) = state, case .awaitingResponderNonce = t.digits else { return false }
+        return true
+    }
+
     /// Whether the preamble or the Noise handshake is still under way (neither records nor plaintext frames yet).
     private var isHandshaking: Bool {
         switch state {
@@ -535,6 +541,11 @@ struct SecureChannel: Sendable {
             switch r {
             case .success(.hello) where isEncrypted:
                 return events + fail(.unexpectedFrame("HELLO inside the encrypted channel"))
+            case .success(.accept) where isAwaitingResponderNonce:
+                // A responder opens its nonce before it accepts (in the same write). Accepted without it, the link
+                // would come up with no digits for our app to show, and a man in the middle could have its silent
+                // guesses forgiven (`InviterShareRation`).
+                return events + fail(.unexpectedFrame("ACCEPT before SAS-NONCE"))
             case .success(.sasNonce(let nonce)):
                 // Only an initiator waiting for it takes one, once: anything else is a peer out of turn.
                 guard case .established(var t) = state,

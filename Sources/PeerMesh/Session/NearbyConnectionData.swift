@@ -260,7 +260,8 @@ extension Session {
         for address in blob.addresses {
             do {
                 try core.invite(expected: blob.peer, endpoint: PeerEndpoint(host: address, port: blob.port),
-                                context: Data(NearbyConnectionData.contextPrefix + blob.ticket), timeout: .seconds(30))
+                                context: Data(NearbyConnectionData.contextPrefix + blob.ticket), timeout: .seconds(30),
+                                keyFromConnectionData: true)
                 return
             } catch { lastError = error }
         }

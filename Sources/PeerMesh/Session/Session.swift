@@ -115,6 +115,10 @@ public struct SessionStatistics: Sendable, Equatable, BitwiseCopyable {
     public var garbageConnections: UInt64 = 0
     /// Protocol violations by peers (garbage, frames out of turn…); each closed that peer's connection.
     public var peerFaults: UInt64 = 0
+    /// Invitations whose handshake waited before opening this side's share of the digits (message 3), because
+    /// too many earlier ones had ended unaccepted after opening theirs (docs/PROTOCOL.md §3.2): a man in the middle
+    /// that lets them fail, or an app that keeps inviting peers that decline.
+    public var pacedInvitations: UInt64 = 0
 
     public init() {}
 }
@@ -189,6 +193,11 @@ public final class Session: Sendable {
         /// joins it and leaves without a word must not get its handshakes for free.
         package var admissionForgivesTry = true
 
+        /// How many of this session's invitations may have given its share of the digits away (handshake message 3)
+        /// and not yet been accepted before the next one waits a turn, one a second (`InviterShareRation`). Tests
+        /// make it small; apps keep 16.
+        package var unansweredInvitationBurst = 16
+
         /// The settings, each named for its property above and with the same default.
         public init(maximumPeers: Int = 8, peerTimeout: Duration = .seconds(2), heartbeatInterval: Duration? = nil,
                     udpPort: UInt16 = 0, bindHost: String = "", maximumMessageSize: Int = 1 << 20,
@@ -246,6 +255,9 @@ public final class Session: Sendable {
         }
         guard configuration.maximumPeersPerHost >= 1, configuration.maximumQueuedBytes >= 1 << 16 else {
             throw .invalidParameter("maximumPeersPerHost must be at least 1 and maximumQueuedBytes at least 64 KiB")
+        }
+        guard (1...1_000_000).contains(configuration.unansweredInvitationBurst) else {
+            throw .invalidParameter("unansweredInvitationBurst must be from 1 to 1,000,000")
         }
         let me: PeerID
         switch (peer, securityIdentity) {

@@ -125,7 +125,7 @@ extension SessionCore {
     /// delegate; on yes the handshake finishes and the invitation goes out.
     func identified(_ peer: PeerID, on link: LinkID) {
         guard let c = io.value.connections[link], let key = peer.publicKey else { return }
-        if let pinned = io.value.expectedKeys[link], pinned != key {
+        if let pinned = io.value.expectedKeys[link]?.key, pinned != key {
             return faulted(link, .wrongPeer)
         }
         // No digits yet: the advertiser opens its share only once its app shows them or lets us in (`tell`).
@@ -133,9 +133,9 @@ extension SessionCore {
                                           weInvited: true)
         c.onShortAuthenticationString = { [unowned self] digits in tell(digits, from: peer) }
         askCertificate(certificate, from: peer) { [self] ok in
-            guard let c = io.value.connections[link] else { return }
+            guard io.value.connections[link] != nil else { return }
             if ok == true {
-                c.approve()
+                finishHandshake(link, rationed: io.value.expectedKeys[link]?.fromConnectionData != true)
             } else {
                 io.value.failureDetail[link] = "certificate rejected: \(peer.displayName)'s key \(key.shortFingerprint) is not trusted"
                 io.value.failureReason[link] = .notTrusted
@@ -143,6 +143,24 @@ extension SessionCore {
                 perform(actions)
             }
         }
+    }
+
+    /// Initiator: the app approved the peer on `link`; send message 3, which opens our share of the digits, now or
+    /// (`rationed`) when the ration of such shares given away unanswered allows (`InviterShareRation`).
+    private func finishHandshake(_ link: LinkID, rationed: Bool) {
+        guard rationed else { return finishHandshakes([link]) }
+        switch io.value.shares.approved(link, now: MonotonicClock.nowNanos()) {
+        case .open:
+            io.value.connections[link]?.approve()
+        case .wait:
+            counters.add { $0.pacedInvitations += 1 }
+            armTimer()
+        }
+    }
+
+    /// Initiator: sends message 3 on each of `links`, whose turn in the ration of our shares has come.
+    func finishHandshakes(_ links: [LinkID]) {
+        for l in links { io.value.connections[l]?.approve() }
     }
 
     /// Initiator: the advertiser opened its share of the digits (its app showed them, or its session let us in);

@@ -23,8 +23,8 @@ final class SessionCore: Sendable {
     struct IO {
         var connections: [LinkID: Connection] = [:]
         var localTokens: [LinkID: UInt64] = [:]
-        /// The key an invited peer must prove (from its advertisement), by link.
-        var expectedKeys: [LinkID: PublicKey] = [:]
+        /// The key an invited peer must prove, by link.
+        var expectedKeys: [LinkID: ExpectedKey] = [:]
         /// Invitations from each host accepted by the app but still waiting on the certificate check.
         var admitting: [[UInt8]: Int] = [:]
         /// Those invitations' connections, held paused until the app answers: shutdown closes them too.
@@ -64,6 +64,16 @@ final class SessionCore: Sendable {
         var relayCalls: [PipeKey: NearbyConnectionData] = [:]
         /// Direct connections an introduction started, by link: where to call through if they fail.
         var introductions: [LinkID: Introduction] = [:]
+        /// Our invitations' message 3s (our share of the digits): how many may end unaccepted before the next waits.
+        var shares: InviterShareRation
+    }
+
+    /// The key an invited peer must prove, and where it came from: an advertisement (which anyone on the network can
+    /// publish), or connection data (an introduction by a member, or data the app had out of band), which already
+    /// decides whom the link reaches, so that the digits decide nothing on it and its message 3 is not rationed.
+    struct ExpectedKey {
+        let key: PublicKey
+        let fromConnectionData: Bool
     }
 
     let peer: PeerID
@@ -133,7 +143,8 @@ final class SessionCore: Sendable {
         let topology: Session.Topology = preference == .none ? .star : c.topology
         io = LoopBound(IO(resources: ResourceStateMachine(limits: limits),
                           membership: MembershipStateMachine(me: peer, topology: topology, maximumPeers: c.maximumPeers),
-                          relay: RelayStateMachine(topology: topology)), loop: loop)
+                          relay: RelayStateMachine(topology: topology),
+                          shares: InviterShareRation(configuration: .init(burst: c.unansweredInvitationBurst))), loop: loop)
     }
 
     /// The security layer's settings for a link of this session.
@@ -173,6 +184,7 @@ final class SessionCore: Sendable {
             if let r = io.value.outboxRegistration { loop.deregister(r) }
             io.value.outboxRegistration = nil
             io.value.timer.cancel(on: loop)
+            io.value.shares = InviterShareRation(configuration: io.value.shares.configuration)
             for c in io.value.connections.values { c.close() }
             io.value.connections.removeAll()
             for c in io.value.judged.values { c.close() }
@@ -187,7 +199,8 @@ final class SessionCore: Sendable {
     // MARK: Commands from the app (any thread)
 
     @discardableResult
-    func invite(expected: PeerID?, endpoint: PeerEndpoint, context: Data?, timeout: Duration) throws(PeerMeshError) -> LinkID {
+    func invite(expected: PeerID?, endpoint: PeerEndpoint, context: Data?, timeout: Duration,
+                keyFromConnectionData: Bool = false) throws(PeerMeshError) -> LinkID {
         guard (context?.count ?? 0) <= ControlFrame.maximumContext else {
             throw .invalidParameter("invitation context is \(context?.count ?? 0) bytes; at most \(ControlFrame.maximumContext)")
         }
@@ -198,13 +211,15 @@ final class SessionCore: Sendable {
         }
         let sock: FileDescriptor
         do { sock = try FileDescriptor.tcpConnect(to: addr, from: bindAddress) } catch { throw .transport(error.description) }
-        return try invite(expected: expected, socket: sock, remote: addr, relayed: false, context: context, timeout: timeout)
+        return try invite(expected: expected, socket: sock, remote: addr, relayed: false, context: context, timeout: timeout,
+                          keyFromConnectionData: keyFromConnectionData)
     }
 
     /// Invites over `socket`: a TCP connect in progress to `remote`, or (`relayed`) our side of a relay pipe.
+    /// `keyFromConnectionData`: `expected`'s key comes from connection data, not an advertisement (`ExpectedKey`).
     @discardableResult
     func invite(expected: PeerID?, socket sock: FileDescriptor, remote addr: SocketAddress?, relayed: Bool, context: Data?,
-                timeout: Duration) throws(PeerMeshError) -> LinkID {
+                timeout: Duration, keyFromConnectionData: Bool = false) throws(PeerMeshError) -> LinkID {
         let ctx = Array(context ?? Data())
         guard ctx.count <= ControlFrame.maximumContext else {
             throw .invalidParameter("invitation context is \(ctx.count) bytes; at most \(ControlFrame.maximumContext)")
@@ -225,7 +240,7 @@ final class SessionCore: Sendable {
             c.maximumQueued = 2 * configuration.maximumQueuedBytes
             io.value.connections[link] = c
             io.value.localTokens[link] = token
-            if let pinned { io.value.expectedKeys[link] = pinned }
+            if let pinned { io.value.expectedKeys[link] = ExpectedKey(key: pinned, fromConnectionData: keyFromConnectionData) }
             c.start(onFrame: { [unowned self] f in received(f, on: link) },
                     onApproval: { [unowned self] p in identified(p, on: link) },
                     onEnd: { [unowned self] why in ended(link, why) })
@@ -319,6 +334,7 @@ final class SessionCore: Sendable {
 
     func ended(_ link: LinkID, _ why: ConnectionEnd) {
         io.value.connections[link] = nil
+        io.value.shares.ended(link)
         queuedBytes.withLock { $0[link] = nil }
         performResources(io.value.resources.linkClosed(link))
         performStreams(io.value.streams.linkClosed(link))
@@ -342,6 +358,8 @@ final class SessionCore: Sendable {
         guard !actions.isEmpty else { return }
         let receiver = (owner.withLock { $0.value }, delegate.withLock { $0.value })
         var closed: [LinkID] = []
+        // Handshakes whose turn an accepted invitation brought, finished once these actions are carried out.
+        var due: [LinkID] = []
         defer {
             for l in closed {  // details no failure report took
                 io.value.failureDetail[l] = nil
@@ -381,6 +399,7 @@ final class SessionCore: Sendable {
             case .close(let l):
                 closed.append(l)
                 io.value.connections.removeValue(forKey: l)?.close()
+                io.value.shares.ended(l)
                 io.value.localTokens[l] = nil
                 io.value.expectedKeys[l] = nil
                 queuedBytes.withLock { $0[l] = nil }
@@ -389,6 +408,7 @@ final class SessionCore: Sendable {
                 relayLinkClosed(l)
             case .linkUp(let l, let p, let port, let token):
                 io.value.introductions[l] = nil
+                due += io.value.shares.accepted(l, now: MonotonicClock.nowNanos())
                 if let c = io.value.connections[l], c.isRelayed {
                     // No UDP path: liveness rides the connection's heartbeats, datagrams its DATAGRAM frames.
                     io.value.relayedLinks[p] = l
@@ -426,15 +446,17 @@ final class SessionCore: Sendable {
                 publishSendTable()
             }
         }
+        finishHandshakes(due)
         armTimer()
     }
 
     // MARK: Loop: timers
 
-    /// Arms the session's one timer for the earliest of the state machine's deadline and the next ping round.
-    private func armTimer() {
+    /// Arms the session's one timer for the earliest of the state machine's deadline, the next ping round and the
+    /// turn of a handshake waiting for the ration of our shares of the digits.
+    func armTimer() {
         let machineDeadline = shared.withLock { $0.machine.nextDeadline() }
-        var next = machineDeadline ?? .max
+        var next = min(machineDeadline ?? .max, io.value.shares.nextDeadline() ?? .max)
         if !io.value.routes.isEmpty { next = min(next, io.value.nextPing) }
         io.value.timer.arm(next, on: loop) { [weak self] in self?.timerFired() }
     }
@@ -456,6 +478,7 @@ final class SessionCore: Sendable {
             }
         }
         perform(actions)
+        finishHandshakes(io.value.shares.expire(now: now))
         armTimer()
     }
 }

@@ -1,0 +1,118 @@
+/// The inviter's ration of handshakes that give its share of the digits away for nothing, as a pure state machine
+/// (docs/PROTOCOL.md §3.2).
+///
+/// An inviter opens its nonce in handshake message 3, so whoever answered knows the inviter's digits from then on;
+/// the inviter learns the other side's only when that side opens its share (SAS-NONCE), which a man in the middle
+/// facing the inviter never has to do. When the digits it learned are not the ones it needs, it just lets the
+/// invitation fail (declines, or hangs up). So every invitation that ends unaccepted after message 3 may have been a
+/// silent guess, and an app that re-invites by itself after each failure would give one guess per round trip.
+///
+/// A session rations them as an advertiser rations tries per address: each message 3 is a charge, forgiven only when
+/// its invitation is accepted (the link comes up, which in Noise mode needs the advertiser's SAS-NONCE first: the
+/// inviter's app was told the digits); a session may have `burst` unforgiven charges at once and then one per
+/// `interval`. Past that, a message 3 waits its turn, oldest first (`approved` says `.wait`; `expire` and `accepted`
+/// return the links whose turn came), and one whose invitation ends while it waits is dropped and charges nothing.
+/// Forgiving takes back only what of that charge is still unpaid, so a charge time has already paid off frees no room
+/// for later ones. So a man in the middle gets at most `burst + t / interval` silent guesses in `t` seconds from one
+/// session, however fast its app re-invites, and a session waits only once `burst` of its message 3s are neither
+/// forgiven nor paid off by time (so invitations that are accepted wait only while more than `burst` are in flight
+/// at once). Links whose key connection data pinned are not rationed at all: the driver does not ask.
+struct InviterShareRation: Sendable {
+    /// The ration's size and pace.
+    struct Configuration: Equatable, Sendable {
+        /// Unforgiven message 3s a session may have at once before the next one waits.
+        var burst: Int = 16
+        /// After the burst, one per this interval.
+        var interval: Nanos = 1_000_000_000
+    }
+
+    /// What to do with a link whose peer the app approved.
+    enum OnApproved: Equatable, Sendable {
+        /// Finish the handshake now (send message 3).
+        case open
+        /// Hold message 3: its turn comes at `nextDeadline()`, or sooner when an earlier invitation is accepted.
+        case wait
+    }
+
+    /// The ration's size and pace.
+    let configuration: Configuration
+    /// The time at which the charges are paid off (a virtual scheduling time, as in GCRA: each charge moves it one
+    /// `interval` on from at least now; a forgiven one moves it back).
+    private var debt: Nanos = 0
+    /// Links whose message 3 went out and whose invitation is not yet accepted or ended, each with the time at which
+    /// its charge is paid off (the debt just after it was charged).
+    private var opened: [LinkID: Nanos] = [:]
+    /// Links whose message 3 waits its turn, oldest first.
+    private var waiting: [LinkID] = []
+
+    init(configuration: Configuration = Configuration()) {
+        precondition(configuration.burst >= 1 && configuration.interval > 0)
+        let window = configuration.interval.multipliedReportingOverflow(by: Nanos(configuration.burst))
+        precondition(!window.overflow && window.partialValue < Nanos.max / 4, "the ration's window must not wrap the clock")
+        self.configuration = configuration
+    }
+
+    /// Links whose message 3 waits.
+    var waitingCount: Int { waiting.count }
+
+    /// When the oldest waiting link's turn comes (nil: none waits).
+    func nextDeadline() -> Nanos? {
+        guard !waiting.isEmpty else { return nil }
+        let early = Nanos(configuration.burst - 1) &* configuration.interval
+        return debt > early ? debt - early : 0
+    }
+
+    // MARK: Events
+
+    /// The app approved the peer on `link` (its certificate check said yes): open now, or wait.
+    mutating func approved(_ link: LinkID, now: Nanos) -> OnApproved {
+        precondition(opened[link] == nil && !waiting.contains(link), "a link is approved once")
+        // A link never overtakes one that waits.
+        guard waiting.isEmpty, !isRationed(now: now) else {
+            waiting.append(link)
+            return .wait
+        }
+        charge(link, now: now)
+        return .open
+    }
+
+    /// `link`'s invitation was accepted: what of its charge is still unpaid is forgiven. Returns the waiting links
+    /// whose turn has come.
+    mutating func accepted(_ link: LinkID, now: Nanos) -> [LinkID] {
+        if let paidOff = opened.removeValue(forKey: link), paidOff > now {
+            let unpaid = min(paidOff - now, configuration.interval)
+            debt = debt >= unpaid ? debt - unpaid : 0
+        }
+        return turnsDue(now: now)
+    }
+
+    /// `link` ended unaccepted (declined, failed, timed out, closed): an opened one keeps its charge, a waiting one
+    /// is dropped without one.
+    mutating func ended(_ link: LinkID) {
+        opened[link] = nil
+        waiting.removeAll { $0 == link }
+    }
+
+    /// Time passed: the waiting links whose turn has come, oldest first (each now holds a charge).
+    mutating func expire(now: Nanos) -> [LinkID] { turnsDue(now: now) }
+
+    // MARK: The ration
+
+    private mutating func turnsDue(now: Nanos) -> [LinkID] {
+        var due: [LinkID] = []
+        while let next = waiting.first, !isRationed(now: now) {
+            waiting.removeFirst()
+            charge(next, now: now)
+            due.append(next)
+        }
+        return due
+    }
+
+    private mutating func charge(_ link: LinkID, now: Nanos) {
+        debt = max(debt, now) &+ configuration.interval
+        opened[link] = debt
+    }
+
+    /// Whether the burst is used up as of `now`: `burst` charges at once, then one per interval.
+    private func isRationed(now: Nanos) -> Bool { debt > now &+ Nanos(configuration.burst - 1) &* configuration.interval }
+}

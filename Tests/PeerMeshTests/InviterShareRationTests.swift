@@ -1,0 +1,142 @@
+import Testing
+import MeshPOSIX
+@testable import PeerMesh
+
+private let sec: Nanos = 1_000_000_000
+
+/// The tests' time zero.
+private let t = 100 * sec
+
+/// A ration of 3 at once, then one a second.
+private func ration() -> InviterShareRation { InviterShareRation(configuration: .init(burst: 3, interval: sec)) }
+
+/// A ration whose whole burst links 1, 2 and 3 opened at `t`, unanswered so far.
+private func burstGivenAway() -> InviterShareRation {
+    var r = ration()
+    for link in 1...3 { #expect(r.approved(link, now: t) == .open) }
+    return r
+}
+
+@Suite("InviterShareRation: the inviter's shares of the digits given away unanswered (pure, virtual time)")
+struct InviterShareRationTests {
+    @Test func theBurstOpensAtOnceThenOneASecondOldestFirst() {
+        #expect(ration().nextDeadline() == nil)
+        var r = burstGivenAway()
+        // Three given away and none answered: the next ones wait, in the order approved.
+        #expect(r.approved(4, now: t) == .wait)
+        #expect(r.approved(5, now: t + 1) == .wait)
+        #expect(r.waitingCount == 2)
+        #expect(r.nextDeadline() == t + sec)
+        #expect(r.expire(now: t + sec - 1) == [])
+        #expect(r.expire(now: t + sec) == [4])
+        #expect(r.nextDeadline() == t + 2 * sec)
+        // A timer that fires late opens one, and the next is due a whole interval after the late one was due: the
+        // pace is one a second on average, not one a second after each timer.
+        #expect(r.expire(now: t + 2 * sec + sec / 2) == [5])
+        #expect(r.waitingCount == 0 && r.nextDeadline() == nil)
+        #expect(r.approved(6, now: t + 2 * sec + sec / 2) == .wait)
+        #expect(r.nextDeadline() == t + 3 * sec)
+    }
+
+    @Test func unansweredSharesStayChargedWhetherDeclinedClosedOrTimedOut() {
+        var r = burstGivenAway()
+        // Every one ends unaccepted (a man in the middle that learned our digits and let each fail).
+        for link in 1...3 { r.ended(link) }
+        #expect(r.approved(4, now: t) == .wait, "ending does not give the charge back")
+        #expect(r.expire(now: t + sec) == [4])
+        r.ended(4)
+        // A man in the middle that keeps failing them gets one a second, however fast the app re-invites.
+        var opened: [Nanos] = []
+        var now = t + sec
+        var link = 5
+        var approving = true
+        while now <= t + 11 * sec {
+            let went = approving ? r.approved(link, now: now) == .open : r.expire(now: now) == [link]
+            approving = went
+            if went {
+                opened.append(now)
+                r.ended(link)
+                link += 1
+            }
+            now += sec / 100
+        }
+        #expect(opened.count == 10, "\(opened)")
+        #expect(zip(opened, opened.dropFirst()).allSatisfy { $1 - $0 >= sec }, "\(opened)")
+    }
+
+    @Test func anAcceptedInvitationIsForgivenAndLetsTheNextGoAtOnce() {
+        var r = burstGivenAway()
+        #expect(r.approved(4, now: t) == .wait)
+        #expect(r.approved(5, now: t) == .wait)
+        // Link 2 is accepted: its charge is forgiven, and the oldest waiting one goes at once.
+        #expect(r.accepted(2, now: t + 10) == [4])
+        #expect(r.waitingCount == 1)
+        // Accepting one that was never charged (or twice) forgives nothing.
+        #expect(r.accepted(2, now: t + 20) == [])
+        #expect(r.accepted(99, now: t + 20) == [])
+        #expect(r.accepted(1, now: t + 30) == [5])
+        // A session whose invitations are all accepted never waits: a mesh of many members joining at once.
+        var s = ration()
+        for link in 1...100 {
+            #expect(s.approved(link, now: t + Nanos(link)) == .open)
+            #expect(s.accepted(link, now: t + Nanos(link)) == [])
+        }
+        // And accepted ones make room in the burst only for charges not yet paid off: idle time pays the rest.
+        var u = burstGivenAway()
+        for link in 1...3 { u.ended(link) }
+        for link in 4...6 { #expect(u.approved(link, now: t + 10 * sec) == .open, "a quiet ten seconds paid the debt") }
+    }
+
+    @Test func acceptingForgivesOnlyWhatOfTheChargeIsStillUnpaid() {
+        var r = burstGivenAway()  // charges paid off at t + 1 s, t + 2 s and t + 3 s
+        #expect(r.approved(4, now: t + sec + sec / 2) == .open, "half a second past the first charge's turn")
+        #expect(r.approved(5, now: t + sec + sec / 2) == .wait)
+        // Link 1's charge was paid off by time already: accepting it now frees nothing, so 5 still waits.
+        #expect(r.accepted(1, now: t + sec + sec / 2) == [])
+        // Link 2's was half paid: accepting it gives back that half, which is what 5 lacked.
+        #expect(r.accepted(2, now: t + sec + sec / 2) == [5])
+        #expect(r.waitingCount == 0)
+    }
+
+    @Test func aLateAcceptanceReleasesEveryWaitingLinkWhoseTurnCame() {
+        var r = burstGivenAway()
+        for link in 4...6 { #expect(r.approved(link, now: t) == .wait) }
+        // No timer has fired by t + 1 s (4's turn came with it); link 2 is accepted then, which makes room for 5 too.
+        #expect(r.accepted(2, now: t + sec) == [4, 5])
+        #expect(r.waitingCount == 1 && r.nextDeadline() == t + 2 * sec)
+        // More invitations in flight than the burst, all accepted: those past the burst wait only for the first.
+        var s = ration()
+        for link in 1...5 { #expect(s.approved(link, now: t) == (link <= 3 ? .open : .wait)) }
+        #expect(s.accepted(1, now: t + 1_000) == [4])
+        #expect(s.accepted(2, now: t + 2_000) == [5])
+        for link in 3...5 { #expect(s.accepted(link, now: t + 3_000) == []) }
+        for link in 6...8 { #expect(s.approved(link, now: t + 3_000) == .open, "all forgiven: the burst is whole") }
+    }
+
+    @Test func aWaitingInvitationThatEndsIsDroppedWithoutACharge() {
+        var r = burstGivenAway()
+        #expect(r.approved(4, now: t) == .wait)
+        #expect(r.approved(5, now: t) == .wait)
+        #expect(r.approved(6, now: t) == .wait)
+        // 4 times out while it waits: it never opened its share, so 5 takes its turn and nothing is charged for 4.
+        r.ended(4)
+        #expect(r.waitingCount == 2)
+        #expect(r.expire(now: t + sec) == [5])
+        #expect(r.expire(now: t + 2 * sec) == [6])
+        #expect(r.nextDeadline() == nil)
+        // Only 5 and 6 were charged after the burst: with all of them ended, the debt is paid at t + 5 s, and the
+        // burst is whole again (an extra charge for 4 would make the third of these wait).
+        for link in [1, 2, 3, 5, 6] { r.ended(link) }
+        for link in 7...9 { #expect(r.approved(link, now: t + 5 * sec) == .open) }
+        #expect(r.approved(10, now: t + 5 * sec) == .wait)
+    }
+
+    @Test func aNewInvitationNeverOvertakesOneThatWaits() {
+        var r = burstGivenAway()
+        #expect(r.approved(4, now: t) == .wait)
+        // The debt is paid to the point where one may go, but the timer has not fired yet: 5 queues behind 4.
+        #expect(r.approved(5, now: t + sec) == .wait)
+        #expect(r.expire(now: t + sec) == [4])
+        #expect(r.expire(now: t + 2 * sec) == [5])
+    }
+}
