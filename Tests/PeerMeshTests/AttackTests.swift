@@ -63,6 +63,24 @@ private func advertiser(for peer: PeerID, as type: String,
 /// The INVITE the hand-driven callers send.
 private let handInvite = ControlFrame.invite(.init(context: [], timeoutMillis: 30_000, udpPort: 9, token: 7))
 
+/// An inviting session on 127.0.0.1 whose ration of shares of the digits given away unanswered is `burst`, and its log.
+private func rationedInviter(burst: Int) throws -> (Session, MeshEventLog) {
+    var configuration = Session.Configuration(bindHost: "127.0.0.1")
+    configuration.unansweredInvitationBurst = burst
+    let inviter = try Session(peer: try PeerID(displayName: "inviter"), configuration: configuration)
+    let log = MeshEventLog()
+    inviter.delegate = log
+    return (inviter, log)
+}
+
+/// A host session on 127.0.0.1 named `name`, its log, and its advertiser of `type`, which accepts every invitation.
+private func acceptingHost(_ name: String, as type: String) throws -> (Session, MeshEventLog, NearbyServiceAdvertiser) {
+    let host = try Session(peer: try PeerID(displayName: name), configuration: .init(bindHost: "127.0.0.1"))
+    let log = MeshEventLog()
+    host.delegate = log
+    return (host, log, try advertise(host, as: type, answeredBy: log))
+}
+
 /// A host session on 127.0.0.1 whose certificate checks a `Judge` holds.
 private func judgedHost() throws -> (Session, Judge) {
     let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
@@ -601,15 +619,8 @@ struct AttackTests {
 
     @Test("An inviter that re-invites after every failure gives a man in the middle that withholds its share (declining, or accepting without it) one silent guess a second after the burst; a real host is still joined")
     func anInviterOpensItsShareUnansweredAtMostOneASecond() throws {
-        var configuration = Session.Configuration(bindHost: "127.0.0.1")
-        configuration.unansweredInvitationBurst = 3
-        let inviter = try Session(peer: try PeerID(displayName: "inviter"), configuration: configuration)
-        let log = MeshEventLog()
-        inviter.delegate = log
-        let hostSession = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
-        let hostLog = MeshEventLog()
-        hostSession.delegate = hostLog
-        let advertiser = try advertise(hostSession, as: "pm-withheld", answeredBy: hostLog)
+        let (inviter, log) = try rationedInviter(burst: 3)
+        let (host, hostLog, advertiser) = try acceptingHost("host", as: "pm-withheld")
         let m = try DigitsWithholder()
         // Every other round M accepts without opening its share: the inviter refuses that as a fault, so M cannot
         // have its guess forgiven by letting the link come up.
@@ -642,18 +653,15 @@ struct AttackTests {
         // session opens its share as it lets the inviter in.
         try inviter.connect(to: PeerEndpoint(host: "127.0.0.1", port: advertiser.port!), timeout: .seconds(10))
         #expect(log.wait(5) { s in s.states.contains { $0.1 == .connected } }, "\(log.snapshot.failures.last.map { $0.2 } ?? "")")
-        #expect(inviter.statistics.pacedInvitations == 4)
+        // It waited a turn unless the machine stalled for a second between round 6 and this invitation.
+        #expect((3...4).contains(inviter.statistics.pacedInvitations))
         #expect(log.snapshot.digits.count == 1)
-        withExtendedLifetime(advertiser) {}
+        withExtendedLifetime((host, hostLog, advertiser)) {}
     }
 
     @Test("Connection data pins the key, so the digits decide nothing: its invitation does not wait when the ration is used up")
     func connectionDataIsNotRationed() throws {
-        var configuration = Session.Configuration(bindHost: "127.0.0.1")
-        configuration.unansweredInvitationBurst = 1
-        let inviter = try Session(peer: try PeerID(displayName: "inviter"), configuration: configuration)
-        let log = MeshEventLog()
-        inviter.delegate = log
+        let (inviter, log) = try rationedInviter(burst: 1)
         let m = try DigitsWithholder()
         try inviter.connect(to: PeerEndpoint(host: "127.0.0.1", port: m.port), timeout: .seconds(10))
         #expect(m.answer(within: 5) != nil)
@@ -663,6 +671,20 @@ struct AttackTests {
         try inviter.connectPeer(host.myPeerID, withNearbyConnectionData: data)
         #expect(log.wait(5) { s in s.states.contains { $0.0 == host.myPeerID && $0.1 == .connected } })
         #expect(inviter.statistics.pacedInvitations == 0)
+    }
+
+    @Test("An accepted invitation is forgiven: with a ration of one, a session joins one host after another without waiting")
+    func acceptedInvitationsAreForgiven() throws {
+        let (inviter, log) = try rationedInviter(burst: 1)
+        let hosts = try (0..<3).map { i in try acceptingHost("host\(i)", as: "pm-forgiven\(i)") }
+        for (i, (host, _, advertiser)) in hosts.enumerated() {
+            try inviter.connect(to: PeerEndpoint(host: "127.0.0.1", port: advertiser.port!), timeout: .seconds(5))
+            #expect(log.wait(5) { s in s.states.contains { $0.0 == host.myPeerID && $0.1 == .connected } }, "host \(i)")
+        }
+        #expect(inviter.connectedPeers.count == 3)
+        #expect(inviter.statistics.pacedInvitations == 0)
+        #expect(log.snapshot.digits.count == 3)
+        withExtendedLifetime(hosts) {}
     }
 
     @Test("Twenty real peers from one address, one after another, are all let in: a try the session admits is forgiven")

@@ -35,7 +35,10 @@ public protocol SessionDelegate: AnyObject, Sendable {
     /// digits to a person (`Invitation.revealShortAuthenticationString()`) or let this session in — and they are `digits`
     /// (`123 456`). Someone comparing them with the advertiser's screen (a prompt such as mesh-record's
     /// `--accept ask`) rules out a man in the middle. At most once per handshake, after the certificate check and
-    /// before `connected`; never in plaintext, nor for an invitation declined unshown. The default does nothing.
+    /// before `connected`; never in plaintext, nor for an invitation declined unshown. On a link that connection
+    /// data made (an introduction by a member, `connectPeer`), the data already pinned the key, and whoever gave it
+    /// chose that key: judge such a peer by its key or by who introduced it, not by these digits (its invitations
+    /// are not rationed, docs/PROTOCOL.md §3.2). The default does nothing.
     func session(_ session: Session, didReceiveShortAuthenticationString digits: String, fromPeer peer: PeerID)
     /// `peer` started sending a resource (`sendResource`); `progress` follows it and can cancel it.
     func session(_ session: Session, didStartReceivingResourceWithName name: String, fromPeer peer: PeerID,
@@ -116,8 +119,9 @@ public struct SessionStatistics: Sendable, Equatable, BitwiseCopyable {
     /// Protocol violations by peers (garbage, frames out of turn…); each closed that peer's connection.
     public var peerFaults: UInt64 = 0
     /// Invitations whose handshake waited before opening this side's share of the digits (message 3), because
-    /// too many earlier ones had ended unaccepted after opening theirs (docs/PROTOCOL.md §3.2): a man in the middle
-    /// that lets them fail, or an app that keeps inviting peers that decline.
+    /// too many earlier ones had opened theirs and were not (or not yet) accepted (docs/PROTOCOL.md §3.2): a man in
+    /// the middle that lets them fail, an app that keeps inviting peers that decline, or more than 16 in flight at
+    /// once.
     public var pacedInvitations: UInt64 = 0
 
     public init() {}

@@ -149,7 +149,8 @@ extension SessionCore {
     /// (`rationed`) when the ration of such shares given away unanswered allows (`InviterShareRation`).
     private func finishHandshake(_ link: LinkID, rationed: Bool) {
         guard rationed else { return finishHandshakes([link]) }
-        switch io.value.shares.approved(link, now: MonotonicClock.nowNanos()) {
+        let destination = io.value.connections[link]?.remote?.hostBytes ?? []
+        switch io.value.shares.approved(link, destination: destination, now: MonotonicClock.nowNanos()) {
         case .open:
             io.value.connections[link]?.approve()
         case .wait:
