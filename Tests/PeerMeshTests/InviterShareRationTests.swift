@@ -127,6 +127,26 @@ struct InviterShareRationTests {
         #expect(r.expire(now: t + 5 * sec) == [6])
     }
 
+    @Test func anAddressThatComesLaterWaitsOneTurnPerAddressAheadOfIt() {
+        var r = burstGivenAway()
+        #expect(r.approved(4, destination: a, now: t) == .wait)
+        #expect(r.approved(5, destination: b, now: t) == .wait)
+        #expect(r.approved(6, destination: b, now: t) == .wait)
+        #expect(r.expire(now: t + sec) == [4])
+        // c comes while b has two waiting: one of b's goes first, then c's, then b's other.
+        #expect(r.approved(7, destination: c, now: t + sec) == .wait)
+        #expect(r.expire(now: t + 2 * sec) == [5])
+        #expect(r.expire(now: t + 3 * sec) == [7])
+        #expect(r.expire(now: t + 4 * sec) == [6])
+        // An address whose earlier waiting links ended keeps its place for the one left: b's newcomer waits behind it.
+        for link in 8...11 { #expect(r.approved(link, destination: a, now: t + 4 * sec) == .wait) }
+        for link in 8...10 { r.ended(link) }
+        #expect(r.approved(12, destination: b, now: t + 4 * sec) == .wait)
+        #expect(r.waitingCount == 2)
+        #expect(r.expire(now: t + 5 * sec) == [11])
+        #expect(r.expire(now: t + 6 * sec) == [12])
+    }
+
     @Test func aLateAcceptanceReleasesEveryWaitingLinkWhoseTurnCame() {
         var r = burstGivenAway()
         for link in 4...6 { #expect(r.approved(link, destination: a, now: t) == .wait) }
@@ -167,5 +187,39 @@ struct InviterShareRationTests {
         #expect(r.approved(5, destination: a, now: t + sec) == .wait)
         #expect(r.expire(now: t + sec) == [4])
         #expect(r.expire(now: t + 2 * sec) == [5])
+    }
+}
+
+@Suite("TurnQueue: round-robin across addresses, oldest first within one (pure)")
+struct TurnQueueTests {
+    @Test func addressesTakeTurnsAndANewOneJoinsAtTheBack() {
+        var q = TurnQueue<Int>()
+        #expect(q.isEmpty && q.next() == nil)
+        for item in 1...3 { q.append(item, address: a) }
+        q.append(4, address: b)
+        #expect(q.count == 4 && q.contains(3) && !q.contains(5))
+        #expect(q.next() == 1)
+        q.append(5, address: c)                     // behind a (which went to the back after its turn) and b
+        #expect(q.next() == 4)
+        #expect(q.next() == 2)
+        #expect(q.next() == 5)
+        #expect(q.next() == 3)
+        #expect(q.isEmpty)
+    }
+
+    @Test func aRemovedItemFreesItsTurnAndAnEmptiedAddressLeaves() {
+        var q = TurnQueue<Int>()
+        q.append(1, address: a)
+        q.append(2, address: a)
+        q.append(3, address: b)
+        q.remove(1)
+        q.remove(99)                                // not waiting: nothing happens
+        #expect(q.next() == 2, "a keeps its place for the item it has left")
+        q.remove(3)
+        #expect(q.isEmpty && q.count == 0)
+        q.append(4, address: b)
+        q.append(5, address: a)
+        q.removeAll()
+        #expect(q.isEmpty && q.next() == nil)
     }
 }

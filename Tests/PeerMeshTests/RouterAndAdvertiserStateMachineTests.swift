@@ -410,7 +410,7 @@ struct AdvertiserStateMachineTests {
         // Two more shown within the second, from other addresses: each waits its turn, in the order shown.
         #expect(m.revealRequested(3, now: 10 * sec + 1) == .wait)
         #expect(m.revealRequested(2, now: 10 * sec + 2) == .wait)
-        #expect(m.share(of: 3) == .queued(round: 1, ticket: 1) && m.share(of: 2) == .queued(round: 1, ticket: 2))
+        #expect(m.share(of: 3) == .queued && m.share(of: 2) == .queued)
         #expect(m.nextDeadline() == 11 * sec)
         #expect(m.expire(now: 11 * sec - 1) == [])
         #expect(m.expire(now: 11 * sec) == [.open(3)])
@@ -454,6 +454,22 @@ struct AdvertiserStateMachineTests {
         #expect(m.revealRequested(7, now: 6 * sec) == .wait, "the turn is 6's, which waited")
         #expect(m.expire(now: 6 * sec + 1) == [.open(6)])
         #expect(m.expire(now: 7 * sec + 1) == [.open(7)])
+    }
+
+    @Test func anAddressThatShowsLaterWaitsOneTurnPerAddressAheadOfIt() {
+        var m = machine()
+        let hostC: [UInt8] = [10, 0, 0, 4]
+        for (id, host) in [(1, hostA), (2, hostA), (3, hostB), (4, hostB), (5, hostC)] {
+            asking(&m, id, from: host, timeoutMillis: 60_000)
+        }
+        #expect(m.revealRequested(1, now: 0) == .open(1))
+        for id in 2...4 { #expect(m.revealRequested(id, now: 1) == .wait) }
+        #expect(m.expire(now: sec) == [.open(2)])
+        // C shows one while B has two waiting: one of B's goes first, then C's, then B's other.
+        #expect(m.revealRequested(5, now: sec + 1) == .wait)
+        #expect(m.expire(now: 2 * sec) == [.open(3)])
+        #expect(m.expire(now: 3 * sec) == [.open(5)])
+        #expect(m.expire(now: 4 * sec) == [.open(4)])
     }
 
     @Test func aShareWhoseInvitationTimesOutIsDeclinedNotOpened() {

@@ -62,10 +62,9 @@ struct AdvertiserStateMachine: Sendable {
     enum Share: Equatable, Sendable {
         /// The app has not shown the digits: the caller cannot know them.
         case held
-        /// The app has shown them; the share waits for its turn: the lowest `round` goes first (an address's first
-        /// share waiting joins the round after the last one opened, its next the round after that…), then the lowest
-        /// `ticket` (the order shown).
-        case queued(round: UInt64, ticket: UInt64)
+        /// The app has shown them; the share waits for its turn (round-robin across addresses, oldest first within
+        /// one: `TurnQueue`).
+        case queued
         /// Sent to the caller.
         case opened
     }
@@ -102,11 +101,6 @@ struct AdvertiserStateMachine: Sendable {
                 preconditionFailure("only an invitation the app holds has a share of the digits")
             }
             return .asking(host: h, acceptedAt: a, peer: peer, invite: invite, deadline: d, share: share)
-        }
-
-        /// The round and ticket of a share waiting for its turn.
-        var queuedTurn: (round: UInt64, ticket: UInt64)? {
-            if case .asking(_, _, _, _, _, .queued(let r, let t)) = self { (r, t) } else { nil }
         }
     }
 
@@ -173,10 +167,8 @@ struct AdvertiserStateMachine: Sendable {
     private var tryDebt: [[UInt8]: Nanos] = [:]
     /// The earliest time at which the next share of the digits may be opened.
     private var nextOpening: Nanos = 0
-    /// The ticket the next queued share gets.
-    private var nextTicket: UInt64 = 0
-    /// The round of the share opened last from the queue.
-    private var openedRound: UInt64 = 0
+    /// The invitations whose share waits its turn, by the address (or relayed caller) each is charged to.
+    private var shareTurns = TurnQueue<PendingID>()
 
     /// Exact counts since `init`.
     private(set) var counters = AdvertiserStatistics()
@@ -210,24 +202,12 @@ struct AdvertiserStateMachine: Sendable {
     /// (Runs after every event the driver handles: one pass over the pending connections, nothing allocated.)
     func nextDeadline() -> Nanos? {
         var next: Nanos?
-        var shareWaits = false
         for p in pending.values {
             let d = deadline(p)
             if next.map({ d < $0 }) ?? true { next = d }
-            if p.queuedTurn != nil { shareWaits = true }
         }
-        if shareWaits, next.map({ nextOpening < $0 }) ?? true { next = nextOpening }
+        if !shareTurns.isEmpty, next.map({ nextOpening < $0 }) ?? true { next = nextOpening }
         return next
-    }
-
-    /// The invitation whose share's turn is next.
-    private func nextQueuedShare() -> PendingID? {
-        var best: (id: PendingID, turn: (round: UInt64, ticket: UInt64))?
-        for (id, p) in pending {
-            guard let turn = p.queuedTurn else { continue }
-            if best.map({ turn < $0.turn }) ?? true { best = (id, turn) }
-        }
-        return best?.id
     }
 
     // MARK: Events
@@ -302,6 +282,7 @@ struct AdvertiserStateMachine: Sendable {
     mutating func answered(_ id: PendingID, _ answer: Answer) -> OnAnswer {
         guard case .asking(_, _, let peer, let invite, _, _)? = pending[id] else { return .ignore }
         pending[id] = nil
+        shareTurns.remove(id)
         switch answer {
         case .accept:
             // Still charged: the session may yet turn the caller away (`admitted` forgives it once it is in).
@@ -316,15 +297,13 @@ struct AdvertiserStateMachine: Sendable {
     /// if no other share was opened within `revealInterval` and none waits, else in its turn.
     mutating func revealRequested(_ id: PendingID, now: Nanos) -> OnReveal {
         guard let p = pending[id], case .asking(let host, _, _, _, _, .held) = p else { return .wait }
-        if now >= nextOpening, nextQueuedShare() == nil {
+        if now >= nextOpening, shareTurns.isEmpty {
             nextOpening = now &+ config.revealInterval
             pending[id] = p.with(share: .opened)
             return .open(id)
         }
-        // Round-robin across addresses: one round after this address's last share waiting, or after the last opened.
-        let lastOfHost = pending.values.compactMap { $0.host == host ? $0.queuedTurn?.round : nil }.max()
-        nextTicket += 1
-        pending[id] = p.with(share: .queued(round: max(lastOfHost ?? 0, openedRound) + 1, ticket: nextTicket))
+        pending[id] = p.with(share: .queued)
+        shareTurns.append(id, address: host)
         return .wait
     }
 
@@ -355,9 +334,8 @@ struct AdvertiserStateMachine: Sendable {
             if case .asking = pending[id]! { out.append(.decline(id, .timedOut)) } else { out.append(.close(id)) }
             end(id)
         }
-        if now >= nextOpening, let id = nextQueuedShare(), let p = pending[id], let turn = p.queuedTurn {
+        if now >= nextOpening, let id = shareTurns.next(), let p = pending[id] {
             nextOpening = now &+ config.revealInterval
-            openedRound = turn.round
             pending[id] = p.with(share: .opened)
             out.append(.open(id))
         }
@@ -372,6 +350,7 @@ struct AdvertiserStateMachine: Sendable {
             if case .asking = pending[id]! { .decline(id, .unavailable) } else { .close(id) }
         }
         pending.removeAll()
+        shareTurns.removeAll()
         return out
     }
 
@@ -384,6 +363,7 @@ struct AdvertiserStateMachine: Sendable {
 
     /// Forgets `id`, which ended without being admitted: if its caller spoke, the try keeps its charge.
     private mutating func end(_ id: PendingID) {
+        shareTurns.remove(id)
         guard let p = pending.removeValue(forKey: id), !p.isSilent else { return }
         counters.unadmittedHandshakes += 1
     }

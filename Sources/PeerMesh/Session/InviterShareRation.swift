@@ -11,14 +11,15 @@
 /// its invitation is accepted (the link comes up, which in Noise mode needs the advertiser's SAS-NONCE first: the
 /// inviter's app was told the digits); a session may have `burst` unforgiven charges at once and then one per
 /// `interval`. Past that, a message 3 waits its turn (`approved` says `.wait`; `expire` and `accepted` return the
-/// links whose turn came), round-robin across the addresses invited and oldest first within one, so that the
-/// invitations waiting for one address delay one to another address by a turn at most (those waiting for many
-/// addresses, by a turn per address); one whose invitation ends while it waits is dropped and charges nothing. Forgiving takes back only what of
-/// that charge is still unpaid (as if it had never been made), so a charge time has already paid off frees no room
-/// for later ones. So a man in the middle gets at most `burst + t / interval` silent guesses in `t` seconds from one
-/// session, however fast its app re-invites, and a session waits only once `burst` of its message 3s are neither
-/// forgiven nor paid off by time (so invitations that are accepted wait only while more than `burst` are in flight
-/// at once). Links whose key connection data pinned are not rationed at all: the driver does not ask.
+/// links whose turn came), round-robin across the addresses invited and oldest first within one, so that the links
+/// waiting for other addresses delay it by one turn per address; one whose invitation ends while it waits is dropped
+/// and charges nothing. Forgiving takes back only what of that charge is still unpaid, and moves the later charges up
+/// by as much, so a charge time has already paid off frees no room for later ones and none is forgiven twice.
+///
+/// So a man in the middle gets at most `burst + t / interval` silent guesses in `t` seconds from one session, however
+/// fast its app re-invites, and a session waits only once `burst` of its message 3s are neither forgiven nor paid off
+/// by time (so invitations that are accepted wait only while more than `burst` are in flight at once). Links whose
+/// key connection data pinned are not rationed at all: the driver does not ask.
 struct InviterShareRation: Sendable {
     /// The ration's size and pace.
     struct Configuration: Equatable, Sendable {
@@ -44,21 +45,8 @@ struct InviterShareRation: Sendable {
     /// Links whose message 3 went out and whose invitation is not yet accepted or ended, each with the time at which
     /// its charge is paid off (the debt just after it was charged, moved up as earlier ones are forgiven).
     private var opened: [LinkID: Nanos] = [:]
-    /// Links whose message 3 waits its turn, in the order they were approved.
-    private var waiting: [Waiting] = []
-    /// The ticket the next waiting link gets.
-    private var nextTicket: UInt64 = 0
-    /// The round of the link whose turn came last.
-    private var servedRound: UInt64 = 0
-
-    /// A link waiting its turn: the address it invites, and its place (round-robin across addresses, so that the
-    /// invitations one address keeps failing delay another's by at most one turn each; oldest first within one).
-    private struct Waiting {
-        let link: LinkID
-        let destination: [UInt8]
-        let round: UInt64
-        let ticket: UInt64
-    }
+    /// The links whose message 3 waits its turn, by the address each invites.
+    private var waiting = TurnQueue<LinkID>()
 
     init(configuration: Configuration = Configuration()) {
         precondition(configuration.burst >= 1 && configuration.interval > 0)
@@ -70,7 +58,7 @@ struct InviterShareRation: Sendable {
     /// Links whose message 3 waits.
     var waitingCount: Int { waiting.count }
 
-    /// When the oldest waiting link's turn comes (nil: none waits).
+    /// When the next waiting link's turn comes (nil: none waits).
     func nextDeadline() -> Nanos? {
         guard !waiting.isEmpty else { return nil }
         let early = Nanos(configuration.burst - 1) &* configuration.interval
@@ -82,21 +70,18 @@ struct InviterShareRation: Sendable {
     /// The app approved the peer on `link`, which invites `destination` (its address), and its certificate check
     /// said yes: open now, or wait.
     mutating func approved(_ link: LinkID, destination: [UInt8], now: Nanos) -> OnApproved {
-        precondition(opened[link] == nil && !waiting.contains { $0.link == link }, "a link is approved once")
+        precondition(opened[link] == nil && !waiting.contains(link), "a link is approved once")
         // A link never overtakes one that waits.
         guard waiting.isEmpty, !isRationed(now: now) else {
-            let lastOfDestination = waiting.lazy.filter { $0.destination == destination }.map(\.round).max() ?? 0
-            waiting.append(Waiting(link: link, destination: destination,
-                                   round: max(lastOfDestination, servedRound) + 1, ticket: nextTicket))
-            nextTicket += 1
+            waiting.append(link, address: destination)
             return .wait
         }
         charge(link, now: now)
         return .open
     }
 
-    /// `link`'s invitation was accepted: what of its charge is still unpaid is forgiven, as if it had never been made.
-    /// Returns the waiting links whose turn has come.
+    /// `link`'s invitation was accepted: what of its charge is still unpaid is forgiven, and the charges made after it
+    /// move up by as much. Returns the waiting links whose turn has come.
     mutating func accepted(_ link: LinkID, now: Nanos) -> [LinkID] {
         if let paidOff = opened.removeValue(forKey: link), paidOff > now {
             let unpaid = min(paidOff - now, configuration.interval)
@@ -112,7 +97,7 @@ struct InviterShareRation: Sendable {
     /// is dropped without one.
     mutating func ended(_ link: LinkID) {
         opened[link] = nil
-        waiting.removeAll { $0.link == link }
+        waiting.remove(link)
     }
 
     /// Time passed: the waiting links whose turn has come, in turn order (each now holds a charge).
@@ -122,12 +107,9 @@ struct InviterShareRation: Sendable {
 
     private mutating func turnsDue(now: Nanos) -> [LinkID] {
         var due: [LinkID] = []
-        while !waiting.isEmpty, !isRationed(now: now) {
-            let next = waiting.indices.min { (waiting[$0].round, waiting[$0].ticket) < (waiting[$1].round, waiting[$1].ticket) }!
-            let w = waiting.remove(at: next)
-            servedRound = w.round
-            charge(w.link, now: now)
-            due.append(w.link)
+        while !isRationed(now: now), let link = waiting.next() {
+            charge(link, now: now)
+            due.append(link)
         }
         return due
     }
