@@ -12,7 +12,7 @@ struct FullDiskTests {
     @Test("The player stops when a write fails, names the error, and exits 1; the host serves on")
     func playerExitsWhenItsDiskIsFull() throws {
         let paired = try PairedStates()
-        let port = UInt16.random(in: 40_000...49_000)
+        let port = freePort()
         let host = try ChildProcess(product: "mesh-record", paired.hostArgs + ["--host", "--name", "full", "--input", "tone:440",
                                                                            "--port", String(port), "--bind", "127.0.0.1"])
         defer { host.kill() }

@@ -92,7 +92,7 @@ struct HardeningTests {
     @Test("--connect resolves names and takes IPv6 literals: localhost:PORT and [::1]:PORT both play; a bad name is not retried")
     func connectByNameAndIPv6() throws {
         let paired = try PairedStates(hostName: "dual")
-        let port = UInt16.random(in: 40_000...49_000)
+        let port = freePort()
         let host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "dual", "--service", Rig.uniqueService(),
                                                                    "--input", "tone:440", "--port", String(port)])
         defer { host.kill() }

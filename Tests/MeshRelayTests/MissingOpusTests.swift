@@ -36,7 +36,7 @@ struct MissingOpusTests {
 
     /// A host on 127.0.0.1 sending `codec` (without libopus itself for PCM), and its port.
     func host(_ paired: PairedStates, codec: String) throws -> (ChildProcess, UInt16) {
-        let port = UInt16.random(in: 40_000...49_000)
+        let port = freePort()
         let args = paired.hostArgs + ["--host", "--name", "no-opus", "--input", "tone:440", "--codec", codec,
                                       "--port", String(port), "--bind", "127.0.0.1"]
         let host = codec == "opus" ? try ChildProcess(product: "mesh-record", args) : try withoutLibopus("mesh-record", args)

@@ -40,7 +40,7 @@ struct PairingFlowTests {
     func pairThenPlay() throws {
         let service = Rig.uniqueService()
         let hostDir = Self.stateDirectory("host"), playerDir = Self.stateDirectory("player")
-        let port = UInt16.random(in: 40_000...49_000)
+        let port = freePort()
         var host = try CLIProcess("mesh-record", ["--host", "--pair", "--name", "pair-host", "--service", service,
                                                   "--input", "tone:440", "--port", String(port), "--state-dir", hostDir, "--quiet"])
         defer { host.kill() }
@@ -127,7 +127,7 @@ struct PairingFlowTests {
 
         // A window that timed out refuses the right code.
         let service2 = Rig.uniqueService()
-        let port = UInt16.random(in: 40_000...49_000)
+        let port = freePort()
         let brief = try CLIProcess("mesh-record", ["--host", "--pair", "--pair-timeout", "1", "--name", "brief", "--service", service2,
                                                    "--input", "tone:440", "--port", String(port), "--state-dir", Self.stateDirectory("brief")])
         defer { brief.kill() }
@@ -263,7 +263,7 @@ struct PairingFlowTests {
         let sneaky = "\u{1B}[2K\u{1B}[1Galice"
         let player = try paired.addPlayer(0, name: sneaky)
         try FileManager.default.removeItem(atPath: paired.hostDirectory + "/paired.json")
-        let port = UInt16.random(in: 40_000...49_000)
+        let port = freePort()
         let report = Rig.tempPath("pty-\(service).json")
         let session = try ChildProcess(URL(fileURLWithPath: "/usr/bin/python3"), [
             Self.scripts.appendingPathComponent("lib/pty_session.py").path, report, "--wait-for", "Allow?", "--hold", "3",

@@ -261,7 +261,7 @@ struct RelayEndToEndTests {
     func garbageFlood() throws {
         let service = Rig.uniqueService()
         let paired = try PairedStates(hostName: "flood-host")
-        let port = UInt16.random(in: 40_000...49_000)
+        let port = freePort()
         let out = Rig.tempPath("flood-\(service).wav")
         let host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "flood-host", "--service", service, "--input", "tone:440",
                                                  "--port", String(port)])
@@ -306,7 +306,7 @@ struct RelayBadInputTests {
         try paired.addPlayer(2, name: "second")
         // Neither player is in the host's trust store: the host asks about each.
         try FileManager.default.removeItem(atPath: paired.hostDirectory + "/paired.json")
-        let port = UInt16.random(in: 40_000...49_000)
+        let port = freePort()
         let answers = Pipe()
         let host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "ask-host", "--input", "tone:440",
                                   "--port", String(port), "--accept", "ask", "--service", Rig.uniqueService()],

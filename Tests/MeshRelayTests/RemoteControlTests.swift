@@ -11,7 +11,7 @@ import MeshTestSupport
 struct RemoteControlTests {
     /// A paired host serving a 440 Hz tone on a port of its own, with `extra` flags.
     static func host(_ paired: PairedStates, _ extra: [String] = []) throws -> (CLIProcess, UInt16) {
-        let port = UInt16.random(in: 40_000...49_000)
+        let port = freePort()
         let host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "ctl-host", "--service", Rig.uniqueService(),
                                                                    "--input", "tone:440", "--port", String(port)] + extra)
         #expect(eventually(10) { host.stderr.contains { $0.contains("on port \(port)") } }, "\(host.stderr)")

@@ -51,7 +51,7 @@ struct SoundServerLossTests {
         init() throws {
             let server = try PrivateJackServer()
             let paired = try PairedStates()
-            let port = UInt16.random(in: 40_000...49_000)
+            let port = freePort()
             let host = try ChildProcess(product: "mesh-record", paired.hostArgs + ["--host", "--name", "loss", "--device", "pm_cap",
                                                                                "--port", String(port), "--bind", "127.0.0.1"],
                                         environment: server.environment)

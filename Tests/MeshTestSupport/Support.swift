@@ -1,10 +1,25 @@
-// Helpers every test target shares: waiting for conditions, built executables, child processes, seeded randomness.
+// Helpers every test target shares: waiting for conditions, free ports, built executables, child processes, seeded
+// randomness.
 import Foundation
 import MeshPOSIX
 import Synchronization
 
 /// A seeded generator (SplitMix64): random tests replay exactly from their seed.
 package typealias SeededRandom = SplitMix64
+
+/// A port number for a host's `--port` (TCP and UDP with one number): below the kernel's ephemeral range (32768 and
+/// up), so that no socket another test opens meanwhile is given it, and free for both when checked (bound, then
+/// released). A number picked at random in the ephemeral range collided with a running test's sockets.
+package func freePort() -> UInt16 {
+    while true {
+        let port = UInt16.random(in: 20_000...32_000)
+        guard let any = SocketAddress(numericHost: "::", port: port),
+              let tcp = try? FileDescriptor.tcpListener(any), let udp = try? FileDescriptor.udpSocket(any) else { continue }
+        tcp.close()
+        udp.close()
+        return port
+    }
+}
 
 /// Polls `condition` every few milliseconds until it holds or `seconds` pass; returns whether it held.
 @discardableResult

@@ -152,7 +152,7 @@ extension SessionCore {
         let destination = io.value.connections[link]?.remote?.hostBytes ?? []
         switch io.value.shares.approved(link, destination: destination, now: MonotonicClock.nowNanos()) {
         case .open:
-            io.value.connections[link]?.approve()
+            finishHandshakes([link])
         case .wait:
             counters.add { $0.pacedInvitations += 1 }
             armTimer()
