@@ -256,9 +256,11 @@ private struct RelayedGroup {
     let advertiser: NearbyServiceAdvertiser
     var peers: [PeerID] { sessions.map(\.myPeerID) }
 
-    /// `n` members; member i waits `peerTimeouts[i]` for a silent peer (default 2 s each).
-    init(_ n: Int, scratch: String? = nil, peerTimeouts: [Duration]? = nil) throws {
+    /// `n` members; member i waits `peerTimeouts[i]` for a silent peer (default 2 s each); each may have
+    /// `unansweredInvitationBurst` invitations give its digits away unanswered.
+    init(_ n: Int, scratch: String? = nil, peerTimeouts: [Duration]? = nil, unansweredInvitationBurst: Int = 16) throws {
         var config = Session.Configuration(peerTimeout: .seconds(2), bindHost: "127.0.0.1")
+        config.unansweredInvitationBurst = unansweredInvitationBurst
         if let scratch { config.resourceDirectory = scratch }
         var relaying = config
         relaying.relaysIntroductions = true
@@ -288,6 +290,14 @@ private struct RelayedGroup {
 
 @Suite("Relayed links over real sockets on 127.0.0.1, encrypted end to end", .serialized)
 struct RelayedSessionTests {
+    @Test("Calls through an introducer pin their keys with connection data: with a ration of one, four members link up and none waits")
+    func relayedCallsAreNotRationed() throws {
+        let g = try RelayedGroup(4, unansweredInvitationBurst: 1)
+        #expect(eventually(10) { g.converged() }, "views: \(g.sessions.map { $0.connectedPeers.map(\.displayName).sorted() })")
+        #expect(g.sessions[1].isRelayed(g.peers[2]) && g.sessions[3].isRelayed(g.peers[1]))
+        for s in g.sessions { #expect(s.statistics.pacedInvitations == 0 && s.statistics.peerFaults == 0) }
+    }
+
     @Test("Two members that do not connect directly are connected through their introducer and say so")
     func membersConnectThroughTheIntroducer() throws {
         let g = try RelayedGroup(3)
