@@ -160,6 +160,8 @@ struct AdvertiserStateMachine: Sendable {
     }
 
     private let config: Configuration
+    /// The ration of tries per address (`tryBurst`, `tryInterval`).
+    private let tryPace: RationPace
     private var pending: [PendingID: Pending] = [:]
     private var stopped = false
     /// Per address, the time at which its tries are paid off (a virtual scheduling time, as in GCRA: each try moves
@@ -175,10 +177,8 @@ struct AdvertiserStateMachine: Sendable {
 
     init(configuration: Configuration) {
         precondition(configuration.maximumPending >= 1 && configuration.maximumPendingPerHost >= 1)
-        precondition(configuration.tryBurst >= 1 && configuration.tryInterval > 0
-                     && configuration.maximumRationedHosts >= 1)
-        let window = configuration.tryInterval.multipliedReportingOverflow(by: Nanos(configuration.tryBurst))
-        precondition(!window.overflow && window.partialValue < Nanos.max / 4, "the ration's window must not wrap the clock")
+        precondition(configuration.maximumRationedHosts >= 1)
+        tryPace = RationPace(burst: configuration.tryBurst, interval: configuration.tryInterval)
         config = configuration
     }
 
@@ -370,7 +370,7 @@ struct AdvertiserStateMachine: Sendable {
 
     /// One more try for `host`.
     private mutating func charge(_ host: [UInt8], now: Nanos) {
-        tryDebt[host] = max(tryDebt[host] ?? 0, now) &+ config.tryInterval
+        tryDebt[host] = tryPace.charged(tryDebt[host] ?? 0, now: now)
         if tryDebt.count > config.maximumRationedHosts { forgetPaidDebts(now: now) }
     }
 
@@ -383,7 +383,7 @@ struct AdvertiserStateMachine: Sendable {
     /// Whether `host` has used its burst, as of `now`: `tryBurst` tries at once, then one per interval.
     private func isRationed(_ host: [UInt8], now: Nanos) -> Bool {
         guard let debt = tryDebt[host] else { return false }
-        return debt > now &+ Nanos(config.tryBurst - 1) &* config.tryInterval
+        return tryPace.isRationed(debt, now: now)
     }
 
     /// Addresses whose tries are remembered (for tests of the table's bound).

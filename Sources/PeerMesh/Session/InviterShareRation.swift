@@ -39,6 +39,7 @@ struct InviterShareRation: Sendable {
 
     /// The ration's size and pace.
     let configuration: Configuration
+    private let pace: RationPace
     /// The time at which the charges are paid off (a virtual scheduling time, as in GCRA: each charge moves it one
     /// `interval` on from at least now; a forgiven one moves it back).
     private var debt: Nanos = 0
@@ -49,9 +50,7 @@ struct InviterShareRation: Sendable {
     private var waiting = TurnQueue<LinkID>()
 
     init(configuration: Configuration = Configuration()) {
-        precondition(configuration.burst >= 1 && configuration.interval > 0)
-        let window = configuration.interval.multipliedReportingOverflow(by: Nanos(configuration.burst))
-        precondition(!window.overflow && window.partialValue < Nanos.max / 4, "the ration's window must not wrap the clock")
+        pace = RationPace(burst: configuration.burst, interval: configuration.interval)
         self.configuration = configuration
     }
 
@@ -60,9 +59,7 @@ struct InviterShareRation: Sendable {
 
     /// When the next waiting link's turn comes (nil: none waits).
     func nextDeadline() -> Nanos? {
-        guard !waiting.isEmpty else { return nil }
-        let early = Nanos(configuration.burst - 1) &* configuration.interval
-        return debt > early ? debt - early : 0
+        waiting.isEmpty ? nil : pace.nextCharge(after: debt)
     }
 
     // MARK: Events
@@ -115,10 +112,10 @@ struct InviterShareRation: Sendable {
     }
 
     private mutating func charge(_ link: LinkID, now: Nanos) {
-        debt = max(debt, now) &+ configuration.interval
+        debt = pace.charged(debt, now: now)
         opened[link] = debt
     }
 
     /// Whether the burst is used up as of `now`: `burst` charges at once, then one per interval.
-    private func isRationed(now: Nanos) -> Bool { debt > now &+ Nanos(configuration.burst - 1) &* configuration.interval }
+    private func isRationed(now: Nanos) -> Bool { pace.isRationed(debt, now: now) }
 }
