@@ -35,6 +35,9 @@ private final class Judge: SessionDelegate, Sendable {
     let held = Mutex<[@Sendable (Bool) -> Void]>([])
     let approveNew = Atomic<Bool>(false)
     func session(_ session: Session, peer: PeerID, didChange state: SessionState) { log.session(session, peer: peer, didChange: state) }
+    func session(_ session: Session, invitationTo peer: PeerID?, failedWith reason: DeclineReason, detail: String) {
+        log.session(session, invitationTo: peer, failedWith: reason, detail: detail)
+    }
     func session(_ session: Session, didReceiveCertificate certificate: PeerCertificate, fromPeer peer: PeerID,
                  certificateHandler: @escaping @Sendable (Bool) -> Void) {
         if approveNew.load(ordering: .acquiring) { return certificateHandler(true) }
@@ -671,6 +674,56 @@ struct AttackTests {
         try inviter.connectPeer(host.myPeerID, withNearbyConnectionData: data)
         #expect(log.wait(5) { s in s.states.contains { $0.0 == host.myPeerID && $0.1 == .connected } })
         #expect(inviter.statistics.pacedInvitations == 0)
+    }
+
+    @Test("Two invitations to one host wait for their turn: when the first connects, the second ends as already connected without finishing its handshake (the host's app is asked once)")
+    func aWaitingInvitationToAPeerThatConnectedMeanwhileEndsUnfinished() throws {
+        let (inviter, log) = try rationedInviter(burst: 1)
+        let (host, hostLog, advertiser) = try acceptingHost("host", as: "pm-superseded")
+        let m = try DigitsWithholder()
+        try inviter.connect(to: PeerEndpoint(host: "127.0.0.1", port: m.port), timeout: .seconds(10))
+        #expect(m.answer(within: 5) != nil)
+        #expect(log.wait(5) { $0.failures.count == 1 }, "the ration of one is used up for the next second")
+        let endpoint = PeerEndpoint(host: "127.0.0.1", port: advertiser.port!)
+        try inviter.connect(to: endpoint, timeout: .seconds(10))
+        try inviter.connect(to: endpoint, timeout: .seconds(10))
+        #expect(log.wait(5) { s in s.states.contains { $0.0 == host.myPeerID && $0.1 == .connected } })
+        #expect(log.wait(5) { $0.failures.count == 2 }, "\(log.snapshot.failures)")
+        let second = log.snapshot.failures.last
+        #expect(second?.0 == host.myPeerID && second?.1 == .alreadyConnected, "\(String(describing: second))")
+        #expect(second?.2.hasSuffix("(this invitation's handshake was not finished)") == true, "\(String(describing: second))")
+        // Both wait for the turn after the man in the middle's, unless the machine stalled for a second before the
+        // first was approved (then it opens at once and the second ends when it connects, or at its own approval).
+        #expect((1...2).contains(inviter.statistics.pacedInvitations))
+        // The second never opened its share: the host's app was asked once, and the session was told one set of digits.
+        #expect(hostLog.snapshot.invitations.count == 1, "\(hostLog.snapshot.invitations.map(\.0))")
+        #expect(log.snapshot.digits.count == 1)
+        #expect(inviter.connectedPeers == [host.myPeerID])
+        withExtendedLifetime((host, advertiser)) {}
+    }
+
+    @Test("An invitation whose app approves the peer only after it connected through another invitation ends as already connected, unfinished")
+    func anInvitationApprovedAfterItsPeerConnectedEndsUnfinished() throws {
+        let inviter = try Session(peer: try PeerID(displayName: "inviter"), configuration: .init(bindHost: "127.0.0.1"))
+        let judge = Judge()
+        inviter.delegate = judge
+        let (host, hostLog, advertiser) = try acceptingHost("host", as: "pm-late-ok")
+        let endpoint = PeerEndpoint(host: "127.0.0.1", port: advertiser.port!)
+        try inviter.connect(to: endpoint, timeout: .seconds(10))
+        try inviter.connect(to: endpoint, timeout: .seconds(10))
+        #expect(eventually(5) { judge.held.withLock { $0.count } == 2 }, "both handshakes wait for the app's approval")
+        let approve = judge.held.withLock { $0 }
+        guard approve.count == 2 else { return }
+        approve[0](true)
+        #expect(judge.log.wait(5) { s in s.states.contains { $0.0 == host.myPeerID && $0.1 == .connected } })
+        approve[1](true)
+        #expect(judge.log.wait(5) { $0.failures.count == 1 }, "\(judge.log.snapshot.failures)")
+        let failure = judge.log.snapshot.failures.first
+        #expect(failure?.1 == .alreadyConnected, "\(String(describing: failure))")
+        #expect(failure?.2.hasSuffix("(this invitation's handshake was not finished)") == true, "\(String(describing: failure))")
+        #expect(hostLog.snapshot.invitations.count == 1, "the host's app was asked once")
+        #expect(inviter.connectedPeers == [host.myPeerID])
+        withExtendedLifetime((host, advertiser)) {}
     }
 
     @Test("An accepted invitation is forgiven: with a ration of one, a session joins one host after another without waiting")

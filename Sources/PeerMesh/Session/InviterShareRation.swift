@@ -13,8 +13,10 @@
 /// `interval`. Past that, a message 3 waits its turn (`approved` says `.wait`; `expire` and `accepted` return the
 /// links whose turn came), round-robin across the addresses invited and oldest first within one, so that the links
 /// waiting for other addresses delay it by one turn per address; one whose invitation ends while it waits is dropped
-/// and charges nothing. Forgiving takes back only what of that charge is still unpaid, and moves the later charges up
-/// by as much, so a charge time has already paid off frees no room for later ones and none is forgiven twice.
+/// and charges nothing, and so is one whose peer connects meanwhile through another link (`connected`): its
+/// message 3 would give a share away for an invitation the peer can only decline. Forgiving takes back only what of
+/// that charge is still unpaid, and moves the later charges up by as much, so a charge time has already paid off
+/// frees no room for later ones and none is forgiven twice.
 ///
 /// So a man in the middle gets at most `burst + t / interval` silent guesses in `t` seconds from one session, however
 /// fast its app re-invites, and a session waits only once `burst` of its message 3s are neither forgiven nor paid off
@@ -48,6 +50,8 @@ struct InviterShareRation: Sendable {
     private var opened: [LinkID: Nanos] = [:]
     /// The links whose message 3 waits its turn, by the address each invites.
     private var waiting = TurnQueue<LinkID>()
+    /// The peer each waiting link's handshake proved it reaches.
+    private var waitingPeer: [LinkID: PeerID] = [:]
 
     init(configuration: Configuration = Configuration()) {
         pace = RationPace(burst: configuration.burst, interval: configuration.interval)
@@ -64,13 +68,14 @@ struct InviterShareRation: Sendable {
 
     // MARK: Events
 
-    /// The app approved the peer on `link`, which invites `destination` (its address), and its certificate check
+    /// The app approved `peer` on `link`, which invites `destination` (its address), and its certificate check
     /// said yes: open now, or wait.
-    mutating func approved(_ link: LinkID, destination: [UInt8], now: Nanos) -> OnApproved {
+    mutating func approved(_ link: LinkID, peer: PeerID, destination: [UInt8], now: Nanos) -> OnApproved {
         precondition(opened[link] == nil && !waiting.contains(link), "a link is approved once")
         // A link never overtakes one that waits.
         guard waiting.isEmpty, !isRationed(now: now) else {
             waiting.append(link, address: destination)
+            waitingPeer[link] = peer
             return .wait
         }
         charge(link, now: now)
@@ -95,6 +100,18 @@ struct InviterShareRation: Sendable {
     mutating func ended(_ link: LinkID) {
         opened[link] = nil
         waiting.remove(link)
+        waitingPeer[link] = nil
+    }
+
+    /// `peer` is connected, through another link: the links that wait to finish a handshake with it are dropped
+    /// without a charge and returned, oldest first, for the driver to end as already connected.
+    mutating func connected(_ peer: PeerID) -> [LinkID] {
+        let superseded = waitingPeer.filter { $0.value == peer }.map(\.key).sorted()
+        for link in superseded {
+            waiting.remove(link)
+            waitingPeer[link] = nil
+        }
+        return superseded
     }
 
     /// Time passed: the waiting links whose turn has come, in turn order (each now holds a charge).
@@ -105,6 +122,7 @@ struct InviterShareRation: Sendable {
     private mutating func turnsDue(now: Nanos) -> [LinkID] {
         var due: [LinkID] = []
         while !isRationed(now: now), let link = waiting.next() {
+            waitingPeer[link] = nil
             charge(link, now: now)
             due.append(link)
         }

@@ -135,7 +135,7 @@ extension SessionCore {
         askCertificate(certificate, from: peer) { [self] ok in
             guard io.value.connections[link] != nil else { return }
             if ok == true {
-                finishHandshake(link, rationed: io.value.expectedKeys[link]?.fromConnectionData != true)
+                finishHandshake(link, with: peer, rationed: io.value.expectedKeys[link]?.fromConnectionData != true)
             } else {
                 io.value.failureDetail[link] = "certificate rejected: \(peer.displayName)'s key \(key.shortFingerprint) is not trusted"
                 io.value.failureReason[link] = .notTrusted
@@ -147,10 +147,12 @@ extension SessionCore {
 
     /// Initiator: the app approved the peer on `link`; send message 3, which opens our share of the digits, now or
     /// (`rationed`) when the ration of such shares given away unanswered allows (`InviterShareRation`).
-    private func finishHandshake(_ link: LinkID, rationed: Bool) {
+    private func finishHandshake(_ link: LinkID, with peer: PeerID, rationed: Bool) {
         guard rationed else { return finishHandshakes([link]) }
+        // The peer connected through another link while the app was asked: it could only decline this one.
+        if shared.withLock({ $0.machine.state(of: peer) }) == .connected { return endSuperseded([link], by: peer) }
         let destination = io.value.connections[link]?.remote?.hostBytes ?? []
-        switch io.value.shares.approved(link, destination: destination, now: MonotonicClock.nowNanos()) {
+        switch io.value.shares.approved(link, peer: peer, destination: destination, now: MonotonicClock.nowNanos()) {
         case .open:
             finishHandshakes([link])
         case .wait:
@@ -162,6 +164,19 @@ extension SessionCore {
     /// Initiator: sends message 3 on each of `links`, whose turn in the ration of our shares has come.
     func finishHandshakes(_ links: [LinkID]) {
         for l in links { io.value.connections[l]?.approve() }
+    }
+
+    /// Initiator: `peer` connected through another link while the handshakes on `links` waited for the app's
+    /// approval or for their turn; they end unfinished, as already connected (the peer could only decline them, and
+    /// message 3 would give a share of our digits away for nothing).
+    func endSuperseded(_ links: [LinkID], by peer: PeerID) {
+        for l in links {
+            let actions = shared.withLock { $0.machine.linkClosed(l) }
+            guard !actions.isEmpty else { continue }
+            io.value.failureReason[l] = .alreadyConnected
+            io.value.failureDetail[l] = "already connected to \(peer.displayName) through another link (this invitation's handshake was not finished)"
+            perform(actions)
+        }
     }
 
     /// Initiator: the advertiser opened its share of the digits (its app showed them, or its session let us in);

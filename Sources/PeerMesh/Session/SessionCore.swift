@@ -360,6 +360,8 @@ final class SessionCore: Sendable {
         var closed: [LinkID] = []
         // Handshakes whose turn an accepted invitation brought, finished once these actions are carried out.
         var due: [LinkID] = []
+        // Handshakes that waited for their turn to a peer that connected meanwhile, ended once these are carried out.
+        var superseded: [(PeerID, [LinkID])] = []
         defer {
             for l in closed {  // details no failure report took
                 io.value.failureDetail[l] = nil
@@ -408,6 +410,9 @@ final class SessionCore: Sendable {
                 relayLinkClosed(l)
             case .linkUp(let l, let p, let port, let token):
                 io.value.introductions[l] = nil
+                // First the handshakes waiting for a turn to the same peer go, so that the turn this acceptance
+                // frees cannot open one of them.
+                superseded.append((p, io.value.shares.connected(p)))
                 due += io.value.shares.accepted(l, now: MonotonicClock.nowNanos())
                 if let c = io.value.connections[l], c.isRelayed {
                     // No UDP path: liveness rides the connection's heartbeats, datagrams its DATAGRAM frames.
@@ -446,6 +451,7 @@ final class SessionCore: Sendable {
                 publishSendTable()
             }
         }
+        for (p, links) in superseded where !links.isEmpty { endSuperseded(links, by: p) }
         finishHandshakes(due)
         armTimer()
     }
