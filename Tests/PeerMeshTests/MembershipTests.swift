@@ -167,6 +167,48 @@ struct MembershipStateMachineTests {
         #expect(m.connected(late).contains(.send(honest, .introRequest(peer: late))))
     }
 
+    @Test("A member that introduces peers without end: we follow 16 of its introductions whose peers have not joined, and forget them when it leaves; another member's are followed")
+    func aMemberThatIntroducesPeersWithoutEnd() throws {
+        let a = try PeerIdentity.generate(displayName: "a").peerID, liar = try PeerIdentity.generate(displayName: "liar").peerID
+        let honest = try PeerIdentity.generate(displayName: "honest").peerID
+        var m = MembershipStateMachine(me: a, topology: .mesh, maximumPeers: 8)
+        _ = m.connected(liar)
+        _ = m.connected(honest)
+        #expect(m.maximumIntroducedPerMember == 16)
+        var others: [PeerID] = []
+        var followed = 0
+        for i in 0..<100 {
+            let other = try PeerIdentity.generate(displayName: "o\(i)").peerID
+            others.append(other)
+            let actions = m.received(.introduce(peer: other, data: [UInt8(i)]), from: liar)
+            if actions == [.connect(other, data: [UInt8(i)], introducer: liar)] { followed += 1 } else { #expect(actions.isEmpty) }
+        }
+        #expect(followed == 16, "the first 16, then none")
+        #expect(m.received(.introduce(peer: others[0], data: [7, 7]), from: liar).isEmpty, "nor the same peer again")
+        #expect(m.expectedIntroductions.introduced == 16 && m.expectedIntroductions.introducedBy == [liar.identity: 16])
+        // The first address of one of them failed: the driver says it is not connected. It is still expected through
+        // the introduction (the next address may work), so when it joins it introduces no one.
+        #expect(m.disconnected(others[1]).isEmpty)
+        #expect(m.expectedIntroductions.introduced == 16)
+        // The honest member's introductions are its own: followed.
+        let real = try PeerIdentity.generate(displayName: "real").peerID
+        #expect(m.received(.introduce(peer: real, data: [1]), from: honest) == [.connect(real, data: [1], introducer: honest)])
+        // Two of the liar's peers join: members (introduced, so they introduce no one), and two places free.
+        #expect(m.connected(others[1]).isEmpty)
+        #expect(m.connected(others[3]).isEmpty)
+        #expect(m.expectedIntroductions.introducedBy[liar.identity] == 14)
+        // A peer introduced again (an honest introducer may pass on two answers about one peer) takes a place too.
+        #expect(m.received(.introduce(peer: others[0], data: [7, 7]), from: liar) == [.connect(others[0], data: [7, 7], introducer: liar)])
+        let next = try PeerIdentity.generate(displayName: "next").peerID
+        #expect(m.received(.introduce(peer: next, data: [2]), from: liar) == [.connect(next, data: [2], introducer: liar)])
+        #expect(m.received(.introduce(peer: others[60], data: [3]), from: liar).isEmpty, "16 again")
+        // The liar leaves: what it introduced that has not joined is forgotten; the honest member's is still expected.
+        _ = m.disconnected(liar)
+        #expect(m.expectedIntroductions.introduced == 1 && m.expectedIntroductions.introducedBy == [honest.identity: 1])
+        // A peer the liar introduced that joins after it left is a plain newcomer: introduced to the others.
+        #expect(m.connected(others[5]).contains(.send(honest, .introRequest(peer: others[5]))))
+    }
+
     /// Random joins (each to a random member) and leaves, or joins across partitions (each newcomer cannot reach a
     /// random part of the others directly): the views always match the links, no peer appears twice, only
     /// unreachable pairs are relayed, and with room for all every member is connected to every other one. (Leaves

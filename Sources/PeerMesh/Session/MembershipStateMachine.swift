@@ -29,6 +29,15 @@ struct MembershipStateMachine: Sendable {
     /// oldest (which leave `introduced` unless they are members, or another member named them too).
     private var named: [UInt64: [UInt64]] = [:]
     static let maximumNamedPerMember = 16
+    /// For each member: its introductions (MESH_INTRODUCE) we followed whose peers have not joined us yet, oldest
+    /// first (a peer introduced twice is there twice). A member introduces us to the others when we join it, so at
+    /// most `maximumIntroducedPerMember` are followed while it is a member: each is a connection we start to
+    /// addresses the member chose, and one that introduced without end would have us connect wherever it likes, as
+    /// often as it likes.
+    private var introducedBy: [UInt64: [UInt64]] = [:]
+    /// How many introductions one member may have us follow: the most an honest one sends, one per other member of a
+    /// session as large as ours, and at least `maximumNamedPerMember`.
+    var maximumIntroducedPerMember: Int { max(Self.maximumNamedPerMember, maximumPeers - 1) }
     /// For each newcomer we introduce, the members we asked and how many of our requests each has yet to answer.
     /// Each member answers every request, in order, on its link; so a newcomer that leaves (and may come back) keeps
     /// its entry until those answers come: an answer about a peer that has gone is late, not unasked for.
@@ -54,8 +63,9 @@ struct MembershipStateMachine: Sendable {
     /// neither introduced to the others nor asked to make data for a newcomer.
     mutating func connected(_ peer: PeerID) -> [Action] {
         guard members.insert(peer).inserted else { return [] }
-        // It has joined: no member's naming of it is outstanding any more.
+        // It has joined: no member's naming or introduction of it is outstanding any more.
         for member in named.keys { named[member]?.removeAll { $0 == peer.identity } }
+        for member in introducedBy.keys { introducedBy[member]?.removeAll { $0 == peer.identity } }
         // Back, by whatever path: its entry is a member's again, not a departed newcomer's.
         departed.removeAll { $0 == peer.identity }
         guard topology == .mesh, !introduced.contains(peer.identity), peer.publicKey != nil else { return [] }
@@ -65,11 +75,13 @@ struct MembershipStateMachine: Sendable {
         return others.map { .send($0, .introRequest(peer: peer)) }
     }
 
-    /// `peer` is no longer connected.
+    /// `peer` is no longer connected (the driver also says so of a peer that never joined: an invitation to it, or
+    /// one of an introduction's addresses, failed; what is expected of it stays as it was).
     mutating func disconnected(_ peer: PeerID) -> [Action] {
-        members.remove(peer)
+        guard members.remove(peer) != nil else { return [] }
         introduced.remove(peer.identity)
-        for newcomer in named.removeValue(forKey: peer.identity) ?? [] { forgetNamed(newcomer) }
+        for newcomer in named.removeValue(forKey: peer.identity) ?? [] { forget(newcomer) }
+        for other in introducedBy.removeValue(forKey: peer.identity) ?? [] { forget(other) }
         // Requests to `peer` will not be answered; requests about it stay open, as its answers are still coming.
         for key in asked.keys {
             asked[key]?[peer.identity] = nil
@@ -102,7 +114,7 @@ struct MembershipStateMachine: Sendable {
             if list.count > Self.maximumNamedPerMember {
                 let oldest = list.removeFirst()
                 named[peer.identity] = list
-                forgetNamed(oldest)
+                forget(oldest)
             } else {
                 named[peer.identity] = list
             }
@@ -123,20 +135,28 @@ struct MembershipStateMachine: Sendable {
             return [.send(newcomer, .introduce(peer: peer, data: data))]
         case .introduce(let other, let data):
             guard topology == .mesh, other != me, !members.contains(other), members.count + 1 < maximumPeers else { return [] }
+            // Past its share: not followed.
+            var list = introducedBy[peer.identity, default: []]
+            guard list.count < maximumIntroducedPerMember else { return [] }
+            list.append(other.identity)
+            introducedBy[peer.identity] = list
             introduced.insert(other.identity)
             return [.connect(other, data: data, introducer: peer)]
         }
     }
 
-    /// `newcomer` is no longer named by the member that named it: unless it has joined, or another member named it
-    /// too, it is no longer expected through an introduction.
-    private mutating func forgetNamed(_ newcomer: UInt64) {
-        guard !members.contains(where: { $0.identity == newcomer }), !named.values.contains(where: { $0.contains(newcomer) }) else { return }
-        introduced.remove(newcomer)
+    /// `peer` is no longer named or introduced by the member that named or introduced it: unless it has joined, or
+    /// another member named or introduced it too, it is no longer expected through an introduction.
+    private mutating func forget(_ peer: UInt64) {
+        guard !members.contains(where: { $0.identity == peer }), !named.values.contains(where: { $0.contains(peer) }),
+              !introducedBy.values.contains(where: { $0.contains(peer) }) else { return }
+        introduced.remove(peer)
     }
 
-    /// Newcomers expected through an introduction and not yet members, and how many each member has named (tests).
-    var expectedIntroductions: (introduced: Int, named: [UInt64: Int]) {
-        (introduced.filter { id in !members.contains { $0.identity == id } }.count, named.mapValues(\.count))
+    /// Peers expected through an introduction and not yet members; how many each member has named, and how many
+    /// each has introduced us to that have not joined (tests).
+    var expectedIntroductions: (introduced: Int, named: [UInt64: Int], introducedBy: [UInt64: Int]) {
+        (introduced.filter { id in !members.contains { $0.identity == id } }.count, named.mapValues(\.count),
+         introducedBy.mapValues(\.count))
     }
 }
