@@ -142,13 +142,19 @@ struct MembershipStateMachineTests {
         #expect(m.received(.introRequest(peer: a), from: b) == [.send(b, .introData(forIdentity: a.identity, data: []))], "not about ourselves")
     }
 
-    @Test("A member that names newcomers without end: we still answer, but expect at most 16 of its newcomers, and none once it leaves")
-    func aMemberThatNamesNewcomersWithoutEnd() throws {
-        let a = try PeerIdentity.generate(displayName: "a").peerID, liar = try PeerIdentity.generate(displayName: "liar").peerID
-        let honest = try PeerIdentity.generate(displayName: "honest").peerID
-        var m = MembershipStateMachine(me: a, topology: .mesh, maximumPeers: 8)
+    /// A member's machine (room for 8) connected to two members, `liar` and `honest`.
+    static func withALiarAndAnHonestMember() throws -> (MembershipStateMachine, liar: PeerID, honest: PeerID) {
+        let liar = try PeerIdentity.generate(displayName: "liar").peerID, honest = try PeerIdentity.generate(displayName: "honest").peerID
+        var m = MembershipStateMachine(me: try PeerIdentity.generate(displayName: "a").peerID, topology: .mesh, maximumPeers: 8)
         _ = m.connected(liar)
         _ = m.connected(honest)
+        return (m, liar, honest)
+    }
+
+    @Test("A member that names newcomers without end: we still answer, but expect at most 16 of its newcomers, and none once it leaves")
+    func aMemberThatNamesNewcomersWithoutEnd() throws {
+        let (machine, liar, honest) = try Self.withALiarAndAnHonestMember()
+        var m = machine
         let expected = try PeerIdentity.generate(displayName: "expected").peerID
         #expect(m.received(.introRequest(peer: expected), from: honest) == [.makeData(for: expected, replyTo: honest)])
         for i in 0..<200 {
@@ -169,11 +175,8 @@ struct MembershipStateMachineTests {
 
     @Test("A member that introduces peers without end: we follow 16 of its introductions whose peers have not joined, and forget them when it leaves; another member's are followed")
     func aMemberThatIntroducesPeersWithoutEnd() throws {
-        let a = try PeerIdentity.generate(displayName: "a").peerID, liar = try PeerIdentity.generate(displayName: "liar").peerID
-        let honest = try PeerIdentity.generate(displayName: "honest").peerID
-        var m = MembershipStateMachine(me: a, topology: .mesh, maximumPeers: 8)
-        _ = m.connected(liar)
-        _ = m.connected(honest)
+        let (machine, liar, honest) = try Self.withALiarAndAnHonestMember()
+        var m = machine
         #expect(m.maximumIntroducedPerMember == 16)
         var others: [PeerID] = []
         var followed = 0
