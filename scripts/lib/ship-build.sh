@@ -32,15 +32,7 @@ ship_build() {
         rm -rf "$dir"
     fi
     mkdir -p "$dir" && printf '%s\n' "$stamp" >"$dir/.ship-flags"
-    local log rc=0
-    log=$(mktemp /tmp/pmship-build.XXXXXX)
-    swift build "${flags[@]}" --build-path "$dir" --product "$product" >"$log" 2>&1 || rc=$?
-    if ((rc == 0)); then
-        grep -E '^Build' "$log" | tail -n 1 >&2
-    else
-        echo "ship-build: building $product failed; its last lines:" >&2
-        sed '/prohibited flag/d; /^\[[0-9]*\/[0-9]*\]/d' "$log" | tail -n 40 >&2
-    fi
-    rm -f "$log"
-    return "$rc"
+    # shellcheck source=logged-build.sh
+    source "$ROOT/scripts/lib/logged-build.sh"
+    logged_build "ship-build: building $product" swift build "${flags[@]}" --build-path "$dir" --product "$product"
 }
