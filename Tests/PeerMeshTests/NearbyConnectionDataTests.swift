@@ -100,6 +100,67 @@ struct NearbyConnectionTests {
         #expect(p.guestLog.states(of: p.hostPeer) == [.connecting, .connected])
     }
 
+    /// The host's data with `addresses` in place of its own (all on loopback: 127.0.0.2 and up refuse, as the host
+    /// listens on 127.0.0.1 only).
+    private func data(_ p: Peers, listing addresses: [String]) throws -> (Data, port: UInt16) {
+        var blob = try NearbyConnectionData.decode(Array(try p.host.nearbyConnectionData(forPeer: p.guestPeer))).get()
+        blob.addresses = addresses
+        return (Data(blob.encoded()), blob.port)
+    }
+
+    @Test("The data's addresses are tried in turn: past one that refuses and one that never answers, the host is joined; the app hears `connecting` once and no failure")
+    func addressesAreTriedInTurn() throws {
+        let p = try Peers()
+        let (data, port) = try data(p, listing: ["127.0.0.2", "127.0.0.3", "127.0.0.1"])
+        // A listener at the second address that takes the connection and says nothing: the invitation times out.
+        let silent = try FileDescriptor.tcpListener(try #require(SocketAddress(numericHost: "127.0.0.3", port: port)))
+        defer { silent.close() }
+        try p.guest.connectPeer(p.hostPeer, withNearbyConnectionData: data)
+        #expect(eventually(15) { p.bothConnected() })
+        // The delegates hear it a moment after the state changes.
+        let (hostPeer, guestPeer) = (p.hostPeer, p.guestPeer)
+        #expect(p.guestLog.wait(5) { $0.states.filter { $0.0 == hostPeer }.map(\.1) == [.connecting, .connected] },
+                "\(p.guestLog.states(of: hostPeer))")
+        #expect(p.hostLog.wait(5) { $0.states.filter { $0.0 == guestPeer }.map(\.1) == [.connecting, .connected] })
+        #expect(p.guestLog.snapshot.failures.isEmpty, "no failure reported: the attempt went on")
+    }
+
+    @Test("No address leads to the peer: `notConnected` once, after the last, with its failure")
+    func noAddressLeadsToThePeer() throws {
+        let p = try Peers()
+        try p.guest.connectPeer(p.hostPeer, withNearbyConnectionData: try data(p, listing: ["127.0.0.2", "127.0.0.4"]).0)
+        #expect(p.guestLog.wait(5) { $0.states.contains { $0.0 == p.hostPeer && $0.1 == .notConnected } })
+        #expect(p.guestLog.states(of: p.hostPeer) == [.connecting, .notConnected])
+        let failures = p.guestLog.snapshot.failures
+        #expect(failures.count == 1 && failures.first?.0 == p.hostPeer && failures.first?.1 == .unavailable
+                && failures.first?.2.contains("127.0.0.4") == true,
+                "one failure, the last address's: \(failures.map { ($0.1, $0.2) })")
+        Thread.sleep(forTimeInterval: 0.2)
+        #expect(p.guestLog.states(of: p.hostPeer) == [.connecting, .notConnected], "and nothing after it")
+        #expect(p.host.connectedPeers.isEmpty)
+        // Nothing left behind: no hold, no attempt; the data still works when it lists the host's address.
+        #expect(p.guest.core.loop.submitAndWait { p.guest.core.io.value.introductions.isEmpty })
+        #expect(!p.guest.core.shared.withLock { $0.machine.isHeld(p.hostPeer) })
+        try p.guest.connectPeer(p.hostPeer, withNearbyConnectionData: try data(p, listing: ["127.0.0.1"]).0)
+        #expect(eventually(5) { p.bothConnected() })
+    }
+
+    @Test("cancelConnectPeer while an address does not answer: the next one is not tried")
+    func cancelStopsTheOtherAddresses() throws {
+        let p = try Peers()
+        let (data, port) = try data(p, listing: ["127.0.0.3", "127.0.0.1"])
+        let silent = try FileDescriptor.tcpListener(try #require(SocketAddress(numericHost: "127.0.0.3", port: port)))
+        defer { silent.close() }
+        try p.guest.connectPeer(p.hostPeer, withNearbyConnectionData: data)
+        #expect(p.guestLog.wait(5) { $0.states.contains { $0.0 == p.hostPeer } })
+        p.guest.cancelConnectPeer(p.hostPeer)
+        #expect(p.guestLog.wait(5) { $0.states.contains { $0.0 == p.hostPeer && $0.1 == .notConnected } })
+        Thread.sleep(forTimeInterval: 1)  // the host's address answers at once: time enough to join, if it were tried
+        #expect(p.host.connectedPeers.isEmpty && p.guest.connectedPeers.isEmpty)
+        #expect(p.guestLog.states(of: p.hostPeer) == [.connecting, .notConnected])
+        #expect(p.hostLog.snapshot.states.isEmpty, "the host never heard of the guest")
+    }
+
     @Test("A member asking for introductions without end spends its own 16 tickets, never the app's or another member's")
     func introducersSpendOnlyTheirOwnTickets() throws {
         let session = try Session(securityIdentity: try PeerIdentity.generate(displayName: "me"),

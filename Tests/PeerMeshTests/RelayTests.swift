@@ -264,10 +264,17 @@ private struct RelayedGroup {
         if let scratch { config.resourceDirectory = scratch }
         var relaying = config
         relaying.relaysIntroductions = true
-        let made = try (0..<n).map { i in
+        try self.init(configurations: (0..<n).map { i in
             var c = i == 0 ? config : relaying
             if let peerTimeouts { c.peerTimeout = peerTimeouts[i] }
-            return try Session(peer: try PeerID(displayName: "r\(i)"), configuration: c)
+            return c
+        })
+    }
+
+    /// One member per configuration; member 0 advertises, and the others join it.
+    init(configurations: [Session.Configuration]) throws {
+        let made = try configurations.enumerated().map { i, c in
+            try Session(peer: try PeerID(displayName: "r\(i)"), configuration: c)
         }
         let madeLogs = made.map { _ in MeshEventLog() }
         for (s, l) in zip(made, madeLogs) { s.delegate = l }
@@ -350,6 +357,9 @@ struct RelayedSessionTests {
         #expect(g.logs[0].snapshot.reliable.isEmpty && g.logs[0].snapshot.datagrams.isEmpty)
         #expect(g.logs[1].snapshot.invitations.isEmpty && g.logs[2].snapshot.invitations.isEmpty)
         #expect(g.logs[1].snapshot.failures.isEmpty && g.logs[2].snapshot.failures.isEmpty, "no failed invitation reported")
+        // Each app heard the other go `connecting` once, from the call on, then `connected`.
+        #expect(g.logs[1].states(of: g.peers[2]) == [.connecting, .connected])
+        #expect(g.logs[2].states(of: g.peers[1]) == [.connecting, .connected])
         for s in g.sessions { #expect(s.statistics.peerFaults == 0) }
 
         // A member that leaves leaves the relayed view too.
@@ -357,6 +367,31 @@ struct RelayedSessionTests {
         #expect(eventually(5) { r1.connectedPeers == [g.peers[0]] && r0.connectedPeers == [g.peers[1]] })
         #expect(eventually(5) { r0.core.loop.submitAndWait { r0.core.io.value.relay.counts == (0, 0, 0) } },
                 "the introducer holds no pipe after both ends went")
+    }
+
+    @Test("An introduction whose address refuses goes on through the introducer: the app hears `connecting` once, then `connected`, and no failure")
+    func aRefusedAddressGoesOnThroughTheIntroducer() throws {
+        // r1 is a star (it follows no introductions), so r1 and r2 meet only through the introduction made here, whose
+        // one address (127.0.0.2) refuses: r2 listens on 127.0.0.1.
+        let config = Session.Configuration(peerTimeout: .seconds(2), bindHost: "127.0.0.1")
+        var star = config
+        star.topology = .star
+        let g = try RelayedGroup(configurations: [config, star, config])
+        let (sessions, logs) = (g.sessions, g.logs)
+        let (r0, r1, r2) = (sessions[0], sessions[1], sessions[2])
+        #expect(eventually(5) { r0.connectedPeers.count == 2 && r1.connectedPeers.count == 1 && r2.connectedPeers.count == 1 })
+
+        var blob = try NearbyConnectionData.decode(Array(try r2.nearbyConnectionData(
+            forPeer: r1.myPeerID, preferring: nil, introducer: r0.myPeerID.identity))).get()
+        blob.addresses = ["127.0.0.2"]
+        let bytes = blob.encoded()
+        let (r2Peer, r0Peer) = (r2.myPeerID, r0.myPeerID)
+        r1.core.loop.submitAndWait { r1.core.connectIntroduced(r2Peer, data: bytes, introducer: r0Peer) }
+        #expect(eventually(10) { r1.connectedPeers.contains(r2Peer) && r2.connectedPeers.contains(r1.myPeerID) })
+        #expect(r1.isRelayed(r2Peer), "through r0")
+        #expect(logs[1].states(of: r2Peer) == [.connecting, .connected])
+        #expect(logs[1].snapshot.failures.isEmpty, "the refused address is not reported: the attempt went on")
+        for s in sessions { s.disconnect() }
     }
 
     @Test("A member that waits 20 s for silent peers still beats often enough for one that waits 2 s, over a relayed link")

@@ -269,6 +269,84 @@ struct ResourceAttackOverTheLinkTests {
         #expect(eventually(5) { pair.host.connectedPeers.isEmpty })
     }
 
+    /// Listeners at 16 loopback addresses on one port that take connections and never answer, and introductions to
+    /// them: what an introducing member can have a host connect to.
+    private final class SilentAddresses {
+        let port = freePort()
+        let addresses = (3...18).map { "127.0.0.\($0)" }
+        private let listeners: [FileDescriptor]
+        private var accepted: [FileDescriptor] = []  // kept open: a close would answer the connection
+
+        init() throws {
+            let port = self.port
+            listeners = try addresses.map { try FileDescriptor.tcpListener(try #require(SocketAddress(numericHost: $0, port: port))) }
+        }
+
+        deinit { for fd in listeners + accepted { fd.close() } }
+
+        /// Connections made to any of them so far.
+        func connectionsMade() -> Int {
+            for l in listeners { while let (c, _) = try? l.accept() { accepted.append(c) } }
+            return accepted.count
+        }
+
+        /// MESH_INTRODUCEs of `strangers` to `host`, each listing the 16 addresses.
+        func introduce(_ strangers: [PeerID], to host: PeerID) -> [ControlFrame] {
+            strangers.enumerated().map { i, stranger in
+                let data = NearbyConnectionData(peer: stranger, forIdentity: host.identity,
+                                                ticket: [UInt8](repeating: UInt8(i & 0xff), count: 16), port: port, addresses: addresses)
+                return .mesh(.introduce(peer: stranger, data: data.encoded()))
+            }
+        }
+    }
+
+    @Test("Three members that introduce one stranger without end: 16 connections each, 32 in all, each to its first address, and none further once they left")
+    func introductionFlood() throws {
+        let pair = try Pair()
+        let (second, third) = (try pair.join(as: "second"), try pair.join(as: "third"))
+        for j in [second, third] { #expect(j.log.wait(5) { $0.states.contains { $0.0 == pair.hostPeer && $0.1 == .connected } }) }
+        let silent = try SilentAddresses()
+        let inFlight = { pair.host.core.loop.submitAndWait { pair.host.core.io.value.introductions.count } }
+        // One stranger, 100 times from each: one place of the peer limit; a member may have us follow 16 of them.
+        let stranger = try PeerIdentity.generate(displayName: "stranger").peerID
+        let flood = silent.introduce(Array(repeating: stranger, count: 100), to: pair.hostPeer)
+        injectFrames(flood, from: pair.guest, to: pair.hostPeer)
+        #expect(eventually(5) { silent.connectionsMade() >= 16 })
+        usleep(300_000)
+        #expect(silent.connectionsMade() == 16, "16 connections, each to an introduction's first address")
+        // A second member's share is its own; past two shares in all, the third's are not followed.
+        injectFrames(flood, from: second.session, to: pair.hostPeer)
+        #expect(eventually(5) { silent.connectionsMade() >= 32 })
+        injectFrames(flood, from: third.session, to: pair.hostPeer)
+        usleep(500_000)
+        #expect(silent.connectionsMade() == 32, "32 in all")
+        #expect(inFlight() == 32)
+        // They leave before those time out (in 5 s): no introduction goes on to its second address.
+        for s in [pair.guest, second.session, third.session] { s.disconnect() }
+        #expect(eventually(10) { inFlight() == 0 })
+        usleep(300_000)
+        #expect(silent.connectionsMade() == 32, "no second address was tried")
+        #expect(pair.host.connectedPeers.isEmpty)
+        #expect(pair.host.statistics.peerFaults == 0, "introducing is no fault: following introductions is what is bounded")
+    }
+
+    @Test("Introduced strangers past the peer limit cost no connection")
+    func introductionsPastThePeerLimit() throws {
+        let pair = try Pair()
+        let second = try pair.join(as: "second")
+        #expect(second.log.wait(5) { $0.states.contains { $0.0 == pair.hostPeer && $0.1 == .connected } })
+        let silent = try SilentAddresses()
+        // The limit is 8 peers: the host, two members, and room for 5 strangers connecting.
+        let strangers = try (0..<50).map { try PeerIdentity.generate(displayName: "s\($0)").peerID }
+        injectFrames(silent.introduce(strangers, to: pair.hostPeer), from: second.session, to: pair.hostPeer)
+        #expect(eventually(5) { silent.connectionsMade() >= 5 })
+        usleep(500_000)
+        #expect(silent.connectionsMade() == 5, "one connection per place")
+        #expect(pair.host.core.loop.submitAndWait { pair.host.core.io.value.introductions.count } == 5)
+        #expect(pair.hostLog.snapshot.failures.isEmpty, "those without room were not tried, so nothing failed")
+        withExtendedLifetime(silent) {}
+    }
+
     @Test("A peer that sends more bytes than it announced is cut off, and nothing of it stays on disk")
     func moreBytesThanAnnounced() throws {
         let scratch = try Scratch("liar")

@@ -240,6 +240,91 @@ typealias SeededRNG = SeededRandom
         #expect(other.tick(now: 6 * sec) == [])
     }
 
+    // MARK: Held between attempts
+
+    /// The driver tries a peer's addresses one after another: the app hears `connecting` once, then `connected` or
+    /// `notConnected` once, however many attempts fail on the way.
+    @Test func aPeerHeldBetweenAttemptsIsReportedOnceEachWay() {
+        var m = machine()
+        let first = m.inviteStarted(link: 1, expected: bob, context: [], timeout: 5 * sec, localUDPPort: 1, localToken: 1, now: 0)
+        #expect(first.last == .report(bob, .connecting))
+        #expect(m.hold(bob, until: 6 * sec) == [], "already connecting: nothing to report")
+        // The first address refuses: the link goes, the peer stays connecting.
+        #expect(m.linkClosed(1) == [.close(1), .invitationFailed(1, bob, .unavailable)])
+        #expect(m.state(of: bob) == .connecting)
+        // The second address: no second `connecting`; it connects.
+        let second = m.inviteStarted(link: 2, expected: bob, context: [], timeout: 5 * sec, localUDPPort: 1, localToken: 1, now: sec)
+        #expect(!second.contains { if case .report = $0 { true } else { false } })
+        _ = m.received(.hello(peer: bob), on: 2, now: sec)
+        #expect(m.received(.accept(udpPort: 5000, token: 2), on: 2, now: sec)
+                == [.linkUp(2, bob, remoteUDPPort: 5000, remoteToken: 2), .report(bob, .connected)])
+        #expect(m.release(bob) == [], "connecting cleared the hold")
+        // Gone again: nothing holds it any more.
+        #expect(m.linkClosed(2) == [.linkDown(2), .close(2), .report(bob, .notConnected)])
+
+        // Every address fails: `notConnected` comes once, when the driver releases the peer.
+        var n = machine()
+        _ = n.inviteStarted(link: 1, expected: carol, context: [], timeout: 5 * sec, localUDPPort: 1, localToken: 1, now: 0)
+        _ = n.hold(carol, until: 6 * sec)
+        #expect(n.tick(now: 5 * sec) == [.close(1), .invitationFailed(1, carol, .timedOut)], "timed out, still held")
+        #expect(n.state(of: carol) == .connecting)
+        #expect(n.release(carol) == [.report(carol, .notConnected)])
+        #expect(n.release(carol) == [])
+
+        // A driver that never comes back: the hold's own deadline ends it.
+        var o = machine()
+        #expect(o.hold(dave, until: 2 * sec) == [.report(dave, .connecting)], "a hold alone reports connecting (a call through an introducer)")
+        #expect(o.nextDeadline() == 2 * sec)
+        #expect(o.tick(now: 2 * sec - 1) == [])
+        #expect(o.tick(now: 2 * sec) == [.report(dave, .notConnected)])
+        #expect(o.nextDeadline() == nil)
+
+        // A tick that comes late finds the invitation timed out and the hold's deadline passed: the hold waits for
+        // the driver, who hears of the timeout in that tick's actions; the next tick ends it if it did nothing.
+        var late = machine()
+        _ = late.inviteStarted(link: 1, expected: carol, context: [], timeout: 5 * sec, localUDPPort: 1, localToken: 1, now: 0)
+        _ = late.hold(carol, until: 6 * sec)
+        #expect(late.tick(now: 7 * sec) == [.close(1), .invitationFailed(1, carol, .timedOut)])
+        #expect(late.isHeld(carol))
+        #expect(late.tick(now: 7 * sec) == [.report(carol, .notConnected)])
+
+        // A simultaneous invite's wait is the machine's own: the driver's release leaves it.
+        var high = machine(bob)
+        _ = high.inviteStarted(link: 1, expected: me, context: [], timeout: 5 * sec, localUDPPort: 1, localToken: 1, now: 0)
+        _ = high.hold(me, until: 6 * sec)
+        _ = high.received(.hello(peer: me), on: 1, now: 1)
+        #expect(high.received(.decline(.simultaneousInvite, "x"), on: 1, now: 2)
+                == [.close(1), .invitationFailed(1, me, .simultaneousInvite)])
+        #expect(high.release(me) == [], "still waiting for the peer's own invitation")
+        #expect(high.state(of: me) == .connecting)
+
+        // The app's disconnect ends a hold at once.
+        _ = o.hold(dave, until: 9 * sec)
+        #expect(o.disconnect(dave) == [.report(dave, .notConnected)])
+        _ = o.hold(erin, until: 9 * sec)
+        #expect(o.disconnect() == [.report(erin, .notConnected)])
+        #expect(o.nextDeadline() == nil)
+    }
+
+    /// A hold counts against the peer limit like the invitation it stands for, and never takes a place there is not.
+    @Test func aHoldTakesAPlaceOnlyWhenThereIsOne() {
+        var m = machine(maximumPeers: 3)
+        #expect(m.hold(bob, until: 9 * sec) == [.report(bob, .connecting)])
+        #expect(m.hold(carol, until: 9 * sec) == [.report(carol, .connecting)])
+        #expect(m.hold(dave, until: 9 * sec) == [], "full: not held")
+        #expect(m.state(of: dave) == .notConnected)
+        #expect(m.inviteStarted(link: 1, expected: dave, context: [], timeout: 5 * sec, localUDPPort: 1, localToken: 1, now: 0)
+                == [.close(1), .invitationFailed(1, dave, .peerLimit)])
+        #expect(m.hold(me, until: 9 * sec) == [], "never ourselves")
+        #expect(m.release(bob) == [.report(bob, .notConnected)])
+        #expect(m.hold(dave, until: 9 * sec) == [.report(dave, .connecting)], "a place is free again")
+        // A connected peer is not held: it is already better than connecting.
+        var n = machine()
+        connectOutgoing(&n, link: 1, to: bob)
+        #expect(n.hold(bob, until: 9 * sec) == [])
+        #expect(n.nextDeadline() != 9 * sec)
+    }
+
     @Test(arguments: [(UInt64(0x10), UInt64(0x20)), (UInt64(0x20), UInt64(0x10))])
     func simultaneousInviteBetweenTwoMachines(_ ids: (UInt64, UInt64)) {
         let a = peer("a", ids.0), b = peer("b", ids.1)

@@ -1,20 +1,29 @@
 import FoundationEssentials
 import MeshPOSIX
 
-/// What an introduction handed us, kept while the direct connection it led to is tried: if that cannot be made, the
-/// call goes through the introducer instead.
-struct Introduction {
-    var introducer: PeerID
+/// A direct connection being made from connection data, one address at a time: data an introduction handed us (when
+/// no address leads to the peer, the call goes through the introducer), or data the app had out of band
+/// (`connectPeer(_:withNearbyConnectionData:)`). Kept by link while one of its invitations is in flight; the peer
+/// stays `connecting` from the first invitation to the last (`SessionStateMachine.hold`).
+struct DirectAttempt: Sendable {
     var data: NearbyConnectionData
+    /// The member that passed the data on, or nil for the app's own data (nothing to call through).
+    var introducer: PeerID?
     /// The next of `data.addresses` to try.
     var next = 0
+    /// The link is the call through the introducer: the last thing to try.
+    var relayed = false
+    /// The peer answered on the link and proved the data's key: whatever becomes of this invitation, the peer was
+    /// found, so no other address is tried.
+    var reached = false
 }
 
 /// Relayed links: the driver of `RelayStateMachine` (loop thread only). A member that cannot reach another directly
 /// calls it through their introducer: both ends run an ordinary connection (Noise XX, the ticket, every frame) over
 /// their side of a `socketpair`, whose other side is a `RelayEnd` carrying the bytes in relay frames.
 extension SessionCore {
-    /// How long a direct connection from an introduction may take before the call goes through the introducer.
+    /// How long an address of connection data (an introduction's, or the app's) may take to answer with the
+    /// expected key before the next one is tried; an introduction's invitations also end then.
     var introductionTimeout: Duration { .nanoseconds(Int64(min(max(peerTimeout, 5_000_000_000), 30_000_000_000))) }
 
     /// Connects to `peer` with connection data an introducer passed on: directly, or, when that cannot be done,
@@ -24,47 +33,139 @@ extension SessionCore {
               data.peer.identity == peer.identity, peer.publicKey == nil || peer.publicKey == data.peer.publicKey,
               data.forIdentity == self.peer.identity
         else { return }  // data that leads nowhere: nothing to connect to
-        let introduction = Introduction(introducer: introducer, data: data)
-        if configuration.relaysIntroductions { return call(introduction) }
-        tryDirect(introduction)
+        // In flight at once: at most a member's share of introductions from one introducer (by identity, so that
+        // one that leaves and comes back to start again gets no more), and twice that from all of them, so that
+        // members that introduce without end together cannot have us open more connections to addresses they chose.
+        // An honest mesh introduces a newcomer to `maximumPeers − 2` members at most, through one of them.
+        let share = io.value.membership.maximumIntroducedPerMember
+        let inFlight = io.value.introductions.values.compactMap { $0.introducer?.identity }
+        guard inFlight.count < 2 * share, inFlight.filter({ $0 == introducer.identity }).count < share else { return }
+        // Nor does one for which there is no room open a connection only to be turned away.
+        guard shared.withLock({ $0.machine.hasRoom(for: data.peer) }) else { return }
+        var attempt = DirectAttempt(data: data, introducer: introducer)
+        if configuration.relaysIntroductions { attempt.next = data.addresses.count }  // straight to the call
+        _ = advance(attempt, continuing: false)  // nothing could be started: nothing held, nothing to report
     }
 
-    /// Starts a direct connection to the next address of `introduction` that one can be started to (one with a
-    /// route, a scope that exists here); with none left, calls through the introducer.
-    private func tryDirect(_ introduction: Introduction) {
-        var attempt = introduction
-        let data = introduction.data
+    /// Connects with connection data the app had (`connectPeer`): each address in turn until one leads to the peer.
+    /// Returns the error of the last address when none could even be started (nothing is reported then).
+    func connectDirect(_ data: NearbyConnectionData) -> PeerMeshError? {
+        precondition(loop.inLoop)
+        return advance(DirectAttempt(data: data, introducer: nil), continuing: false)
+    }
+
+    /// Starts the next step of `attempt`: an invitation to its next address that one can be started to (one with a
+    /// route, a scope that exists here), or after the last, the call through its introducer. The peer is held
+    /// `connecting` while it runs; a step that continues an attempt starts only while that hold stands (the app's
+    /// `disconnect` ends it). Returns nil when a step is under way, or the last error when nothing is left.
+    private func advance(_ attempt: DirectAttempt, continuing: Bool) -> PeerMeshError? {
+        var attempt = attempt
+        let data = attempt.data
+        var lastError = PeerMeshError.transport("the connection data lists no address")
         while attempt.next < data.addresses.count {
             let address = data.addresses[attempt.next]
             attempt.next += 1
-            if let link = try? invite(expected: data.peer, endpoint: PeerEndpoint(host: address, port: data.port),
-                                      context: Data(NearbyConnectionData.contextPrefix + data.ticket),
-                                      timeout: introductionTimeout, keyFromConnectionData: true) {
-                io.value.introductions[link] = attempt
-                return
+            // An introduction's invitations take the introduction's time; the app's the usual 30 s once the peer
+            // answers (an address that does not answer gives way to the next sooner: `notAnswered`).
+            let timeout = attempt.introducer == nil ? Duration.seconds(30) : introductionTimeout
+            let link: LinkID
+            do {
+                link = try invite(expected: data.peer, endpoint: PeerEndpoint(host: address, port: data.port),
+                                  context: Data(NearbyConnectionData.contextPrefix + data.ticket), timeout: timeout,
+                                  keyFromConnectionData: true, attempt: step(continuing, holding: timeout))
+            } catch {
+                switch error {
+                case .cancelled, .sessionClosed: return error  // given up, or the session is closing: nothing more
+                default: lastError = error
+                }
+                continue
             }
+            io.value.introductions[link] = attempt
+            if attempt.next < data.addresses.count || attempt.introducer != nil {
+                let due = MonotonicClock.nowNanos() &+ UInt64(introductionTimeout.nanoseconds)
+                loop.schedule(at: due) { [weak self] in self?.notAnswered(link, address: address) }
+            }
+            return nil
         }
-        call(introduction)
+        guard attempt.introducer != nil else { return lastError }
+        return call(attempt, continuing: continuing)
     }
 
-    /// An invitation ended without a connection. Returns true when it was a direct connection from an
-    /// introduction that could not be made, now retried at the data's next address or, after the last, through
-    /// the introducer (the failure is not reported: the retry's outcome is).
-    func retryIntroduction(_ link: LinkID, _ reason: DeclineReason) -> Bool {
-        guard let introduction = io.value.introductions.removeValue(forKey: link) else { return false }
-        // A peer that answered and said no is not retried: only one that could not be reached.
-        guard reason == .unavailable || reason == .timedOut else { return false }
-        guard shared.withLock({ $0.machine.primaryLink(for: introduction.data.peer) == nil }) else { return false }
-        tryDirect(introduction)  // the next address, and then the introducer
-        return true
+    /// An attempt's invitation on `link` was answered by the peer, proving the data's key: no other address is tried.
+    func reachedAttempt(on link: LinkID) {
+        io.value.introductions[link]?.reached = true
     }
 
-    /// Asks the introducer for a pipe to the introduced peer and starts our invitation through it.
-    private func call(_ introduction: Introduction) {
-        guard let link = shared.withLock({ $0.machine.primaryLink(for: introduction.introducer) }) else { return }
-        let (key, actions) = io.value.relay.call(introduction.data.peer, via: link)
-        io.value.relayCalls[key] = introduction.data
+    /// The attempt's address on `link` has not answered with the expected key in `introductionTimeout`: the
+    /// invitation ends (timed out), and the attempt goes on to its next step.
+    private func notAnswered(_ link: LinkID, address: String) {
+        guard let attempt = io.value.introductions[link], !attempt.reached else { return }
+        let actions = shared.withLock { $0.machine.linkClosed(link) }
+        guard !actions.isEmpty else { return }  // ended meanwhile (the app disconnected): its own report stands
+        io.value.failureReason[link] = .timedOut
+        io.value.failureDetail[link] = "no answer from \(address) within \(introductionTimeout)"
+        perform(actions)
+    }
+
+    /// An attempt's invitation step, holding the peer `connecting` for `duration` (and a second more).
+    private func step(_ continuing: Bool, holding duration: Duration) -> AttemptStep {
+        AttemptStep(continuing: continuing,
+                    holdUntil: MonotonicClock.nowNanos() &+ UInt64(duration.nanoseconds) &+ 1_000_000_000)
+    }
+
+    /// Nothing more is tried for `peer` (unless another attempt to it is still under way): it is reported as its
+    /// links say.
+    func release(_ peer: PeerID) {
+        guard !io.value.introductions.values.contains(where: { $0.data.peer == peer }) else { return }
+        perform(shared.withLock { $0.machine.release(peer) })
+    }
+
+    /// An invitation ended without a connection: what became of the attempt it belonged to.
+    enum AttemptOutcome: Equatable {
+        /// The invitation was no attempt's: report it as usual.
+        case none
+        /// The attempt goes on (the next address, or the call through the introducer): the failure is not reported.
+        case continuing
+        /// It was the attempt's last step: report the failure, then `release(peer)`.
+        case ended(PeerID)
+    }
+
+    /// `link`'s invitation ended without a connection, for `reason`. An attempt whose address did not lead to the
+    /// peer (refused, no answer, another key) goes on to the next address, and after the last to the introducer.
+    /// One whose peer answered and then declined or timed out, whose peer connected meanwhile, or whose introducer
+    /// has left (its introductions are no longer followed) ends.
+    func continueAttempt(after link: LinkID, _ reason: DeclineReason) -> AttemptOutcome {
+        guard let attempt = io.value.introductions.removeValue(forKey: link) else { return .none }
+        let peer = attempt.data.peer
+        let introducerLeft = attempt.introducer.map { i in shared.withLock { $0.machine.primaryLink(for: i) == nil } } ?? false
+        guard !attempt.relayed, !attempt.reached, !introducerLeft, reason == .unavailable || reason == .timedOut,
+              shared.withLock({ $0.machine.primaryLink(for: peer) == nil })
+        else { return .ended(peer) }
+        return advance(attempt, continuing: true) == nil ? .continuing : .ended(peer)
+    }
+
+    /// The app disconnected from `peer` (or from everyone, when nil): its attempts stop where they are. Only the
+    /// entries of links the disconnect ended go (an attempt that started just after it keeps its own).
+    func stopAttempts(to peer: PeerID?) {
+        let attempts = io.value.introductions
+        let kept = shared.withLock { s in
+            attempts.filter { link, attempt in (peer != nil && attempt.data.peer != peer) || s.machine.has(link) }
+        }
+        io.value.introductions = kept
+    }
+
+    /// Asks the attempt's introducer for a pipe to the introduced peer and starts our invitation through it (our
+    /// end of the pipe opens at once; the introducer splices it, or closes it). Returns nil when that invitation
+    /// started, or why not.
+    private func call(_ attempt: DirectAttempt, continuing: Bool) -> PeerMeshError? {
+        guard let introducer = attempt.introducer,
+              let link = shared.withLock({ $0.machine.primaryLink(for: introducer) })
+        else { return .transport("the introducer is no longer connected") }
+        let (key, actions) = io.value.relay.call(attempt.data.peer, via: link)
+        io.value.relayCalls[key] = (attempt, continuing)
         performRelay(actions)
+        // Our end is open (and its invitation started) unless the pipe or the invitation could not be made.
+        return io.value.relayEnds[key] != nil ? nil : .transport("the call through the introducer could not be started")
     }
 
     /// Connected members and their links, for splicing.
@@ -130,11 +231,18 @@ extension SessionCore {
         io.value.relayEnds[key] = end
         end.start()
         if calling {
-            guard let data = io.value.relayCalls.removeValue(forKey: key) else { return endFailed(key, other: pair.1) }
+            guard let (found, continuing) = io.value.relayCalls.removeValue(forKey: key) else {
+                return endFailed(key, other: pair.1)
+            }
+            var attempt = found
+            let data = attempt.data
             do {
-                try invite(expected: data.peer, socket: pair.1, remote: nil, relayed: true,
-                           context: Data(NearbyConnectionData.contextPrefix + data.ticket), timeout: introductionTimeout,
-                           keyFromConnectionData: true)
+                let link = try invite(expected: data.peer, socket: pair.1, remote: nil, relayed: true,
+                                      context: Data(NearbyConnectionData.contextPrefix + data.ticket),
+                                      timeout: introductionTimeout, keyFromConnectionData: true,
+                                      attempt: step(continuing, holding: introductionTimeout))
+                attempt.relayed = true
+                io.value.introductions[link] = attempt
             } catch {
                 endFailed(key, other: pair.1)
             }

@@ -76,7 +76,7 @@ struct MembershipStateMachine: Sendable {
     }
 
     /// `peer` is no longer connected (the driver also says so of a peer that never joined: an invitation to it, or
-    /// one of an introduction's addresses, failed; what is expected of it stays as it was).
+    /// an introduction's last attempt, failed; what is expected of it stays as it was).
     mutating func disconnected(_ peer: PeerID) -> [Action] {
         guard members.remove(peer) != nil else { return [] }
         introduced.remove(peer.identity)

@@ -236,10 +236,17 @@ extension Session {
     }
 
     /// Connects to `peer` with the data its session made for this one (`nearbyConnectionData(forPeer:)`), with no
-    /// DNS-SD, as MC's `connectPeer(_:withNearbyConnectionData:)`. The peer goes `connecting`, then `connected`
-    /// or, with `invitationTo…failedWith` saying why, `notConnected`. The handshake must prove the key in the data.
+    /// DNS-SD, as MC's `connectPeer(_:withNearbyConnectionData:)`. The data's addresses are tried in turn: one that
+    /// refuses, shows another key, or has not proved the peer's key within `peerTimeout` (5 to 30 s) gives way to the
+    /// next. Once the peer has proved its key on one, that invitation has 30 s, and however it ends (the peer
+    /// declines, it times out) ends the attempt. The peer goes `connecting` once, then `connected`, or, when no
+    /// address led to it, `notConnected`, with `invitationTo…failedWith` saying why the last invitation failed.
+    /// `cancelConnectPeer` stops the attempt where it is. The handshake must prove the key in the data. The first
+    /// invitation is started on the session's event loop, which this call waits for (at once when called from a
+    /// delegate callback).
     ///
-    /// - Throws: `invalidParameter` when the data does not decode, is `peer`'s for another peer, or is not `peer`'s.
+    /// - Throws: `invalidParameter` when the data does not decode, is `peer`'s for another peer, or is not `peer`'s;
+    ///   the error of the last address when no connection could be started to any of them (nothing is reported then).
     public func connectPeer(_ peer: PeerID, withNearbyConnectionData data: Data) throws(PeerMeshError) {
         let blob: NearbyConnectionData
         switch NearbyConnectionData.decode(Array(data)) {
@@ -255,17 +262,8 @@ extension Session {
         guard encryptionPreference != .none else {
             throw .invalidParameter("connectPeer: connection data needs an encrypted session (it pins the keys)")
         }
-        // The first address a connection can be started to (one with a route; a scope that exists here).
-        var lastError: PeerMeshError?
-        for address in blob.addresses {
-            do {
-                try core.invite(expected: blob.peer, endpoint: PeerEndpoint(host: address, port: blob.port),
-                                context: Data(NearbyConnectionData.contextPrefix + blob.ticket), timeout: .seconds(30),
-                                keyFromConnectionData: true)
-                return
-            } catch { lastError = error }
-        }
-        throw lastError ?? .transport("connectPeer: the connection data lists no address")
+        // Each address in turn, on the loop, until one connects (see `SessionCore.connectDirect`).
+        if let error = core.loop.submitAndWait({ [core] in core.connectDirect(blob) }) { throw error }
     }
 
     /// Cancels a connection to `peer` in progress or made, on both sides, as MC's `cancelConnectPeer(_:)`: the

@@ -128,6 +128,7 @@ extension SessionCore {
         if let pinned = io.value.expectedKeys[link]?.key, pinned != key {
             return faulted(link, .wrongPeer)
         }
+        reachedAttempt(on: link)
         // No digits yet: the advertiser opens its share only once its app shows them or lets us in (`tell`).
         let certificate = PeerCertificate(publicKey: key, shortAuthenticationString: "", address: c.remote?.host,
                                           weInvited: true)

@@ -60,10 +60,12 @@ final class SessionCore: Sendable {
         var inputStreams: [StreamKey: InputByteStream] = [:]
         var relay: RelayStateMachine
         var relayEnds: [PipeKey: RelayEnd] = [:]
-        /// Calls through an introducer whose pipe is being opened: the data that pins the key and holds the ticket.
-        var relayCalls: [PipeKey: NearbyConnectionData] = [:]
-        /// Direct connections an introduction started, by link: where to call through if they fail.
-        var introductions: [LinkID: Introduction] = [:]
+        /// Calls through an introducer whose pipe is being opened: the attempt (whose data pins the key and holds
+        /// the ticket), and whether it continues one (its invitation starts only while the peer is held).
+        var relayCalls: [PipeKey: (DirectAttempt, continuing: Bool)] = [:]
+        /// Invitations made from connection data (an introduction's, or the app's), by link: what to try next if
+        /// they fail.
+        var introductions: [LinkID: DirectAttempt] = [:]
         /// Our invitations' message 3s (our share of the digits): how many may end unaccepted before the next waits.
         var shares: InviterShareRation
     }
@@ -178,6 +180,7 @@ final class SessionCore: Sendable {
                 s.shutDown = true
                 return s.machine.disconnect()
             }
+            stopAttempts(to: nil)
             perform(actions)
             if let r = io.value.udpRegistration { loop.deregister(r) }
             io.value.udpRegistration = nil
@@ -200,9 +203,14 @@ final class SessionCore: Sendable {
 
     @discardableResult
     func invite(expected: PeerID?, endpoint: PeerEndpoint, context: Data?, timeout: Duration,
-                keyFromConnectionData: Bool = false) throws(PeerMeshError) -> LinkID {
+                keyFromConnectionData: Bool = false, attempt: AttemptStep? = nil) throws(PeerMeshError) -> LinkID {
         guard (context?.count ?? 0) <= ControlFrame.maximumContext else {
             throw .invalidParameter("invitation context is \(context?.count ?? 0) bytes; at most \(ControlFrame.maximumContext)")
+        }
+        // A step that continues an attempt the app has given up on opens no connection (checked again under the
+        // lock below, against a disconnect meanwhile).
+        if let attempt, attempt.continuing, let expected, !shared.withLock({ $0.machine.isHeld(expected) }) {
+            throw .cancelled("the connection to \(expected.displayName) was given up")
         }
         // Numeric addresses at once; names through the system resolver (/etc/hosts, DNS, mDNS .local with nss-mdns).
         let addr: SocketAddress
@@ -211,15 +219,25 @@ final class SessionCore: Sendable {
         }
         let sock: FileDescriptor
         do { sock = try FileDescriptor.tcpConnect(to: addr, from: bindAddress) } catch { throw .transport(error.description) }
-        return try invite(expected: expected, socket: sock, remote: addr, relayed: false, context: context, timeout: timeout,
-                          keyFromConnectionData: keyFromConnectionData)
+        return try invite(expected: expected, socket: sock, remote: addr, relayed: false, context: context,
+                          timeout: timeout, keyFromConnectionData: keyFromConnectionData, attempt: attempt)
+    }
+
+    /// An invitation that is a step of a `DirectAttempt`: the peer is held `connecting` until `holdUntil` (in the same
+    /// locked step that starts the invitation, so that no disconnect falls between them); a step that `continuing`s
+    /// an attempt starts only while the peer is still held.
+    struct AttemptStep {
+        let continuing: Bool
+        let holdUntil: Nanos
     }
 
     /// Invites over `socket`: a TCP connect in progress to `remote`, or (`relayed`) our side of a relay pipe.
     /// `keyFromConnectionData`: `expected`'s key comes from connection data, not an advertisement (`ExpectedKey`).
+    /// `attempt`: the invitation is a step of a `DirectAttempt` (`AttemptStep`), checked and held under the lock the
+    /// app's `disconnect` takes.
     @discardableResult
     func invite(expected: PeerID?, socket sock: FileDescriptor, remote addr: SocketAddress?, relayed: Bool, context: Data?,
-                timeout: Duration, keyFromConnectionData: Bool = false) throws(PeerMeshError) -> LinkID {
+                timeout: Duration, keyFromConnectionData: Bool = false, attempt: AttemptStep? = nil) throws(PeerMeshError) -> LinkID {
         let ctx = Array(context ?? Data())
         guard ctx.count <= ControlFrame.maximumContext else {
             throw .invalidParameter("invitation context is \(ctx.count) bytes; at most \(ControlFrame.maximumContext)")
@@ -228,13 +246,23 @@ final class SessionCore: Sendable {
         let token = UInt64.random(in: 1...UInt64.max)
         let (link, actions) = try shared.withLock { (s) throws(PeerMeshError) -> (LinkID, [SessionStateMachine.Action]) in
             guard !s.shutDown else { throw .sessionClosed }
+            if let attempt, attempt.continuing, let expected, !s.machine.isHeld(expected) {
+                throw .cancelled("the connection to \(expected.displayName) was given up")
+            }
             let id = s.nextLink
             s.nextLink += 1
-            return (id, s.machine.inviteStarted(link: id, expected: expected, context: ctx, timeout: nanos,
-                                                localUDPPort: udpPort, localToken: token, now: MonotonicClock.nowNanos()))
+            var actions = s.machine.inviteStarted(link: id, expected: expected, context: ctx, timeout: nanos,
+                                                  localUDPPort: udpPort, localToken: token, now: MonotonicClock.nowNanos())
+            if let attempt, let expected, s.machine.has(id) {
+                actions += s.machine.hold(expected, until: attempt.holdUntil)
+            }
+            return (id, actions)
         }
         let pinned = expected?.publicKey
         loop.execute { [self] in
+            // A disconnect on another thread may have ended the link since, its actions carried out first: this
+            // invitation's are stale then (a `connecting` after that `notConnected`), and its socket is not needed.
+            if !actions.contains(.close(link)), !shared.withLock({ $0.machine.has(link) }) { return sock.close() }
             let c = Connection(socket: sock, remote: addr, connecting: true, loop: loop, channel: channelConfiguration(.initiator),
                                relayed: relayed)
             c.maximumQueued = 2 * configuration.maximumQueuedBytes
@@ -259,12 +287,18 @@ final class SessionCore: Sendable {
 
     func disconnect() {
         let actions = shared.withLock { $0.machine.disconnect() }
-        loop.execute { [self] in perform(actions) }
+        loop.execute { [self] in
+            stopAttempts(to: nil)
+            perform(actions)
+        }
     }
 
     func disconnect(_ peer: PeerID) {
         let actions = shared.withLock { $0.machine.disconnect(peer) }
-        loop.execute { [self] in perform(actions) }
+        loop.execute { [self] in
+            stopAttempts(to: peer)
+            perform(actions)
+        }
     }
 
     func shortAuthenticationString(for peer: PeerID) -> String? {
@@ -363,9 +397,10 @@ final class SessionCore: Sendable {
         // Handshakes that waited for their turn to a peer that connected meanwhile, ended once these are carried out.
         var superseded: [(PeerID, [LinkID])] = []
         defer {
-            for l in closed {  // details no failure report took
+            for l in closed {  // details no failure report took, and attempts no failure continued
                 io.value.failureDetail[l] = nil
                 io.value.failureReason[l] = nil
+                io.value.introductions[l] = nil
             }
         }
         for a in actions {
@@ -385,7 +420,8 @@ final class SessionCore: Sendable {
                     bytes.withUnsafeBytes { d.session(s, didReceiveDatagramBytes: $0, fromPeer: p) }
                 }
             case .invitationFailed(let l, let p, let r):
-                if retryIntroduction(l, io.value.failureReason[l] ?? r) {
+                let outcome = continueAttempt(after: l, io.value.failureReason[l] ?? r)
+                if outcome == .continuing {
                     io.value.failureDetail[l] = nil
                     io.value.failureReason[l] = nil
                     continue
@@ -393,6 +429,7 @@ final class SessionCore: Sendable {
                 let detail = io.value.failureDetail.removeValue(forKey: l) ?? r.description
                 let r = io.value.failureReason.removeValue(forKey: l) ?? r
                 if let s = receiver.0, let d = receiver.1 { d.session(s, invitationTo: p, failedWith: r, detail: detail) }
+                if case .ended(let peer) = outcome { release(peer) }
             case .fault(let l, let f):
                 counters.add { $0.peerFaults += 1 }
                 io.value.failureDetail[l] = f.description

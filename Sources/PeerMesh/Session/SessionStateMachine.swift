@@ -74,6 +74,10 @@ struct SessionStateMachine: Sendable {
     /// Peers whose invitation to us won a simultaneous invite (they declined ours with `.simultaneousInvite`):
     /// they stay `connecting` until that invitation is accepted here or this deadline passes.
     private var yielding: [PeerID: Nanos] = [:]
+    /// Peers the driver is still trying to reach, at another address or through an introducer (`hold`): they stay
+    /// `connecting` between its invitations, until they connect, it releases them, the app disconnects them, or this
+    /// deadline passes.
+    private var held: [PeerID: Nanos] = [:]
 
     init(configuration: Configuration) {
         precondition(configuration.maximumPeers >= 2, "a session needs room for at least one remote peer")
@@ -232,12 +236,17 @@ struct SessionStateMachine: Sendable {
     /// Time passed: send heartbeats, expire invitations and silent peers.
     mutating func tick(now: Nanos) -> [Action] {
         var actions: [Action] = []
+        // Peers whose invitation timed out in this tick: the driver decides on their hold when it hears of it, even
+        // if a late tick finds the hold's deadline passed too.
+        var timedOut: Set<PeerID> = []
         for link in links.keys.sorted() {
             guard let state = links[link] else { continue }
             switch state {
             case .inviting(let expected, let deadline, _) where now >= deadline:
+                if let expected { timedOut.insert(expected) }
                 actions += drop(link, failure: (expected, .timedOut))
             case .awaitingReply(let peer, let deadline, _) where now >= deadline:
+                timedOut.insert(peer)
                 actions += drop(link, failure: (peer, .timedOut))
             case .connected(let peer, let lastHeard, let next):
                 // `lastHeard` may be a little after `now` (another thread read the clock later): never wrap.
@@ -255,8 +264,42 @@ struct SessionStateMachine: Sendable {
             yielding[peer] = nil
             actions += refresh(peer)
         }
+        for (peer, deadline) in held.sorted(by: { $0.key.identity < $1.key.identity })
+        where now >= deadline && !timedOut.contains(peer) {
+            held[peer] = nil
+            actions += refresh(peer)
+        }
         return actions
     }
+
+    /// The driver goes on trying to reach `peer` (the next address of its connection data, or a call through an
+    /// introducer) and will start the next invitation itself: the peer stays `connecting` meanwhile — it is reported
+    /// `connecting` now if it was not — instead of going `notConnected` when one attempt fails, until it connects,
+    /// `release` or `disconnect` is called, or `deadline` passes. A peer the session has no room for is not held.
+    mutating func hold(_ peer: PeerID, until deadline: Nanos) -> [Action] {
+        guard peer != config.localPeer, reported[peer] != .connected else { return [] }
+        if reported[peer] == nil, occupancy >= config.maximumPeers { return [] }
+        held[peer] = max(held[peer] ?? 0, deadline)
+        return refresh(peer)
+    }
+
+    /// The driver gave up on `peer` (or it connected): it is reported as its links say.
+    mutating func release(_ peer: PeerID) -> [Action] {
+        guard held.removeValue(forKey: peer) != nil else { return [] }
+        return refresh(peer)
+    }
+
+    /// Whether `link` is one of the machine's (an invitation under way, or a connection).
+    func has(_ link: LinkID) -> Bool { links[link] != nil }
+
+    /// Whether an invitation to `peer` could start now: it is not us, not connected, and there is room for it.
+    func hasRoom(for peer: PeerID) -> Bool {
+        peer != config.localPeer && reported[peer] != .connected && (reported[peer] != nil || occupancy < config.maximumPeers)
+    }
+
+    /// Whether the driver's hold on `peer` still stands (not released, disconnected or expired): its next
+    /// invitation may start.
+    func isHeld(_ peer: PeerID) -> Bool { held[peer] != nil }
 
     /// The app disconnected: say goodbye on every link and report every peer `notConnected`.
     mutating func disconnect() -> [Action] {
@@ -270,6 +313,7 @@ struct SessionStateMachine: Sendable {
         }
         links.removeAll()
         yielding.removeAll()
+        held.removeAll()
         for peer in reported.keys.sorted(by: { $0.identity < $1.identity }) { actions += refresh(peer) }
         return actions
     }
@@ -287,6 +331,7 @@ struct SessionStateMachine: Sendable {
             }
         }
         yielding[peer] = nil
+        held[peer] = nil
         return actions + refresh(peer)
     }
 
@@ -314,7 +359,7 @@ struct SessionStateMachine: Sendable {
             case .inviting(_, let d, _), .awaitingReply(_, let d, _): d
             case .connected(_, let heard, let next): min(next, heard &+ config.peerTimeout)
             }
-        } + yielding.values).min()
+        } + yielding.values + held.values).min()
     }
 
     // MARK: Helpers
@@ -356,7 +401,8 @@ struct SessionStateMachine: Sendable {
             default: break
             }
         }
-        if best == .notConnected, yielding[peer] != nil { best = .connecting }
+        if best == .connected { held[peer] = nil }  // nothing left to wait for
+        if best == .notConnected, yielding[peer] != nil || held[peer] != nil { best = .connecting }
         let old = reported[peer] ?? .notConnected
         guard best != old else { return [] }
         reported[peer] = best == .notConnected ? nil : best
