@@ -11,6 +11,9 @@ struct DirectAttempt: Sendable {
     var introducer: PeerID?
     /// The next of `data.addresses` to try.
     var next = 0
+    /// An invitation of this attempt has started: the next one continues it, and starts only while the peer is still
+    /// held (the app's `disconnect` ends the hold).
+    var started = false
     /// The link is the call through the introducer: the last thing to try.
     var relayed = false
     /// The peer answered on the link and proved the data's key: whatever becomes of this invitation, the peer was
@@ -44,21 +47,21 @@ extension SessionCore {
         guard shared.withLock({ $0.machine.hasRoom(for: data.peer) }) else { return }
         var attempt = DirectAttempt(data: data, introducer: introducer)
         if configuration.relaysIntroductions { attempt.next = data.addresses.count }  // straight to the call
-        _ = advance(attempt, continuing: false)  // nothing could be started: nothing held, nothing to report
+        _ = advance(attempt)  // nothing could be started: nothing held, nothing to report
     }
 
     /// Connects with connection data the app had (`connectPeer`): each address in turn until one leads to the peer.
     /// Returns the error of the last address when none could even be started (nothing is reported then).
     func connectDirect(_ data: NearbyConnectionData) -> PeerMeshError? {
         precondition(loop.inLoop)
-        return advance(DirectAttempt(data: data, introducer: nil), continuing: false)
+        return advance(DirectAttempt(data: data, introducer: nil))
     }
 
     /// Starts the next step of `attempt`: an invitation to its next address that one can be started to (one with a
     /// route, a scope that exists here), or after the last, the call through its introducer. The peer is held
     /// `connecting` while it runs; a step that continues an attempt starts only while that hold stands (the app's
     /// `disconnect` ends it). Returns nil when a step is under way, or the last error when nothing is left.
-    private func advance(_ attempt: DirectAttempt, continuing: Bool) -> PeerMeshError? {
+    private func advance(_ attempt: DirectAttempt) -> PeerMeshError? {
         var attempt = attempt
         let data = attempt.data
         var lastError = PeerMeshError.transport("the connection data lists no address")
@@ -72,7 +75,7 @@ extension SessionCore {
             do {
                 link = try invite(expected: data.peer, endpoint: PeerEndpoint(host: address, port: data.port),
                                   context: Data(NearbyConnectionData.contextPrefix + data.ticket), timeout: timeout,
-                                  keyFromConnectionData: true, attempt: step(continuing, holding: timeout))
+                                  keyFromConnectionData: true, attempt: step(of: attempt, holding: timeout))
             } catch {
                 switch error {
                 case .cancelled, .sessionClosed: return error  // given up, or the session is closing: nothing more
@@ -80,6 +83,7 @@ extension SessionCore {
                 }
                 continue
             }
+            attempt.started = true
             io.value.introductions[link] = attempt
             if attempt.next < data.addresses.count || attempt.introducer != nil {
                 let due = MonotonicClock.nowNanos() &+ UInt64(introductionTimeout.nanoseconds)
@@ -88,7 +92,7 @@ extension SessionCore {
             return nil
         }
         guard attempt.introducer != nil else { return lastError }
-        return call(attempt, continuing: continuing)
+        return call(attempt)
     }
 
     /// An attempt's invitation on `link` was answered by the peer, proving the data's key: no other address is tried.
@@ -107,9 +111,9 @@ extension SessionCore {
         perform(actions)
     }
 
-    /// An attempt's invitation step, holding the peer `connecting` for `duration` (and a second more).
-    private func step(_ continuing: Bool, holding duration: Duration) -> AttemptStep {
-        AttemptStep(continuing: continuing,
+    /// The next invitation of `attempt`, holding the peer `connecting` for `duration` (and a second more).
+    private func step(of attempt: DirectAttempt, holding duration: Duration) -> AttemptStep {
+        AttemptStep(continuing: attempt.started,
                     holdUntil: MonotonicClock.nowNanos() &+ UInt64(duration.nanoseconds) &+ 1_000_000_000)
     }
 
@@ -141,7 +145,7 @@ extension SessionCore {
         guard !attempt.relayed, !attempt.reached, !introducerLeft, reason == .unavailable || reason == .timedOut,
               shared.withLock({ $0.machine.primaryLink(for: peer) == nil })
         else { return .ended(peer) }
-        return advance(attempt, continuing: true) == nil ? .continuing : .ended(peer)
+        return advance(attempt) == nil ? .continuing : .ended(peer)
     }
 
     /// The app disconnected from `peer` (or from everyone, when nil): its attempts stop where they are. Only the
@@ -157,12 +161,12 @@ extension SessionCore {
     /// Asks the attempt's introducer for a pipe to the introduced peer and starts our invitation through it (our
     /// end of the pipe opens at once; the introducer splices it, or closes it). Returns nil when that invitation
     /// started, or why not.
-    private func call(_ attempt: DirectAttempt, continuing: Bool) -> PeerMeshError? {
+    private func call(_ attempt: DirectAttempt) -> PeerMeshError? {
         guard let introducer = attempt.introducer,
               let link = shared.withLock({ $0.machine.primaryLink(for: introducer) })
         else { return .transport("the introducer is no longer connected") }
         let (key, actions) = io.value.relay.call(attempt.data.peer, via: link)
-        io.value.relayCalls[key] = (attempt, continuing)
+        io.value.relayCalls[key] = attempt
         performRelay(actions)
         // Our end is open (and its invitation started) unless the pipe or the invitation could not be made.
         return io.value.relayEnds[key] != nil ? nil : .transport("the call through the introducer could not be started")
@@ -231,17 +235,15 @@ extension SessionCore {
         io.value.relayEnds[key] = end
         end.start()
         if calling {
-            guard let (found, continuing) = io.value.relayCalls.removeValue(forKey: key) else {
-                return endFailed(key, other: pair.1)
-            }
-            var attempt = found
+            guard var attempt = io.value.relayCalls.removeValue(forKey: key) else { return endFailed(key, other: pair.1) }
             let data = attempt.data
             do {
                 let link = try invite(expected: data.peer, socket: pair.1, remote: nil, relayed: true,
                                       context: Data(NearbyConnectionData.contextPrefix + data.ticket),
                                       timeout: introductionTimeout, keyFromConnectionData: true,
-                                      attempt: step(continuing, holding: introductionTimeout))
+                                      attempt: step(of: attempt, holding: introductionTimeout))
                 attempt.relayed = true
+                attempt.started = true
                 io.value.introductions[link] = attempt
             } catch {
                 endFailed(key, other: pair.1)

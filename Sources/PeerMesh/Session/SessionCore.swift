@@ -60,9 +60,9 @@ final class SessionCore: Sendable {
         var inputStreams: [StreamKey: InputByteStream] = [:]
         var relay: RelayStateMachine
         var relayEnds: [PipeKey: RelayEnd] = [:]
-        /// Calls through an introducer whose pipe is being opened: the attempt (whose data pins the key and holds
-        /// the ticket), and whether it continues one (its invitation starts only while the peer is held).
-        var relayCalls: [PipeKey: (DirectAttempt, continuing: Bool)] = [:]
+        /// Calls through an introducer whose pipe is being opened: the attempt, whose data pins the key and holds the
+        /// ticket.
+        var relayCalls: [PipeKey: DirectAttempt] = [:]
         /// Invitations made from connection data (an introduction's, or the app's), by link: what to try next if
         /// they fail.
         var introductions: [LinkID: DirectAttempt] = [:]
@@ -224,8 +224,8 @@ final class SessionCore: Sendable {
     }
 
     /// An invitation that is a step of a `DirectAttempt`: the peer is held `connecting` until `holdUntil` (in the same
-    /// locked step that starts the invitation, so that no disconnect falls between them); a step that `continuing`s
-    /// an attempt starts only while the peer is still held.
+    /// locked step that starts the invitation, so that no disconnect falls between them); a step `continuing` an
+    /// attempt starts only while the peer is still held.
     struct AttemptStep {
         let continuing: Bool
         let holdUntil: Nanos
