@@ -277,8 +277,7 @@ struct SessionStateMachine: Sendable {
     /// `connecting` now if it was not — instead of going `notConnected` when one attempt fails, until it connects,
     /// `release` or `disconnect` is called, or `deadline` passes. A peer the session has no room for is not held.
     mutating func hold(_ peer: PeerID, until deadline: Nanos) -> [Action] {
-        guard peer != config.localPeer, reported[peer] != .connected else { return [] }
-        if reported[peer] == nil, occupancy >= config.maximumPeers { return [] }
+        guard hasRoom(for: peer) else { return [] }
         held[peer] = max(held[peer] ?? 0, deadline)
         return refresh(peer)
     }
