@@ -210,6 +210,20 @@ struct MembershipStateMachineTests {
         #expect(m.expectedIntroductions.introduced == 1 && m.expectedIntroductions.introducedBy == [honest.identity: 1])
         // A peer the liar introduced that joins after it left is a plain newcomer: introduced to the others.
         #expect(m.connected(others[5]).contains(.send(honest, .introRequest(peer: others[5]))))
+
+        // An introduction the driver did not follow (no room, its limit in flight, data that leads nowhere) takes no
+        // place in the member's share and leaves its peer unexpected; one of two of the same peer leaves the other.
+        let twice = try PeerIdentity.generate(displayName: "twice").peerID
+        for data: [UInt8] in [[4], [5]] {
+            #expect(m.received(.introduce(peer: twice, data: data), from: honest) == [.connect(twice, data: data, introducer: honest)])
+        }
+        #expect(m.expectedIntroductions.introducedBy == [honest.identity: 3] && m.expectedIntroductions.introduced == 2)
+        m.notFollowed(twice, introducedBy: honest)
+        #expect(m.expectedIntroductions.introducedBy == [honest.identity: 2] && m.expectedIntroductions.introduced == 2)
+        m.notFollowed(twice, introducedBy: honest)
+        #expect(m.expectedIntroductions.introducedBy == [honest.identity: 1] && m.expectedIntroductions.introduced == 1)
+        m.notFollowed(twice, introducedBy: liar)  // not the liar's: nothing changes
+        #expect(m.expectedIntroductions.introducedBy == [honest.identity: 1] && m.expectedIntroductions.introduced == 1)
     }
 
     /// Random joins (each to a random member) and leaves, or joins across partitions (each newcomer cannot reach a

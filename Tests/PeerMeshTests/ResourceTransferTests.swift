@@ -321,6 +321,9 @@ struct ResourceAttackOverTheLinkTests {
         usleep(500_000)
         #expect(silent.connectionsMade() == 32, "32 in all")
         #expect(inFlight() == 32)
+        // What was not followed takes none of the third member's share: each member counts only what it started.
+        let shares = pair.host.core.loop.submitAndWait { pair.host.core.io.value.membership.expectedIntroductions.introducedBy }
+        #expect(shares == [pair.guestPeer.identity: 16, second.peer.identity: 16], "\(shares)")
         // They leave before those time out (in 5 s): no introduction goes on to its second address.
         for s in [pair.guest, second.session, third.session] { s.disconnect() }
         #expect(eventually(10) { inFlight() == 0 })

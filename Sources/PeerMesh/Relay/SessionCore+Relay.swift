@@ -30,24 +30,24 @@ extension SessionCore {
     var introductionTimeout: Duration { .nanoseconds(Int64(min(max(peerTimeout, 5_000_000_000), 30_000_000_000))) }
 
     /// Connects to `peer` with connection data an introducer passed on: directly, or, when that cannot be done,
-    /// through the introducer.
-    func connectIntroduced(_ peer: PeerID, data bytes: [UInt8], introducer: PeerID) {
+    /// through the introducer. Returns whether an attempt started.
+    func connectIntroduced(_ peer: PeerID, data bytes: [UInt8], introducer: PeerID) -> Bool {
         guard preference != .none, case .success(let data) = NearbyConnectionData.decode(bytes),
               data.peer.identity == peer.identity, peer.publicKey == nil || peer.publicKey == data.peer.publicKey,
               data.forIdentity == self.peer.identity
-        else { return }  // data that leads nowhere: nothing to connect to
+        else { return false }  // data that leads nowhere: nothing to connect to
         // In flight at once: at most a member's share of introductions from one introducer (by identity, so that
         // one that leaves and comes back to start again gets no more), and twice that from all of them, so that
         // members that introduce without end together cannot have us open more connections to addresses they chose.
         // An honest mesh introduces a newcomer to `maximumPeers − 2` members at most, through one of them.
         let share = io.value.membership.maximumIntroducedPerMember
         let inFlight = io.value.introductions.values.compactMap { $0.introducer?.identity }
-        guard inFlight.count < 2 * share, inFlight.filter({ $0 == introducer.identity }).count < share else { return }
+        guard inFlight.count < 2 * share, inFlight.filter({ $0 == introducer.identity }).count < share else { return false }
         // Nor does one for which there is no room open a connection only to be turned away.
-        guard shared.withLock({ $0.machine.hasRoom(for: data.peer) }) else { return }
+        guard shared.withLock({ $0.machine.hasRoom(for: data.peer) }) else { return false }
         var attempt = DirectAttempt(data: data, introducer: introducer)
         if configuration.relaysIntroductions { attempt.next = data.addresses.count }  // straight to the call
-        _ = advance(attempt)  // nothing could be started: nothing held, nothing to report
+        return advance(attempt) == nil  // when nothing could be started, nothing is held and nothing reported
     }
 
     /// Connects with connection data the app had (`connectPeer`): each address in turn until one leads to the peer.

@@ -145,6 +145,16 @@ struct MembershipStateMachine: Sendable {
         }
     }
 
+    /// The driver did not follow `member`'s introduction of `peer` (its data led nowhere, or the introductions in
+    /// flight were at their limit, or there was no room for `peer`): it neither counts against the member's share nor
+    /// makes `peer` expected.
+    mutating func notFollowed(_ peer: PeerID, introducedBy member: PeerID) {
+        guard var list = introducedBy[member.identity], let last = list.lastIndex(of: peer.identity) else { return }
+        list.remove(at: last)
+        introducedBy[member.identity] = list.isEmpty ? nil : list
+        forget(peer.identity)
+    }
+
     /// `peer` is no longer named or introduced by the member that named or introduced it: unless it has joined, or
     /// another member named or introduced it too, it is no longer expected through an introduction.
     private mutating func forget(_ peer: UInt64) {

@@ -19,7 +19,9 @@ extension SessionCore {
                                                               introducer: introducer.identity)).map(Array.init) ?? []
                 connection.send(.mesh(.introData(forIdentity: newcomer.identity, data: data)))
             case .connect(let peer, let data, let introducer):
-                connectIntroduced(peer, data: data, introducer: introducer)
+                if !connectIntroduced(peer, data: data, introducer: introducer) {
+                    io.value.membership.notFollowed(peer, introducedBy: introducer)
+                }
             case .fault(let peer, let fault):
                 guard let link = shared.withLock({ $0.machine.primaryLink(for: peer) }) else { continue }
                 faulted(link, fault)
