@@ -17,6 +17,18 @@ struct SodiumWipeTests {
         Sodium.wipe(UnsafeMutableRawBufferPointer(start: nil, count: 0))   // nothing to wipe is not a crash
     }
 
+    @Test("HMAC-SHA-256 gives RFC 4231's test vectors, whole or fed in pieces")
+    func hmacMatchesRFC4231() {
+        func hex(_ s: String) -> [UInt8] {
+            stride(from: 0, to: s.count, by: 2).map { UInt8(s.dropFirst($0).prefix(2), radix: 16)! }
+        }
+        let case1 = hex("b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7")
+        let case2 = hex("5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843")
+        #expect(Sodium.hmacSHA256(key: [UInt8](repeating: 0x0b, count: 20), [Array("Hi There".utf8)]) == case1)
+        #expect(Sodium.hmacSHA256(key: Array("Jefe".utf8), [Array("what do ya want for nothing?".utf8)]) == case2)
+        #expect(Sodium.hmacSHA256(key: Array("Jefe".utf8), [Array("what do ya ".utf8), [], Array("want for nothing?".utf8)]) == case2)
+    }
+
     @Test("HKDF into SecretKeys gives Noise's HMAC-SHA-256 HKDF, byte for byte")
     func hkdfMatchesItsDefinition() {
         for ikm in [[], Noise.datagramLabel, Sodium.randomBytes(32)] {

@@ -204,37 +204,38 @@ enum Sodium {
 
     /// HMAC-SHA-256 with `key` (any length) over the concatenation of `parts`.
     static func hmacSHA256(key: [UInt8], _ parts: [[UInt8]]) -> [UInt8] {
-        var mac = key.withUnsafeBytes { HMACSHA256(key: $0) }
-        for p in parts { p.withUnsafeBytes { mac.update($0) } }
         var out = [UInt8](repeating: 0, count: 32)
-        out.withUnsafeMutableBufferPointer { mac.finish(into: $0.baseAddress!) }
+        out.withUnsafeMutableBufferPointer { o in
+            key.withUnsafeBytes { k in
+                hmacSHA256(key: k, into: o.baseAddress!) { update in for p in parts { p.withUnsafeBytes(update) } }
+            }
+        }
         return out
     }
 
     /// HMAC-SHA-256 keyed with a secret key over the concatenation of `parts`, as a secret key: for key derivation,
     /// where neither the key nor the output may pass through a buffer that is not wiped.
     static func hmacSHA256(key: SecretKey, _ parts: UnsafeRawBufferPointer...) -> SecretKey {
-        var mac = key.withUnsafeBytes { HMACSHA256(key: $0) }
-        for p in parts { mac.update(p) }
-        return SecretKey { mac.finish(into: $0) }
+        SecretKey { out in
+            key.withUnsafeBytes { k in hmacSHA256(key: k, into: out) { update in parts.forEach(update) } }
+        }
     }
 
-    /// HMAC-SHA-256 fed in pieces. Its state is derived from the key; `finish` wipes it (libsodium's final does).
-    private struct HMACSHA256 {
-        private var state = crypto_auth_hmacsha256_state()
-
-        init(key: UnsafeRawBufferPointer) {
-            Sodium.ready()
-            crypto_auth_hmacsha256_init(&state, key.baseAddress?.assumingMemoryBound(to: UInt8.self) ?? nonEmpty, key.count)
+    /// HMAC-SHA-256 with `key` over what `feed` hands to the update it is given, written to `out` (32 bytes). The
+    /// state, derived from the key, lives in one allocation that never moves and is never copied, and libsodium's
+    /// final wipes it (both of its SHA-256 states); a struct holding it could leave copies of it nothing wipes.
+    private static func hmacSHA256(key: UnsafeRawBufferPointer, into out: UnsafeMutablePointer<UInt8>,
+                                   _ feed: ((UnsafeRawBufferPointer) -> Void) -> Void) {
+        ready()
+        withUnsafeTemporaryAllocation(of: crypto_auth_hmacsha256_state.self, capacity: 1) { buffer in
+            let state = buffer.baseAddress!
+            crypto_auth_hmacsha256_init(state, key.baseAddress?.assumingMemoryBound(to: UInt8.self) ?? nonEmpty, key.count)
+            feed { bytes in
+                crypto_auth_hmacsha256_update(state, bytes.baseAddress?.assumingMemoryBound(to: UInt8.self) ?? nonEmpty,
+                                              UInt64(bytes.count))
+            }
+            crypto_auth_hmacsha256_final(state, out)
         }
-
-        mutating func update(_ bytes: UnsafeRawBufferPointer) {
-            crypto_auth_hmacsha256_update(&state, bytes.baseAddress?.assumingMemoryBound(to: UInt8.self) ?? nonEmpty,
-                                          UInt64(bytes.count))
-        }
-
-        /// Writes the 32-byte MAC. The state is spent (and zeroed) afterwards.
-        mutating func finish(into out: UnsafeMutablePointer<UInt8>) { crypto_auth_hmacsha256_final(&state, out) }
     }
 
     /// BLAKE2b of `data` with an output of `length` bytes (16…64), optionally keyed.
