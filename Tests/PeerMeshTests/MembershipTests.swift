@@ -17,6 +17,8 @@ struct MembershipStateMachineTests {
         var unreachable: Set<[UInt64]> = []
         /// Links between an unreachable pair, and the member relaying each (its introducer).
         var relayedVia: [[UInt64]: UInt64] = [:]
+        /// Introductions a member did not follow (no room, or its introducer's share spent).
+        var notFollowed = 0
 
         init(maximumPeers: Int = 8) { self.maximumPeers = maximumPeers }
 
@@ -88,6 +90,8 @@ struct MembershipStateMachineTests {
                     }
                 case .fault(let p, let f):
                     Issue.record("\(node) faulted \(p): \(f)")
+                case .notFollowed:
+                    notFollowed += 1
                 }
             }
         }
@@ -108,6 +112,7 @@ struct MembershipStateMachineTests {
         peers.forEach { w.add($0) }
         for p in peers.dropFirst() { w.link(p, peers[0]) }
         #expect(w.links.count == 6, "4 members, 6 links")
+        #expect(w.notFollowed == 0, "an honest mesh drops no introduction")
         w.checkViews()
     }
 
@@ -138,7 +143,7 @@ struct MembershipStateMachineTests {
         // Full (a, b, c = 3): no data for a fourth, and no connection to one either.
         let d = try PeerID(displayName: "d")
         #expect(m.received(.introRequest(peer: d), from: b) == [.send(b, .introData(forIdentity: d.identity, data: []))])
-        #expect(m.received(.introduce(peer: d, data: [1]), from: b).isEmpty)
+        #expect(m.received(.introduce(peer: d, data: [1]), from: b) == [.notFollowed(introducer: b)], "no room: counted")
         #expect(m.received(.introRequest(peer: a), from: b) == [.send(b, .introData(forIdentity: a.identity, data: []))], "not about ourselves")
     }
 
@@ -184,10 +189,15 @@ struct MembershipStateMachineTests {
             let other = try PeerIdentity.generate(displayName: "o\(i)").peerID
             others.append(other)
             let actions = m.received(.introduce(peer: other, data: [UInt8(i)]), from: liar)
-            if actions == [.connect(other, data: [UInt8(i)], introducer: liar)] { followed += 1 } else { #expect(actions.isEmpty) }
+            if actions == [.connect(other, data: [UInt8(i)], introducer: liar)] {
+                followed += 1
+            } else {
+                #expect(actions == [.notFollowed(introducer: liar)])
+            }
         }
         #expect(followed == 16, "the first 16, then none")
-        #expect(m.received(.introduce(peer: others[0], data: [7, 7]), from: liar).isEmpty, "nor the same peer again")
+        #expect(m.received(.introduce(peer: others[0], data: [7, 7]), from: liar) == [.notFollowed(introducer: liar)],
+                "nor the same peer again")
         #expect(m.expectedIntroductions.introduced == 16 && m.expectedIntroductions.introducedBy == [liar.identity: 16])
         // The first address of one of them failed: the driver says it is not connected. It is still expected through
         // the introduction (the next address may work), so when it joins it introduces no one.
@@ -204,7 +214,7 @@ struct MembershipStateMachineTests {
         #expect(m.received(.introduce(peer: others[0], data: [7, 7]), from: liar) == [.connect(others[0], data: [7, 7], introducer: liar)])
         let next = try PeerIdentity.generate(displayName: "next").peerID
         #expect(m.received(.introduce(peer: next, data: [2]), from: liar) == [.connect(next, data: [2], introducer: liar)])
-        #expect(m.received(.introduce(peer: others[60], data: [3]), from: liar).isEmpty, "16 again")
+        #expect(m.received(.introduce(peer: others[60], data: [3]), from: liar) == [.notFollowed(introducer: liar)], "16 again")
         // The liar leaves: what it introduced that has not joined is forgotten; the honest member's is still expected.
         _ = m.disconnected(liar)
         #expect(m.expectedIntroductions.introduced == 1 && m.expectedIntroductions.introducedBy == [honest.identity: 1])

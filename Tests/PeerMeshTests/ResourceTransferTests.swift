@@ -324,6 +324,9 @@ struct ResourceAttackOverTheLinkTests {
         // What was not followed takes none of the third member's share: each member counts only what it started.
         let shares = pair.host.core.loop.submitAndWait { pair.host.core.io.value.membership.expectedIntroductions.introducedBy }
         #expect(shares == [pair.guestPeer.identity: 16, second.peer.identity: 16], "\(shares)")
+        // Each one not followed is counted: 84 past each of the first two shares, and all 100 of the third's.
+        #expect(eventually(5) { pair.host.statistics.introductionsNotFollowed >= 268 })
+        #expect(pair.host.statistics.introductionsNotFollowed == 268)
         // They leave before those time out (in 5 s): no introduction goes on to its second address.
         for s in [pair.guest, second.session, third.session] { s.disconnect() }
         #expect(eventually(10) { inFlight() == 0 })
@@ -347,6 +350,7 @@ struct ResourceAttackOverTheLinkTests {
         #expect(silent.connectionsMade() == 5, "one connection per place")
         #expect(pair.host.core.loop.submitAndWait { pair.host.core.io.value.introductions.count } == 5)
         #expect(pair.hostLog.snapshot.failures.isEmpty, "those without room were not tried, so nothing failed")
+        #expect(pair.host.statistics.introductionsNotFollowed == 45, "but each was counted")
         withExtendedLifetime(silent) {}
     }
 

@@ -15,6 +15,9 @@ struct MembershipStateMachine: Sendable {
         case connect(PeerID, data: [UInt8], introducer: PeerID)
         /// `peer` broke the mesh protocol: count it and close its link.
         case fault(PeerID, PeerFault)
+        /// An introduction by the member `introducer` is not followed: there is no room for its peer, or the member's
+        /// share is spent. Count it (`SessionStatistics.introductionsNotFollowed`).
+        case notFollowed(introducer: PeerID)
     }
 
     let me: PeerID
@@ -134,10 +137,12 @@ struct MembershipStateMachine: Sendable {
             guard !data.isEmpty, let newcomer = members.first(where: { $0.identity == id }) else { return [] }
             return [.send(newcomer, .introduce(peer: peer, data: data))]
         case .introduce(let other, let data):
-            guard topology == .mesh, other != me, !members.contains(other), members.count + 1 < maximumPeers else { return [] }
-            // Past its share: not followed.
+            guard topology == .mesh, other != me, !members.contains(other) else { return [] }
+            // No room, or past its share: not followed.
             var list = introducedBy[peer.identity, default: []]
-            guard list.count < maximumIntroducedPerMember else { return [] }
+            guard members.count + 1 < maximumPeers, list.count < maximumIntroducedPerMember else {
+                return [.notFollowed(introducer: peer)]
+            }
             list.append(other.identity)
             introducedBy[peer.identity] = list
             introduced.insert(other.identity)

@@ -123,6 +123,10 @@ public struct SessionStatistics: Sendable, Equatable, BitwiseCopyable {
     /// the middle that lets them fail, an app that keeps inviting peers that decline, or more than 16 in flight at
     /// once.
     public var pacedInvitations: UInt64 = 0
+    /// Introductions by members (MESH_INTRODUCE) that this side did not follow: too many from that member, or from all
+    /// members, in flight at once; no room for the peer under `maximumPeers`; or connection data that leads nowhere
+    /// (docs/PROTOCOL.md §3.8). Many of them point at a member that has us connect wherever it likes.
+    public var introductionsNotFollowed: UInt64 = 0
 
     public init() {}
 }

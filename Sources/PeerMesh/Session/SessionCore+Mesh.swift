@@ -21,7 +21,10 @@ extension SessionCore {
             case .connect(let peer, let data, let introducer):
                 if !connectIntroduced(peer, data: data, introducer: introducer) {
                     io.value.membership.notFollowed(peer, introducedBy: introducer)
+                    counters.add { $0.introductionsNotFollowed += 1 }
                 }
+            case .notFollowed:
+                counters.add { $0.introductionsNotFollowed += 1 }
             case .fault(let peer, let fault):
                 guard let link = shared.withLock({ $0.machine.primaryLink(for: peer) }) else { continue }
                 faulted(link, fault)
