@@ -15,6 +15,11 @@ import Glibc
 /// Returns whether the advertiser answered; false when it closed the connection at once (refused) or said nothing.
 package func abandonedHandshake(port: UInt16, preamble: [UInt8], seconds: Double = 2) -> Bool {
     guard let tcp = try? FileDescriptor.tcpConnect(to: SocketAddress(numericHost: "127.0.0.1", port: port)!) else { return false }
+    return abandonedHandshake(over: tcp, preamble: preamble, seconds: seconds)
+}
+
+/// The same try over `tcp`, a connection to the advertiser made by other means (a relay pipe's end), which it closes.
+package func abandonedHandshake(over tcp: FileDescriptor, preamble: [UInt8], seconds: Double = 2) -> Bool {
     defer { tcp.close() }
     var p = pollfd(fd: tcp.fd, events: Int16(POLLOUT), revents: 0)
     guard poll(&p, 1, Int32(seconds * 1_000)) == 1, p.revents & Int16(POLLOUT) != 0 else { return false }

@@ -473,6 +473,37 @@ struct AttackTests {
         withExtendedLifetime(advertiser) {}
     }
 
+    @Test("Relayed searchers are rationed by the identity their member names: one is refused after its burst, another relayed caller and a direct one still get answers")
+    func relayedDigitSearchIsRationedPerNamedIdentity() throws {
+        let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
+        let log = MeshEventLog()
+        host.delegate = log
+        let advertiser = try advertise(host, as: "pm-relsearch", answeredBy: log)
+        /// One try through a relay pipe a member splices for `caller`: the advertiser takes the pipe's end.
+        func relayedTry(as caller: PeerID) throws -> Bool {
+            let (ours, theirs) = try FileDescriptor.streamPair()
+            #expect(advertiser.admitRelayed(ours, from: caller))
+            return abandonedHandshake(over: theirs, preamble: SecureChannel.preamble(1))
+        }
+        let searcher = try PeerIdentity.generate(displayName: "searcher").peerID
+        var outcomes: [Bool] = []
+        let started = Date()
+        for _ in 0..<20 { outcomes.append(try relayedTry(as: searcher)) }
+        let elapsed = Date().timeIntervalSince(started)
+        let answered = outcomes.filter { $0 }.count
+        #expect(outcomes.prefix(16).allSatisfy { $0 }, "\(outcomes)")
+        #expect(answered <= 16 + Int(elapsed), "\(answered) answered in \(elapsed) s: \(outcomes)")
+        #expect(advertiser.statistics.rationedConnections == UInt64(20 - answered), "every refusal counted, exactly")
+        // Another relayed caller (another named identity, through the same member or not) has tries of its own, and
+        // so has a direct caller; the searcher's are still spent.
+        let other = try PeerIdentity.generate(displayName: "other").peerID
+        #expect(try relayedTry(as: other), "another relayed caller is answered")
+        #expect(abandonedHandshake(port: advertiser.port!, preamble: SecureChannel.preamble(1)), "a direct caller is answered")
+        #expect(try !relayedTry(as: searcher), "the searcher is still refused")
+        #expect(log.snapshot.invitations.isEmpty, "no try reached the app")
+        withExtendedLifetime(advertiser) {}
+    }
+
     @Test("A man in the middle learns the advertiser's digits only once its app shows them to a person: not from the handshake, not from inviting")
     func advertisersDigitsCostAnInvitationShownToAPerson() throws {
         let host = try PeerID(displayName: "host")
