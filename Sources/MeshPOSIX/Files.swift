@@ -283,3 +283,15 @@ package enum TemporaryDirectory {
         rmdir(directory)
     }
 }
+
+/// What a filesystem has room for.
+package enum FileSystem {
+    /// Bytes an unprivileged process may still write on the filesystem that holds `path` (`statvfs`'s `f_bavail`
+    /// blocks: without the part kept for root).
+    package static func availableBytes(at path: String) throws(SyscallError) -> UInt64 {
+        var fs = statvfs()
+        try Sys.call("statvfs(\(path))") { statvfs(path, &fs) }
+        let (bytes, overflow) = UInt64(fs.f_bavail).multipliedReportingOverflow(by: UInt64(fs.f_frsize))
+        return overflow ? .max : bytes
+    }
+}

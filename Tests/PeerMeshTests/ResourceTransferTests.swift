@@ -129,6 +129,34 @@ struct ResourceTransferTests {
         #expect(eventually(5) { scratch.contents("inbox").isEmpty }, "no partial file")
     }
 
+    @Test("A resource the receiver's disk has no room for (with its reserve) is refused at its start: the sender hears why, the app hears nothing, nothing is written")
+    func noRoomOnTheDiskIsRefusedAtTheStart() throws {
+        let scratch = try Scratch("noroom")
+        var config = Session.Configuration()
+        config.resourceDirectory = scratch.path
+        config.maximumResourceSize = .max
+        let pair = try Pair(hostConfig: config)
+        // A sparse file a quarter larger than what the disk has free: it takes no room here, and the margin holds
+        // whatever else the machine writes or deletes meanwhile.
+        let available = try FileSystem.availableBytes(at: scratch.path)
+        let path = "\(scratch.path)/huge.sparse"
+        #expect(FileManager.default.createFile(atPath: path, contents: nil))
+        let handle = try #require(FileHandle(forWritingAtPath: path))
+        try handle.truncate(atOffset: available + available / 4)
+        try handle.close()
+        let done = Completion()
+        let progress = try pair.guest.sendResource(at: URL(fileURLWithPath: path), withName: "huge", toPeer: pair.hostPeer,
+                                                   withCompletionHandler: done.handler)
+        #expect(eventually(10) { done.only != nil })
+        let said = String(describing: done.only.flatMap { $0 } as Any)
+        #expect(said.contains("not enough free space on the receiver"), "\(said)")
+        #expect(progress.isFinished && progress.error != nil)
+        #expect(pair.hostLog.snapshot.resourcesStarted.isEmpty && pair.hostLog.snapshot.resourcesFinished.isEmpty,
+                "the receiving app never heard of it")
+        #expect(scratch.contents() == ["huge.sparse"], "no directory was made for it")
+        #expect(pair.host.statistics.peerFaults == 0 && pair.host.state(of: pair.guestPeer) == .connected)
+    }
+
     enum Canceller: String, CaseIterable { case sender, receiver, disconnect }
 
     @Test("Cancelling midway, from either side or by leaving, leaves no partial file and tells both apps", arguments: Canceller.allCases)
@@ -240,6 +268,35 @@ struct ResourceAttackOverTheLinkTests {
 
     private func inject(_ frames: [ControlFrame], from session: Session, to peer: PeerID) {
         injectFrames(frames, from: session, to: peer)
+    }
+
+    @Test("Transfers that each fit the receiver's disk but not together: the second is refused at its start, while the first still owes its bytes")
+    func transfersThatTogetherWouldFillTheDisk() throws {
+        let scratch = try Scratch("owed")
+        let available = try FileSystem.availableBytes(at: scratch.path)
+        var config = Session.Configuration(resourceDirectory: scratch.path, maximumResourceSize: .max)
+        // A reserve an eighth of the free space, and two announced sizes that each leave room for it with a margin
+        // of nearly a fifth of the disk, and together overrun it by a quarter: whatever else the machine writes or
+        // deletes meanwhile, the first fits and the second does not. (Nothing is sent: the sizes are only announced.)
+        config.resourceFreeSpaceReserve = available / 8
+        let size = (available - available / 8) / 2 + available / 8
+        let pair = try Pair(hostConfig: config)
+        inject([.start(id: 1, size: size, name: "first")], from: pair.guest, to: pair.hostPeer)
+        #expect(pair.hostLog.wait(5) { $0.resourcesStarted.count == 1 })
+        inject([.start(id: 2, size: size, name: "second")], from: pair.guest, to: pair.hostPeer)
+        usleep(300_000)
+        #expect(pair.hostLog.snapshot.resourcesStarted.map(\.1) == ["first"], "the second was refused before the app heard of it")
+        #expect(scratch.contents().count == 1, "one directory: the first's")
+        // Once the first is over, its bytes are no longer owed: the same size starts again.
+        inject([.cancel(id: 1)], from: pair.guest, to: pair.hostPeer)
+        #expect(pair.hostLog.wait(5) { $0.resourcesFinished.count == 1 })
+        inject([.cancel(id: 2), .start(id: 3, size: size, name: "third")], from: pair.guest, to: pair.hostPeer)
+        #expect(pair.hostLog.wait(5) { $0.resourcesStarted.count == 2 })
+        #expect(pair.hostLog.snapshot.resourcesStarted.map(\.1) == ["first", "third"])
+        inject([.cancel(id: 3)], from: pair.guest, to: pair.hostPeer)
+        #expect(pair.hostLog.wait(5) { $0.resourcesFinished.count == 2 })
+        #expect(eventually(5) { scratch.contents().isEmpty })
+        #expect(pair.host.statistics.peerFaults == 0)
     }
 
     @Test("A stream writer that sends past the reader's window is cut off; the reader sees the stream fail")

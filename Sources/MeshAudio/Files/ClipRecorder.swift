@@ -148,11 +148,10 @@ public final class ClipRecorder: Sendable {
 
     /// Throws unless the directory's filesystem has room for the largest clip and `reservedBytes` besides.
     private func checkFreeSpace() throws {
-        var fs = statvfs()
-        guard statvfs(configuration.directory, &fs) == 0 else {
-            throw ClipError("cannot check the free space in \(configuration.directory): \(String(cString: strerror(errno)).lowercased())")
+        let free: UInt64
+        do { free = try FileSystem.availableBytes(at: configuration.directory) } catch {
+            throw ClipError("cannot check the free space in \(configuration.directory): \(error.description)")
         }
-        let free = UInt64(fs.f_bavail) * UInt64(fs.f_frsize)
         let needed = largestClipBytes.addingReportingOverflow(configuration.reservedBytes)
         guard !needed.overflow, free >= needed.partialValue else {
             throw ClipError("not enough free space in \(configuration.directory): \(free >> 20) MiB free; a clip needs up to "

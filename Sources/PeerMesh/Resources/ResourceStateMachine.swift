@@ -83,6 +83,15 @@ struct ResourceStateMachine: Sendable {
         }.sorted()
     }
 
+    /// Bytes the incoming transfers still receiving are owed (what they will yet write to the disk).
+    var owedIncomingBytes: UInt64 {
+        incoming.values.reduce(0) { total, state in
+            guard case .receiving(let size, let received) = state else { return total }
+            let (sum, overflow) = total.addingReportingOverflow(size - received)
+            return overflow ? .max : sum
+        }
+    }
+
     /// Transfers in flight, each way (for tests and statistics).
     var counts: (outgoing: Int, incoming: Int) { (outgoing.count, incoming.count) }
 

@@ -208,8 +208,13 @@ extension SessionCore {
         }
     }
 
-    /// A peer starts a transfer: a directory of its own with the partial file, then the app hears of it.
+    /// A peer starts a transfer: a directory of its own with the partial file, then the app hears of it. Refused
+    /// first when the disk has no room for it, besides what other transfers still owe and the reserve.
     private func openIncoming(_ key: ResourceKey, from peer: PeerID, name: String, size: UInt64) {
+        if let refusal = noRoom() {
+            let actions = io.value.resources.cancelIncoming(key, outcome: .refused, text: refusal)
+            return performResources(actions.filter { if case .discard = $0 { false } else { true } })
+        }
         let incoming: IncomingResource
         do {
             let hasher = try OpenSSL.SHA256()
@@ -237,6 +242,19 @@ extension SessionCore {
         if let s = owner.withLock({ $0.value }), let d = delegate.withLock({ $0.value }) {
             d.session(s, didStartReceivingResourceWithName: name, fromPeer: peer, with: incoming.progress)
         }
+    }
+
+    /// Why the transfers receiving now (this one among them: the machine counts it) cannot all be written while
+    /// `resourceFreeSpaceReserve` stays free; nil when they can. The text goes to the sender.
+    private func noRoom() -> String? {
+        let reserve = configuration.resourceFreeSpaceReserve
+        let available: UInt64
+        do { available = try FileSystem.availableBytes(at: resourceDirectory) } catch {
+            return "the receiver cannot tell its free space"
+        }
+        let (needed, overflow) = io.value.resources.owedIncomingBytes.addingReportingOverflow(reserve)
+        guard overflow || needed > available else { return nil }
+        return "not enough free space on the receiver (it keeps \(reserve >> 20) MiB free)"
     }
 
     /// Tops `link`'s queue up with chunks of its outgoing transfers, taking turns, up to the high-water mark.

@@ -190,6 +190,10 @@ public final class Session: Sendable {
         /// Largest resource accepted from a peer, in bytes (default 64 GiB); a larger one is refused. Values above
         /// `Int64.max` (what `ResourceProgress` counts) mean `Int64.max`.
         public var maximumResourceSize: UInt64 = 1 << 36
+        /// Free space kept on `resourceDirectory`'s filesystem (default 256 MiB): a resource whose bytes, with those
+        /// still owed to the transfers in progress, would leave less is refused at its start (the sender hears "not
+        /// enough free space"), so peers cannot fill the disk, however many send at once.
+        public var resourceFreeSpaceReserve: UInt64 = 256 << 20
         /// `.mesh` (default) or `.star`. A session without encryption is always a star (introductions pin keys).
         public var topology: Topology = .mesh
         /// `.delegate` (default) or `.reader`: see `DatagramDelivery`.

@@ -126,7 +126,7 @@ public enum ResourceOutcome: UInt8, Sendable, Equatable, CustomStringConvertible
         case .cancelled: "cancelled by the receiver"
         case .hashMismatch: "the received bytes do not match the sender's SHA-256"
         case .storageFailed: "the receiver could not store it"
-        case .refused: "refused by the receiver (too many transfers at once, or too large)"
+        case .refused: "refused by the receiver (too many transfers at once, too large, or no room on its disk)"
         }
     }
 }
