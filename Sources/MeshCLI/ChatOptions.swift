@@ -133,6 +133,27 @@ package enum ChatInput: Equatable, Sendable {
     }
 }
 
+/// Where a file a member sent is kept: in the receive directory, under the name it was sent with, unless that name
+/// is taken (then `name.1`, `name.2`…) or starts with a dot. A dot name would be hidden from `ls`, and could be a
+/// shell's or a tool's startup file (`.bash_profile`, `.envrc`) in a directory someone chats from: it is kept
+/// visible, with a `_` before it. (PeerMesh has already refused names that are not one plain path component.)
+package enum ReceivedFile {
+    /// The file name a resource named `name` is kept under, before any `.1` that a taken name adds.
+    package static func name(for name: String) -> String { name.hasPrefix(".") ? "_" + name : name }
+
+    /// `directory/name`, or `directory/name.1`, `.2`… if taken (`name` as `name(for:)` makes it).
+    package static func freePath(in directory: String, for resource: String) -> String {
+        let base = "\(directory)/\(name(for: resource))"
+        var path = base
+        var n = 1
+        while FileManager.default.fileExists(atPath: path) {
+            path = "\(base).\(n)"
+            n += 1
+        }
+        return path
+    }
+}
+
 /// A chat message on the wire (a reliable PeerMesh message): a kind byte, then UTF-8 text.
 package enum ChatMessage: Equatable, Sendable {
     /// A line for the whole room.

@@ -1,3 +1,5 @@
+import MeshPOSIX
+
 /// Makes text from the network safe to print on a terminal: control characters (C0, DEL, C1 — the escape
 /// character among them), Unicode bidirectional controls and other invisible format characters become visible
 /// escapes (`\x1b`, `\u{202e}`), so a remote name can neither move the cursor, rewrite a prompt, nor reorder what
@@ -10,10 +12,10 @@ package enum TerminalText {
             let v = u.value
             switch v {
             case 0x5c: out += "\\\\"
-            case 0x00..<0x20, 0x7f, 0x80..<0xa0:
+            case _ where u.isControlOrHidden && v < 0xa0:
                 let hex = String(v, radix: 16)
                 out += "\\x" + (hex.count < 2 ? "0" : "") + hex
-            case 0x200b...0x200f, 0x2028...0x202e, 0x2060...0x206f, 0x061c, 0xfeff, 0xfff9...0xfffb:
+            case _ where u.isControlOrHidden:
                 out += "\\u{" + String(v, radix: 16) + "}"
             default:
                 out.unicodeScalars.append(u)

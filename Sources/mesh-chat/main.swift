@@ -164,32 +164,24 @@ final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServic
 
     func session(_ session: Session, didStartReceivingResourceWithName name: String, fromPeer peer: PeerID,
                  with progress: ResourceProgress) {
-        terminal.log("receiving \(name) (\(progress.totalUnitCount) bytes) from \(label(peer))")
+        terminal.log("receiving \(TerminalText.escape(name)) (\(progress.totalUnitCount) bytes) from \(label(peer))")
     }
 
     func session(_ session: Session, didFinishReceivingResourceWithName name: String, fromPeer peer: PeerID,
                  at localURL: URL?, withError error: PeerMeshError?) {
+        // The name is the member's: shown escaped, like every other text from the network. The path it is kept at is
+        // printed as it is, to be used: PeerMesh took the name only if it holds no control or invisible character.
+        let shown = TerminalText.escape(name)
         guard let localURL else {
-            return terminal.error("\(name) from \(label(peer)) did not arrive: \(error.map(String.init(describing:)) ?? "?")")
+            return terminal.error("\(shown) from \(label(peer)) did not arrive: \(error.map(String.init(describing:)) ?? "?")")
         }
-        let target = Self.freePath(in: options.receiveDirectory, for: name)
+        let target = ReceivedFile.freePath(in: options.receiveDirectory, for: name)
         do {
             try FileManager.default.moveItem(atPath: localURL.path, toPath: target)
-            terminal.stdout("* received \(name) from \(label(peer)): \(target)")
+            terminal.stdout("* received \(shown) from \(label(peer)): \(target)")
         } catch {
-            terminal.error("cannot keep \(name) from \(label(peer)) in \(options.receiveDirectory): \(error)")
+            terminal.error("cannot keep \(shown) from \(label(peer)) in \(options.receiveDirectory): \(error)")
         }
-    }
-
-    /// `directory/name`, or `directory/name.1`, `.2`… if taken.
-    static func freePath(in directory: String, for name: String) -> String {
-        var path = "\(directory)/\(name)"
-        var n = 1
-        while FileManager.default.fileExists(atPath: path) {
-            path = "\(directory)/\(name).\(n)"
-            n += 1
-        }
-        return path
     }
 
     // MARK: Input

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import MeshCLI
+import MeshPOSIX
 import MeshTestSupport
 @testable import PeerMesh
 
@@ -124,6 +125,12 @@ struct MeshChatTests {
            let firstChat = cLines.firstIndex(of: "<m1> chat 0") {
             #expect(firstChat < fileAt, "chat waited for the 50 MB file")
         }
+        // A dot name (a shell's startup file, in a directory someone may chat from) is kept visible, not as sent.
+        try Data("export PATH=/tmp/evil\n".utf8).write(to: URL(fileURLWithPath: a.directory + "/.envrc"))
+        a.type("/send \(a.directory)/.envrc")
+        #expect(eventually(20) { b.lines.contains("* received .envrc from m0: \(b.directory)/inbox/_.envrc") }, "\(b.lines.suffix(3))")
+        #expect(!FileManager.default.fileExists(atPath: b.directory + "/inbox/.envrc"))
+        #expect(try Data(contentsOf: URL(fileURLWithPath: b.directory + "/inbox/_.envrc")) == Data("export PATH=/tmp/evil\n".utf8))
         for m in members { m.endInput() }
         for m in members { #expect(m.process.waitForExit(seconds: 20) == 0) }
     }
@@ -219,6 +226,18 @@ struct ChatParsingTests {
         guard case .invalid = ChatInput(line: "/to ann") else { Issue.record("/to without text"); return }
         guard case .invalid = ChatInput(line: "/send") else { Issue.record("/send without a path"); return }
         guard case .invalid = ChatInput(line: "/dance") else { Issue.record("unknown command"); return }
+    }
+
+    @Test("A received file keeps its name unless that is taken or starts with a dot: never hidden, never replacing one")
+    func receivedFileNames() throws {
+        #expect(ReceivedFile.name(for: "song.wav") == "song.wav")
+        #expect(ReceivedFile.name(for: ".bash_profile") == "_.bash_profile")
+        #expect(ReceivedFile.name(for: "a.b.") == "a.b.")
+        let dir = try TemporaryDirectory.make(in: TemporaryDirectory.system, prefix: "pm-chat-names-")
+        defer { TemporaryDirectory.remove(dir) }
+        #expect(ReceivedFile.freePath(in: dir, for: ".envrc") == "\(dir)/_.envrc")
+        for taken in ["_.envrc", "_.envrc.1"] { #expect(FileManager.default.createFile(atPath: "\(dir)/\(taken)", contents: nil)) }
+        #expect(ReceivedFile.freePath(in: dir, for: ".envrc") == "\(dir)/_.envrc.2")
     }
 
     @Test func messagesRoundTripAndHostileTextIsDropped() {

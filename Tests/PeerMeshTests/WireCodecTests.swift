@@ -277,13 +277,23 @@ private let sampleFrames: [ControlFrame] = [
         #expect(decode([16, 0, 0, 0, 1, 0]) == .failure(.truncated))
     }
 
-    /// A resource name becomes a file name on the receiver: anything but one plain path component is refused.
-    @Test(arguments: [".", "..", "a/b", "/etc", "x\u{0}y", "tab\there", "del\u{7f}", ""])
+    /// A resource name becomes a file name on the receiver: anything but one plain path component that shows what
+    /// it is is refused (a C1 CSI that would rewrite a terminal listing it; a right-to-left override that makes
+    /// `invoice\u{202e}fdp.exe` read as `invoiceexe.pdf`; a zero-width space; a byte-order mark).
+    @Test(arguments: [".", "..", "a/b", "/etc", "x\u{0}y", "tab\there", "del\u{7f}", "", "\u{9b}2J", "invoice\u{202e}fdp.exe",
+                      "a\u{200b}b", "\u{feff}x", "line\u{2028}break"])
     func resourceNamesThatAreNotOnePathComponentDoNotDecode(_ name: String) {
         let n = Array(name.utf8)
         let body: [UInt8] = [8, 0, 0, 0, 1] + [UInt8](repeating: 0, count: 8) + [UInt8(n.count)] + n
         #expect(decode(body) == .failure(.badField("resource name")))
         #expect(!ResourceName.isValid(name))
+    }
+
+    @Test(arguments: ["song.raw", "é è 🎧.flac", ".hidden", "a..b", "שיר.wav", "名前.txt", String(repeating: "x", count: 255)])
+    func resourceNamesThatArePlainFileNamesDecode(_ name: String) {
+        #expect(ResourceName.isValid(name))
+        #expect(decode(Array(ControlFrame.resource(.start(id: 1, size: 5, name: name)).encoded().dropFirst(4)))
+                == .success(.resource(.start(id: 1, size: 5, name: name))))
     }
 
     @Test func resourceFrameFailures() {

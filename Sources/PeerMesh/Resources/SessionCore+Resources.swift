@@ -54,7 +54,7 @@ extension SessionCore {
     func sendResource(at path: String, name: String, to peer: PeerID,
                       completion: (@Sendable (PeerMeshError?) -> Void)?) throws(PeerMeshError) -> ResourceProgress {
         guard ResourceName.isValid(name) else {
-            throw .invalidParameter("sendResource: the name must be 1–255 bytes of one path component (no '/', no control characters)")
+            throw .invalidParameter("sendResource: the name must be 1–255 bytes of one path component (no '/', no control or invisible format characters)")
         }
         guard let link = shared.withLock({ $0.machine.primaryLink(for: peer) }) else {
             throw .notConnected("sendResource: peer \(peer) is not connected; nothing was sent")

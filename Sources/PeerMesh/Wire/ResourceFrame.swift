@@ -1,3 +1,5 @@
+import MeshPOSIX
+
 /// The frames of one resource transfer (`Session.sendResource`), carried on the reliable connection inside its
 /// secure channel like every other frame. The sender names each of its transfers with an `id` of its own choosing;
 /// the receiver answers with the sender's `id`. See docs/PROTOCOL.md §4.
@@ -131,13 +133,15 @@ public enum ResourceOutcome: UInt8, Sendable, Equatable, CustomStringConvertible
     }
 }
 
-/// The rules for a resource's name: it becomes a file name on the receiver, so it is one path component.
+/// The rules for a resource's name: it becomes a file name on the receiver, so it is one path component, and one
+/// that shows what it is.
 enum ResourceName {
-    /// 1…255 UTF-8 bytes, no `/`, no NUL, no control characters, not `.` or `..`.
+    /// 1…255 UTF-8 bytes, no `/`, not `.` or `..`, and no control characters (C0 with NUL, DEL, C1) nor invisible
+    /// format characters (bidirectional controls, zero-width characters…: `Unicode.Scalar.isControlOrHidden`), with
+    /// which a name could rewrite a terminal that lists it or pass for another (`invoice\u{202e}fdp.exe`).
     static func isValid(_ name: String) -> Bool {
-        let bytes = name.utf8
-        guard (1...ResourceFrame.maximumName).contains(bytes.count), name != ".", name != ".." else { return false }
-        return !bytes.contains { $0 == UInt8(ascii: "/") || $0 < 0x20 || $0 == 0x7f }
+        guard (1...ResourceFrame.maximumName).contains(name.utf8.count), name != ".", name != ".." else { return false }
+        return !name.unicodeScalars.contains { $0 == "/" || $0.isControlOrHidden }
     }
 }
 
