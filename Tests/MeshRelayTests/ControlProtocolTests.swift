@@ -610,8 +610,23 @@ struct LogThrottleTests {
         #expect(t.admit("b", now: 500) == 0, "keys are apart")
         #expect(t.admit("a", now: 1_000) == 2, "the next line says how many were held back")
         #expect(t.admit("a", now: 1_500) == nil)
-        t.forget("a")
-        #expect(t.admit("a", now: 1_600) == 0, "a forgotten key starts afresh")
+        // A key is kept while it may hold a line back, and a count of lines held back for a while besides: keys that
+        // come and go do not pile up.
+        #expect(t.count == 2)
+        #expect(t.admit("c", now: 1_600) == 0)
+        #expect(t.count == 2, "b's interval is over and it held nothing back: forgotten")
+        #expect(t.admit("b", now: 1_700) == 0, "a forgotten key comes at once, as it would have")
+        #expect(t.admit("a", now: 2_000) == 1, "a's held line is said with its next one")
+        for k in 0..<1_000 { _ = t.admit("k\(k)", now: 10_000 + UInt64(k) * 100) }
+        #expect(t.count <= 11, "\(t.count) keys remembered")
+        _ = t.admit("x", now: 200_000)
+        _ = t.admit("x", now: 200_001)
+        _ = t.admit("y", now: 200_000 + 59 * 1_000)
+        #expect(t.admit("x", now: 200_000 + 59 * 1_000 + 10) == 1, "kept 60 intervals for its count")
+        _ = t.admit("z", now: 400_000)
+        _ = t.admit("z", now: 400_001)
+        _ = t.admit("w", now: 400_000 + 61 * 1_000)
+        #expect(t.admit("z", now: 400_000 + 61 * 1_000 + 10) == 0, "then forgotten")
     }
 }
 
@@ -667,10 +682,37 @@ struct CommandBudgetTests {
         #expect(told.count == 10, "told once a second: \(told)")
         #expect(told.reduce(0, +) <= 9_401 && told.dropFirst().allSatisfy { $0 <= 1_000 })
         #expect(told.reduce(0, +) + (b.takeUntold(7, now: start + 11 * Self.second) ?? 0) == 9_401, "every drop is said once")
-        // A player that leaves is forgotten (it comes back with a full burst); its drops stay in the total.
-        b.forget(7)
-        #expect(b.dropped(by: 7) == 0 && b.totalDropped == 9_401)
-        #expect((0..<100).filter { _ in b.spend(7, now: start + 10 * Self.second) == .take }.count == 100)
+        // A player that leaves and comes back at once finds its budget as it left it: a reconnect buys no burst.
+        let left = start + 10 * Self.second
+        b.forget(7, now: left)
+        #expect(b.dropped(by: 7) == 9_401, "remembered while its bucket refills")
+        let back = (0..<100).filter { _ in b.spend(7, now: left + 1_000) == .take }.count
+        #expect(back <= 1, "no fresh burst for coming back: \(back)")
+        #expect(b.totalDropped == 9_401 + UInt64(100 - back))
+        // Gone for the 2 s its bucket takes to fill, it is forgotten (it would come back to a full burst anyway) when
+        // another player leaves; its drops stay in the total.
+        b.forget(7, now: left + 2_000)
+        b.forget(8, now: left + Self.second)
+        #expect(b.dropped(by: 7) > 0, "not full yet")
+        b.forget(8, now: left + 2 * Self.second + 2_000)
+        #expect(b.dropped(by: 7) == 0 && b.totalDropped == 9_401 + UInt64(100 - back))
+        #expect((0..<101).filter { _ in b.spend(7, now: left + 3 * Self.second) == .take }.count == 100)
+    }
+
+    @Test("Leaving and rejoining at once, a thousand times, gets a player no more than staying would")
+    func reconnectingBuysNoBudget() {
+        var b = CommandBudget<Int>()
+        let start = 100 * Self.second
+        var taken = 0
+        // 1,000 visits in one second, 100 commands each, each visit a fresh connection of the same key.
+        for visit in 0..<1_000 {
+            let now = start + UInt64(visit) * 1_000_000
+            taken += (0..<100).filter { _ in b.spend(1, now: now) == .take }.count
+            b.forget(1, now: now)
+        }
+        // The burst, and 50 a second for the 0.999 s the visits took (20 ms a command): as if it had stayed.
+        #expect(taken == 100 + 49, "\(taken)")
+        #expect(b.totalDropped == 100_000 - UInt64(taken))
     }
 }
 
@@ -691,6 +733,21 @@ struct ChangeLineCoalescerTests {
         // A summary that comes late: the change after the second says what was held, and the summary nothing.
         #expect(c.change(1, now: t0 + 3_000_000_000) == .log(held: 1))
         #expect(c.summarize(1, now: t0 + 3_000_000_001) == nil)
+    }
+
+    @Test("A player that leaves keeps its second (coming back buys no fresh line); keys with nothing held and their second over are forgotten")
+    func keysOutliveAVisitButDoNotPileUp() {
+        var c = ChangeLineCoalescer<Int>(interval: 1_000)
+        #expect(c.change(1, now: 0) == .log(held: 0), "joined")
+        #expect(c.change(1, now: 10) == .hold(summarizeIn: 990), "left: held")
+        #expect(c.change(1, now: 20) == .hold(summarizeIn: nil), "joined again: held")
+        #expect(c.change(2, now: 30) == .log(held: 0))
+        #expect(c.count == 2)
+        #expect(c.summarize(1, now: 1_000) == 2)
+        #expect(c.change(3, now: 2_500) == .log(held: 0))
+        #expect(c.count == 1, "1's summary left nothing held and its second is over; so is 2's")
+        for k in 0..<1_000 { _ = c.change(100 + k, now: 10_000 + UInt64(k) * 100) }
+        #expect(c.count <= 11, "\(c.count) keys remembered")
     }
 
     @Test func aPlayerThatTogglesAThousandTimesASecondCostsOneLineASecondAndEveryChangeIsAccountedFor() {

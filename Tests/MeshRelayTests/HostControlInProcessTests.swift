@@ -315,6 +315,42 @@ struct TalkbackEndsInProcessTests {
 /// its log readable, and an honest player is served as ever.
 @Suite("Control command flood, in one process", .serialized)
 struct ControlFloodInProcessTests {
+    @Test("A paired player that comes back 20 times with 100 commands each: no visit buys a fresh budget, the host's log gets about a line a second, and its trust store one write")
+    func reconnectingBuysNothing() throws {
+        let paired = try PairedStates(players: 1, hostName: "revisit-host")
+        let lines = Mutex<[String]>([])
+        let tone = try ToneSource(frequency: 440, amplitude: 0.5, format: .default, periodFrames: 128)
+        let config = RelayHost.Configuration(identity: paired.host, trust: paired.hostTrust, serviceType: "pmr-revisit",
+                                             maximumPeers: 8, discovery: InProcessDiscovery())
+        let host = try RelayHost(configuration: config, source: tone, log: { l in lines.withLock { $0.append(l) } })
+        try host.start()
+        defer { host.stop() }
+        let endpoint = PeerEndpoint(host: "127.0.0.1", port: host.port)
+        // The store is replaced (a new file renamed into place) at each write: its inode tells whether one happened.
+        func storeFile() -> Int? { try? FileManager.default.attributesOfItem(atPath: paired.hostTrust.path)[.systemFileNumber] as? Int }
+        let start = Date()
+        var sent: UInt64 = 0
+        var afterFirstVisit: Int?
+        for visit in 0..<20 {
+            let client = try RawControlClient(identity: try paired.playerIdentity(0), endpoint: endpoint)
+            for i in 0..<100 where client.send(UInt32(visit * 100 + i + 1), .resume) { sent += 1 }
+            // Each command taken (answered) or dropped (counted) before the player leaves.
+            #expect(eventually(5) { let s = host.statistics; return s.controlCommands + s.droppedControl == sent })
+            client.stop()
+            #expect(eventually(5) { host.statistics.players.isEmpty })
+            if visit == 0 { afterFirstVisit = storeFile() }
+        }
+        let seconds = Date().timeIntervalSince(start)
+        let taken = host.statistics.controlCommands
+        #expect(sent == 2_000)
+        #expect(taken >= 100 && Double(taken) <= 100 + 50 * (seconds + 0.5), "\(taken) taken in \(seconds) s: as if it had stayed")
+        #expect(afterFirstVisit != nil && storeFile() == afterFirstVisit, "the first visit was written down, the 19 after it within the minute not")
+        Thread.sleep(forTimeInterval: 1.2)  // the last summary
+        let visits = lines.withLock { $0 }.filter { $0.hasPrefix("player player-0 ") }
+        #expect(visits.count >= 2 && Double(visits.count) <= seconds + 3, "\(visits.count) lines in \(seconds) s: \(visits)")
+        #expect(visits.last.map { $0.hasPrefix("player player-0 left") } == true, "the last line says it left: \(visits.last ?? "")")
+    }
+
     @Test("20 000 pause/resume pairs from one player: a few toggle lines a second in the host's log, every command taken or dropped and counted, and a second player's pause and resume still work")
     func aFloodIsDroppedAndCountedAndTheLogStaysReadable() throws {
         let paired = try PairedStates(players: 2, hostName: "flood-host")

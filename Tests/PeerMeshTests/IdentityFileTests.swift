@@ -146,6 +146,35 @@ struct IdentityFileTests {
         #expect(try store.list().isEmpty)
     }
 
+    @Test("A visit is written down once a minute at most for one name, and never for a key that is not trusted: a peer that reconnects without end costs the disk nothing per connection")
+    func touchWritesOnlyWhatChanged() throws {
+        let path = temporaryDirectory() + "/trust.json"
+        let store = TrustStore(path: path)
+        let key = try PeerIdentity.generate(displayName: "k").publicKey
+        let stranger = try PeerIdentity.generate(displayName: "s").publicKey
+        try store.add(key, name: "kitchen")
+        // The store is replaced (a new file renamed into place) at every write: its inode tells whether one happened.
+        func inode() throws -> Int { try #require(try FileManager.default.attributesOfItem(atPath: path)[.systemFileNumber] as? Int) }
+        let t0 = Date(timeIntervalSince1970: 1_800_000_000)
+        var written = try inode()
+        #expect(try store.touch(stranger, name: "x", at: t0) == nil)
+        #expect(try inode() == written, "a key that is not trusted writes nothing")
+        #expect(try store.touch(key, name: "kitchen", at: t0)?.lastSeen == t0)
+        #expect(try inode() != written, "the first visit is written")
+        written = try inode()
+        for s in stride(from: 1.0, to: 60, by: 1) {
+            #expect(try store.touch(key, name: "kitchen", at: t0 + s)?.name == "kitchen")
+        }
+        #expect(try inode() == written, "59 visits within the minute: not written again")
+        #expect(try store.entry(for: key)?.lastSeen == t0)
+        #expect(try store.touch(key, name: "den", at: t0 + 59.5)?.lastSeenName == "den")
+        #expect(try inode() != written, "another name is written at once")
+        written = try inode()
+        #expect(try store.touch(key, name: "den", at: t0 + 120)?.lastSeen == t0 + 120)
+        #expect(try inode() != written, "a minute later, the visit is written")
+        #expect(try TrustStore(path: path).entry(for: key)?.lastSeen == t0 + 120)
+    }
+
     @Test("A name another key is trusted under gets a suffix, so a name picks one peer; pairing a key again keeps or frees its own name")
     func trustedNamesStayUnique() throws {
         let store = TrustStore(path: temporaryDirectory() + "/trust.json")

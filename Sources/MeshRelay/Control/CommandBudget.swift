@@ -43,6 +43,9 @@ struct CommandBudget<Player: Hashable & Sendable>: Sendable {
     }
 
     private var accounts: [Player: Account] = [:]
+    /// Players that left while their bucket was not full: their accounts stay until it is, so that leaving and
+    /// coming back (a reconnect costs a paired player nothing else) never buys a fresh burst.
+    private var gone: Set<Player> = []
     /// Commands dropped, every player together (players that left included).
     private(set) var totalDropped: UInt64 = 0
 
@@ -56,6 +59,7 @@ struct CommandBudget<Player: Hashable & Sendable>: Sendable {
 
     /// One command from `player` at `now`.
     mutating func spend(_ player: Player, now: UInt64) -> Verdict {
+        gone.remove(player)
         var a = accounts[player] ?? Account(bucket: TokenBucket(cost: 1_000_000_000 / commandsPerSecond, burst: burst, now: now))
         if a.bucket.take(now: now) {
             accounts[player] = a
@@ -91,6 +95,14 @@ struct CommandBudget<Player: Hashable & Sendable>: Sendable {
     /// Commands of `player`'s dropped so far.
     func dropped(by player: Player) -> UInt64 { accounts[player]?.dropped ?? 0 }
 
-    /// `player` left: forget it (its drops stay in `totalDropped`).
-    mutating func forget(_ player: Player) { accounts[player] = nil }
+    /// `player` left at `now`. Its account is forgotten once its bucket is full again (as good as a new one), with
+    /// those of the others that left before and are full by now; its drops stay in `totalDropped`. Only players that
+    /// left within the last `burst / commandsPerSecond` seconds (2 s by default) are remembered.
+    mutating func forget(_ player: Player, now: UInt64) {
+        if accounts[player] != nil { gone.insert(player) }
+        for p in gone where accounts[p].map({ $0.bucket.isFull(now: now) }) ?? true {
+            accounts[p] = nil
+            gone.remove(p)
+        }
+    }
 }

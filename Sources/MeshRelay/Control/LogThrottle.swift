@@ -15,12 +15,23 @@ struct LogThrottle<Key: Hashable & Sendable>: Sendable {
             return nil
         }
         let held = lines[key]?.held ?? 0
+        // Keys are kept across a player's visits (one that reconnects gets no fresh line), and forgotten once they
+        // hold nothing back and their interval is over: the next line of such a key comes at once either way, so
+        // keys that come and go (players under keys of their own making) do not pile up. One that held lines back
+        // keeps its count for its next line, for `forgottenAfter` intervals.
+        lines = lines.filter { k, l in
+            let age = now &- l.at
+            return k != key && (l.held == 0 ? age < interval : age / Self.forgottenAfter < interval)
+        }
         lines[key] = (now, 0)
         return held
     }
 
-    /// `key` is gone (a player that left): forget it.
-    mutating func forget(_ key: Key) { lines[key] = nil }
+    /// Intervals after which a count of lines held back is forgotten if no line of its key came to say it.
+    static var forgottenAfter: UInt64 { 60 }
+
+    /// Keys remembered now (tests).
+    var count: Int { lines.count }
 }
 
 /// Coalesces the lines that say a player's state changed (paused, resumed, talks, stopped talking): the first change
@@ -51,6 +62,10 @@ struct ChangeLineCoalescer<Key: Hashable & Sendable>: Sendable {
             return .hold(summarizeIn: i.held == 0 ? i.since &+ interval &- now : nil)
         }
         let held = intervals[key]?.held ?? 0
+        // Kept across a player's visits (one that reconnects gets no fresh line); forgotten once nothing is held and
+        // the interval is over (then its next change is logged at once either way), so that keys do not pile up.
+        // One with changes held has its summary due within the interval, which leaves nothing held.
+        intervals = intervals.filter { k, i in k != key && (i.held > 0 || now &- i.since < interval) }
         intervals[key] = (now, 0)
         return .log(held: held)
     }
@@ -63,6 +78,6 @@ struct ChangeLineCoalescer<Key: Hashable & Sendable>: Sendable {
         return i.held
     }
 
-    /// `key` is gone (a player that left): forget it.
-    mutating func forget(_ key: Key) { intervals[key] = nil }
+    /// Keys remembered now (tests).
+    var count: Int { intervals.count }
 }

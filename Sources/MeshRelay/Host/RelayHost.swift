@@ -58,6 +58,10 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     /// A player's pause and talk changes are logged about once a second at most (the control queue's; a lock for
     /// `Sendable`).
     private let changeLines = Mutex(ChangeLineCoalescer<PeerID>(interval: 1_000_000_000))
+    /// Clips that could not be opened: one line in 10 s.
+    private let clipOpenFailures = Mutex(LogThrottle<Int>(interval: 10_000_000_000))
+    /// The lines that say a player joined or left, coalesced likewise (`logVisit`).
+    private let visitLines = Mutex(ChangeLineCoalescer<PeerID>(interval: 1_000_000_000))
     /// The advertiser's rationed connections the operator was last told of, and when (the timers queue's; a lock for
     /// `Sendable`).
     private let rationNotice = Mutex<(told: UInt64, saidAtNanos: UInt64)>((0, 0))
@@ -390,7 +394,11 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                     events("clip \(name): recording")
                     perform(control.withLock { $0.clipOpened(number) })
                 } catch {
-                    events("clip failed: \(error)")
+                    // A clip that cannot be opened (no room, a directory it cannot write) gives its player its quota
+                    // back, so the player may ask again at once: the line is said once in 10 s at most.
+                    if let held = clipOpenFailures.withLock({ $0.admit(0, now: MonotonicClock.nowNanos()) }) {
+                        events("clip failed: \(error)" + (held > 0 ? " (and \(held) more since the last such line)" : ""))
+                    }
                     perform(control.withLock { $0.clipOpenFailed(number, reason: "\(error)") })
                 }
             case .finishClip(let number):
@@ -433,12 +441,39 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     /// where it stands now.
     private func summarizeChanges(of peer: PeerID) {
         guard let held = changeLines.withLock({ $0.summarize(peer, now: MonotonicClock.nowNanos()) }) else { return }
+        // One that left meanwhile has no state to tell (its leaving is told by its own line).
+        guard players.all.contains(peer) else { return }
         let paused = players.paused.contains(peer), talking = talker.withLock { $0 } == peer
         events("player \(name(of: peer)) \(paused ? "paused" : "playing")\(talking ? ", talking" : "") "
                + "(after \(Self.changes(held)) within a second, not logged one by one)")
     }
 
     private static func changes(_ n: Int) -> String { "\(n) more pause/resume/talk \(n == 1 ? "change" : "changes")" }
+
+    /// Logs `line`, which says that `peer` joined or left, unless it came or went less than a second ago: then the
+    /// line is held back, and when the second is over one line says whether it is here. A player that reconnects as
+    /// fast as it can costs the log about a line a second.
+    private func logVisit(of peer: PeerID, _ line: String) {
+        switch visitLines.withLock({ $0.change(peer, now: MonotonicClock.nowNanos()) }) {
+        case .log(let held):
+            events(held > 0 ? "\(line) (after \(Self.visits(held)) not logged one by one)" : line)
+        case .hold(let summarizeIn):
+            guard let summarizeIn else { return }
+            controlQueue.asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: summarizeIn))) { [weak self] in
+                self?.summarizeVisits(of: peer)
+            }
+        }
+    }
+
+    /// The second after a logged join or leave of `peer` is over: if it came or went again meanwhile, one line says
+    /// how often, and whether it is here now.
+    private func summarizeVisits(of peer: PeerID) {
+        guard let held = visitLines.withLock({ $0.summarize(peer, now: MonotonicClock.nowNanos()) }) else { return }
+        let here = players.all.contains(peer)
+        events("player \(name(of: peer)) \(here ? "is connected" : "left") (after \(Self.visits(held)) within a second, not logged one by one)")
+    }
+
+    private static func visits(_ n: Int) -> String { "\(n) more \(n == 1 ? "join or leave" : "joins and leaves")" }
 
     /// `peer` sent commands faster than its budget (after a quiet second): it is told, in the answer to the command `id`
     /// that tipped it, and so is the log. The commands dropped after it in silence are said a second later, and so on
@@ -548,25 +583,23 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             }
             let alias = paired.map { $0.name == peer.displayName ? "" : ", calls itself \"\(peer.displayName)\"" } ?? ", not paired"
             controlQueue.async { [self] in perform(control.withLock { $0.joined(peer) }) }
-            events("player \(name(of: peer)) joined from \(address ?? "?") (\(peer.publicKey?.shortFingerprint ?? "no key")\(alias))")
+            logVisit(of: peer, "player \(name(of: peer)) joined from \(address ?? "?") (\(peer.publicKey?.shortFingerprint ?? "no key")\(alias))")
         case .notConnected:
             let (name, connection) = self.state.withLock { s in
                 s.admittedByTrust[peer] = nil
                 s.addresses[peer] = nil
                 return (s.pairedNames[peer]?.name ?? peer.displayName, s.pairedNames[peer]?.connection)
             }
-            budget.withLock { $0.forget(peer) }
+            // Its command budget and the throttles of its log lines outlive the visit: coming back buys nothing.
+            budget.withLock { $0.forget(peer, now: MonotonicClock.nowNanos()) }
             controlQueue.async { [self] in
                 perform(control.withLock { $0.left(peer) })
-                refusals.withLock { $0.forget(peer) }
-                clipRefusals.withLock { $0.forget(peer) }
-                changeLines.withLock { $0.forget(peer) }
                 // Its lines are logged by now (leaving may end its talk); its name goes too, unless it joined again.
                 self.state.withLock { s in
                     if let connection, s.pairedNames[peer]?.connection == connection { s.pairedNames[peer] = nil }
                 }
             }
-            events("player \(name) left")
+            logVisit(of: peer, "player \(name) left")
         case .connecting: break
         }
     }

@@ -79,6 +79,7 @@ public final class TrustStore: Sendable {
             } else {
                 peers.append(entry)
             }
+            return true
         }
         return entry
     }
@@ -100,16 +101,26 @@ public final class TrustStore: Sendable {
         }
     }
 
+    /// How stale `lastSeen` may be: a peer seen again within this many seconds under the name it gave before is not
+    /// written down again, so a peer that reconnects as fast as it can costs the disk one write a minute, not two
+    /// `fsync`s a connection.
+    public static let lastSeenResolution: Double = 60
+
     /// Notes that `key` connected now, calling itself `name` (kept as `lastSeenName`: the name it was paired under
-    /// stays). Returns its entry as updated, or nil when `key` is not trusted.
+    /// stays), to the minute (`lastSeenResolution`). Returns its entry as updated, or nil when `key` is not trusted
+    /// (then nothing is written).
     @discardableResult
     public func touch(_ key: PublicKey, name: String, at date: Date = Date()) throws(PeerMeshError) -> TrustedPeer? {
         var entry: TrustedPeer?
         try modify { peers in
-            guard let i = peers.firstIndex(where: { $0.publicKey == key }) else { return }
+            guard let i = peers.firstIndex(where: { $0.publicKey == key }) else { return false }
+            entry = peers[i]
+            if peers[i].lastSeenName == name, let seen = peers[i].lastSeen,
+               abs(date.timeIntervalSince(seen)) < Self.lastSeenResolution { return false }
             peers[i].lastSeen = date
             peers[i].lastSeenName = name
             entry = peers[i]
+            return true
         }
         return entry
     }
@@ -122,6 +133,7 @@ public final class TrustStore: Sendable {
             removed = Self.entries(named: nameOrFingerprint, in: peers)
             let keys = Set(removed.map(\.publicKey))
             peers.removeAll { keys.contains($0.publicKey) }
+            return !removed.isEmpty
         }
         return removed
     }
@@ -162,7 +174,8 @@ public final class TrustStore: Sendable {
         return file.peers
     }
 
-    private func modify(_ change: (inout [TrustedPeer]) -> Void) throws(PeerMeshError) {
+    /// A read-modify-write under the lock; `change` says whether it changed anything (if not, nothing is written).
+    private func modify(_ change: (inout [TrustedPeer]) -> Bool) throws(PeerMeshError) {
         let lock: FileLock
         do {
             try PrivateFile.ensureDirectory(PeerIdentity.directory(of: path))
@@ -172,7 +185,7 @@ public final class TrustStore: Sendable {
         }
         defer { lock.unlock() }
         var peers = try read()
-        change(&peers)
+        guard change(&peers) else { return }
         let encoder = JSONEncoder.pretty
         encoder.dateEncodingStrategy = .iso8601
         let data: Data
