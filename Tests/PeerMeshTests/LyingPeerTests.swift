@@ -53,6 +53,18 @@ private final class OpenHost {
 /// sees (no ghost peers, nothing unbounded) and that a real guest still gets through.
 @Suite("Lying peers (real sockets)", .serialized)
 struct LyingPeerTests {
+    @Test("A message over the receiver's maximumMessageSize (but within a frame's length) closes the sender's link; one at the limit is delivered")
+    func aMessageOverTheReceiversLimitIsAFault() throws {
+        let pair = try Pair(hostConfig: Session.Configuration(maximumMessageSize: 1_024))
+        try pair.guest.send(Data(repeating: 7, count: 1_024), toPeers: [pair.hostPeer], with: .reliable)
+        #expect(pair.hostLog.wait(5) { $0.reliable.count == 1 })
+        // The guest's own limit is 1 MiB, so its session sends it; the host's frame length lets 64 KiB through.
+        try pair.guest.send(Data(repeating: 7, count: 2_000), toPeers: [pair.hostPeer], with: .reliable)
+        #expect(eventually(5) { pair.host.statistics.peerFaults == 1 })
+        #expect(eventually(5) { pair.host.state(of: pair.guestPeer) == .notConnected })
+        #expect(pair.hostLog.snapshot.reliable.map(\.1.count) == [1_024], "the oversized message was not delivered")
+    }
+
     @Test("INVITE and GOODBYE in one write: the host's app never keeps a peer that has gone")
     func inviteAndGoodbyeTogether() throws {
         let host = try OpenHost(service: "pm-ghost")

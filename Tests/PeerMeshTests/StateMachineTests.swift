@@ -49,6 +49,18 @@ typealias SeededRNG = SeededRandom
 
     // MARK: Inviter
 
+    @Test("A message larger than this side takes closes the peer's link, however large a frame may be")
+    func aMessageOverTheLimitIsAFault() {
+        var m = SM(configuration: .init(localPeer: me, maximumPeers: 8, peerTimeout: 10 * sec, heartbeatInterval: 1 * sec,
+                                        maximumMessageSize: 4))
+        connectOutgoing(&m, link: 1, to: bob)
+        #expect(m.received(.data([1, 2, 3, 4]), on: 1, now: 0) == [.deliver(bob, [1, 2, 3, 4])], "at the limit: taken")
+        let over = m.received(.data([1, 2, 3, 4, 5]), on: 1, now: 0)
+        #expect(over.first == .fault(1, .malformedFrame("a message of 5 bytes, over the 4 this side takes")))
+        #expect(over.contains(.report(bob, .notConnected)) && over.contains(.close(1)), "\(over)")
+        #expect(m.state(of: bob) == .notConnected)
+    }
+
     @Test func inviterHappyPath() {
         var m = machine()
         let start = m.inviteStarted(link: 1, expected: bob, context: [1, 2, 3], timeout: 5 * sec,

@@ -137,7 +137,8 @@ final class SessionCore: Sendable {
         datagrams = path
         reader = latchWaker.map { DatagramReader(path: path, latchWaker: $0) }
         let machine = SessionStateMachine(configuration: .init(localPeer: peer, maximumPeers: c.maximumPeers,
-                                                               peerTimeout: timeout, heartbeatInterval: beat))
+                                                               peerTimeout: timeout, heartbeatInterval: beat,
+                                                               maximumMessageSize: c.maximumMessageSize))
         shared = Mutex(Shared(machine: machine))
         var limits = ResourceStateMachine.Limits()
         // Progress counts in Int64: a larger limit (`.max` for "no limit") means as large as that can count.

@@ -56,6 +56,8 @@ struct SessionStateMachine: Sendable {
         var maximumPeers: Int
         var peerTimeout: Nanos
         var heartbeatInterval: Nanos
+        /// The largest message (DATA) taken from a peer: one larger breaks this side's limit, and closes its link.
+        var maximumMessageSize = ControlFrame.maximumReliableMessage
     }
 
     private enum LinkState {
@@ -189,6 +191,10 @@ struct SessionStateMachine: Sendable {
             // The peer's own invitation to us wins: it is on its way, so the peer stays `connecting`.
             if reason == .simultaneousInvite { yielding[peer] = max(yielding[peer] ?? 0, deadline) }
             return drop(link, failure: (peer, reason))
+        case (.connected, .data(let bytes)) where bytes.count > config.maximumMessageSize:
+            // The frame limit lets frames of other kinds (resource chunks) be larger than the messages taken.
+            return [.fault(link, .malformedFrame("a message of \(bytes.count) bytes, over the \(config.maximumMessageSize) this side takes"))]
+                + drop(link, failure: nil)
         case (.connected(let peer, _, let next), _) where frame.isTraffic:
             // Whatever a connected peer sends proves it alive; each kind goes to its own consumer.
             links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
