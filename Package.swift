@@ -3,12 +3,13 @@
 //
 // Module graph (each arrow: "depends on"):
 //
-//   mesh-record, mesh-play, mesh-chat, mesh-impair, peermesh-probe ──▶ MeshCLI ──▶ MeshRelay ──▶ PeerMesh ──▶ MeshPOSIX
+//   mesh-record, mesh-play, mesh-chat, mesh-impair, mesh-bench, peermesh-probe ──▶ MeshCLI ──▶ MeshRelay ──▶ PeerMesh ──▶ MeshPOSIX
 //                                                             │            └────────▶ MeshPipeline ──▶ MeshAudio ──▶ MeshPOSIX
 //                                                             └──▶ MeshImpair ──▶ MeshPOSIX
 //   C leaves: CALSA, CSndfile (MeshAudio) · CSpeexDSP, COpus (MeshPipeline) · CAvahi, CSodium, COpenSSL (PeerMesh)
 //             · CLinux (MeshPOSIX)
 //             · CQRencode, CSystemd (MeshCLI)
+//   peermesh-fuzz ──▶ PeerMesh, MeshPipeline, MeshAudio, MeshRelay, MeshCLI (every decoder of outside bytes)
 import PackageDescription
 
 let package = Package(

@@ -46,7 +46,8 @@ package struct ChatOptions: CommandLineTool, Sendable, Equatable {
           --pair              in the room, open a pairing window: prints a code; a member that types it is paired
           --pair CODE         pair with the member showing CODE (both trust each other from then on), then exit
           --pair-timeout S    how long the window stays open (default 30)
-          --state-dir DIR     identity and paired devices, as mesh-record and mesh-play (default ~/.config/peermesh)
+          --state-dir DIR     identity and paired devices, as mesh-record and mesh-play (default
+                              $XDG_CONFIG_HOME/peermesh or ~/.config/peermesh)
           --receive-dir DIR   where received files go (default: the current directory)
           --bind ADDR         listen and connect on this address only
           --peer-timeout S    a silent member is gone after S seconds (default 2)

@@ -156,7 +156,7 @@ package struct RecordOptions: CommandLineTool, Sendable, Equatable {
       --max-peers N       most players at once (default 32)
       --max-per-address N most players from one address (default 4)
       --runtime-dir DIR   where the control socket lives (default $RUNTIME_DIRECTORY, $XDG_RUNTIME_DIR/peermesh,
-                          or /run/peermesh for root)
+                          /run/peermesh for root, else /tmp/peermesh-UID)
       --clips DIR         keep a pre-roll of the capture; a player's "capture" writes DIR/<name>-<time>.wav
       --clip-preroll S    seconds kept before the press (default 10)
       --clip-length S     longest part after the press (default 10)

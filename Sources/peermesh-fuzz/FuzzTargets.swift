@@ -3,7 +3,8 @@
 //   Built by scripts/fuzz with `-sanitize=fuzzer,address -DFUZZING`: a libFuzzer binary; the target is chosen by
 //   PEERMESH_FUZZ_TARGET (frames, channel, datagram, txt, pairing, audio, opus, wav, control, nearby, chat).
 //   Built plainly: `peermesh-fuzz TARGET PATH...` replays files (or directories of them) through the target and
-//   says how many ran; a crash is a failed replay. scripts/test replays fuzz/corpus this way.
+//   says how many ran; a crash is a failed replay (scripts/fuzz replays fuzz/corpus through its AddressSanitizer
+//   build instead).
 import Foundation
 import MeshAudio
 import MeshPipeline
@@ -170,15 +171,18 @@ public func fuzzerTestOneInput(_ data: UnsafePointer<UInt8>?, _ size: Int) -> In
 struct Replay {
     static func main() {
         let args = Array(CommandLine.arguments.dropFirst())
+        let usage = """
+            usage: peermesh-fuzz TARGET PATH...   replays files (or directories of them) through TARGET
+                   peermesh-fuzz --seed DIR        writes well-formed seed inputs to DIR/TARGET/
+              targets: \(FuzzTarget.allCases.map(\.rawValue).joined(separator: ", "))
+              (scripts/fuzz builds the libFuzzer binary)
+
+            """
+        if args == ["--help"] || args == ["-h"] { print(usage, terminator: ""); exit(0) }
+        if args == ["--version"] { print("peermesh-fuzz \(meshVersion)"); exit(0) }
         if args.count == 2, args[0] == "--seed" { seed(into: args[1]) }
         guard let name = args.first, let target = FuzzTarget(rawValue: name), args.count >= 2 else {
-            FileHandle.standardError.write(Data("""
-                usage: peermesh-fuzz TARGET PATH...   replays files (or directories of them) through TARGET
-                       peermesh-fuzz --seed DIR        writes well-formed seed inputs to DIR/TARGET/
-                  targets: \(FuzzTarget.allCases.map(\.rawValue).joined(separator: ", "))
-                  (scripts/fuzz builds the libFuzzer binary)
-
-                """.utf8))
+            FileHandle.standardError.write(Data(usage.utf8))
             exit(2)
         }
         var count = 0
