@@ -137,18 +137,25 @@ package enum ChatInput: Equatable, Sendable {
 /// Where a file a member sent is kept: in the receive directory, under the name it was sent with, unless that name
 /// is taken (then `name.1`, `name.2`…) or starts with a dot. A dot name would be hidden from `ls`, and could be a
 /// shell's or a tool's startup file (`.bash_profile`, `.envrc`) in a directory someone chats from: it is kept
-/// visible, with a `_` before it. (PeerMesh has already refused names that are not one plain path component.)
+/// visible, its dot made a `_`. (PeerMesh has already refused names that are not one plain path component.)
 package enum ReceivedFile {
-    /// The file name a resource named `name` is kept under, before any `.1` that a taken name adds.
-    package static func name(for name: String) -> String { name.hasPrefix(".") ? "_" + name : name }
+    /// The longest file name Linux file systems take, in bytes.
+    static let maximumNameBytes = 255
 
-    /// `directory/name`, or `directory/name.1`, `.2`… if taken (`name` as `name(for:)` makes it).
+    /// The file name a resource named `name` is kept under, before any `.1` that a taken name adds.
+    package static func name(for name: String) -> String { name.hasPrefix(".") ? "_" + name.dropFirst() : name }
+
+    /// `directory/name`, or `directory/name.1`, `.2`… if taken (`name` as `name(for:)` makes it; cut at its end to
+    /// leave room for the suffix within 255 bytes).
     package static func freePath(in directory: String, for resource: String) -> String {
-        let base = "\(directory)/\(name(for: resource))"
-        var path = base
+        let kept = name(for: resource)
+        var path = "\(directory)/\(kept)"
         var n = 1
         while FileManager.default.fileExists(atPath: path) {
-            path = "\(base).\(n)"
+            let suffix = ".\(n)"
+            var base = Substring(kept)
+            while base.utf8.count + suffix.utf8.count > maximumNameBytes { base.removeLast() }
+            path = "\(directory)/\(base)\(suffix)"
             n += 1
         }
         return path

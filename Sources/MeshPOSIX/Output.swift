@@ -142,13 +142,15 @@ package struct JSONObject: Sendable, CustomStringConvertible {
 
 extension Unicode.Scalar {
     /// A control character (C0, DEL, C1: the terminal's escape character among them) or an invisible format
-    /// character that can reorder or hide what people read (bidirectional controls and marks, zero-width characters,
-    /// the line and paragraph separators, the byte-order mark, interlinear annotations). Text from the network with
-    /// one of these must not reach a terminal as it is, nor become a file name.
+    /// character that can reorder or hide what people read (bidirectional controls and marks, the zero-width space,
+    /// the soft hyphen, the line and paragraph separators, word joiners, the byte-order mark, interlinear
+    /// annotations). Text from the network with one of these must not reach a terminal as it is, nor become a file
+    /// name. The zero-width joiner and non-joiner are not among them: emoji sequences (👩‍💻) and the spelling of
+    /// Persian, Urdu or Hindi need them, and they neither move nor reorder anything.
     package var isControlOrHidden: Bool {
         switch value {
-        case 0x00..<0x20, 0x7f, 0x80..<0xa0, 0x061c, 0x200b...0x200f, 0x2028...0x202e, 0x2060...0x206f, 0xfeff,
-             0xfff9...0xfffb: true
+        case 0x00..<0x20, 0x7f, 0x80..<0xa0, 0xad, 0x061c, 0x200b, 0x200e, 0x200f, 0x2028...0x202e, 0x2060...0x206f,
+             0xfeff, 0xfff9...0xfffb: true
         default: false
         }
     }

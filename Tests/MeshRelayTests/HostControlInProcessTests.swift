@@ -332,7 +332,8 @@ struct ControlFloodInProcessTests {
         var sent: UInt64 = 0
         var afterFirstVisit: Int?
         for visit in 0..<20 {
-            let client = try RawControlClient(identity: try paired.playerIdentity(0), endpoint: endpoint)
+            // It calls itself another name than the one it was paired under: every line still goes by the paired one.
+            let client = try RawControlClient(identity: try paired.playerIdentity(0).renamed("den"), endpoint: endpoint)
             for i in 0..<100 where client.send(UInt32(visit * 100 + i + 1), .resume) { sent += 1 }
             // Each command taken (answered) or dropped (counted) before the player leaves.
             #expect(eventually(5) { let s = host.statistics; return s.controlCommands + s.droppedControl == sent })
@@ -346,9 +347,11 @@ struct ControlFloodInProcessTests {
         #expect(taken >= 100 && Double(taken) <= 100 + 50 * (seconds + 0.5), "\(taken) taken in \(seconds) s: as if it had stayed")
         #expect(afterFirstVisit != nil && storeFile() == afterFirstVisit, "the first visit was written down, the 19 after it within the minute not")
         Thread.sleep(forTimeInterval: 1.2)  // the last summary
-        let visits = lines.withLock { $0 }.filter { $0.hasPrefix("player player-0 ") }
+        let all = lines.withLock { $0 }
+        let visits = all.filter { $0.hasPrefix("player player-0 ") }
         #expect(visits.count >= 2 && Double(visits.count) <= seconds + 3, "\(visits.count) lines in \(seconds) s: \(visits)")
         #expect(visits.last.map { $0.hasPrefix("player player-0 left") } == true, "the last line says it left: \(visits.last ?? "")")
+        #expect(!all.contains { $0.hasPrefix("player den") }, "never by the name it gives: \(all)")
     }
 
     @Test("20 000 pause/resume pairs from one player: a few toggle lines a second in the host's log, every command taken or dropped and counted, and a second player's pause and resume still work")

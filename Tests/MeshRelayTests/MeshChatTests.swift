@@ -128,9 +128,9 @@ struct MeshChatTests {
         // A dot name (a shell's startup file, in a directory someone may chat from) is kept visible, not as sent.
         try Data("export PATH=/tmp/evil\n".utf8).write(to: URL(fileURLWithPath: a.directory + "/.envrc"))
         a.type("/send \(a.directory)/.envrc")
-        #expect(eventually(20) { b.lines.contains("* received .envrc from m0: \(b.directory)/inbox/_.envrc") }, "\(b.lines.suffix(3))")
+        #expect(eventually(20) { b.lines.contains("* received .envrc from m0: \(b.directory)/inbox/_envrc") }, "\(b.lines.suffix(3))")
         #expect(!FileManager.default.fileExists(atPath: b.directory + "/inbox/.envrc"))
-        #expect(try Data(contentsOf: URL(fileURLWithPath: b.directory + "/inbox/_.envrc")) == Data("export PATH=/tmp/evil\n".utf8))
+        #expect(try Data(contentsOf: URL(fileURLWithPath: b.directory + "/inbox/_envrc")) == Data("export PATH=/tmp/evil\n".utf8))
         for m in members { m.endInput() }
         for m in members { #expect(m.process.waitForExit(seconds: 20) == 0) }
     }
@@ -231,13 +231,20 @@ struct ChatParsingTests {
     @Test("A received file keeps its name unless that is taken or starts with a dot: never hidden, never replacing one")
     func receivedFileNames() throws {
         #expect(ReceivedFile.name(for: "song.wav") == "song.wav")
-        #expect(ReceivedFile.name(for: ".bash_profile") == "_.bash_profile")
+        #expect(ReceivedFile.name(for: ".bash_profile") == "_bash_profile")
         #expect(ReceivedFile.name(for: "a.b.") == "a.b.")
         let dir = try TemporaryDirectory.make(in: TemporaryDirectory.system, prefix: "pm-chat-names-")
         defer { TemporaryDirectory.remove(dir) }
-        #expect(ReceivedFile.freePath(in: dir, for: ".envrc") == "\(dir)/_.envrc")
-        for taken in ["_.envrc", "_.envrc.1"] { #expect(FileManager.default.createFile(atPath: "\(dir)/\(taken)", contents: nil)) }
-        #expect(ReceivedFile.freePath(in: dir, for: ".envrc") == "\(dir)/_.envrc.2")
+        #expect(ReceivedFile.freePath(in: dir, for: ".envrc") == "\(dir)/_envrc")
+        for taken in ["_envrc", "_envrc.1"] { #expect(FileManager.default.createFile(atPath: "\(dir)/\(taken)", contents: nil)) }
+        #expect(ReceivedFile.freePath(in: dir, for: ".envrc") == "\(dir)/_envrc.2")
+        // The longest name there is (255 bytes) stays within it, dot or suffix: cut at its end.
+        let longest = "." + String(repeating: "é", count: 127)
+        #expect(ReceivedFile.name(for: longest).utf8.count == 255)
+        #expect(FileManager.default.createFile(atPath: "\(dir)/\(ReceivedFile.name(for: longest))", contents: nil))
+        let next = ReceivedFile.freePath(in: dir, for: longest)
+        #expect(next == "\(dir)/_" + String(repeating: "é", count: 126) + ".1")
+        #expect(FileManager.default.createFile(atPath: next, contents: nil), "a name the file system takes")
     }
 
     @Test func messagesRoundTripAndHostileTextIsDropped() {

@@ -63,6 +63,29 @@ private func advertiser(for peer: PeerID, as type: String,
     return a
 }
 
+/// A session on 127.0.0.1, its log, and its advertiser (`type`), which lets every invitation in.
+private func hostToSearch(as type: String) throws -> (Session, MeshEventLog, NearbyServiceAdvertiser) {
+    let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
+    let log = MeshEventLog()
+    host.delegate = log
+    return (host, log, try advertise(host, as: type, answeredBy: log))
+}
+
+/// Twenty tries of a searcher for matching digits at `advertiser`, one after another (`attempt` makes one, and says
+/// whether the advertiser answered): sixteen are answered at once, then one a second (a loaded machine may take more
+/// than a second over them), and every refusal is counted, exactly. Returns how many were answered.
+private func searchTwenty(_ advertiser: NearbyServiceAdvertiser, _ attempt: () throws -> Bool) rethrows -> Int {
+    var outcomes: [Bool] = []
+    let started = Date()
+    for _ in 0..<20 { outcomes.append(try attempt()) }
+    let elapsed = Date().timeIntervalSince(started)
+    let answered = outcomes.filter { $0 }.count
+    #expect(outcomes.prefix(16).allSatisfy { $0 }, "\(outcomes)")
+    #expect(answered <= 16 + Int(elapsed), "\(answered) answered in \(elapsed) s: \(outcomes)")
+    #expect(eventually(2) { advertiser.statistics.rationedConnections == UInt64(20 - answered) }, "every refusal counted, exactly")
+    return answered
+}
+
 /// The INVITE the hand-driven callers send.
 private let handInvite = ControlFrame.invite(.init(context: [], timeoutMillis: 30_000, udpPort: 9, token: 7))
 
@@ -447,20 +470,9 @@ struct AttackTests {
 
     @Test("A searcher for matching digits (get message 2, hang up, again) is refused after its burst; another address still joins")
     func digitSearchIsRationed() throws {
-        let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
-        let log = MeshEventLog()
-        host.delegate = log
-        let advertiser = try advertise(host, as: "pm-search", answeredBy: log)
-        var outcomes: [Bool] = []
-        let started = Date()
-        for _ in 0..<20 { outcomes.append(abandonedHandshake(port: advertiser.port!, preamble: SecureChannel.preamble(1))) }
-        let elapsed = Date().timeIntervalSince(started)
-        // Sixteen at once, then one a second (a loaded machine may take more than a second over these tries).
-        let answered = outcomes.filter { $0 }.count
-        #expect(outcomes.prefix(16).allSatisfy { $0 }, "\(outcomes)")
-        #expect(answered <= 16 + Int(elapsed), "\(answered) answered in \(elapsed) s: \(outcomes)")
+        let (host, log, advertiser) = try hostToSearch(as: "pm-search")
+        let answered = searchTwenty(advertiser) { abandonedHandshake(port: advertiser.port!, preamble: SecureChannel.preamble(1)) }
         #expect(eventually(2) { advertiser.statistics.unadmittedHandshakes == UInt64(answered) }, "\(advertiser.statistics)")
-        #expect(advertiser.statistics.rationedConnections == UInt64(20 - answered), "every refusal counted, exactly")
         #expect(log.snapshot.invitations.isEmpty, "no try reached the app")
         // A real peer from another address is not held to the searcher's ration.
         let real = try Session(peer: try PeerID(displayName: "real"), configuration: .init(bindHost: "127.0.0.2"))
@@ -475,10 +487,7 @@ struct AttackTests {
 
     @Test("Relayed searchers are rationed by the identity their member names: one is refused after its burst, another relayed caller and a direct one still get answers")
     func relayedDigitSearchIsRationedPerNamedIdentity() throws {
-        let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
-        let log = MeshEventLog()
-        host.delegate = log
-        let advertiser = try advertise(host, as: "pm-relsearch", answeredBy: log)
+        let (host, log, advertiser) = try hostToSearch(as: "pm-relsearch")
         /// One try through a relay pipe a member splices for `caller`: the advertiser takes the pipe's end.
         func relayedTry(as caller: PeerID) throws -> Bool {
             let (ours, theirs) = try FileDescriptor.streamPair()
@@ -486,14 +495,7 @@ struct AttackTests {
             return abandonedHandshake(over: theirs, preamble: SecureChannel.preamble(1))
         }
         let searcher = try PeerIdentity.generate(displayName: "searcher").peerID
-        var outcomes: [Bool] = []
-        let started = Date()
-        for _ in 0..<20 { outcomes.append(try relayedTry(as: searcher)) }
-        let elapsed = Date().timeIntervalSince(started)
-        let answered = outcomes.filter { $0 }.count
-        #expect(outcomes.prefix(16).allSatisfy { $0 }, "\(outcomes)")
-        #expect(answered <= 16 + Int(elapsed), "\(answered) answered in \(elapsed) s: \(outcomes)")
-        #expect(advertiser.statistics.rationedConnections == UInt64(20 - answered), "every refusal counted, exactly")
+        _ = try searchTwenty(advertiser) { try relayedTry(as: searcher) }
         // Another relayed caller (another named identity, through the same member or not) has tries of its own, and
         // so has a direct caller; the searcher's are still spent.
         let other = try PeerIdentity.generate(displayName: "other").peerID
@@ -501,7 +503,7 @@ struct AttackTests {
         #expect(abandonedHandshake(port: advertiser.port!, preamble: SecureChannel.preamble(1)), "a direct caller is answered")
         #expect(try !relayedTry(as: searcher), "the searcher is still refused")
         #expect(log.snapshot.invitations.isEmpty, "no try reached the app")
-        withExtendedLifetime(advertiser) {}
+        withExtendedLifetime((host, advertiser)) {}
     }
 
     @Test("A man in the middle learns the advertiser's digits only once its app shows them to a person: not from the handshake, not from inviting")

@@ -170,6 +170,8 @@ struct IdentityFileTests {
         #expect(try store.touch(key, name: "den", at: t0 + 59.5)?.lastSeenName == "den")
         #expect(try inode() != written, "another name is written at once")
         written = try inode()
+        #expect(try store.touch(key, name: "den", at: t0 + 70)?.lastSeenName == "den", "the same name again: not written")
+        #expect(try inode() == written)
         #expect(try store.touch(key, name: "den", at: t0 + 120)?.lastSeen == t0 + 120)
         #expect(try inode() != written, "a minute later, the visit is written")
         #expect(try TrustStore(path: path).entry(for: key)?.lastSeen == t0 + 120)

@@ -140,6 +140,17 @@ struct ResourceStateMachineTests {
         #expect(why.contains("larger than the 1000 bytes"))
     }
 
+    @Test("A name that hides something (a bidi override) is refused, not a fault: its chunks are dropped until the sender closes the id")
+    func aNameThatHidesSomethingIsRefused() {
+        var m = ResourceStateMachine()
+        guard case .send(_, .result(1, .refused, let why))? = m.received(.start(id: 1, size: 10, name: "invoice\u{202e}fdp.exe"), on: link, from: peer).first
+        else { Issue.record("not refused"); return }
+        #expect(why == "its name holds control or invisible characters")
+        #expect(m.received(.chunk(id: 1, bytes: [1, 2]), on: link, from: peer).isEmpty)
+        #expect(m.received(.cancel(id: 1), on: link, from: peer).isEmpty)
+        #expect(m.counts == (0, 0))
+    }
+
     @Test func theReceiverCancellingMidwayMakesTheSenderCloseTheId() {
         var sender = ResourceStateMachine(), receiver = ResourceStateMachine()
         let (key, _) = sender.begin(on: link, size: 1_000, name: "a")

@@ -270,7 +270,7 @@ struct ResourceAttackOverTheLinkTests {
         injectFrames(frames, from: session, to: peer)
     }
 
-    @Test("Transfers that each fit the receiver's disk but not together: the second is refused at its start, while the first still owes its bytes")
+    @Test("One peer's transfers that each fit the receiver's disk but not together: its second is refused at its start while its first still owes its bytes; another peer's is not")
     func transfersThatTogetherWouldFillTheDisk() throws {
         let scratch = try Scratch("owed")
         let available = try FileSystem.availableBytes(at: scratch.path)
@@ -293,10 +293,42 @@ struct ResourceAttackOverTheLinkTests {
         inject([.cancel(id: 2), .start(id: 3, size: size, name: "third")], from: pair.guest, to: pair.hostPeer)
         #expect(pair.hostLog.wait(5) { $0.resourcesStarted.count == 2 })
         #expect(pair.hostLog.snapshot.resourcesStarted.map(\.1) == ["first", "third"])
+        // What one peer announces reserves nothing against another: a second member's transfer of the same size
+        // starts while the guest's third still owes all of its bytes (their bytes are checked as they are written).
+        let second = try pair.join(as: "second")
+        #expect(second.log.wait(5) { $0.states.contains { $0.0 == pair.hostPeer && $0.1 == .connected } })
+        inject([.start(id: 1, size: size, name: "theirs")], from: second.session, to: pair.hostPeer)
+        #expect(pair.hostLog.wait(5) { $0.resourcesStarted.count == 3 })
+        #expect(pair.hostLog.snapshot.resourcesStarted.map(\.1) == ["first", "third", "theirs"])
         inject([.cancel(id: 3)], from: pair.guest, to: pair.hostPeer)
-        #expect(pair.hostLog.wait(5) { $0.resourcesFinished.count == 2 })
+        inject([.cancel(id: 1)], from: second.session, to: pair.hostPeer)
+        #expect(pair.hostLog.wait(5) { $0.resourcesFinished.count == 3 })
         #expect(eventually(5) { scratch.contents().isEmpty })
         #expect(pair.host.statistics.peerFaults == 0)
+    }
+
+    @Test("A transfer being written when the disk's free space falls under the reserve fails within 4 MiB, and its file is deleted")
+    func aDiskThatFillsMidwayFailsTheTransfer() throws {
+        let scratch = try Scratch("filling")
+        final class Disk: Sendable { let free = Atomic<UInt64>(10 << 30) }
+        let disk = Disk()
+        var config = Session.Configuration(resourceDirectory: scratch.path)
+        config.freeSpace = { _ in disk.free.load(ordering: .relaxed) }
+        let pair = try Pair(hostConfig: config)
+        inject([.start(id: 1, size: 64 << 20, name: "big")], from: pair.guest, to: pair.hostPeer)
+        #expect(pair.hostLog.wait(5) { $0.resourcesStarted.count == 1 })
+        let chunk = [UInt8](repeating: 3, count: ResourceFrame.maximumChunk)
+        inject(Array(repeating: .chunk(id: 1, bytes: chunk), count: 16), from: pair.guest, to: pair.hostPeer)  // 1 MiB
+        usleep(200_000)
+        #expect(pair.hostLog.snapshot.resourcesFinished.isEmpty, "room enough: it goes on")
+        // Other programs (or peers) filled the disk: 100 MiB left, under the 256 MiB kept free.
+        disk.free.store(100 << 20, ordering: .relaxed)
+        inject(Array(repeating: .chunk(id: 1, bytes: chunk), count: 64), from: pair.guest, to: pair.hostPeer)  // 4 MiB
+        #expect(pair.hostLog.wait(5) { $0.resourcesFinished.count == 1 })
+        let failure = String(describing: pair.hostLog.snapshot.resourcesFinished.first?.3 as Any)
+        #expect(failure.contains("the receiver's disk is full"), "\(failure)")
+        #expect(eventually(5) { scratch.contents().isEmpty }, "the partial file is gone")
+        #expect(pair.host.statistics.peerFaults == 0 && pair.host.state(of: pair.guestPeer) == .connected)
     }
 
     @Test("A stream writer that sends past the reader's window is cut off; the reader sees the stream fail")
@@ -428,7 +460,7 @@ struct ResourceAttackOverTheLinkTests {
     func floodOfStarts() throws {
         let scratch = try Scratch("flood")
         let pair = try Pair(hostConfig: Session.Configuration(resourceDirectory: scratch.path))
-        inject((1...2_000).map { .start(id: UInt32($0), size: 1 << 30, name: "f\($0)") }, from: pair.guest, to: pair.hostPeer)
+        inject((1...2_000).map { .start(id: UInt32($0), size: 1 << 20, name: "f\($0)") }, from: pair.guest, to: pair.hostPeer)
         #expect(eventually(5) { pair.host.statistics.peerFaults == 1 })
         #expect(eventually(5) { pair.host.state(of: pair.guestPeer) == .notConnected })
         // Eight were accepted (and told to the app), then failed when the link was cut; none left a directory.

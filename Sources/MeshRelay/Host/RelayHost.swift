@@ -426,14 +426,19 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     /// Logs `line`, which says that `peer` paused, resumed, talks or stopped talking, unless it changed less than a
     /// second ago: then the line is held back, and when the second is over one line says where it stands.
     private func logChange(of peer: PeerID, _ line: String) {
-        switch changeLines.withLock({ $0.change(peer, now: MonotonicClock.nowNanos()) }) {
-        case .log(let held):
-            events(held > 0 ? "\(line) (after \(Self.changes(held)) not logged one by one)" : line)
+        logCoalesced(changeLines, peer, line, Self.changes) { [weak self] in self?.summarizeChanges(of: peer) }
+    }
+
+    /// Logs `line` about `peer` through `coalescer`: at once, saying how many lines of the kind `held` names it sums
+    /// up, or held back, with `summary` run when its second is over.
+    private func logCoalesced(_ coalescer: borrowing Mutex<ChangeLineCoalescer<PeerID>>, _ peer: PeerID, _ line: String,
+                              _ held: (Int) -> String, summary: @escaping @Sendable () -> Void) {
+        switch coalescer.withLock({ $0.change(peer, now: MonotonicClock.nowNanos()) }) {
+        case .log(let n):
+            events(n > 0 ? "\(line) (after \(held(n)) not logged one by one)" : line)
         case .hold(let summarizeIn):
             guard let summarizeIn else { return }
-            controlQueue.asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: summarizeIn))) { [weak self] in
-                self?.summarizeChanges(of: peer)
-            }
+            controlQueue.asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: summarizeIn)), execute: summary)
         }
     }
 
@@ -453,24 +458,22 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
     /// Logs `line`, which says that `peer` joined or left, unless it came or went less than a second ago: then the
     /// line is held back, and when the second is over one line says whether it is here. A player that reconnects as
     /// fast as it can costs the log about a line a second.
-    private func logVisit(of peer: PeerID, _ line: String) {
-        switch visitLines.withLock({ $0.change(peer, now: MonotonicClock.nowNanos()) }) {
-        case .log(let held):
-            events(held > 0 ? "\(line) (after \(Self.visits(held)) not logged one by one)" : line)
-        case .hold(let summarizeIn):
-            guard let summarizeIn else { return }
-            controlQueue.asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: summarizeIn))) { [weak self] in
-                self?.summarizeVisits(of: peer)
-            }
-        }
+    private func logVisit(of peer: PeerID, as name: String, _ line: String) {
+        logCoalesced(visitLines, peer, line, Self.visits) { [weak self] in self?.summarizeVisits(of: peer, as: name) }
     }
 
-    /// The second after a logged join or leave of `peer` is over: if it came or went again meanwhile, one line says
-    /// how often, and whether it is here now.
-    private func summarizeVisits(of peer: PeerID) {
+    /// The second after a logged join or leave of `peer` (`name` in that line) is over: if it came or went again
+    /// meanwhile, one line says how often, and whether it is here now (and from where). A paired player goes by the
+    /// name it was paired under, whether it is here or gone: not by the one it gives.
+    private func summarizeVisits(of peer: PeerID, as name: String) {
         guard let held = visitLines.withLock({ $0.summarize(peer, now: MonotonicClock.nowNanos()) }) else { return }
-        let here = players.all.contains(peer)
-        events("player \(name(of: peer)) \(here ? "is connected" : "left") (after \(Self.visits(held)) within a second, not logged one by one)")
+        let after = "(after \(Self.visits(held)) within a second, not logged one by one)"
+        if players.all.contains(peer) {
+            let address = state.withLock { $0.addresses[peer] }
+            events("player \(self.name(of: peer)) is connected from \(address ?? "?") (\(peer.publicKey?.shortFingerprint ?? "no key")) \(after)")
+        } else {
+            events("player \(name) left \(after)")
+        }
     }
 
     private static func visits(_ n: Int) -> String { "\(n) more \(n == 1 ? "join or leave" : "joins and leaves")" }
@@ -583,7 +586,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             }
             let alias = paired.map { $0.name == peer.displayName ? "" : ", calls itself \"\(peer.displayName)\"" } ?? ", not paired"
             controlQueue.async { [self] in perform(control.withLock { $0.joined(peer) }) }
-            logVisit(of: peer, "player \(name(of: peer)) joined from \(address ?? "?") (\(peer.publicKey?.shortFingerprint ?? "no key")\(alias))")
+            logVisit(of: peer, as: name(of: peer), "player \(name(of: peer)) joined from \(address ?? "?") (\(peer.publicKey?.shortFingerprint ?? "no key")\(alias))")
         case .notConnected:
             let (name, connection) = self.state.withLock { s in
                 s.admittedByTrust[peer] = nil
@@ -599,7 +602,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                     if let connection, s.pairedNames[peer]?.connection == connection { s.pairedNames[peer] = nil }
                 }
             }
-            logVisit(of: peer, "player \(name) left")
+            logVisit(of: peer, as: name, "player \(name) left")
         case .connecting: break
         }
     }

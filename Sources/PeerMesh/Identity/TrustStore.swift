@@ -107,14 +107,16 @@ public final class TrustStore: Sendable {
     public static let lastSeenResolution: Double = 60
 
     /// Notes that `key` connected now, calling itself `name` (kept as `lastSeenName`: the name it was paired under
-    /// stays), to the minute (`lastSeenResolution`). Returns its entry as updated, or nil when `key` is not trusted
-    /// (then nothing is written).
+    /// stays), to the minute (`lastSeenResolution`) while the name stays the same; a new name at once. Returns its
+    /// entry as updated (as stored, when nothing was written), or nil when `key` is not trusted (then nothing is
+    /// written).
     @discardableResult
     public func touch(_ key: PublicKey, name: String, at date: Date = Date()) throws(PeerMeshError) -> TrustedPeer? {
         var entry: TrustedPeer?
         try modify { peers in
             guard let i = peers.firstIndex(where: { $0.publicKey == key }) else { return false }
             entry = peers[i]
+            // A new name is noted at once: what a paired device calls itself is what `--paired` shows of it.
             if peers[i].lastSeenName == name, let seen = peers[i].lastSeen,
                abs(date.timeIntervalSince(seen)) < Self.lastSeenResolution { return false }
             peers[i].lastSeen = date

@@ -83,10 +83,10 @@ struct ResourceStateMachine: Sendable {
         }.sorted()
     }
 
-    /// Bytes the incoming transfers still receiving are owed (what they will yet write to the disk).
-    var owedIncomingBytes: UInt64 {
-        incoming.values.reduce(0) { total, state in
-            guard case .receiving(let size, let received) = state else { return total }
+    /// Bytes the incoming transfers on `link` that are still receiving are owed (what they will yet write to the disk).
+    func owedIncomingBytes(on link: LinkID) -> UInt64 {
+        incoming.reduce(0) { total, entry in
+            guard entry.key.link == link, case .receiving(let size, let received) = entry.value else { return total }
             let (sum, overflow) = total.addingReportingOverflow(size - received)
             return overflow ? .max : sum
         }
@@ -162,10 +162,17 @@ struct ResourceStateMachine: Sendable {
                 return fault(link, "RESOURCE_START with \(limits.maximumDiscardingPerLink) refused or cancelled transfers it did not close")
             }
             let active = incoming.filter { $0.key.link == link && $0.value != .discarding }.count
-            if active >= limits.maximumIncomingPerLink || size > limits.maximumSize {
+            let why: String? = if !ResourceName.isValid(name) {
+                "its name holds control or invisible characters"
+            } else if size > limits.maximumSize {
+                "larger than the \(limits.maximumSize) bytes accepted"
+            } else if active >= limits.maximumIncomingPerLink {
+                "\(limits.maximumIncomingPerLink) transfers from this peer are already in progress"
+            } else {
+                nil
+            }
+            if let why {
                 incoming[key] = .discarding
-                let why = size > limits.maximumSize ? "larger than the \(limits.maximumSize) bytes accepted"
-                    : "\(limits.maximumIncomingPerLink) transfers from this peer are already in progress"
                 return [.send(link, .result(id: key.id, .refused, why))]
             }
             incoming[key] = .receiving(size: size, received: 0)

@@ -159,6 +159,18 @@ extension SessionCore {
             return performResources(io.value.resources.cancelIncoming(key, outcome: .storageFailed, text: failure))
         }
         incoming.progress.advance(by: bytes.count)
+        // Every 4 MiB written by all transfers together, the disk is asked: under the reserve (other peers, or other
+        // programs, filled it meanwhile), the transfer that wrote last fails, and so does each that writes after it
+        // while there is no more room.
+        io.value.resourceBytesUnchecked += bytes.count
+        guard io.value.resourceBytesUnchecked >= Self.freeSpaceCheckInterval else { return }
+        io.value.resourceBytesUnchecked = 0
+        let reserve = configuration.resourceFreeSpaceReserve
+        if let available = configuration.freeSpace(resourceDirectory), available < reserve {
+            io.value.resourceBytesUnchecked = Self.freeSpaceCheckInterval  // and ask again at the next write
+            let text = "the receiver's disk is full (it keeps \(reserve >> 20) MiB free)"
+            performResources(io.value.resources.cancelIncoming(key, outcome: .storageFailed, text: text))
+        }
     }
 
     /// Compares the hashes and, when they match, moves the file into place; then tells the machine.
@@ -209,9 +221,9 @@ extension SessionCore {
     }
 
     /// A peer starts a transfer: a directory of its own with the partial file, then the app hears of it. Refused
-    /// first when the disk has no room for it, besides what other transfers still owe and the reserve.
+    /// first when the disk has no room for it, besides what its peer's other transfers still owe and the reserve.
     private func openIncoming(_ key: ResourceKey, from peer: PeerID, name: String, size: UInt64) {
-        if let refusal = noRoom() {
+        if let refusal = noRoom(for: key.link) {
             let actions = io.value.resources.cancelIncoming(key, outcome: .refused, text: refusal)
             return performResources(actions.filter { if case .discard = $0 { false } else { true } })
         }
@@ -244,18 +256,20 @@ extension SessionCore {
         }
     }
 
-    /// Why the transfers receiving now (this one among them: the machine counts it) cannot all be written while
-    /// `resourceFreeSpaceReserve` stays free; nil when they can. The text goes to the sender.
-    private func noRoom() -> String? {
+    /// Why the transfers `link` is receiving now (the one starting among them: the machine counts it) cannot all be
+    /// written while `resourceFreeSpaceReserve` stays free; nil when they can. Only that peer's own transfers count:
+    /// what a peer announces and never sends reserves nothing, so it cannot keep the others' transfers out (the
+    /// bytes written are checked as they come, `writeIncoming`). The text goes to the sender.
+    private func noRoom(for link: LinkID) -> String? {
         let reserve = configuration.resourceFreeSpaceReserve
-        let available: UInt64
-        do { available = try FileSystem.availableBytes(at: resourceDirectory) } catch {
-            return "the receiver cannot tell its free space"
-        }
-        let (needed, overflow) = io.value.resources.owedIncomingBytes.addingReportingOverflow(reserve)
+        guard let available = configuration.freeSpace(resourceDirectory) else { return "the receiver cannot tell its free space" }
+        let (needed, overflow) = io.value.resources.owedIncomingBytes(on: link).addingReportingOverflow(reserve)
         guard overflow || needed > available else { return nil }
         return "not enough free space on the receiver (it keeps \(reserve >> 20) MiB free)"
     }
+
+    /// Free space is read again after this many bytes of incoming resources were written.
+    static let freeSpaceCheckInterval = 4 << 20
 
     /// Tops `link`'s queue up with chunks of its outgoing transfers, taking turns, up to the high-water mark.
     func pumpResources(on link: LinkID) {

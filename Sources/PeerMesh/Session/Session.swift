@@ -177,7 +177,9 @@ public final class Session: Sendable {
         /// Local address to bind the UDP socket to, and to connect from: a numeric IPv4 or IPv6 address, or `""`
         /// (the default) for every address, IPv4 and IPv6.
         public var bindHost: String = ""
-        /// Largest reliable message accepted from, or sent to, a peer (default 1 MiB).
+        /// Largest reliable message accepted from, or sent to, a peer (default 1 MiB). A peer that sends a larger one
+        /// breaks this side's limit: its link is closed (`PeerFault.malformedFrame`), so two sides that exchange
+        /// large messages set the same limit.
         public var maximumMessageSize: Int = 1 << 20
         /// Most peers (connected or connecting) from one source address (default 4): one host cannot fill the
         /// session's slots.
@@ -190,9 +192,10 @@ public final class Session: Sendable {
         /// Largest resource accepted from a peer, in bytes (default 64 GiB); a larger one is refused. Values above
         /// `Int64.max` (what `ResourceProgress` counts) mean `Int64.max`.
         public var maximumResourceSize: UInt64 = 1 << 36
-        /// Free space kept on `resourceDirectory`'s filesystem (default 256 MiB): a resource whose bytes, with those
-        /// still owed to the transfers in progress, would leave less is refused at its start (the sender hears "not
-        /// enough free space"), so peers cannot fill the disk, however many send at once.
+        /// Free space kept on `resourceDirectory`'s filesystem (default 256 MiB), so that peers cannot fill the disk,
+        /// however many send at once: a resource whose bytes, with those its peer's other transfers still owe, would
+        /// leave less is refused at its start (the sender hears "not enough free space"), and one being written when
+        /// the free space falls under it (checked every 4 MiB written) fails, its file deleted.
         public var resourceFreeSpaceReserve: UInt64 = 256 << 20
         /// `.mesh` (default) or `.star`. A session without encryption is always a star (introductions pin keys).
         public var topology: Topology = .mesh
@@ -200,6 +203,8 @@ public final class Session: Sendable {
         public var datagramDelivery: DatagramDelivery = .delegate
         /// Tests only: introduced members skip the direct connection and call through the introducer at once.
         var relaysIntroductions = false
+        /// Tests only: the bytes free on the filesystem of a path (nil: unknown), in place of `statvfs`'s.
+        var freeSpace: @Sendable (String) -> UInt64? = { try? FileSystem.availableBytes(at: $0) }
         /// Whether admitting a caller forgives its try at the advertiser that handed it over (docs/PROTOCOL.md
         /// §3.6). A pairing session sets false: being let in to try a code is not being admitted, and a caller that
         /// joins it and leaves without a word must not get its handshakes for free.

@@ -54,6 +54,8 @@ final class SessionCore: Sendable {
         var incomingResources: [ResourceKey: IncomingResource] = [:]
         /// The buffer outgoing transfers read each chunk into (see `pumpResources`).
         var resourceChunk: [UInt8] = []
+        /// Bytes of incoming resources written since the disk's free space was last read (`writeIncoming`).
+        var resourceBytesUnchecked = 0
         var streams = StreamStateMachine()
         var membership: MembershipStateMachine
         var outputStreams: [StreamKey: OutputByteStream] = [:]

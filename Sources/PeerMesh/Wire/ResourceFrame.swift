@@ -82,7 +82,7 @@ enum ResourceFrame: Equatable, Sendable {
         switch kind {
         case .resourceStart:
             guard let size = r.u64(), let n = r.u8(), let nameBytes = r.bytes(Int(n)) else { return .failure(.truncated) }
-            guard let name = String(validating: nameBytes, as: UTF8.self), ResourceName.isValid(name) else {
+            guard let name = String(validating: nameBytes, as: UTF8.self), ResourceName.isOnePathComponent(name) else {
                 return .failure(.badField("resource name"))
             }
             return .success(.start(id: id, size: size, name: name))
@@ -136,12 +136,19 @@ public enum ResourceOutcome: UInt8, Sendable, Equatable, CustomStringConvertible
 /// The rules for a resource's name: it becomes a file name on the receiver, so it is one path component, and one
 /// that shows what it is.
 enum ResourceName {
-    /// 1…255 UTF-8 bytes, no `/`, not `.` or `..`, and no control characters (C0 with NUL, DEL, C1) nor invisible
-    /// format characters (bidirectional controls, zero-width characters…: `Unicode.Scalar.isControlOrHidden`), with
-    /// which a name could rewrite a terminal that lists it or pass for another (`invoice\u{202e}fdp.exe`).
-    static func isValid(_ name: String) -> Bool {
+    /// What a name must be to be a frame at all: 1…255 UTF-8 bytes of one path component (no `/`, not `.` or `..`)
+    /// without C0 controls (NUL among them) or DEL. A START whose name is not is malformed.
+    static func isOnePathComponent(_ name: String) -> Bool {
         guard (1...ResourceFrame.maximumName).contains(name.utf8.count), name != ".", name != ".." else { return false }
-        return !name.unicodeScalars.contains { $0 == "/" || $0.isControlOrHidden }
+        return !name.utf8.contains { $0 == UInt8(ascii: "/") || $0 < 0x20 || $0 == 0x7f }
+    }
+
+    /// What a name must be to be taken (and sent): one path component, without C1 controls nor invisible format
+    /// characters (bidirectional controls, the zero-width space…: `Unicode.Scalar.isControlOrHidden`), with which a
+    /// name could rewrite a terminal that lists it or pass for another (`invoice\u{202e}fdp.exe`). A START whose name
+    /// is one path component but not this is refused, not a fault: peers built before this rule may send one.
+    static func isValid(_ name: String) -> Bool {
+        isOnePathComponent(name) && !name.unicodeScalars.contains { $0.isControlOrHidden }
     }
 }
 
