@@ -143,7 +143,10 @@ package enum ReceivedFile {
     static let maximumNameBytes = 255
 
     /// The file name a resource named `name` is kept under, before any `.1` that a taken name adds.
-    package static func name(for name: String) -> String { name.hasPrefix(".") ? "_" + name.dropFirst() : name }
+    package static func name(for name: String) -> String {
+        // By bytes, not characters: `.` followed by a combining mark is one character that does not start with ".".
+        name.utf8.first == UInt8(ascii: ".") ? "_" + String(name.unicodeScalars.dropFirst()) : name
+    }
 
     /// `directory/name`, or `directory/name.1`, `.2`… if taken (`name` as `name(for:)` makes it; cut at its end to
     /// leave room for the suffix within 255 bytes).
@@ -153,8 +156,9 @@ package enum ReceivedFile {
         var n = 1
         while FileManager.default.fileExists(atPath: path) {
             let suffix = ".\(n)"
+            // Cut a scalar at a time (4 bytes at most): a character may be any number of them.
             var base = Substring(kept)
-            while base.utf8.count + suffix.utf8.count > maximumNameBytes { base.removeLast() }
+            while base.utf8.count + suffix.utf8.count > maximumNameBytes { base.unicodeScalars.removeLast() }
             path = "\(directory)/\(base)\(suffix)"
             n += 1
         }

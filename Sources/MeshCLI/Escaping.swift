@@ -15,7 +15,9 @@ package enum TerminalText {
             case _ where u.isControlOrHidden && v < 0xa0:
                 let hex = String(v, radix: 16)
                 out += "\\x" + (hex.count < 2 ? "0" : "") + hex
-            case _ where u.isControlOrHidden:
+            case _ where u.isControlOrHidden, 0x200c, 0x200d:
+                // The zero-width joiner and non-joiner too (a file name may hold them): between Latin letters they
+                // show nothing, and one name could pass for another.
                 out += "\\u{" + String(v, radix: 16) + "}"
             default:
                 out.unicodeScalars.append(u)

@@ -13,6 +13,8 @@ struct EscapingTests {
         #expect(TerminalText.escape("tab\tnul\u{0}del\u{7f}c1\u{9b}") == "tab\\x09nul\\x00del\\x7fc1\\x9b")
         #expect(TerminalText.escape("back\\slash") == "back\\\\slash")
         #expect(TerminalText.escape("zw\u{200b}j") == "zw\\u{200b}j")
+        #expect(TerminalText.escape("al\u{200c}ice\u{200d}") == "al\\u{200c}ice\\u{200d}", "joiners too: alice and al‌ice look the same")
+        #expect(TerminalText.escape("soft\u{ad}") == "soft\\u{ad}")
         // Nothing that reaches the terminal is a control character any more.
         let hostile = String((0..<0x200).compactMap { Unicode.Scalar($0) }.map(Character.init))
         #expect(!TerminalText.escape(hostile).unicodeScalars.contains { $0.value < 0x20 || (0x7f..<0xa0).contains($0.value) })

@@ -233,6 +233,7 @@ struct ChatParsingTests {
         #expect(ReceivedFile.name(for: "song.wav") == "song.wav")
         #expect(ReceivedFile.name(for: ".bash_profile") == "_bash_profile")
         #expect(ReceivedFile.name(for: "a.b.") == "a.b.")
+        #expect(ReceivedFile.name(for: ".\u{301}envrc") == "_\u{301}envrc", "a dot with a combining mark is still a dot")
         let dir = try TemporaryDirectory.make(in: TemporaryDirectory.system, prefix: "pm-chat-names-")
         defer { TemporaryDirectory.remove(dir) }
         #expect(ReceivedFile.freePath(in: dir, for: ".envrc") == "\(dir)/_envrc")
@@ -245,6 +246,11 @@ struct ChatParsingTests {
         let next = ReceivedFile.freePath(in: dir, for: longest)
         #expect(next == "\(dir)/_" + String(repeating: "é", count: 126) + ".1")
         #expect(FileManager.default.createFile(atPath: next, contents: nil), "a name the file system takes")
+        // One character of 255 bytes (a letter and 127 combining marks) is cut a scalar at a time, never to nothing.
+        let oneCharacter = "a" + String(repeating: "\u{301}", count: 127)
+        #expect(FileManager.default.createFile(atPath: "\(dir)/\(oneCharacter)", contents: nil))
+        let cut = ReceivedFile.freePath(in: dir, for: oneCharacter)
+        #expect(cut == "\(dir)/a" + String(repeating: "\u{301}", count: 126) + ".1")
     }
 
     @Test func messagesRoundTripAndHostileTextIsDropped() {

@@ -318,9 +318,9 @@ struct ResourceAttackOverTheLinkTests {
         inject([.start(id: 1, size: 64 << 20, name: "big")], from: pair.guest, to: pair.hostPeer)
         #expect(pair.hostLog.wait(5) { $0.resourcesStarted.count == 1 })
         let chunk = [UInt8](repeating: 3, count: ResourceFrame.maximumChunk)
-        inject(Array(repeating: .chunk(id: 1, bytes: chunk), count: 16), from: pair.guest, to: pair.hostPeer)  // 1 MiB
-        usleep(200_000)
-        #expect(pair.hostLog.snapshot.resourcesFinished.isEmpty, "room enough: it goes on")
+        inject(Array(repeating: .chunk(id: 1, bytes: chunk), count: 80), from: pair.guest, to: pair.hostPeer)  // 5 MiB
+        #expect(eventually(5) { pair.hostLog.snapshot.resourcesStarted.first?.2.completedUnitCount == 5 << 20 })
+        #expect(pair.hostLog.snapshot.resourcesFinished.isEmpty, "room enough at the check after 4 MiB: it goes on")
         // Other programs (or peers) filled the disk: 100 MiB left, under the 256 MiB kept free.
         disk.free.store(100 << 20, ordering: .relaxed)
         inject(Array(repeating: .chunk(id: 1, bytes: chunk), count: 64), from: pair.guest, to: pair.hostPeer)  // 4 MiB
@@ -459,7 +459,9 @@ struct ResourceAttackOverTheLinkTests {
     @Test("A flood of transfer starts is refused and then cut off; the host's memory and disk stay bounded")
     func floodOfStarts() throws {
         let scratch = try Scratch("flood")
-        let pair = try Pair(hostConfig: Session.Configuration(resourceDirectory: scratch.path))
+        var config = Session.Configuration(resourceDirectory: scratch.path)
+        config.freeSpace = { _ in 1 << 40 }  // whatever the disk here has free
+        let pair = try Pair(hostConfig: config)
         inject((1...2_000).map { .start(id: UInt32($0), size: 1 << 20, name: "f\($0)") }, from: pair.guest, to: pair.hostPeer)
         #expect(eventually(5) { pair.host.statistics.peerFaults == 1 })
         #expect(eventually(5) { pair.host.state(of: pair.guestPeer) == .notConnected })

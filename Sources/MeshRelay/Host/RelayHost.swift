@@ -469,8 +469,9 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         guard let held = visitLines.withLock({ $0.summarize(peer, now: MonotonicClock.nowNanos()) }) else { return }
         let after = "(after \(Self.visits(held)) within a second, not logged one by one)"
         if players.all.contains(peer) {
-            let address = state.withLock { $0.addresses[peer] }
-            events("player \(self.name(of: peer)) is connected from \(address ?? "?") (\(peer.publicKey?.shortFingerprint ?? "no key")) \(after)")
+            // Back in while its join is being noted, it may have no paired name yet: the one it had then stands.
+            let (paired, address) = state.withLock { ($0.pairedNames[peer]?.name, $0.addresses[peer]) }
+            events("player \(paired ?? name) is connected from \(address ?? "?") (\(peer.publicKey?.shortFingerprint ?? "no key")) \(after)")
         } else {
             events("player \(name) left \(after)")
         }

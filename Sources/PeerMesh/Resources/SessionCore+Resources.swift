@@ -221,7 +221,7 @@ extension SessionCore {
     }
 
     /// A peer starts a transfer: a directory of its own with the partial file, then the app hears of it. Refused
-    /// first when the disk has no room for it, besides what its peer's other transfers still owe and the reserve.
+    /// first when the disk has no room for it, besides what the other transfers on its link still owe and the reserve.
     private func openIncoming(_ key: ResourceKey, from peer: PeerID, name: String, size: UInt64) {
         if let refusal = noRoom(for: key.link) {
             let actions = io.value.resources.cancelIncoming(key, outcome: .refused, text: refusal)

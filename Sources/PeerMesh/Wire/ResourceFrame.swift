@@ -118,8 +118,9 @@ public enum ResourceOutcome: UInt8, Sendable, Equatable, CustomStringConvertible
     case hashMismatch = 2
     /// The receiver could not store it (disk full, no permission…); the text says what failed.
     case storageFailed = 3
-    /// The receiver already has its limit of transfers from this peer in progress, or the resource is larger than
-    /// it accepts.
+    /// The receiver refused it at its start: its name holds control or invisible characters, the receiver already
+    /// has its limit of transfers on this link in progress, the resource is larger than it accepts, or its disk has
+    /// no room for it.
     case refused = 4
 
     public var description: String {
@@ -128,7 +129,7 @@ public enum ResourceOutcome: UInt8, Sendable, Equatable, CustomStringConvertible
         case .cancelled: "cancelled by the receiver"
         case .hashMismatch: "the received bytes do not match the sender's SHA-256"
         case .storageFailed: "the receiver could not store it"
-        case .refused: "refused by the receiver (too many transfers at once, too large, or no room on its disk)"
+        case .refused: "refused by the receiver (its name, too many transfers at once, too large, or no room on its disk)"
         }
     }
 }
