@@ -587,7 +587,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             }
             let alias = paired.map { $0.name == peer.displayName ? "" : ", calls itself \"\(peer.displayName)\"" } ?? ", not paired"
             controlQueue.async { [self] in perform(control.withLock { $0.joined(peer) }) }
-            logVisit(of: peer, as: name(of: peer), "player \(name(of: peer)) joined from \(address ?? "?") (\(peer.publicKey?.shortFingerprint ?? "no key")\(alias))")
+            let shown = name(of: peer)
+            logVisit(of: peer, as: shown, "player \(shown) joined from \(address ?? "?") (\(peer.publicKey?.shortFingerprint ?? "no key")\(alias))")
         case .notConnected:
             let (name, connection) = self.state.withLock { s in
                 s.admittedByTrust[peer] = nil

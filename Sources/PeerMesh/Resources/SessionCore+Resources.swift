@@ -257,8 +257,8 @@ extension SessionCore {
     }
 
     /// Why the transfers `link` is receiving now (the one starting among them: the machine counts it) cannot all be
-    /// written while `resourceFreeSpaceReserve` stays free; nil when they can. Only that peer's own transfers count:
-    /// what a peer announces and never sends reserves nothing, so it cannot keep the others' transfers out (the
+    /// written while `resourceFreeSpaceReserve` stays free; nil when they can. Only that link's own transfers count:
+    /// what a peer announces and never sends reserves nothing, so it cannot keep other peers' transfers out (the
     /// bytes written are checked as they come, `writeIncoming`). The text goes to the sender.
     private func noRoom(for link: LinkID) -> String? {
         let reserve = configuration.resourceFreeSpaceReserve

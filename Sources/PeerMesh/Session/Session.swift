@@ -193,9 +193,9 @@ public final class Session: Sendable {
         /// `Int64.max` (what `ResourceProgress` counts) mean `Int64.max`.
         public var maximumResourceSize: UInt64 = 1 << 36
         /// Free space kept on `resourceDirectory`'s filesystem (default 256 MiB), so that peers cannot fill the disk,
-        /// however many send at once: a resource whose bytes, with those the other transfers on its link still owe, would
-        /// leave less is refused at its start (the sender hears "not enough free space"), and one being written when
-        /// the free space falls under it (checked every 4 MiB written) fails, its file deleted.
+        /// however many send at once: a resource whose bytes, with those the other transfers on its link still owe,
+        /// would leave less is refused at its start (the sender hears "not enough free space"), and one being written
+        /// when the free space falls under it (checked every 4 MiB written) fails, its file deleted.
         public var resourceFreeSpaceReserve: UInt64 = 256 << 20
         /// `.mesh` (default) or `.star`. A session without encryption is always a star (introductions pin keys).
         public var topology: Topology = .mesh
