@@ -234,6 +234,35 @@ struct RelayInProcessTests {
         pusher.disconnect()
     }
 
+    @Test("A host that sends the player 2,000 messages it cannot take: each is counted and ignored, the log gets a line a second, and play goes on")
+    func aHostThatSendsGarbageCannotFillThePlayersLog() throws {
+        let host = try makeHost(name: "garbage-host")
+        defer { host.stop() }
+        let lines = Mutex<[String]>([])
+        let config = RelayPlayer.Configuration(target: .direct(PeerEndpoint(host: "127.0.0.1", port: host.port)),
+                                               identity: try paired.playerIdentity(0), hosts: .paired(paired.playerTrust(0)),
+                                               discovery: InProcessDiscovery())
+        let player = try RelayPlayer(configuration: config, makeSink: { format, _ in
+            try WAVFileSink(path: Rig.tempPath("garbage.wav"), format: format, periodFrames: 128)
+        }, log: { l in lines.withLock { $0.append(l) } })
+        try player.start()
+        defer { player.stop() }
+        #expect(eventually(10) { player.statistics.playout.received > 50 }, "the player is listening")
+        let hostPeer = try #require(player.session.connectedPeers.first)
+        let before = player.statistics.malformedControl
+        // As the host's session would deliver them: a control header of an unknown kind, and a reply to no command.
+        let unknown = Data([0x50, 0x43, 0x01, 0x7f, 0, 0, 0, 1])
+        let stray = Data(ControlMessage.reply(id: 4_242, .ok).encoded)
+        let start = Date()
+        for i in 0..<2_000 { player.session(player.session, didReceive: i % 2 == 0 ? unknown : stray, fromPeer: hostPeer) }
+        #expect(eventually(5) { player.statistics.malformedControl == before + 2_000 }, "every one counted")
+        let seconds = Date().timeIntervalSince(start)
+        let ignored = lines.withLock { $0 }.filter { $0.hasPrefix("control: ignored a message from the host") }
+        #expect(ignored.count >= 1 && Double(ignored.count) <= seconds + 2, "\(ignored.count) lines in \(seconds) s")
+        let received = player.statistics.playout.received
+        #expect(eventually(3) { player.statistics.playout.received > received + 100 }, "play goes on")
+    }
+
     @Test("An app may stop the player from its give-up callback (which runs on the player's control queue)")
     func stopFromGiveUp() throws {
         var config = RelayPlayer.Configuration(target: .direct(PeerEndpoint(host: "127.0.0.1", port: 1)),

@@ -66,6 +66,9 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     public let controls = OutputControls()
     /// The control protocol's player side; its actions are performed on `control`.
     private let remote = Mutex(PlayerControl())
+    /// The lines that say a host's message was ignored: one a second (each is counted, `malformedControl`), so that a
+    /// host that sends nothing else cannot fill the player's log (the control queue's; a lock for `Sendable`).
+    private let ignoredLines = Mutex(LogThrottle<Int>(interval: 1_000_000_000))
     /// TXT records of the hosts the browser saw (their control features).
     private let discoveryInfo = Mutex<[PeerID: [String: String]]>([:])
     /// Whether the clip being recorded is one this player asked for (it beeps when it is saved).
@@ -304,7 +307,9 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                     }
                 }
             case .malformed(let why):
-                log("control: ignored a message from the host: \(why)")
+                if let held = ignoredLines.withLock({ $0.admit(0, now: MonotonicClock.nowNanos()) }) {
+                    log("control: ignored a message from the host: \(why)" + (held > 0 ? " (and \(held) more since the last such line)" : ""))
+                }
             }
         }
     }
