@@ -354,6 +354,32 @@ struct ControlFloodInProcessTests {
         #expect(!all.contains { $0.hasPrefix("player den") }, "never by the name it gives: \(all)")
     }
 
+    @Test("A paired player that leaves and is back within the second: one line says it is connected, from where, and under the name it was paired under")
+    func aQuickReturnIsSummedUpWithWhereFrom() throws {
+        let paired = try PairedStates(players: 1, hostName: "return-host")
+        let lines = Mutex<[String]>([])
+        let tone = try ToneSource(frequency: 440, amplitude: 0.5, format: .default, periodFrames: 128)
+        let config = RelayHost.Configuration(identity: paired.host, trust: paired.hostTrust, serviceType: "pmr-return",
+                                             maximumPeers: 8, discovery: InProcessDiscovery())
+        let host = try RelayHost(configuration: config, source: tone, log: { l in lines.withLock { $0.append(l) } })
+        try host.start()
+        defer { host.stop() }
+        let endpoint = PeerEndpoint(host: "127.0.0.1", port: host.port)
+        let identity = try paired.playerIdentity(0).renamed("den")
+        let first = try RawControlClient(identity: identity, endpoint: endpoint)
+        first.stop()
+        #expect(eventually(3) { host.statistics.players.isEmpty })
+        let again = try RawControlClient(identity: identity, endpoint: endpoint)
+        defer { again.stop() }
+        #expect(eventually(3) { lines.withLock { $0 }.contains { $0.contains(" is connected from ") } }, "\(lines.withLock { $0 })")
+        let visits = lines.withLock { $0 }.filter { $0.hasPrefix("player ") }
+        let fingerprint = identity.publicKey.shortFingerprint
+        #expect(visits.first == "player player-0 joined from 127.0.0.1 (\(fingerprint), calls itself \"den\")", "\(visits)")
+        #expect(visits.dropFirst().first == "player player-0 is connected from 127.0.0.1 (\(fingerprint)) (after 2 more joins and leaves within a second, not logged one by one)",
+                "\(visits)")
+        #expect(visits.count == 2)
+    }
+
     @Test("20 000 pause/resume pairs from one player: a few toggle lines a second in the host's log, every command taken or dropped and counted, and a second player's pause and resume still work")
     func aFloodIsDroppedAndCountedAndTheLogStaysReadable() throws {
         let paired = try PairedStates(players: 2, hostName: "flood-host")
