@@ -311,21 +311,37 @@ struct TalkbackEndsInProcessTests {
     }
 }
 
+/// A started host with one paired player's state (`paired`), a tone for its source, and the lines it logs.
+private final class LoggedHost: Sendable {
+    let paired: PairedStates
+    let host: RelayHost
+    private let log = Lines()
+    var endpoint: PeerEndpoint { PeerEndpoint(host: "127.0.0.1", port: host.port) }
+    /// What it logged so far.
+    var lines: [String] { log.all.withLock { $0 } }
+
+    private final class Lines: Sendable { let all = Mutex<[String]>([]) }
+
+    init(name: String, service: String) throws {
+        paired = try PairedStates(players: 1, hostName: name)
+        let tone = try ToneSource(frequency: 440, amplitude: 0.5, format: .default, periodFrames: 128)
+        let config = RelayHost.Configuration(identity: paired.host, trust: paired.hostTrust, serviceType: service,
+                                             maximumPeers: 8, discovery: InProcessDiscovery())
+        let log = self.log
+        host = try RelayHost(configuration: config, source: tone, log: { l in log.all.withLock { $0.append(l) } })
+        try host.start()
+    }
+}
+
 /// A player that sends control commands as fast as it can: the host drops what is over its budget, counts it, keeps
 /// its log readable, and an honest player is served as ever.
 @Suite("Control command flood, in one process", .serialized)
 struct ControlFloodInProcessTests {
     @Test("A paired player that comes back 20 times with 100 commands each: no visit buys a fresh budget, the host's log gets about a line a second, and its trust store one write")
     func reconnectingBuysNothing() throws {
-        let paired = try PairedStates(players: 1, hostName: "revisit-host")
-        let lines = Mutex<[String]>([])
-        let tone = try ToneSource(frequency: 440, amplitude: 0.5, format: .default, periodFrames: 128)
-        let config = RelayHost.Configuration(identity: paired.host, trust: paired.hostTrust, serviceType: "pmr-revisit",
-                                             maximumPeers: 8, discovery: InProcessDiscovery())
-        let host = try RelayHost(configuration: config, source: tone, log: { l in lines.withLock { $0.append(l) } })
-        try host.start()
-        defer { host.stop() }
-        let endpoint = PeerEndpoint(host: "127.0.0.1", port: host.port)
+        let logged = try LoggedHost(name: "revisit-host", service: "pmr-revisit")
+        defer { logged.host.stop() }
+        let (paired, host, endpoint) = (logged.paired, logged.host, logged.endpoint)
         // The store is replaced (a new file renamed into place) at each write: its inode tells whether one happened.
         func storeFile() -> Int? { try? FileManager.default.attributesOfItem(atPath: paired.hostTrust.path)[.systemFileNumber] as? Int }
         let start = Date()
@@ -347,7 +363,7 @@ struct ControlFloodInProcessTests {
         #expect(taken >= 100 && Double(taken) <= 100 + 50 * (seconds + 0.5), "\(taken) taken in \(seconds) s: as if it had stayed")
         #expect(afterFirstVisit != nil && storeFile() == afterFirstVisit, "the first visit was written down, the 19 after it within the minute not")
         Thread.sleep(forTimeInterval: 1.2)  // the last summary
-        let all = lines.withLock { $0 }
+        let all = logged.lines
         let visits = all.filter { $0.hasPrefix("player player-0 ") }
         #expect(visits.count >= 2 && Double(visits.count) <= seconds + 3, "\(visits.count) lines in \(seconds) s: \(visits)")
         #expect(visits.last.map { $0.hasPrefix("player player-0 left") } == true, "the last line says it left: \(visits.last ?? "")")
@@ -356,23 +372,17 @@ struct ControlFloodInProcessTests {
 
     @Test("A paired player that leaves and is back within the second: one line says it is connected, from where, and under the name it was paired under")
     func aQuickReturnIsSummedUpWithWhereFrom() throws {
-        let paired = try PairedStates(players: 1, hostName: "return-host")
-        let lines = Mutex<[String]>([])
-        let tone = try ToneSource(frequency: 440, amplitude: 0.5, format: .default, periodFrames: 128)
-        let config = RelayHost.Configuration(identity: paired.host, trust: paired.hostTrust, serviceType: "pmr-return",
-                                             maximumPeers: 8, discovery: InProcessDiscovery())
-        let host = try RelayHost(configuration: config, source: tone, log: { l in lines.withLock { $0.append(l) } })
-        try host.start()
-        defer { host.stop() }
-        let endpoint = PeerEndpoint(host: "127.0.0.1", port: host.port)
+        let logged = try LoggedHost(name: "return-host", service: "pmr-return")
+        defer { logged.host.stop() }
+        let (paired, host, endpoint) = (logged.paired, logged.host, logged.endpoint)
         let identity = try paired.playerIdentity(0).renamed("den")
         let first = try RawControlClient(identity: identity, endpoint: endpoint)
         first.stop()
         #expect(eventually(3) { host.statistics.players.isEmpty })
         let again = try RawControlClient(identity: identity, endpoint: endpoint)
         defer { again.stop() }
-        #expect(eventually(3) { lines.withLock { $0 }.contains { $0.contains(" is connected from ") } }, "\(lines.withLock { $0 })")
-        let visits = lines.withLock { $0 }.filter { $0.hasPrefix("player ") }
+        #expect(eventually(3) { logged.lines.contains { $0.contains(" is connected from ") } }, "\(logged.lines)")
+        let visits = logged.lines.filter { $0.hasPrefix("player ") }
         let fingerprint = identity.publicKey.shortFingerprint
         #expect(visits.first == "player player-0 joined from 127.0.0.1 (\(fingerprint), calls itself \"den\")", "\(visits)")
         #expect(visits.dropFirst().first == "player player-0 is connected from 127.0.0.1 (\(fingerprint)) (after 2 more joins and leaves within a second, not logged one by one)",
