@@ -1,4 +1,5 @@
-// Linux interfaces that Swift's Glibc module does not export: epoll, eventfd, accept4, ppoll and thread names.
+// Linux interfaces that Swift's Glibc module does not export: epoll, eventfd, accept4, ppoll, renameat2 and thread
+// names.
 // (_GNU_SOURCE is not defined here: it would change struct layouts against the Glibc module; the GNU
 // functions are declared with their documented prototypes instead.)
 #ifndef PEERMESH_CLINUX_SHIM_H
@@ -16,6 +17,9 @@ extern int pthread_setname_np(pthread_t thread, const char *name);
 extern int pthread_getname_np(pthread_t thread, char *name, size_t size);
 extern int accept4(int fd, struct sockaddr *addr, socklen_t *addrlen, int flags);
 extern int ppoll(struct pollfd *fds, nfds_t nfds, const struct timespec *timeout, const sigset_t *sigmask);
+extern int renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags);
+/// renameat2's flag: fail with EEXIST instead of replacing what is at the new path (<linux/fs.h>).
+static const unsigned int pm_rename_noreplace = 1;
 
 /// The uid of the process at the other end of a connected AF_UNIX socket (SO_PEERCRED; `struct ucred` needs
 /// _GNU_SOURCE, so its documented layout is spelled out here). Returns 0 on success, -1 with errno set.

@@ -1,4 +1,10 @@
 import FoundationEssentials
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+import MeshPOSIX
 import PeerMesh
 
 /// `mesh-chat` options: the MultipeerConnectivity demo app, a chat room over PeerMesh.
@@ -148,21 +154,31 @@ package enum ReceivedFile {
         name.utf8.first == UInt8(ascii: ".") ? "_" + String(name.unicodeScalars.dropFirst()) : name
     }
 
-    /// `directory/name`, or `directory/name.1`, `.2`… if taken (`name` as `name(for:)` makes it; cut at its end to
-    /// leave room for the suffix within 255 bytes).
-    package static func freePath(in directory: String, for resource: String) -> String {
+    /// The most names tried for one file (`name`, `name.1` … `name.999`): a member who sends the same name over and
+    /// over cannot make each new file cost more and more tries.
+    package static let maximumAttempts = 1_000
+
+    /// The `attempt`th name a resource named `resource` may be kept under in `directory`: `name(for:)`'s at 0, then
+    /// with `.1`, `.2`… (cut at its end, a scalar at a time, to stay within 255 bytes).
+    package static func candidate(in directory: String, for resource: String, attempt: Int) -> String {
         let kept = name(for: resource)
-        var path = "\(directory)/\(kept)"
-        var n = 1
-        while FileManager.default.fileExists(atPath: path) {
-            let suffix = ".\(n)"
-            // Cut a scalar at a time (4 bytes at most): a character may be any number of them.
-            var base = Substring(kept)
-            while base.utf8.count + suffix.utf8.count > maximumNameBytes { base.unicodeScalars.removeLast() }
-            path = "\(directory)/\(base)\(suffix)"
-            n += 1
+        guard attempt > 0 else { return "\(directory)/\(kept)" }
+        let suffix = ".\(attempt)"
+        // A scalar is 4 bytes at most, and a character may be any number of them.
+        var base = Substring(kept)
+        while base.utf8.count + suffix.utf8.count > maximumNameBytes { base.unicodeScalars.removeLast() }
+        return "\(directory)/\(base)\(suffix)"
+    }
+
+    /// Moves the received file at `file` into `directory` under the first of `candidate`'s names that nothing holds,
+    /// and returns where it went. Each try is the move itself, so a file, directory or symbolic link that appears
+    /// meanwhile is never replaced or written through. Throws `EEXIST` when every name is taken.
+    package static func keep(_ file: String, in directory: String, for resource: String) throws(SyscallError) -> String {
+        for attempt in 0..<maximumAttempts {
+            let path = candidate(in: directory, for: resource, attempt: attempt)
+            if try FileSystem.moveWithoutReplacing(file, to: path) { return path }
         }
-        return path
+        throw SyscallError(call: "keep \(candidate(in: directory, for: resource, attempt: 0)) (the name and \(maximumAttempts - 1) numbered ones are taken)", code: EEXIST)
     }
 }
 

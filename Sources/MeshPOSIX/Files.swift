@@ -1,3 +1,4 @@
+import CLinux
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -284,7 +285,7 @@ package enum TemporaryDirectory {
     }
 }
 
-/// What a filesystem has room for.
+/// What a filesystem has room for, and moving files within one or across two.
 package enum FileSystem {
     /// Bytes an unprivileged process may still write on the filesystem that holds `path` (`statvfs`'s `f_bavail`
     /// blocks: without the part kept for root).
@@ -293,5 +294,63 @@ package enum FileSystem {
         try Sys.call("statvfs(\(path))") { statvfs(path, &fs) }
         let (bytes, overflow) = UInt64(fs.f_bavail).multipliedReportingOverflow(by: UInt64(fs.f_frsize))
         return overflow ? .max : bytes
+    }
+
+    /// Moves the file at `from` to `to` unless something is already at `to` — a file, a directory, a symbolic link
+    /// (even one that leads nowhere): then it returns false and changes nothing. Never a check, then a move: the check
+    /// is the move (`renameat2`'s `RENAME_NOREPLACE`, else `link`), so nothing that appears at `to` meanwhile is
+    /// replaced or written through.
+    ///
+    /// Across file systems the bytes are copied into a file created with `O_EXCL` (mode 0600), synced, and only then
+    /// is `from` removed; a copy that fails is removed and `from` kept.
+    package static func moveWithoutReplacing(_ from: String, to: String) throws(SyscallError) -> Bool {
+        let what = "rename(\(from), \(to))"
+        switch outcome(renameat2(AT_FDCWD, from, AT_FDCWD, to, pm_rename_noreplace)) {
+        case 0: return true
+        case EEXIST: return false
+        case EXDEV: return try copyThenRemove(from, to: to)
+        case EINVAL, ENOSYS:
+            // A file system without RENAME_NOREPLACE: a hard link is just as exclusive.
+            switch outcome(link(from, to)) {
+            case 0:
+                try Sys.call("unlink(\(from))") { unlink(from) }
+                return true
+            case EEXIST: return false
+            default: return try copyThenRemove(from, to: to)
+            }
+        case let code: throw SyscallError(call: what, code: code)
+        }
+    }
+
+    /// 0 for a call that succeeded, else its `errno` (`EINTR` retried by calling again).
+    private static func outcome(_ call: @autoclosure () -> Int32) -> Int32 {
+        while true {
+            if call() == 0 { return 0 }
+            if errno != EINTR { return errno }
+        }
+    }
+
+    /// The copy half of `moveWithoutReplacing`: false, with nothing changed, if `to` exists.
+    private static func copyThenRemove(_ from: String, to: String) throws(SyscallError) -> Bool {
+        let source = try SequentialFile.openForReading(from)
+        let target: SequentialFile
+        do {
+            target = try SequentialFile.create(to)
+        } catch where error.code == EEXIST {
+            return false
+        }
+        do {
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
+            defer { buffer.deallocate() }
+            while case let n = try source.read(into: buffer), n > 0 {
+                try target.write(UnsafeRawBufferPointer(rebasing: buffer[0..<n]))
+            }
+            try target.sync()
+        } catch {
+            unlink(to)
+            throw error
+        }
+        try Sys.call("unlink(\(from))") { unlink(from) }
+        return true
     }
 }

@@ -175,9 +175,8 @@ final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServic
         guard let localURL else {
             return terminal.error("\(shown) from \(label(peer)) did not arrive: \(error.map(String.init(describing:)) ?? "?")")
         }
-        let target = ReceivedFile.freePath(in: options.receiveDirectory, for: name)
         do {
-            try FileManager.default.moveItem(atPath: localURL.path, toPath: target)
+            let target = try ReceivedFile.keep(localURL.path, in: options.receiveDirectory, for: name)
             terminal.stdout("* received \(shown) from \(label(peer)): \(target)")
         } catch {
             terminal.error("cannot keep \(shown) from \(label(peer)) in \(options.receiveDirectory): \(error)")

@@ -228,29 +228,75 @@ struct ChatParsingTests {
         guard case .invalid = ChatInput(line: "/dance") else { Issue.record("unknown command"); return }
     }
 
-    @Test("A received file keeps its name unless that is taken or starts with a dot: never hidden, never replacing one")
-    func receivedFileNames() throws {
+    @Test("A received file keeps its name unless that is taken or starts with a dot, cut to fit 255 bytes")
+    func receivedFileNames() {
         #expect(ReceivedFile.name(for: "song.wav") == "song.wav")
         #expect(ReceivedFile.name(for: ".bash_profile") == "_bash_profile")
         #expect(ReceivedFile.name(for: "a.b.") == "a.b.")
         #expect(ReceivedFile.name(for: ".\u{301}envrc") == "_\u{301}envrc", "a dot with a combining mark is still a dot")
-        let dir = try TemporaryDirectory.make(in: TemporaryDirectory.system, prefix: "pm-chat-names-")
-        defer { TemporaryDirectory.remove(dir) }
-        #expect(ReceivedFile.freePath(in: dir, for: ".envrc") == "\(dir)/_envrc")
-        for taken in ["_envrc", "_envrc.1"] { #expect(FileManager.default.createFile(atPath: "\(dir)/\(taken)", contents: nil)) }
-        #expect(ReceivedFile.freePath(in: dir, for: ".envrc") == "\(dir)/_envrc.2")
+        #expect(ReceivedFile.candidate(in: "/in", for: ".envrc", attempt: 0) == "/in/_envrc")
+        #expect(ReceivedFile.candidate(in: "/in", for: ".envrc", attempt: 2) == "/in/_envrc.2")
         // The longest name there is (255 bytes) stays within it, dot or suffix: cut at its end.
         let longest = "." + String(repeating: "é", count: 127)
         #expect(ReceivedFile.name(for: longest).utf8.count == 255)
-        #expect(FileManager.default.createFile(atPath: "\(dir)/\(ReceivedFile.name(for: longest))", contents: nil))
-        let next = ReceivedFile.freePath(in: dir, for: longest)
-        #expect(next == "\(dir)/_" + String(repeating: "é", count: 126) + ".1")
-        #expect(FileManager.default.createFile(atPath: next, contents: nil), "a name the file system takes")
+        #expect(ReceivedFile.candidate(in: "/in", for: longest, attempt: 1) == "/in/_" + String(repeating: "é", count: 126) + ".1")
         // One character of 255 bytes (a letter and 127 combining marks) is cut a scalar at a time, never to nothing.
         let oneCharacter = "a" + String(repeating: "\u{301}", count: 127)
-        #expect(FileManager.default.createFile(atPath: "\(dir)/\(oneCharacter)", contents: nil))
-        let cut = ReceivedFile.freePath(in: dir, for: oneCharacter)
-        #expect(cut == "\(dir)/a" + String(repeating: "\u{301}", count: 126) + ".1")
+        #expect(ReceivedFile.candidate(in: "/in", for: oneCharacter, attempt: 1) == "/in/a" + String(repeating: "\u{301}", count: 126) + ".1")
+    }
+
+    @Test("Keeping a received file never replaces or writes through what is there: a file, a directory, a planted link")
+    func receivedFilesNeverReplace() throws {
+        let dir = try TemporaryDirectory.make(in: TemporaryDirectory.system, prefix: "pm-chat-keep-")
+        defer { TemporaryDirectory.remove(dir) }
+        let staging = try TemporaryDirectory.make(in: TemporaryDirectory.system, prefix: "pm-chat-staging-")
+        defer { TemporaryDirectory.remove(staging) }
+        func arrived(_ text: String) throws -> String {
+            let path = "\(staging)/\(UUID().uuidString)"
+            try Data(text.utf8).write(to: URL(fileURLWithPath: path))
+            return path
+        }
+        func contents(_ path: String) -> String? { FileManager.default.contents(atPath: path).map { String(decoding: $0, as: UTF8.self) } }
+
+        let first = try arrived("one")
+        #expect(try ReceivedFile.keep(first, in: dir, for: ".envrc") == "\(dir)/_envrc")
+        #expect(contents("\(dir)/_envrc") == "one")
+        #expect(!FileManager.default.fileExists(atPath: first), "moved, not copied")
+        // A link planted at the next name, leading to a file that does not exist yet, and a directory after it.
+        let victim = "\(dir)/victim"
+        try FileManager.default.createSymbolicLink(atPath: "\(dir)/_envrc.1", withDestinationPath: victim)
+        try FileManager.default.createDirectory(atPath: "\(dir)/_envrc.2", withIntermediateDirectories: false)
+        #expect(try ReceivedFile.keep(try arrived("two"), in: dir, for: ".envrc") == "\(dir)/_envrc.3")
+        #expect(contents("\(dir)/_envrc") == "one", "the first file is as it was")
+        #expect(contents("\(dir)/_envrc.3") == "two")
+        #expect(!FileManager.default.fileExists(atPath: victim), "nothing written through the link")
+        #expect(try FileManager.default.destinationOfSymbolicLink(atPath: "\(dir)/_envrc.1") == victim)
+
+        // From another file system (resources arrive in $TMPDIR; the receive directory may be elsewhere): copied
+        // with the same care, then the original removed.
+        var tmpfs = stat(), here = stat()
+        if stat("/dev/shm", &tmpfs) == 0, stat(dir, &here) == 0, tmpfs.st_dev != here.st_dev {
+            let elsewhere = try TemporaryDirectory.make(in: "/dev/shm", prefix: "pm-chat-other-fs-")
+            defer { TemporaryDirectory.remove(elsewhere) }
+            let far = "\(elsewhere)/arrived"
+            let bytes = (0..<3_000_000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+            try Data(bytes).write(to: URL(fileURLWithPath: far))
+            try FileManager.default.createSymbolicLink(atPath: "\(dir)/song.wav", withDestinationPath: victim)
+            #expect(try ReceivedFile.keep(far, in: dir, for: "song.wav") == "\(dir)/song.wav.1")
+            #expect(FileManager.default.contents(atPath: "\(dir)/song.wav.1") == Data(bytes))
+            #expect(!FileManager.default.fileExists(atPath: far))
+            #expect(!FileManager.default.fileExists(atPath: victim))
+        }
+
+        // Every name taken: an error that says so, and the file kept where it was.
+        let many = try TemporaryDirectory.make(in: TemporaryDirectory.system, prefix: "pm-chat-full-")
+        defer { TemporaryDirectory.remove(many) }
+        for attempt in 0..<ReceivedFile.maximumAttempts {
+            #expect(FileManager.default.createFile(atPath: ReceivedFile.candidate(in: many, for: "x", attempt: attempt), contents: nil))
+        }
+        let last = try arrived("kept")
+        #expect(throws: SyscallError.self) { try ReceivedFile.keep(last, in: many, for: "x") }
+        #expect(contents(last) == "kept")
     }
 
     @Test func messagesRoundTripAndHostileTextIsDropped() {
