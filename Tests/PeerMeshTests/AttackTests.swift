@@ -387,6 +387,63 @@ struct AttackTests {
         #expect(impostorSession.connectedPeers.isEmpty)
     }
 
+    @Test("A copied announcement at an impostor's address, and one at a dead port, do not hide the peer: each address is tried until one proves the key")
+    func copiedAnnouncementsDoNotHideThePeer() throws {
+        // The attacker republishes the host's record (its name and key are public) at addresses of its own, found
+        // first: one where nothing listens, one where its own advertiser answers with its own key.
+        let discovery = InProcessDiscovery()
+        let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
+        let hostLog = MeshEventLog()
+        host.delegate = hostLog
+        hostLog.acceptInto.withLock { $0 = host }
+        let hostAdvertiser = try NearbyServiceAdvertiser(peer: host.myPeerID, discoveryInfo: nil, serviceType: "pm-copied",
+                                                         discovery: discovery, bindHost: "127.0.0.1")
+        hostAdvertiser.delegate = hostLog
+        try hostAdvertiser.startAdvertisingPeer()
+        let impostor = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
+        let impostorLog = MeshEventLog()
+        impostor.delegate = impostorLog
+        let impostorAdvertiser = try advertise(impostor, as: "pm-impostor", answeredBy: impostorLog)
+        let dead = try FileDescriptor.tcpListener(SocketAddress(numericHost: "127.0.0.1", port: 0)!)
+        let deadPort = try dead.localAddress().port
+        dead.close()
+        let copies = [PeerEndpoint(host: "127.0.0.1", port: deadPort), PeerEndpoint(host: "127.0.0.1", port: impostorAdvertiser.port!)]
+        let guest = try Session(peer: try PeerID(displayName: "guest"), configuration: .init(bindHost: "127.0.0.1"))
+        let guestLog = MeshEventLog()
+        guest.delegate = guestLog
+        let browser = try NearbyServiceBrowser(peer: guest.myPeerID, serviceType: "pm-copied",
+                                               discovery: CopiedRecords(of: discovery, at: copies))
+        browser.delegate = guestLog
+        try browser.startBrowsingForPeers()
+        #expect(guestLog.wait(5) { $0.found.contains(host.myPeerID) })
+        #expect(browser.foundPeers.first?.endpoints.count == 3, "the copies come first")
+
+        try browser.invitePeer(host.myPeerID, to: guest, withContext: nil, timeout: .seconds(5))
+        #expect(guestLog.wait(10) { s in s.states.contains { $0 == (host.myPeerID, .connected) } }, "\(guestLog.snapshot.failures)")
+        #expect(guestLog.states(of: host.myPeerID) == [.connecting, .connected], "connecting once, over all three addresses")
+        #expect(guestLog.snapshot.failures.isEmpty, "the addresses that failed are not reported: the peer was reached")
+        #expect(guest.statistics.peerFaults == 1, "the impostor's key, counted")
+        #expect(hostLog.wait(5) { s in s.states.contains { $0 == (guest.myPeerID, .connected) } })
+        #expect(impostor.connectedPeers.isEmpty && impostorLog.snapshot.invitations.isEmpty, "the impostor heard no invitation")
+
+        // Only copies: every address is tried, and the last one's failure is what the app hears, once.
+        let alone = try Session(peer: try PeerID(displayName: "alone"), configuration: .init(bindHost: "127.0.0.1"))
+        let aloneLog = MeshEventLog()
+        alone.delegate = aloneLog
+        let fooled = try NearbyServiceBrowser(peer: alone.myPeerID, serviceType: "pm-copied",
+                                              discovery: CopiedRecords(of: discovery, at: copies, only: true))
+        fooled.delegate = aloneLog
+        try fooled.startBrowsingForPeers()
+        #expect(aloneLog.wait(5) { $0.found.contains(host.myPeerID) })
+        try fooled.invitePeer(host.myPeerID, to: alone, withContext: nil, timeout: .seconds(5))
+        #expect(aloneLog.wait(10) { !$0.failures.isEmpty })
+        #expect(aloneLog.snapshot.failures.count == 1)
+        #expect(aloneLog.snapshot.failures.first?.2.contains("another key") == true, "\(aloneLog.snapshot.failures)")
+        #expect(aloneLog.states(of: host.myPeerID) == [.connecting, .notConnected])
+        #expect(alone.connectedPeers.isEmpty && alone.statistics.peerFaults == 1)
+        withExtendedLifetime((hostAdvertiser, impostorAdvertiser, browser, fooled)) {}
+    }
+
     @Test("A guest that hangs up while the host judges its key, after the advertiser is gone: no peer, and the host carries on")
     func hangUpWhileTheKeyIsJudged() throws {
         let (host, judge) = try judgedHost()
@@ -812,5 +869,33 @@ struct AttackTests {
         #expect(realLog.wait(5) { s in s.states.contains { $0.1 == .connected } }, "\(realLog.snapshot.failures)")
         #expect(host.connectedPeers.count == 5)
         withExtendedLifetime((flood, advertiser)) {}  // the four admitted guests must outlive the last check
+    }
+}
+
+/// What a browser sees when an attacker has republished every record of `inner` at `copies` (its own addresses),
+/// found before the real ones (or, `only`, instead of them).
+private struct CopiedRecords: DiscoveryBackend {
+    let inner: any DiscoveryBackend
+    let copies: [PeerEndpoint]
+    let only: Bool
+
+    init(of inner: any DiscoveryBackend, at copies: [PeerEndpoint], only: Bool = false) {
+        self.inner = inner
+        self.copies = copies
+        self.only = only
+    }
+
+    func publish(_ advertisement: ServiceAdvertisement,
+                 onEvent: @escaping @Sendable (PublicationEvent) -> Void) throws(PeerMeshError) -> any DiscoveryRegistration {
+        try inner.publish(advertisement, onEvent: onEvent)
+    }
+
+    func browse(serviceType: String, localPeer: PeerID,
+                onEvent: @escaping @Sendable (BrowseEvent) -> Void) throws(PeerMeshError) -> any DiscoveryRegistration {
+        try inner.browse(serviceType: serviceType, localPeer: localPeer) { [copies, only] event in
+            guard case .found(var peer) = event else { return onEvent(event) }
+            peer.endpoints = copies + (only ? [] : peer.endpoints)
+            onEvent(.found(peer))
+        }
     }
 }

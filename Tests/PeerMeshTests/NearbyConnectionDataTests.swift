@@ -139,7 +139,7 @@ struct NearbyConnectionTests {
         #expect(p.guestLog.states(of: p.hostPeer) == [.connecting, .notConnected], "and nothing after it")
         #expect(p.host.connectedPeers.isEmpty)
         // Nothing left behind: no hold, no attempt; the data still works when it lists the host's address.
-        #expect(p.guest.core.loop.submitAndWait { p.guest.core.io.value.introductions.isEmpty })
+        #expect(p.guest.core.loop.submitAndWait { p.guest.core.io.value.attempts.isEmpty })
         #expect(!p.guest.core.shared.withLock { $0.machine.isHeld(p.hostPeer) })
         try p.guest.connectPeer(p.hostPeer, withNearbyConnectionData: try data(p, listing: ["127.0.0.1"]).0)
         #expect(eventually(5) { p.bothConnected() })

@@ -386,7 +386,7 @@ struct RelayedSessionTests {
         blob.addresses = ["127.0.0.2"]
         let bytes = blob.encoded()
         let (r2Peer, r0Peer) = (r2.myPeerID, r0.myPeerID)
-        r1.core.loop.submitAndWait { r1.core.connectIntroduced(r2Peer, data: bytes, introducer: r0Peer) }
+        _ = r1.core.loop.submitAndWait { r1.core.connectIntroduced(r2Peer, data: bytes, introducer: r0Peer) }
         #expect(eventually(10) { r1.connectedPeers.contains(r2Peer) && r2.connectedPeers.contains(r1.myPeerID) })
         #expect(r1.isRelayed(r2Peer), "through r0")
         #expect(logs[1].states(of: r2Peer) == [.connecting, .connected])

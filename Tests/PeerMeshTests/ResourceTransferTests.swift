@@ -395,7 +395,7 @@ struct ResourceAttackOverTheLinkTests {
         let (second, third) = (try pair.join(as: "second"), try pair.join(as: "third"))
         for j in [second, third] { #expect(j.log.wait(5) { $0.states.contains { $0.0 == pair.hostPeer && $0.1 == .connected } }) }
         let silent = try SilentAddresses()
-        let inFlight = { pair.host.core.loop.submitAndWait { pair.host.core.io.value.introductions.count } }
+        let inFlight = { pair.host.core.loop.submitAndWait { pair.host.core.io.value.attempts.count } }
         // One stranger, 100 times from each: one place of the peer limit; a member may have us follow 16 of them.
         let stranger = try PeerIdentity.generate(displayName: "stranger").peerID
         let flood = silent.introduce(Array(repeating: stranger, count: 100), to: pair.hostPeer)
@@ -437,7 +437,7 @@ struct ResourceAttackOverTheLinkTests {
         #expect(eventually(5) { silent.connectionsMade() >= 5 })
         usleep(500_000)
         #expect(silent.connectionsMade() == 5, "one connection per place")
-        #expect(pair.host.core.loop.submitAndWait { pair.host.core.io.value.introductions.count } == 5)
+        #expect(pair.host.core.loop.submitAndWait { pair.host.core.io.value.attempts.count } == 5)
         #expect(pair.hostLog.snapshot.failures.isEmpty, "those without room were not tried, so nothing failed")
         #expect(pair.host.statistics.introductionsNotFollowed == 45, "but each was counted")
         withExtendedLifetime(silent) {}

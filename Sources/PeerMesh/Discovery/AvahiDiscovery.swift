@@ -29,7 +29,8 @@ public final class AvahiDiscovery: DiscoveryBackend {
     /// - Parameter log: receives the backend's diagnostics (a skipped malformed record, a resolver that could not
     ///   start), in order, on a queue of its own (it may call back into discovery); by default they are dropped.
     ///   Libraries never write to stderr themselves.
-    /// - Throws: `PeerMeshError.discovery(AvahiDiscovery.daemonMissingMessage)` when the daemon is not reachable.
+    /// - Throws: `PeerMeshError.discovery(AvahiDiscovery.daemonMissingMessage)` when the daemon is not reachable
+    ///   (followed by avahi's own words when the cause is not simply its absence: a bus that refused access, say).
     /// - Parameter waitForDaemon: when avahi-daemon is not running, wait for it (publications go out and browses
     ///   start as soon as it appears; publications report `.waitingForDaemon` meanwhile) instead of throwing.
     ///   The system bus must be up either way.
@@ -198,15 +199,19 @@ struct AvahiBrowseTable {
         var record = peers[peer.identity] ?? Peer(peer: peer, info: info, confirmed: false)
         let wasConfirmed = record.confirmed
         let before = (record.peer.displayName, record.info, record.endpoints)
-        record.peer = peer
-        record.info = info
+        // The name and info of an instance named exactly by its identity win over those of an alternative name
+        // (`<id> #2`), which is what a copy of the record republished by someone else gets.
+        if Self.isPlainName(key) || !record.items.contains(where: { $0 != key && Self.isPlainName($0) }) {
+            record.peer = peer
+            record.info = info
+        }
         if !record.items.contains(key) { record.items.append(key) }
         record.confirmed = true
         record.endpoints = endpoints(of: record.items)
         peers[peer.identity] = record
-        let changed = before.0 != peer.displayName || before.1 != info || before.2 != record.endpoints
+        let changed = before.0 != record.peer.displayName || before.1 != record.info || before.2 != record.endpoints
         if !wasConfirmed || changed {
-            out.append(.deliver(.found(DiscoveredPeer(peer: peer, discoveryInfo: info, endpoints: record.endpoints))))
+            out.append(.deliver(.found(DiscoveredPeer(peer: record.peer, discoveryInfo: record.info, endpoints: record.endpoints))))
         }
         return out
     }
@@ -289,13 +294,23 @@ struct AvahiBrowseTable {
         return out
     }
 
-    /// The endpoints of `keys`: IPv4 first, then global IPv6, then link-local IPv6.
+    /// Whether the item's instance name is its identity alone, not an alternative name (`<id> #2`).
+    private static func isPlainName(_ key: ItemKey) -> Bool {
+        AvahiDiscovery.identityPart(ofInstanceName: key.name) == key.name
+    }
+
+    /// The endpoints of `keys`: those of instances named plainly by their identity first (an alternative name is
+    /// what a peer gets when its name is taken: by a copy of its record, or by its own other self), then IPv4, then
+    /// global IPv6, then link-local IPv6. A browser tries them in this order until one proves the key.
     private func endpoints(of keys: [ItemKey]) -> [PeerEndpoint] {
-        var out: [PeerEndpoint] = []
+        var out: [(endpoint: PeerEndpoint, plain: Bool)] = []
         for key in keys {
-            if let e = endpoint(of: key), !out.contains(e) { out.append(e) }
+            if let e = endpoint(of: key), !out.contains(where: { $0.endpoint == e }) { out.append((e, Self.isPlainName(key))) }
         }
-        func rank(_ e: PeerEndpoint) -> Int { !e.host.contains(":") ? 0 : (e.host.lowercased().hasPrefix("fe80") ? 2 : 1) }
-        return out.enumerated().sorted { (rank($0.element), $0.offset) < (rank($1.element), $1.offset) }.map(\.element)
+        func family(_ e: PeerEndpoint) -> Int { !e.host.contains(":") ? 0 : (e.host.lowercased().hasPrefix("fe80") ? 2 : 1) }
+        func order(_ e: (offset: Int, element: (endpoint: PeerEndpoint, plain: Bool))) -> (Int, Int, Int) {
+            (e.element.plain ? 0 : 1, family(e.element.endpoint), e.offset)
+        }
+        return out.enumerated().sorted { order($0) < order($1) }.map(\.element.endpoint)
     }
 }

@@ -1,24 +1,51 @@
 import FoundationEssentials
 import MeshPOSIX
 
-/// A direct connection being made from connection data, one address at a time: data an introduction handed us (when
-/// no address leads to the peer, the call goes through the introducer), or data the app had out of band
-/// (`connectPeer(_:withNearbyConnectionData:)`). Kept by link while one of its invitations is in flight; the peer
-/// stays `connecting` from the first invitation to the last (`SessionStateMachine.hold`).
+/// A connection being made to one peer, one address at a time, until one leads to it: the addresses an advertisement
+/// listed (`NearbyServiceBrowser.invitePeer`: a copied announcement at another address must not hide the peer), data
+/// an introduction handed us (when no address leads to the peer, the call goes through the introducer), or data the
+/// app had out of band (`connectPeer(_:withNearbyConnectionData:)`). Kept by link while one of its invitations is in
+/// flight; the peer stays `connecting` from the first invitation to the last (`SessionStateMachine.hold`).
 struct DirectAttempt: Sendable {
-    var data: NearbyConnectionData
-    /// The member that passed the data on, or nil for the app's own data (nothing to call through).
+    /// Who must answer: the key its invitations pin (`ExpectedKey`).
+    var peer: PeerID
+    /// Where to try it, in order.
+    var endpoints: [PeerEndpoint]
+    /// Each invitation's context: the app's, or connection data's prefix and ticket.
+    var context: Data
+    /// How long each invitation may take (the app's timeout, or the introduction's).
+    var timeout: Duration
+    /// The pinned key came from connection data, not an advertisement (`ExpectedKey.fromConnectionData`).
+    var keyFromConnectionData: Bool
+    /// The member that passed the data on, or nil for the app's own data or an advertisement (nothing to call through).
     var introducer: PeerID?
-    /// The next of `data.addresses` to try.
+    /// The next of `endpoints` to try.
     var next = 0
     /// An invitation of this attempt has started: the next one continues it, and starts only while the peer is still
     /// held (the app's `disconnect` ends the hold).
     var started = false
     /// The link is the call through the introducer: the last thing to try.
     var relayed = false
-    /// The peer answered on the link and proved the data's key: whatever becomes of this invitation, the peer was
+    /// The peer answered on the link and proved the expected key: whatever becomes of this invitation, the peer was
     /// found, so no other address is tried.
     var reached = false
+
+    /// An attempt with connection data: its addresses at its port, its ticket as the context, its key pinned.
+    init(data: NearbyConnectionData, introducer: PeerID?, timeout: Duration) {
+        self.init(peer: data.peer, endpoints: data.addresses.map { PeerEndpoint(host: $0, port: data.port) },
+                  context: Data(NearbyConnectionData.contextPrefix + data.ticket), timeout: timeout,
+                  keyFromConnectionData: true, introducer: introducer)
+    }
+
+    init(peer: PeerID, endpoints: [PeerEndpoint], context: Data, timeout: Duration, keyFromConnectionData: Bool,
+         introducer: PeerID?) {
+        self.peer = peer
+        self.endpoints = endpoints
+        self.context = context
+        self.timeout = timeout
+        self.keyFromConnectionData = keyFromConnectionData
+        self.introducer = introducer
+    }
 }
 
 /// Relayed links: the driver of `RelayStateMachine` (loop thread only). A member that cannot reach another directly
@@ -41,53 +68,61 @@ extension SessionCore {
         // members that introduce without end together cannot have us open more connections to addresses they chose.
         // An honest mesh introduces a newcomer to `maximumPeers − 2` members at most, through one of them.
         let share = io.value.membership.maximumIntroducedPerMember
-        let inFlight = io.value.introductions.values.compactMap { $0.introducer?.identity }
+        let inFlight = io.value.attempts.values.compactMap { $0.introducer?.identity }
         guard inFlight.count < 2 * share, inFlight.filter({ $0 == introducer.identity }).count < share else { return false }
         // Nor does one for which there is no room open a connection only to be turned away.
         guard shared.withLock({ $0.machine.hasRoom(for: data.peer) }) else { return false }
-        var attempt = DirectAttempt(data: data, introducer: introducer)
-        if configuration.relaysIntroductions { attempt.next = data.addresses.count }  // straight to the call
+        var attempt = DirectAttempt(data: data, introducer: introducer, timeout: introductionTimeout)
+        if configuration.relaysIntroductions { attempt.next = attempt.endpoints.count }  // straight to the call
         return advance(attempt) == nil  // when nothing could be started, nothing is held and nothing reported
     }
 
-    /// Connects with connection data the app had (`connectPeer`): each address in turn until one leads to the peer.
-    /// Returns the error of the last address when none could even be started (nothing is reported then).
+    /// Connects with connection data the app had (`connectPeer`): each address in turn until one leads to the peer;
+    /// once the peer answers, its invitation has the usual 30 s. Returns the error of the last address when none could
+    /// even be started (nothing is reported then).
     func connectDirect(_ data: NearbyConnectionData) -> PeerMeshError? {
         precondition(loop.inLoop)
-        return advance(DirectAttempt(data: data, introducer: nil))
+        return advance(DirectAttempt(data: data, introducer: nil, timeout: .seconds(30)))
     }
 
-    /// Starts the next step of `attempt`: an invitation to its next address that one can be started to (one with a
+    /// Invites `peer`, found by a browser at `endpoints`, each in turn until one leads to it (answers and proves the
+    /// advertised key). Returns the error of the last endpoint when none could even be started (nothing is reported
+    /// then).
+    func inviteFound(_ peer: PeerID, at endpoints: [PeerEndpoint], context: Data, timeout: Duration) -> PeerMeshError? {
+        precondition(loop.inLoop)
+        return advance(DirectAttempt(peer: peer, endpoints: endpoints, context: context, timeout: timeout,
+                                     keyFromConnectionData: false, introducer: nil))
+    }
+
+    /// Starts the next step of `attempt`: an invitation to its next endpoint that one can be started to (one with a
     /// route, a scope that exists here), or after the last, the call through its introducer. The peer is held
     /// `connecting` while it runs; a step that continues an attempt starts only while that hold stands (the app's
-    /// `disconnect` ends it). Returns nil when a step is under way, or the last error when nothing is left.
+    /// `disconnect` ends it). An endpoint that does not answer with the expected key within `introductionTimeout`
+    /// gives way to the next (`notAnswered`). Returns nil when a step is under way, or the last error when nothing is
+    /// left.
     private func advance(_ attempt: DirectAttempt) -> PeerMeshError? {
         var attempt = attempt
-        let data = attempt.data
-        var lastError = PeerMeshError.transport("the connection data lists no address")
-        while attempt.next < data.addresses.count {
-            let address = data.addresses[attempt.next]
+        var lastError = PeerMeshError.transport("no address is known for \(attempt.peer.displayName)")
+        while attempt.next < attempt.endpoints.count {
+            let endpoint = attempt.endpoints[attempt.next]
             attempt.next += 1
-            // An introduction's invitations take the introduction's time; the app's the usual 30 s once the peer
-            // answers (an address that does not answer gives way to the next sooner: `notAnswered`).
-            let timeout = attempt.introducer == nil ? Duration.seconds(30) : introductionTimeout
             let link: LinkID
             do {
-                link = try invite(expected: data.peer, endpoint: PeerEndpoint(host: address, port: data.port),
-                                  context: Data(NearbyConnectionData.contextPrefix + data.ticket), timeout: timeout,
-                                  keyFromConnectionData: true, attempt: step(of: attempt, holding: timeout))
+                link = try invite(expected: attempt.peer, endpoint: endpoint, context: attempt.context,
+                                  timeout: attempt.timeout, keyFromConnectionData: attempt.keyFromConnectionData,
+                                  attempt: step(of: attempt, holding: attempt.timeout))
             } catch {
                 switch error {
-                case .cancelled, .sessionClosed: return error  // given up, or the session is closing: nothing more
+                case .cancelled, .sessionClosed, .invalidParameter: return error  // nothing more to try
                 default: lastError = error
                 }
                 continue
             }
             attempt.started = true
-            io.value.introductions[link] = attempt
-            if attempt.next < data.addresses.count || attempt.introducer != nil {
+            io.value.attempts[link] = attempt
+            if attempt.next < attempt.endpoints.count || attempt.introducer != nil {
                 let due = MonotonicClock.nowNanos() &+ UInt64(introductionTimeout.nanoseconds)
-                loop.schedule(at: due) { [weak self] in self?.notAnswered(link, address: address) }
+                loop.schedule(at: due) { [weak self] in self?.notAnswered(link, address: endpoint.host) }
             }
             return nil
         }
@@ -97,13 +132,13 @@ extension SessionCore {
 
     /// An attempt's invitation on `link` was answered by the peer, proving the data's key: no other address is tried.
     func reachedAttempt(on link: LinkID) {
-        io.value.introductions[link]?.reached = true
+        io.value.attempts[link]?.reached = true
     }
 
     /// The attempt's address on `link` has not answered with the expected key in `introductionTimeout`: the
     /// invitation ends (timed out), and the attempt goes on to its next step.
     private func notAnswered(_ link: LinkID, address: String) {
-        guard let attempt = io.value.introductions[link], !attempt.reached else { return }
+        guard let attempt = io.value.attempts[link], !attempt.reached else { return }
         let actions = shared.withLock { $0.machine.linkClosed(link) }
         guard !actions.isEmpty else { return }  // ended meanwhile (the app disconnected): its own report stands
         io.value.failureReason[link] = .timedOut
@@ -120,7 +155,7 @@ extension SessionCore {
     /// Nothing more is tried for `peer` (unless another attempt to it is still under way): it is reported as its
     /// links say.
     func release(_ peer: PeerID) {
-        guard !io.value.introductions.values.contains(where: { $0.data.peer == peer }) else { return }
+        guard !io.value.attempts.values.contains(where: { $0.peer == peer }) else { return }
         perform(shared.withLock { $0.machine.release(peer) })
     }
 
@@ -139,8 +174,8 @@ extension SessionCore {
     /// One whose peer answered and then declined or timed out, whose peer connected meanwhile, or whose introducer
     /// has left (its introductions are no longer followed) ends.
     func continueAttempt(after link: LinkID, _ reason: DeclineReason) -> AttemptOutcome {
-        guard let attempt = io.value.introductions.removeValue(forKey: link) else { return .none }
-        let peer = attempt.data.peer
+        guard let attempt = io.value.attempts.removeValue(forKey: link) else { return .none }
+        let peer = attempt.peer
         let introducerLeft = attempt.introducer.map { i in shared.withLock { $0.machine.primaryLink(for: i) == nil } } ?? false
         guard !attempt.relayed, !attempt.reached, !introducerLeft, reason == .unavailable || reason == .timedOut,
               shared.withLock({ $0.machine.primaryLink(for: peer) == nil })
@@ -151,11 +186,11 @@ extension SessionCore {
     /// The app disconnected from `peer` (or from everyone, when nil): its attempts stop where they are. Only the
     /// entries of links the disconnect ended go (an attempt that started just after it keeps its own).
     func stopAttempts(to peer: PeerID?) {
-        let attempts = io.value.introductions
+        let attempts = io.value.attempts
         let kept = shared.withLock { s in
-            attempts.filter { link, attempt in (peer != nil && attempt.data.peer != peer) || s.machine.has(link) }
+            attempts.filter { link, attempt in (peer != nil && attempt.peer != peer) || s.machine.has(link) }
         }
-        io.value.introductions = kept
+        io.value.attempts = kept
     }
 
     /// Asks the attempt's introducer for a pipe to the introduced peer and starts our invitation through it (our
@@ -165,7 +200,7 @@ extension SessionCore {
         guard let introducer = attempt.introducer,
               let link = shared.withLock({ $0.machine.primaryLink(for: introducer) })
         else { return .transport("the introducer is no longer connected") }
-        let (key, actions) = io.value.relay.call(attempt.data.peer, via: link)
+        let (key, actions) = io.value.relay.call(attempt.peer, via: link)
         io.value.relayCalls[key] = attempt
         performRelay(actions)
         // Our end is open (and its invitation started) unless the pipe or the invitation could not be made.
@@ -236,15 +271,14 @@ extension SessionCore {
         end.start()
         if calling {
             guard var attempt = io.value.relayCalls.removeValue(forKey: key) else { return endFailed(key, other: pair.1) }
-            let data = attempt.data
             do {
-                let link = try invite(expected: data.peer, socket: pair.1, remote: nil, relayed: true,
-                                      context: Data(NearbyConnectionData.contextPrefix + data.ticket),
-                                      timeout: introductionTimeout, keyFromConnectionData: true,
+                let link = try invite(expected: attempt.peer, socket: pair.1, remote: nil, relayed: true,
+                                      context: attempt.context, timeout: introductionTimeout,
+                                      keyFromConnectionData: attempt.keyFromConnectionData,
                                       attempt: step(of: attempt, holding: introductionTimeout))
                 attempt.relayed = true
                 attempt.started = true
-                io.value.introductions[link] = attempt
+                io.value.attempts[link] = attempt
             } catch {
                 endFailed(key, other: pair.1)
             }

@@ -82,11 +82,31 @@ public final class NearbyServiceBrowser: Sendable {
 
     /// Invites a found peer into `session`. A timeout of 0 or less means 30 s. A decline or a timeout leaves the
     /// peer `notConnected` in `session`, and the session's delegate hears why.
+    ///
+    /// The peer's addresses are tried in turn until one answers and proves the advertised key: anyone can announce
+    /// a copy of a peer's record at an address of their own, and that copy must not hide the peer. An address that
+    /// refuses, shows another key (counted as a peer fault) or has not answered within the session's peer timeout
+    /// (5 to 30 s) gives way to the next; once the peer has proved its key, how that invitation ends is the answer.
+    /// The peer goes `connecting` once, then `connected` or `notConnected`. The first invitation is started on the
+    /// session's event loop, which this call waits for (at once when called from a delegate callback).
+    ///
+    /// - Throws: `invalidParameter` for a peer this browser has not found or a context over 64 KiB; the error of the
+    ///   last address when no connection could be started to any of them (nothing is reported then).
     public func invitePeer(_ peer: PeerID, to session: Session, withContext context: Data?, timeout: Duration) throws(PeerMeshError) {
-        guard let p = found.withLock({ $0[peer] }), let endpoint = p.endpoints.first else {
+        guard let p = found.withLock({ $0[peer] }), !p.endpoints.isEmpty else {
             throw .invalidParameter("invitePeer: \(peer) has not been found by this browser")
         }
-        try session.core.invite(expected: peer, endpoint: endpoint, context: context, timeout: timeout)
+        let context = context ?? Data()
+        guard context.count <= ControlFrame.maximumContext else {
+            throw .invalidParameter("invitation context is \(context.count) bytes; at most \(ControlFrame.maximumContext)")
+        }
+        let timeout = timeout <= .zero ? .seconds(30) : timeout
+        // The found record's identity, with its advertised key: what every address must prove.
+        let expected = p.peer
+        let core = session.core
+        if let error = core.loop.submitAndWait({ core.inviteFound(expected, at: p.endpoints, context: context, timeout: timeout) }) {
+            throw error
+        }
     }
 }
 

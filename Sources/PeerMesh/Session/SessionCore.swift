@@ -62,12 +62,12 @@ final class SessionCore: Sendable {
         var inputStreams: [StreamKey: InputByteStream] = [:]
         var relay: RelayStateMachine
         var relayEnds: [PipeKey: RelayEnd] = [:]
-        /// Calls through an introducer whose pipe is being opened: the attempt, whose data pins the key and holds the
+        /// Calls through an introducer whose pipe is being opened: the attempt, which pins the key and holds the
         /// ticket.
         var relayCalls: [PipeKey: DirectAttempt] = [:]
-        /// Invitations made from connection data (an introduction's, or the app's), by link: what to try next if
-        /// they fail.
-        var introductions: [LinkID: DirectAttempt] = [:]
+        /// Invitations that are steps of a `DirectAttempt` (a browser's, an introduction's, the app's connection
+        /// data's), by link: what to try next if they fail.
+        var attempts: [LinkID: DirectAttempt] = [:]
         /// Our invitations' message 3s (our share of the digits): how many may end unaccepted before the next waits.
         var shares: InviterShareRation
     }
@@ -403,7 +403,7 @@ final class SessionCore: Sendable {
             for l in closed {  // details no failure report took, and attempts no failure continued
                 io.value.failureDetail[l] = nil
                 io.value.failureReason[l] = nil
-                io.value.introductions[l] = nil
+                io.value.attempts[l] = nil
             }
         }
         for a in actions {
@@ -449,7 +449,7 @@ final class SessionCore: Sendable {
                 performStreams(io.value.streams.linkClosed(l))
                 relayLinkClosed(l)
             case .linkUp(let l, let p, let port, let token):
-                io.value.introductions[l] = nil
+                io.value.attempts[l] = nil
                 // First the handshakes waiting for a turn to the same peer go, so that the turn this acceptance
                 // frees cannot open one of them.
                 superseded.append((p, io.value.shares.connected(p)))
