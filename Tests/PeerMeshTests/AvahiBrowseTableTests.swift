@@ -49,6 +49,57 @@ import Testing
         #expect(out == [.deliver(.found(DiscoveredPeer(peer: alice, discoveryInfo: [:], endpoints: [e])))])
     }
 
+    @Test("A copy of a record under an alternative name, found first, comes after the plainly named one, and does not set its name or info")
+    func plainNameFirst() {
+        var t = AvahiBrowseTable(serviceType: "t", localIdentity: me.identity)
+        let fake = PeerEndpoint(host: "127.0.0.9", port: 6666)
+        let real = PeerEndpoint(host: "127.0.0.1", port: 5000)
+        let lying = try! PeerID(displayName: "Alice's twin", publicKey: alice.publicKey!)
+        _ = t.resolved(key(alice.identityString + " #7"), txt: txt(lying, ["pair": "1"]), endpoint: fake)
+        let out = t.resolved(key(alice.identityString), txt: txt(alice, ["k": "v"]), endpoint: real)
+        #expect(out == [.deliver(.found(DiscoveredPeer(peer: alice, discoveryInfo: ["k": "v"], endpoints: [real, fake])))])
+        // The copy resolved again (or changed): the plain name's data stands.
+        #expect(t.resolved(key(alice.identityString + " #7"), txt: txt(lying, ["pair": "1", "x": "y"]), endpoint: fake) == [])
+        // The plain one gone: the copy's address is all that is left.
+        #expect(t.removed(key(alice.identityString)) == [.deliver(.found(DiscoveredPeer(peer: alice, discoveryInfo: ["k": "v"], endpoints: [fake])))])
+    }
+
+    @Test("Instances past the resolver bound wait their turn in order, bounded; those that go meanwhile are not resolved")
+    func waitingInstances() {
+        func drain<Key>(_ w: inout WaitingInstances<Key>) -> [Key] {
+            var out: [Key] = []
+            while let k = w.next() { out.append(k) }
+            return out
+        }
+        var w = WaitingInstances<Int>(capacity: 3)
+        let taken = [w.append(1), w.append(2), w.append(1), w.append(3), w.append(4)]
+        #expect(taken == [true, true, true, true, false], "the fourth is past the bound; a second 1 keeps its place")
+        #expect(w.skipped == 1 && w.count == 3)
+        w.remove(2)
+        let first = w.next()
+        #expect(first == 1)
+        w.append(5)
+        #expect(drain(&w) == [3, 5])
+        // A flood that comes and goes while nothing frees keeps memory bounded, and the last one still gets its turn.
+        var flood = WaitingInstances<Int>(capacity: 8)
+        var largest = 0
+        for i in 0..<100_000 {
+            flood.append(i)
+            flood.remove(i)
+            largest = max(largest, flood.stored)
+        }
+        #expect(largest <= 2 * flood.capacity + 1)
+        flood.append(-1)
+        #expect(drain(&flood) == [-1])
+        // Removed, then seen again: waits once, in the first place it had.
+        var again = WaitingInstances<Int>(capacity: 4)
+        again.append(7)
+        again.remove(7)
+        again.append(8)
+        again.append(7)
+        #expect(drain(&again) == [7, 8])
+    }
+
     @Test func ownAdvertisementIsIgnored() {
         var t = AvahiBrowseTable(serviceType: "t", localIdentity: me.identity)
         #expect(t.resolved(key(me.identityString), txt: txt(me), endpoint: PeerEndpoint(host: "127.0.0.1", port: 1)) == [])

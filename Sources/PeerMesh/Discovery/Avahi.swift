@@ -17,7 +17,7 @@ private let protoUnspec = AvahiProtocol(AVAHI_PROTO_UNSPEC)
 /// Most resolvers a browse keeps open for TXT updates; beyond it, instances are resolved once and closed.
 private let maximumOpenResolvers = 128
 /// Most resolvers a browse runs at once, open or still resolving: a flood of instances on the LAN costs at most
-/// this many (each further instance is skipped until some resolve or go).
+/// this many; each further instance waits its turn (`WaitingInstances`) until some resolve, fail or go.
 private let maximumResolvers = 512
 
 /// Owns the threaded poll, the client and every entry group, browser and resolver made from it, and frees them
@@ -55,6 +55,8 @@ final class AvahiCore: @unchecked Sendable {
         var resolvers: [AvahiBrowseTable.ItemKey: OpaquePointer] = [:]
         /// Record browsers on each item's SRV record, which see a re-announced port at once.
         var srvWatches: [AvahiBrowseTable.ItemKey: SRVWatch] = [:]
+        /// Instances seen while every resolver was busy, in the order they came: each is resolved when one frees.
+        var waiting = WaitingInstances<AvahiBrowseTable.ItemKey>(capacity: 4_096)
         /// Whether the resolver bound has been reported (once per browse).
         var saidTooMany = false
         weak var core: AvahiCore?
@@ -107,14 +109,15 @@ final class AvahiCore: @unchecked Sendable {
         var error: Int32 = 0
         guard let c = avahi_client_new(avahi_threaded_poll_get(poll), AVAHI_CLIENT_NO_FAIL, clientTrampoline,
                                        Unmanaged.passUnretained(self).toOpaque(), &error) else {
-            throw .discovery(AvahiDiscovery.daemonMissingMessage)
+            throw Self.unreachable(error)
         }
         client = c
         let state = avahi_client_get_state(c)
         if state == AVAHI_CLIENT_FAILURE || (state == AVAHI_CLIENT_CONNECTING && !waitForDaemon) {
+            let code = state == AVAHI_CLIENT_FAILURE ? avahi_client_errno(c) : Int32(AVAHI_ERR_NO_DAEMON)
             avahi_client_free(c)
             client = nil
-            throw .discovery(AvahiDiscovery.daemonMissingMessage)
+            throw Self.unreachable(code)
         }
         // The first thing the poll thread runs: name it, so `top -H` shows it.
         let api = avahi_threaded_poll_get(poll)
@@ -126,6 +129,13 @@ final class AvahiCore: @unchecked Sendable {
             client = nil
             throw avahiError(rc, "avahi: cannot start the poll thread")
         }
+    }
+
+    /// Why the daemon cannot be used: not there (or no system bus to find it on), the usual line; anything else
+    /// (the bus refused us, the daemon is in a bad state), that line with avahi's own words.
+    private static func unreachable(_ code: Int32) -> PeerMeshError {
+        guard code != Int32(AVAHI_ERR_NO_DAEMON), code != 0 else { return .discovery(AvahiDiscovery.daemonMissingMessage) }
+        return .discovery("\(AvahiDiscovery.daemonMissingMessage) (avahi: \(String(cString: avahi_strerror(code))))")
     }
 
     deinit {
@@ -283,6 +293,7 @@ final class AvahiCore: @unchecked Sendable {
         b.resolvers.removeAll()
         for w in b.srvWatches.values { if let rb = w.browser { avahi_record_browser_free(rb) } }
         b.srvWatches.removeAll()
+        b.waiting.removeAll()
         if let browser = b.browser { avahi_service_browser_free(browser) }
         b.browser = nil
     }
@@ -304,25 +315,21 @@ final class AvahiCore: @unchecked Sendable {
         case AVAHI_BROWSER_NEW:
             guard b.resolvers[key] == nil else { return }
             guard b.resolvers.count < maximumResolvers else {
+                let queued = b.waiting.append(key)
                 if !b.saidTooMany {
                     b.saidTooMany = true
-                    log("peermesh: more than \(maximumResolvers) DNS-SD instances of \(type) at once; skipping the rest")
+                    log("peermesh: more than \(maximumResolvers) DNS-SD instances of \(type) at once; the rest are resolved "
+                        + "as resolvers free" + (queued ? "" : " (and past \(b.waiting.capacity) waiting, skipped)"))
                 }
                 return
             }
-            // The resolver stays open so that TXT changes arrive as further FOUND events (up to a bound: past it,
-            // an instance is resolved once and its resolver closed). Each record is resolved in its own family.
-            if let r = avahi_service_resolver_new(c, interface, proto, name, type, domain, proto, AvahiLookupFlags(0),
-                                                  resolveTrampoline, Unmanaged.passUnretained(b).toOpaque()) {
-                b.resolvers[key] = r
-                watchSRV(b, key: key, type: type, client: c)
-            } else {
-                log(avahiError(avahi_client_errno(c), "avahi could not resolve \"\(name)\" \(type)").description)
-            }
+            resolve(b, key, client: c)
         case AVAHI_BROWSER_REMOVE:
+            b.waiting.remove(key)
             if let r = b.resolvers.removeValue(forKey: key) { avahi_service_resolver_free(r) }
             if let w = b.srvWatches.removeValue(forKey: key), let rb = w.browser { avahi_record_browser_free(rb) }
             perform(b.table.removed(key), for: b)
+            resolveWaiting(b, client: c)
         case AVAHI_BROWSER_FAILURE:
             let code = avahi_client_errno(c)
             // A disconnect is recovered by the client callback; anything else ends this browse.
@@ -331,6 +338,26 @@ final class AvahiCore: @unchecked Sendable {
             }
         default:
             break
+        }
+    }
+
+    /// Starts resolving `key`. The resolver stays open so that TXT changes arrive as further FOUND events (up to a
+    /// bound: past it, an instance is resolved once and its resolver closed). Each record is resolved in its own
+    /// family.
+    private func resolve(_ b: Browse, _ key: AvahiBrowseTable.ItemKey, client c: OpaquePointer) {
+        if let r = avahi_service_resolver_new(c, key.interface, key.proto, key.name, b.type, key.domain, key.proto,
+                                              AvahiLookupFlags(0), resolveTrampoline, Unmanaged.passUnretained(b).toOpaque()) {
+            b.resolvers[key] = r
+            watchSRV(b, key: key, type: b.type, client: c)
+        } else {
+            log(avahiError(avahi_client_errno(c), "avahi could not resolve \"\(key.name)\" \(b.type)").description)
+        }
+    }
+
+    /// Resolves waiting instances while there are resolvers free.
+    private func resolveWaiting(_ b: Browse, client c: OpaquePointer) {
+        while b.resolvers.count < maximumResolvers, let key = b.waiting.next() {
+            if b.resolvers[key] == nil { resolve(b, key, client: c) }
         }
     }
 
@@ -415,6 +442,7 @@ final class AvahiCore: @unchecked Sendable {
             b.resolvers[key] = nil
             avahi_service_resolver_free(r)
         }
+        if let c = client { resolveWaiting(b, client: c) }
     }
 
     // MARK: The client and daemon restarts
