@@ -171,13 +171,23 @@ public final class NearbyServiceAdvertiser: Sendable {
 
     /// Replaces the discovery info and, if advertising, publishes the new record (connections and pending
     /// invitations are not touched). MC has no such call — there an app stops and starts the advertiser.
+    ///
+    /// - Throws: `invalidParameter` for info that cannot be advertised (nothing changes then); the backend's error
+    ///   when the new record cannot be published. The old one is withdrawn by then, so the peer is no longer
+    ///   advertised: the delegate hears that too, as it hears a publication that fails later
+    ///   (`didNotStartAdvertisingPeer`, then `didUpdate: .failed`).
     public func updateDiscoveryInfo(_ newInfo: [String: String]?) throws(PeerMeshError) {
         try DiscoveryValidation.validate(discoveryInfo: newInfo ?? [:])
         info.withLock { $0 = newInfo }
         guard let running = state.withLock({ $0 }) else { return }
         // Withdraw first: one instance name cannot be published twice at once.
         running.registration.cancel()
-        let registration = try publish(port: running.port)
+        let registration: any DiscoveryRegistration
+        do { registration = try publish(port: running.port) } catch {
+            delegate?.advertiser(self, didNotStartAdvertisingPeer: error)
+            delegate?.advertiser(self, didUpdate: .failed(error))
+            throw error
+        }
         state.withLock { s in
             if let r = s { s = Running(port: r.port, core: r.core, registration: registration) } else { registration.cancel() }
         }
