@@ -19,13 +19,13 @@ private final class PairingHost: NearbyServiceAdvertiserDelegate, Sendable {
     private let said = Lines()
     var notices: [String] { said.lines.withLock { $0 } }
 
-    init(trust: TrustStore) throws {
+    init(trust: TrustStore, discovery: any DiscoveryBackend = InProcessDiscovery()) throws {
         let identity = try PeerIdentity.generate(displayName: "host")
         let said = self.said
         responder = try PairingResponder(identity: identity, trust: trust, bindHost: "127.0.0.1",
                                          notices: { said.add($0) }, windowChanged: { _ in })
         advertiser = try NearbyServiceAdvertiser(peer: identity.peerID, discoveryInfo: ["pair": "1"], serviceType: "mesh-audio",
-                                                 discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
+                                                 discovery: discovery, bindHost: "127.0.0.1")
         advertiser.delegate = self
         try advertiser.startAdvertisingPeer()
     }
@@ -38,6 +38,66 @@ private final class PairingHost: NearbyServiceAdvertiserDelegate, Sendable {
         invitationHandler(false, nil)
     }
     func advertiser(_ advertiser: NearbyServiceAdvertiser, didNotStartAdvertisingPeer error: PeerMeshError) {}
+}
+
+/// A decoy on the LAN: it advertises an open pairing window under the host's name, takes the player's pairing
+/// invitation, and after `delay` answers message 1 with a message 2 it cannot make right (it does not know the code).
+private final class DecoyHost: SessionDelegate, NearbyServiceAdvertiserDelegate, Sendable {
+    let session: Session
+    let advertiser: NearbyServiceAdvertiser
+    let tried = Atomic<Int>(0)
+    private let delay: Double
+
+    init(discovery: any DiscoveryBackend, delay: Double) throws {
+        self.delay = delay
+        session = try Session(securityIdentity: try PeerIdentity.generate(displayName: "host"),
+                              configuration: .init(bindHost: "127.0.0.1", maximumMessageSize: 4096, maximumResourceSize: 0, topology: .star))
+        advertiser = try NearbyServiceAdvertiser(peer: session.myPeerID, discoveryInfo: ["pair": "1"], serviceType: "mesh-audio",
+                                                 discovery: discovery, bindHost: "127.0.0.1")
+        session.delegate = self
+        advertiser.delegate = self
+        try advertiser.startAdvertisingPeer()
+    }
+
+    func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceiveInvitationFromPeer peer: PeerID,
+                    withContext context: Data?, invitationHandler: @escaping @Sendable (Bool, Session?) -> Void) {
+        invitationHandler(true, session)
+    }
+    func advertiser(_ advertiser: NearbyServiceAdvertiser, didNotStartAdvertisingPeer error: PeerMeshError) {}
+    func session(_ session: Session, peer: PeerID, didChange state: SessionState) {}
+    func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {
+        tried.add(1, ordering: .relaxed)
+        // A guess at message 2: a valid element of its own, a tag that cannot match.
+        let element = Pairing.Initiator(code: "0000-0000", binding: [1]).firstMessage.suffix(32)
+        let bogus = Array("PMP1".utf8) + [2] + Array(element) + [UInt8](repeating: 0xab, count: 32)
+        DispatchQueue.global().asyncAfter(deadline: .now() + delay) { [session] in
+            try? session.send(Data(bogus), toPeers: [peer], with: .reliable)
+        }
+    }
+}
+
+/// A discovery backend whose browsers hear of every peer but `late` at once, and of `late` after `delay`: the order a
+/// player finds two hosts in, made certain.
+private struct OrderedDiscovery: DiscoveryBackend {
+    let inner: any DiscoveryBackend
+    let late: @Sendable (PeerID) -> Bool
+    let delay: Double
+
+    func publish(_ advertisement: ServiceAdvertisement,
+                 onEvent: @escaping @Sendable (PublicationEvent) -> Void) throws(PeerMeshError) -> any DiscoveryRegistration {
+        try inner.publish(advertisement, onEvent: onEvent)
+    }
+
+    func browse(serviceType: String, localPeer: PeerID,
+                onEvent: @escaping @Sendable (BrowseEvent) -> Void) throws(PeerMeshError) -> any DiscoveryRegistration {
+        try inner.browse(serviceType: serviceType, localPeer: localPeer) { [late, delay] event in
+            if case .found(let p) = event, late(p.peer) {
+                DispatchQueue.global().asyncAfter(deadline: .now() + delay) { onEvent(event) }
+            } else {
+                onEvent(event)
+            }
+        }
+    }
 }
 
 /// An attacker's attempt: message 1 for a guessed code, then it checks the host's message 2 offline (tagB tells
@@ -110,6 +170,53 @@ struct PairingWindowTests {
         #expect(eventually(3) { host.notices.contains { $0.contains("could not be stored") } }, "\(host.notices)")
         #expect(!host.notices.contains { $0.hasPrefix("paired ") }, "the operator is not told it paired")
         withExtendedLifetime(host) {}
+    }
+
+    @Test("A decoy advertising an open window under the host's name, found first, does not keep the player from the host that shows the code")
+    func aDecoyFoundFirstIsPassedOver() throws {
+        let dir = try Self.scratch()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let discovery = InProcessDiscovery()
+        let decoy = try DecoyHost(discovery: discovery, delay: 0.5)
+        let host = try PairingHost(trust: TrustStore(path: dir + "/host.json"), discovery: discovery)
+        host.responder.open(code: "1234-5678", timeout: .seconds(20))
+        let real = host.advertiser.myPeerID
+        let playerTrust = TrustStore(path: dir + "/player/paired.json")
+        var config = PairingClient.Configuration(identity: try PeerIdentity.generate(displayName: "bedroom"), trust: playerTrust,
+                                                 code: "1234-5678", target: .discover(hostName: "host"))
+        config.discovery = OrderedDiscovery(inner: discovery, late: { $0 == real }, delay: 0.1)
+        config.bindHost = "127.0.0.1"
+        config.timeout = .seconds(10)
+        let lines = Mutex<[String]>([])
+        let outcome = try PairingClient(configuration: config, log: { line in lines.withLock { $0.append(line) } }).run()
+        guard case .paired(let peer, _) = outcome else { Issue.record("\(outcome); \(lines.withLock { $0 })"); return }
+        #expect(peer.publicKey == real.publicKey, "paired with the host that showed the code")
+        #expect(decoy.tried.load(ordering: .relaxed) == 1, "the decoy was tried first, once")
+        #expect(try playerTrust.list().map(\.publicKey) == [real.publicKey!], "only the real host's key is kept")
+        let said = lines.withLock { $0 }
+        #expect(said.contains { $0.contains("did not pair (wrong pairing code); trying host (\(real.publicKey!.shortFingerprint))") }, "\(said)")
+        withExtendedLifetime((decoy, host)) {}
+    }
+
+    @Test("Two decoys and no real host: pairing fails, naming each host tried and why")
+    func onlyDecoys() throws {
+        let dir = try Self.scratch()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let discovery = InProcessDiscovery()
+        let decoys = [try DecoyHost(discovery: discovery, delay: 0.3), try DecoyHost(discovery: discovery, delay: 0.3)]
+        var config = PairingClient.Configuration(identity: try PeerIdentity.generate(displayName: "bedroom"),
+                                                 trust: TrustStore(path: dir + "/player/paired.json"), code: "1234-5678",
+                                                 target: .discover(hostName: nil))
+        config.discovery = discovery
+        config.bindHost = "127.0.0.1"
+        config.timeout = .seconds(10)
+        let outcome = try PairingClient(configuration: config).run()
+        guard case .failed(let why) = outcome else { Issue.record("\(outcome)"); return }
+        #expect(why.hasPrefix("no host proved the code: "), "\(why)")
+        for d in decoys {
+            #expect(why.contains("host (\(d.session.myPeerID.publicKey!.shortFingerprint)): wrong pairing code"), "\(why)")
+            #expect(d.tried.load(ordering: .relaxed) == 1)
+        }
     }
 
     @Test("Guesses checked offline from message 2 count at once: three checks in all, however the guessers come and go")

@@ -7,6 +7,11 @@ import Synchronization
 /// The player's side of pairing: finds the host whose pairing window is open (TXT `pair=1`, or a direct address),
 /// joins its pairing session, proves the code with the PAKE (`Pairing`), and on success trusts the host's key — the
 /// host trusts the player's at the same moment. Then it leaves.
+///
+/// Found by discovery, hosts with an open window are tried one after another, in the order found, until one proves
+/// the code: anyone on the LAN can advertise an open window (under the real host's name, even), and such a decoy,
+/// found first, must not keep the player from the host that shows the code. A decoy learns nothing but that one
+/// guess of the code was wrong (the PAKE); each host that failed is named in the outcome.
 public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate, Sendable {
     /// How pairing ended.
     public enum Outcome: Sendable, Equatable {
@@ -48,12 +53,22 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
     }
 
     private struct State {
-        var inviting = false
+        /// Hosts found with an open window and not tried yet, in the order found.
+        var candidates: [PeerID] = []
+        /// The host being tried now (by discovery; a direct target has none).
+        var current: PeerID?
+        /// Hosts tried, and why each failed, in order.
+        var failures: [(host: PeerID, why: String)] = []
         var initiator: Pairing.Initiator?
         /// The host whose proof (message 2's tag) checked out: only its "paired" is believed.
         var provenHost: PeerID?
         var outcome: Outcome?
         var seen: [PeerID: Bool] = [:]
+
+        /// Whether `peer` has been tried or waits its turn.
+        func knows(_ peer: PeerID) -> Bool {
+            current == peer || candidates.contains(peer) || failures.contains { $0.host == peer }
+        }
     }
 
     /// The configuration the client was made with.
@@ -93,7 +108,6 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
         do {
             try browser?.startBrowsingForPeers()
             if case .direct(let endpoint) = configuration.target {
-                state.withLock { $0.inviting = true }
                 try session.connect(to: endpoint, context: RelayHost.pairingContext, timeout: configuration.timeout)
             }
         } catch {
@@ -104,12 +118,55 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
         session.disconnect()
         return state.withLock { s in
             if let o = s.outcome { return o }
-            if case .discover(let name) = configuration.target, !s.inviting {
+            if case .discover(let name) = configuration.target, s.current == nil, s.failures.isEmpty {
                 let others = s.seen.keys.map(\.displayName).sorted()
                 let what = name.map { "host \"\($0)\" with an open pairing window" } ?? "host with an open pairing window"
                 return .failed("no \(what) found" + (others.isEmpty ? "" : " (saw without one: \(others.joined(separator: ", ")))"))
             }
             return .failed("pairing timed out")
+        }
+    }
+
+    /// The host being tried failed for `why` (for a direct target, `peer` is whoever answered there): the next one
+    /// found is tried, or, when none is left, pairing fails, naming each host tried.
+    private func failed(_ peer: PeerID?, _ why: String) {
+        let next = state.withLock { s -> PeerID?? in
+            guard s.outcome == nil else { return .none }
+            if case .discover = configuration.target {
+                guard let peer, s.current == peer else { return .none }  // an earlier host's late news
+                s.failures.append((peer, why))
+                s.current = nil
+                s.initiator = nil
+                s.provenHost = nil
+                guard !s.candidates.isEmpty else { return .some(nil) }
+                let host = s.candidates.removeFirst()
+                s.current = host
+                return .some(host)
+            }
+            return .some(nil)
+        }
+        guard case .some(let host) = next else { return }
+        if let peer, case .discover = configuration.target { session.disconnect(peer) }
+        if let host {
+            log("\(peer.map { Self.label($0) } ?? "the host") did not pair (\(why)); trying \(Self.label(host))…")
+            invite(host)
+            return
+        }
+        let failures = state.withLock { $0.failures }
+        guard failures.count > 1 else { return finish(.failed(why)) }
+        finish(.failed("no host proved the code: " + failures.map { "\(Self.label($0.host)): \($0.why)" }.joined(separator: "; ")))
+    }
+
+    /// A host as pairing lines name it: its name and key's fingerprint (a decoy can take the name, not the key).
+    private static func label(_ peer: PeerID) -> String {
+        peer.publicKey.map { "\(peer.displayName) (\($0.shortFingerprint))" } ?? peer.displayName
+    }
+
+    /// Invites `host` (now `current`) into the pairing session.
+    private func invite(_ host: PeerID) {
+        guard let browser else { return }
+        do { try browser.invitePeer(host, to: session, withContext: RelayHost.pairingContext, timeout: configuration.timeout) } catch {
+            failed(host, "\(error)")
         }
     }
 
@@ -130,15 +187,17 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
         if let fp = configuration.expectedFingerprint, !(peer.publicKey?.matches(fingerprintPrefix: fp) ?? false) { return }
         let go = state.withLock { s -> Bool in
             s.seen[peer] = open
-            guard open, !s.inviting else { return false }
-            s.inviting = true
+            guard open, s.outcome == nil, !s.knows(peer) else { return false }
+            guard s.current == nil else {
+                s.candidates.append(peer)  // its turn comes if the host being tried fails
+                return false
+            }
+            s.current = peer
             return true
         }
         guard go else { return }
-        log("pairing with \(peer.displayName)…")
-        do { try browser.invitePeer(peer, to: session, withContext: RelayHost.pairingContext, timeout: configuration.timeout) } catch {
-            finish(.failed("\(error)"))
-        }
+        log("pairing with \(Self.label(peer))…")
+        invite(peer)
     }
 
     public func browser(_ browser: NearbyServiceBrowser, lostPeer peer: PeerID) {}
@@ -150,35 +209,43 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
         else { certificateHandler(true) }
     }
 
+    /// Whether `peer` is the host being tried (for a direct target, whoever answered at its address).
+    private func isCurrent(_ peer: PeerID) -> Bool {
+        guard case .discover = configuration.target else { return true }
+        return state.withLock { $0.current == peer }
+    }
+
     public func session(_ session: Session, peer: PeerID, didChange state: SessionState) {
+        guard isCurrent(peer) else { return }
         switch state {
         case .connected:
-            guard let binding = session.channelBinding(for: peer) else { return finish(.failed("the link to \(peer.displayName) is not encrypted")) }
+            guard let binding = session.channelBinding(for: peer) else { return failed(peer, "the link to \(peer.displayName) is not encrypted") }
             let initiator = Pairing.Initiator(code: configuration.code, binding: binding)
             self.state.withLock { $0.initiator = initiator }
             try? session.send(Data(initiator.firstMessage), toPeers: [peer], with: .reliable)
         case .notConnected:
-            finish(.failed("\(peer.displayName) closed the pairing session"))
+            failed(peer, "\(peer.displayName) closed the pairing session")
         case .connecting:
             break
         }
     }
 
     public func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {
+        guard isCurrent(peer) else { return }
         let m = Array(data)
         if let result = Pairing.result(m) {
             switch result {
             case .paired:
                 // Anyone can say "paired": only a host that proved it knows the code (message 2) is trusted.
                 guard state.withLock({ $0.provenHost == peer }) else {
-                    return finish(.failed("\(peer.displayName) said the pairing succeeded without proving it knows the code: not trusted"))
+                    return failed(peer, "\(peer.displayName) said the pairing succeeded without proving it knows the code: not trusted")
                 }
-                guard let key = peer.publicKey else { return finish(.failed("the host has no key")) }
+                guard let key = peer.publicKey else { return failed(peer, "the host has no key") }
                 let entry: TrustedPeer
                 do { entry = try configuration.trust.add(key, name: peer.displayName) } catch { return finish(.failed("\(error)")) }
                 finish(.paired(peer, storedAs: entry.name))
             case .wrongCode, .windowClosed, .notStored, .busy:
-                finish(.failed(result.description))
+                failed(peer, result.description)
             }
             return
         }
@@ -193,12 +260,13 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
         }
         switch answer {
         case .success(let m3): try? session.send(Data(m3), toPeers: [peer], with: .reliable)
-        case .failure(let e): finish(.failed(e.description))
+        case .failure(let e): failed(peer, e.description)
         }
     }
 
     public func session(_ session: Session, invitationTo peer: PeerID?, failedWith reason: DeclineReason, detail: String) {
-        finish(.failed("\(peer?.displayName ?? "the host"): \(detail)"))
+        if let peer, !isCurrent(peer) { return }
+        failed(peer ?? state.withLock { $0.current }, "\(peer?.displayName ?? "the host"): \(detail)")
     }
 }
 
