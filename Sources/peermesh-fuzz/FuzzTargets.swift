@@ -100,16 +100,19 @@ enum FuzzTarget: String, CaseIterable {
         while ring.pop({ _, samples in precondition(samples.allSatisfy { $0.isFinite && abs($0) <= 1 }, "the ring holds an unchecked sample") }) != nil {}
     }
 
-    /// Opus through ingresses at 48 kHz (mono and stereo) and 44.1 kHz (decoded, then resampled): the input as it is (a whole datagram), and the input as the
-    /// codec bytes of a well-formed header whose sequence number and frame count come from its first bytes (so gaps,
-    /// stale packets, restarts and lying frame counts are all reached). Whatever is queued is finite and in range.
-    private static let opusRings = [PacketRing(capacity: 16), PacketRing(capacity: 16), PacketRing(capacity: 16)]
+    /// Opus through ingresses at 48 kHz (mono and stereo), 44.1 kHz and 96 kHz (decoded, then resampled: a host that
+    /// sent one PCM packet at 96 kHz has the player rebuild at that rate): the input as it is (a whole datagram), and
+    /// the input as the codec bytes of a well-formed header whose sequence number, frame count and capture delay come
+    /// from its first bytes (so gaps, stale packets, restarts, lying frame counts and delays past any range are all
+    /// reached). Whatever is queued is finite and in range.
+    private static let opusRings = [PacketRing(capacity: 16), PacketRing(capacity: 16), PacketRing(capacity: 16), PacketRing(capacity: 16)]
     /// Their decoders are made up front (a player makes its own when the first Opus packet arrives, on its I/O
     /// thread): every input, the first included, reaches the decoder.
     private static let opusIngress = {
         let ingresses = [PacketIngress(format: AudioFormat(sampleRate: 48_000, channels: 1), ring: opusRings[0]),
                          PacketIngress(format: AudioFormat(sampleRate: 48_000, channels: 2), ring: opusRings[1]),
-                         PacketIngress(format: .default, ring: opusRings[2])]
+                         PacketIngress(format: .default, ring: opusRings[2]),
+                         PacketIngress(format: AudioFormat(sampleRate: 96_000, channels: 1), ring: opusRings[3])]
         for ingress in ingresses {
             do { try ingress.prepareOpusDecoder() } catch { fatalError("\(error)") }
         }
@@ -122,9 +125,11 @@ enum FuzzTarget: String, CaseIterable {
         let step = UInt32(input.first ?? 1) % 12  // 0: a duplicate, 1: the next, 2–9: a gap, 10–11: a restart
         opusSequence &+= step < 10 ? step : 5_000
         let frames = sizes[Int(input.count > 1 ? input[1] : 0) % sizes.count]
+        let delay = input.count > 5 ? input[2..<6].reduce(UInt32(0)) { $0 << 8 | UInt32($1) } : 0
         for (ingress, ring) in zip(opusIngress, opusRings) {
             let header = AudioPacketHeader(sequence: opusSequence, firstFrameIndex: UInt64(opusSequence) * 120, frameCount: frames,
-                                           format: AudioFormat(sampleRate: 48_000, channels: ingress.format.channels), encoding: .opus)
+                                           format: AudioFormat(sampleRate: 48_000, channels: ingress.format.channels),
+                                           hostLatencyFrames: delay, encoding: .opus)
             var datagram = [UInt8](repeating: 0, count: AudioPacket.headerSize)
             datagram.withUnsafeMutableBytes { AudioPacket.writeHeader(header, into: $0) }
             datagram += input.dropFirst(2).prefix(AudioPacket.maximumSize - AudioPacket.headerSize)

@@ -324,10 +324,11 @@ struct OpusCodecTests {
     }
 
     /// Found by the audio fuzz target: a peer's frame index and capture time at the top of their range must not trap
-    /// the resampling ingress (they did, in the scaling of the index).
+    /// the resampling ingress (they did, in the scaling of the index). Nor may its capture delay, scaled to a
+    /// pipeline above 48 kHz (a host that sent one PCM packet at 96 kHz has the player rebuild at that rate).
     @Test func extremeIndicesAndTimesFromAPeerDoNotTrap() throws {
         let packets = try Self.tonePackets(seconds: 0.05)
-        for format in [AudioFormat.default, Self.wire48k] {
+        for format in [AudioFormat.default, Self.wire48k, AudioFormat(sampleRate: 96_000, channels: 1)] {
             let ring = PacketRing(capacity: 64)
             let ingress = PacketIngress(format: format, ring: ring)
             try ingress.prepareOpusDecoder()
@@ -336,10 +337,16 @@ struct OpusCodecTests {
                 p.withUnsafeMutableBytes {
                     $0.storeBytes(of: value.bigEndian, toByteOffset: 8, as: UInt64.self)   // first frame index
                     $0.storeBytes(of: value.bigEndian, toByteOffset: 24, as: UInt64.self)  // capture time
+                    $0.storeBytes(of: UInt32(truncatingIfNeeded: value).bigEndian, toByteOffset: 32, as: UInt32.self)  // capture delay
                 }
                 if case .malformed = p.withUnsafeBytes({ ingress.receive($0, arrivalNanos: 1) }) { Issue.record("packet \(i) refused") }
             }
-            #expect(Self.drain(ring).allSatisfy { $0.1.allSatisfy { $0.isFinite && abs($0) <= 1 } })
+            let got = Self.drain(ring)
+            #expect(!got.isEmpty, "\(format)")
+            #expect(got.allSatisfy { $0.1.allSatisfy { $0.isFinite && abs($0) <= 1 } })
+            if format.sampleRate > 48_000 {
+                #expect(got.first?.0.header.hostLatencyFrames == .max, "a delay past the field's range is its largest")
+            }
         }
     }
 

@@ -58,8 +58,15 @@ enum Opus {
     /// The sample rate the relay runs Opus at (libopus has no 44.1 kHz; the host resamples).
     static let sampleRate = 48_000
 
-    /// Frame sizes libopus accepts at 48 kHz: 2.5, 5, 10, 20, 40 and 60 ms.
-    static let frameSizes: Set<Int> = [120, 240, 480, 960, 1920, 2880]
+    /// Whether libopus takes frames of `frames` at 48 kHz: 2.5, 5, 10, 20, 40 and 60 ms. A `switch`, not a set: the
+    /// player checks every packet's header on its real-time thread, where a lazily made global would allocate.
+    @inline(__always)
+    static func isFrameSize(_ frames: Int) -> Bool {
+        switch frames {
+        case 120, 240, 480, 960, 1920, 2880: true
+        default: false
+        }
+    }
 
     /// The one error funnel: a negative return becomes a typed error carrying the code.
     @inline(__always)
@@ -119,7 +126,7 @@ final class OpusStreamEncoder {
 
     deinit { lib.encoderDestroy(state) }
 
-    /// Encodes one frame (`frames` per channel, one of `Opus.frameSizes`; `pcm` holds `frames × channels`
+    /// Encodes one frame (`frames` per channel, `Opus.isFrameSize`; `pcm` holds `frames × channels`
     /// interleaved samples) into `output`; returns the packet's length.
     func encode(_ pcm: UnsafeBufferPointer<Float>, frames: Int, into output: UnsafeMutableRawBufferPointer) throws(OpusError) -> Int {
         precondition(pcm.count >= frames * channels, "OpusStreamEncoder.encode: short frame")
@@ -160,7 +167,7 @@ final class OpusStreamDecoder {
                                                 output.baseAddress!, Int32(maximumFrames), 0))
     }
 
-    /// The decoder's packet-loss concealment: synthesizes `frames` frames (one of `Opus.frameSizes`) that continue
+    /// The decoder's packet-loss concealment: synthesizes `frames` frames (`Opus.isFrameSize`) that continue
     /// the signal where the last decoded packet ended, and keeps the decoder's state in step for the next packet.
     func conceal(into output: UnsafeMutableBufferPointer<Float>, frames: Int) throws(OpusError) -> Int {
         precondition(output.count >= frames * channels && frames > 0, "OpusStreamDecoder.conceal: output too small")

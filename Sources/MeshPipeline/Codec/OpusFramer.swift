@@ -27,7 +27,7 @@ final class OpusFramer: @unchecked Sendable {  // Owned by one Packetizer, which
     private static let blockFrames = 256
 
     init(inputFormat: AudioFormat, frameSize: Int, bitrate: Int) throws(AudioPacketError) {
-        guard Opus.frameSizes.contains(frameSize), inputFormat.channels <= 2 else { throw .unsupportedFormat }
+        guard Opus.isFrameSize(frameSize), inputFormat.channels <= 2 else { throw .unsupportedFormat }
         self.inputFormat = inputFormat
         self.wireFormat = AudioFormat(sampleRate: Opus.sampleRate, channels: inputFormat.channels)
         self.frameSize = frameSize

@@ -212,7 +212,8 @@ final class OpusIngress: @unchecked Sendable {  // The decoder, resampler and tr
         let time = Double(header.captureTimeNanos) + (inputFrame - Double(header.firstFrameIndex)) * 1e9 / Double(Opus.sampleRate)
         h.captureTimeNanos = Opus.nanos(time)
         // The host reports its capture delay in 48 kHz frames; the pipeline reads it at its own rate.
-        h.hostLatencyFrames = UInt32(UInt64(header.hostLatencyFrames) * UInt64(outputRate) / UInt64(Opus.sampleRate))
+        // Clamped: scaled up to a pipeline above 48 kHz, a peer's largest value is past the field's range.
+        h.hostLatencyFrames = UInt32(clamping: UInt64(header.hostLatencyFrames) * UInt64(outputRate) / UInt64(Opus.sampleRate))
         nextOutputFrame &+= UInt64(produced)
         let samples = out
         let r = ring.push(ReceivedPacket(header: h, arrivalNanos: arrivalNanos, concealed: concealed)) { slot throws(AudioPacketError) in

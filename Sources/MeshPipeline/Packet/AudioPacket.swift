@@ -142,7 +142,7 @@ public enum AudioPacket {
             // Opus: 48 kHz, mono or stereo (what the player's decoder takes), one of its frame sizes, and at least
             // one byte (the TOC) of codec data.
             guard rate == Opus.sampleRate, channels <= 2 else { throw .unsupportedFormat }
-            guard Opus.frameSizes.contains(frames) else { throw .badFrameCount(frames) }
+            guard Opus.isFrameSize(frames) else { throw .badFrameCount(frames) }
             guard bytes.count > headerSize else { throw .truncated(bytes.count) }
         }
         let capture = UInt64(bigEndian: bytes.loadUnaligned(fromByteOffset: 24, as: UInt64.self))
