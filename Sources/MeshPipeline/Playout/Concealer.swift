@@ -230,7 +230,8 @@ public struct Concealer {
         for c in 0..<ch {
             let d = cycle[last + c] - preceding[c]
             guard d != 0 else { continue }
-            for j in 0..<lag { cycle[j * ch + c] += d * Float(lag - j) / Float(lag) }
+            // Within full scale: a correction of up to 2 on a loud cycle would otherwise loop a clipped burst.
+            for j in 0..<lag { cycle[j * ch + c] = min(1, max(-1, cycle[j * ch + c] + d * Float(lag - j) / Float(lag))) }
         }
     }
 

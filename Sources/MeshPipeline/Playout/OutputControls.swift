@@ -63,7 +63,9 @@ public final class OutputControls: Sendable {
 }
 
 /// The last stage of the playout chain, on the render thread: ramps the gain to the controls' target (10 ms per
-/// change, so a volume step or a mute never clicks) and mixes in the confirmation beep. Real-time safe.
+/// change, so a volume step or a mute never clicks), mixes in the confirmation beep, and keeps every sample within
+/// full scale (a NaN made silence), whatever the stages before made of a peer's audio: the device is never handed
+/// more than it can play. Real-time safe.
 public struct OutputStage: Sendable {
     /// Frames a full gain change takes.
     public let rampFrames: Int
@@ -98,17 +100,22 @@ public struct OutputStage: Sendable {
             beepLeft = beepFrames
             beepPhase = 0
         }
-        guard beepLeft > 0 else { return }
-        let n = min(frames, beepLeft)
-        let fade = Double(max(1, beepFrames / 20))
-        for f in 0..<n {
-            let played = beepFrames - beepLeft
-            let envelope = min(1, Double(played) / fade, Double(beepLeft) / fade)
-            let v = muted ? 0 : Float(0.25 * envelope * Self.sine(beepPhase))
-            beepPhase += 880 / rate
-            if beepPhase >= 1 { beepPhase -= 1 }
-            for c in 0..<channels { out[f * channels + c] = min(1, max(-1, out[f * channels + c] + v)) }
-            beepLeft -= 1
+        if beepLeft > 0 {
+            let n = min(frames, beepLeft)
+            let fade = Double(max(1, beepFrames / 20))
+            for f in 0..<n {
+                let played = beepFrames - beepLeft
+                let envelope = min(1, Double(played) / fade, Double(beepLeft) / fade)
+                let v = muted ? 0 : Float(0.25 * envelope * Self.sine(beepPhase))
+                beepPhase += 880 / rate
+                if beepPhase >= 1 { beepPhase -= 1 }
+                for c in 0..<channels { out[f * channels + c] += v }
+                beepLeft -= 1
+            }
+        }
+        for i in 0..<(frames * channels) {
+            let v = out[i]
+            out[i] = v.isNaN ? 0 : min(1, max(-1, v))
         }
     }
 
