@@ -1,4 +1,7 @@
 import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
 @testable import MeshAudio
 
 /// The device loops' watchdog, in virtual time: when a silent device counts as stalled, and how long each wait may be.
@@ -64,5 +67,22 @@ struct DeviceWatchdogTests {
         #expect(DeviceWatchdog.limit(bufferNanos: 5_804_988) == 4 * Self.second)
         #expect(DeviceWatchdog.limit(bufferNanos: Self.second) == 8 * Self.second)
         #expect(DeviceWatchdog.limit(bufferNanos: 100_000_000, floorNanos: 500_000_000) == 800_000_000)
+    }
+
+    @Test("A suspended device is resumed a try at a time: still waking, nap and go round; past the limit, a stall; no resume, start afresh")
+    func suspendIsResumedWithoutLongWaits() {
+        let limit = 4 * Self.second
+        func step(_ code: Int32, after elapsed: UInt64) -> DeviceFault.ResumeStep {
+            DeviceFault.resumeStep(code, suspendedSince: Self.start, nowNanos: Self.start + elapsed, limitNanos: limit)
+        }
+        #expect(step(0, after: 0) == .resumed)
+        #expect(step(0, after: 10 * Self.second) == .resumed, "running again is running, however late")
+        #expect(step(-EAGAIN, after: 0) == .napAndRetry)
+        #expect(step(-EAGAIN, after: limit) == .napAndRetry)
+        #expect(step(-EAGAIN, after: limit + 1) == .stalled)
+        #expect(step(-ENOSYS, after: 0) == .prepare, "a driver without resume")
+        #expect(step(-EBADFD, after: 0) == .prepare)
+        // The nap is short: the loop sees stop() and its watchdog at least every 10 ms.
+        #expect(DeviceFault.suspendNapNanos <= 10_000_000)
     }
 }

@@ -308,10 +308,31 @@ final class PCMHandle: @unchecked Sendable {  // Used by one thread at a time: t
         }
     }
 
-    /// `snd_pcm_recover` (silent): 0 when the stream is usable again, or the original negative code.
+    /// `snd_pcm_recover` (silent) after an xrun: 0 when the stream is usable again, or the original negative code.
+    /// Not for a suspend: there it would wait for the resume in steps of a second, on the real-time thread
+    /// (`resume()`).
     @inline(__always)
     func recover(from code: Int) -> Int32 {
         snd_pcm_recover(pcm, Int32(truncatingIfNeeded: code), 1)
+    }
+
+    /// One try at resuming a suspended stream (`snd_pcm_resume`, which never waits): 0 when it runs again, `-EAGAIN`
+    /// while the device is still waking, another negative code when it cannot resume (then `prepare()`).
+    @inline(__always)
+    func resume() -> Int32 {
+        snd_pcm_resume(pcm)
+    }
+
+    /// `snd_pcm_prepare`: the stream starts afresh (a device that cannot resume). 0, or a negative code.
+    @inline(__always)
+    func prepare() -> Int32 {
+        snd_pcm_prepare(pcm)
+    }
+
+    /// Whether `code` is a suspend (the system slept, or the device was powered down): `DeviceFault.recover`.
+    @inline(__always)
+    static func isSuspend(_ code: Int) -> Bool {
+        code == -Int(ESTRPIPE)
     }
 
     /// Whether `code` is an under/overrun or suspend that `recover` handles (and that counts as an xrun).

@@ -1,4 +1,8 @@
+import MeshPOSIX
 import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// How a device loop ended on its own: recorded on the real-time thread (atomics only), read from any other thread as
 /// the `ALSAError` that names the call and says what happened — an ALSA failure, or a stall (`DeviceWatchdog`).
@@ -47,15 +51,66 @@ final class DeviceFault: Sendable {
         record(Self.stalledCode, from: call)
     }
 
-    /// Handles the negative `code` that `call` returned: an xrun (or suspend) is recovered with `snd_pcm_recover` and
-    /// counted in `counters.xruns`; anything else, or a recovery that fails, is recorded. Returns whether the loop may
-    /// go on. Real-time safe.
+    /// Handles the negative `code` that `call` returned: an xrun is recovered with `snd_pcm_recover` and counted in
+    /// `counters.xruns`; a suspend is resumed a try at a time (`resumeStep`), and counted there once it runs again;
+    /// anything else, or a recovery that fails, is recorded. Returns whether the loop may go on. Real-time safe: the
+    /// longest wait is one `suspendNapNanos` nap, after which the loop sees `stop()` and its watchdog as usual.
     func recover(_ handle: PCMHandle, from code: Int, returnedBy call: Call, counters: AudioCounters) -> Bool {
         guard PCMHandle.isXrun(code) else { record(code, from: call); return false }
-        let recovered = handle.recover(from: code)
-        guard recovered >= 0 else { record(Int(recovered), from: .recover); return false }
-        counters.xruns.wrappingAdd(1, ordering: .relaxed)
-        return true
+        guard PCMHandle.isSuspend(code) else {
+            let recovered = handle.recover(from: code)
+            guard recovered >= 0 else { record(Int(recovered), from: .recover); return false }
+            counters.xruns.wrappingAdd(1, ordering: .relaxed)
+            return true
+        }
+        let now = MonotonicClock.nowNanos()
+        let since = suspendedSince.load(ordering: .relaxed)
+        switch Self.resumeStep(handle.resume(), suspendedSince: since == 0 ? now : since, nowNanos: now,
+                               limitNanos: stallLimitNanos) {
+        case .resumed:
+            suspendedSince.store(0, ordering: .relaxed)
+            counters.xruns.wrappingAdd(1, ordering: .relaxed)
+            return true
+        case .napAndRetry:
+            if since == 0 { suspendedSince.store(now, ordering: .relaxed) }
+            MonotonicClock.sleep(untilNanos: now &+ Self.suspendNapNanos)
+            return true
+        case .prepare:
+            suspendedSince.store(0, ordering: .relaxed)
+            let prepared = handle.prepare()
+            guard prepared >= 0 else { record(Int(prepared), from: .recover); return false }
+            counters.xruns.wrappingAdd(1, ordering: .relaxed)
+            return true
+        case .stalled:
+            suspendedSince.store(0, ordering: .relaxed)
+            recordStall(in: .recover)
+            return false
+        }
+    }
+
+    /// When the current suspend began (0: not suspended).
+    private let suspendedSince = Atomic<UInt64>(0)
+
+    /// How long the loop naps between tries at resuming a suspended device.
+    static let suspendNapNanos: UInt64 = 10_000_000
+
+    /// What a suspended device's loop does after one `snd_pcm_resume` that returned `code`.
+    enum ResumeStep: Equatable {
+        /// It runs again.
+        case resumed
+        /// Still waking: nap `suspendNapNanos`, then go round the loop (which sees `stop()`) and try again.
+        case napAndRetry
+        /// It cannot resume (the driver has no resume): start it afresh with `snd_pcm_prepare`.
+        case prepare
+        /// Still waking after the stall limit: the loop ends with a stall, as for a device that stopped moving.
+        case stalled
+    }
+
+    /// The decision after a resume, pure: `suspendedSince` is when the suspend was first seen.
+    static func resumeStep(_ code: Int32, suspendedSince: UInt64, nowNanos: UInt64, limitNanos: UInt64) -> ResumeStep {
+        if code >= 0 { return .resumed }
+        guard code == -EAGAIN else { return .prepare }
+        return nowNanos > suspendedSince && nowNanos - suspendedSince > limitNanos ? .stalled : .napAndRetry
     }
 
     /// The error that ended the loop, if one did.
