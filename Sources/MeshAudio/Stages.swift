@@ -78,10 +78,14 @@ public protocol AudioSource: AnyObject, Sendable {
     /// The error that ended the source on its own — a device that failed or stopped delivering, a file that could
     /// not be read — or nil (running, stopped, or at a file's end). Readable from any thread; nil by default.
     var fault: (any Error)? { get }
+    /// While running: what the user should know about how its thread is scheduled (a device thread refused
+    /// real-time priority), or nil. Nil by default.
+    var schedulingNote: String? { get }
 }
 
 extension AudioSource {
     public var fault: (any Error)? { nil }
+    public var schedulingNote: String? { nil }
 }
 
 /// Timing facts handed to a renderer on each pull.
@@ -126,6 +130,7 @@ extension AudioRenderer {
 extension AudioSink {
     public var servesInput: Bool { false }
     public var fault: (any Error)? { nil }
+    public var schedulingNote: String? { nil }
 }
 
 /// The network end of a playout chain, served by the sink's own thread: the sink waits for `descriptor` to become
@@ -155,4 +160,7 @@ public protocol AudioSink: AnyObject, Sendable {
     /// The error that ended the sink on its own — a device that failed or stopped taking audio, a file that could not
     /// be written — or nil (running or stopped). Readable from any thread; nil by default.
     var fault: (any Error)? { get }
+    /// While running: what the user should know about how its thread is scheduled (a device thread refused
+    /// real-time priority), or nil. Nil by default.
+    var schedulingNote: String? { get }
 }

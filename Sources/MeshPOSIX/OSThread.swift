@@ -7,8 +7,9 @@ import Synchronization
 /// A dedicated POSIX thread (an audio loop, an I/O loop, a helper), named for `top -H` and debuggers, scheduled
 /// `SCHED_FIFO` when asked and when the system allows it.
 ///
-/// If the process may not use real-time scheduling (`EPERM`), the thread is started with normal scheduling,
-/// quietly; `isRealtime` tells which happened. The body runs once; `join()` waits for it to return.
+/// If the process may not use real-time scheduling (`EPERM`), the thread is started with normal scheduling;
+/// `isRealtime` tells which happened and `realtimeRefusal` why (its owner says so to the user). The body runs once;
+/// `join()` waits for it to return.
 package final class OSThread: Sendable {
     /// How the thread is scheduled.
     package enum Scheduling: Sendable, Equatable {
@@ -28,6 +29,9 @@ package final class OSThread: Sendable {
     package let name: String
     /// Whether the thread got `SCHED_FIFO`.
     package let isRealtime: Bool
+    /// The error `pthread_create` gave for `SCHED_FIFO` (then the thread runs with normal scheduling), or 0 when it
+    /// got it or did not ask.
+    package let realtimeRefusal: Int32
     private let thread: pthread_t
     /// Set by the first `join`, the one that calls `pthread_join`.
     private let joined = Atomic<Bool>(false)
@@ -60,6 +64,7 @@ package final class OSThread: Sendable {
         let context = Unmanaged.passRetained(Body(body, name: osName)).toOpaque()
         var tid = pthread_t()
         var realtime = false
+        var refusal: Int32 = 0
         var result: Int32 = -1
 
         if case .fifo(let priority) = scheduling {
@@ -73,6 +78,7 @@ package final class OSThread: Sendable {
             pthread_attr_setschedparam(&attr, &param)
             result = pthread_create(&tid, &attr, osThreadEntry, context)
             realtime = result == 0
+            refusal = result
         }
         if result != 0 {
             result = pthread_create(&tid, nil, osThreadEntry, context)
@@ -86,6 +92,7 @@ package final class OSThread: Sendable {
         ThreadName.set(tid, osName)
         self.thread = tid
         self.isRealtime = realtime
+        self.realtimeRefusal = refusal
     }
 
     /// Starts `body` on a detached thread with normal scheduling (a reader that lives as long as the process).

@@ -29,9 +29,11 @@ public final class PlayoutPipeline: Sendable {
         public var drift = DriftController.Configuration()
         /// libspeexdsp quality, 0...10.
         public var resamplerQuality = 5
-        /// Packets the network end can queue ahead of the render end (nil: 512, or 32 when the sink's own thread
-        /// reads the datagrams (`AudioSink.servesInput`) and takes each batch — at most 32 — in before it reads the
-        /// next: a slot holds the largest packet, 2.3 KB, so the smaller ring keeps 1.1 MB out of the player's memory).
+        /// Packets the network end can queue ahead of the render end (nil: 512, or 32 for a pipeline made
+        /// `readingInput`, whose sink's own thread reads the datagrams (`start(reading:)`) and takes each batch — at
+        /// most 32 — in before it reads the next: a slot holds the largest packet, 2.3 KB, so the smaller ring keeps
+        /// 1.1 MB out of the player's memory). One that another thread pushes into (`receive`) needs the 512: a burst
+        /// after a stall comes faster than one render a period takes it out.
         public var ringCapacity: Int?
         /// Largest block walked through the chain at once (bigger pulls are split).
         public var maximumPeriodFrames = 4096
@@ -48,20 +50,26 @@ public final class PlayoutPipeline: Sendable {
     /// The render-thread end of the chain: what `sink` pulls.
     public let renderer: PlayoutRenderer
     private let ingress: PacketIngress
+    /// Whether the sink's thread reads the datagrams (`start(reading:)`), or another thread hands them in (`receive`).
+    private let readingInput: Bool
 
     /// The listener's controls (hold, volume, mute, beep), shared with the pipelines that replace this one.
     public let controls: OutputControls
 
-    /// Assembles the chain for `format`, ending in `sink` (not started yet), under `controls`. Throws when the
-    /// format is unsupported or libspeexdsp fails.
+    /// Assembles the chain for `format`, ending in `sink` (not started yet), under `controls`. `readingInput`: it
+    /// will be started `reading` a source on the sink's own thread (which the sink must serve,
+    /// `AudioSink.servesInput`); without it, datagrams come through `receive`. Throws when the format is unsupported
+    /// or libspeexdsp fails.
     public init(format: AudioFormat, configuration: Configuration = Configuration(), sink: any AudioSink,
-                controls: OutputControls = OutputControls()) throws {
+                controls: OutputControls = OutputControls(), readingInput: Bool = false) throws {
         try format.validate()
+        precondition(!readingInput || sink.servesInput, "PlayoutPipeline: reading input on a sink that does not serve it")
         self.format = format
         self.configuration = configuration
         self.sink = sink
         self.controls = controls
-        let packets = PacketRing(capacity: configuration.ringCapacity ?? (sink.servesInput ? 32 : 512))
+        self.readingInput = readingInput
+        let packets = PacketRing(capacity: configuration.ringCapacity ?? (readingInput ? 32 : 512))
         ingress = PacketIngress(format: format, ring: packets)
         renderer = try PlayoutRenderer(
             format: format,
@@ -82,6 +90,8 @@ public final class PlayoutPipeline: Sendable {
     /// Starts the sink: it plays silence until audio arrives. With a `source`, the sink's thread reads the datagrams
     /// itself (if the sink serves inputs, `AudioSink.servesInput`; otherwise the owner must hand them to `receive`).
     public func start(reading source: (any PacketSource)? = nil) throws {
+        // Our own invariant: the ring was sized for one way of feeding it.
+        precondition((source != nil) == readingInput, "PlayoutPipeline: made \(readingInput ? "" : "not ")readingInput, started \(source == nil ? "without" : "with") a source")
         if let source { renderer.input = SourceInput(source: source, ingress: ingress) }
         try sink.start(renderer: renderer)
     }

@@ -89,6 +89,32 @@ struct PipelineStagesTests {
         #expect(sink.stopped.current)
     }
 
+    @Test("A pipeline another thread feeds (the host's talkback) takes a burst of 256 packets, on a sink that could read its own input too; one its sink reads keeps the small ring")
+    func aPushedPipelineTakesABurst() throws {
+        final class ServingSink: AudioSink, Sendable {
+            let format = AudioFormat.default
+            let periodFrames = 128
+            var servesInput: Bool { true }
+            func start(renderer: any AudioRenderer) throws {}
+            func stop() {}
+            var stats: AudioStats { AudioStats() }
+        }
+        func burst(into pipeline: PlayoutPipeline) throws -> Int {
+            var queued = 0
+            for i in 0..<256 {
+                let header = AudioPacketHeader(sequence: UInt32(i), firstFrameIndex: UInt64(i) * 128, frameCount: 128, format: .default)
+                let bytes = try AudioPacket.encode(header, samples: [Float](repeating: 0.1, count: 128))
+                if case .queued = bytes.withUnsafeBytes({ pipeline.receive($0, arrivalNanos: UInt64(i)) }) { queued += 1 }
+            }
+            return queued
+        }
+        let pushed = try PlayoutPipeline(format: .default, sink: ServingSink())
+        try pushed.start()
+        #expect(try burst(into: pushed) == 256, "nothing of a burst dropped before the render end could take it out")
+        let reading = try PlayoutPipeline(format: .default, sink: ServingSink(), readingInput: true)
+        #expect(try burst(into: reading) == 32, "the sink's thread takes each batch in before it reads the next")
+    }
+
     @Test func droppingARunningPlayoutPipelineStopsItsSink() throws {
         final class RecordingSink: AudioSink, Sendable {
             let format = AudioFormat.default
@@ -127,7 +153,7 @@ struct PipelineStagesTests {
         let source = AlwaysReadable()
         do {
             let sink = try WAVFileSink(path: path, format: .default, periodFrames: 128, realtime: true)
-            let pipeline = try PlayoutPipeline(format: .default, sink: sink)
+            let pipeline = try PlayoutPipeline(format: .default, sink: sink, readingInput: true)
             try pipeline.start(reading: source)
             let reading = waitUntil { source.reads.load(ordering: .relaxed) >= 1000 }
             #expect(reading)

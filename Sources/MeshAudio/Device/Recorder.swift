@@ -87,6 +87,9 @@ public final class Recorder: AudioSource {
     /// Whether the capture thread got `SCHED_FIFO` (false before `start`).
     public var isRealtime: Bool { lifecycle.isRealtime }
 
+    /// Why the device thread runs without real-time priority, for the user; nil when it has it (or is not running).
+    public var schedulingNote: String? { lifecycle.schedulingNote }
+
     /// The error that ended capture, if the device failed in a way `snd_pcm_recover` could not fix, or stalled.
     public var failure: ALSAError? { loop.failure }
 

@@ -83,4 +83,16 @@ public final class StageLifecycle: Sendable {
     public var isRealtime: Bool {
         state.withLock { if case .running(let thread) = $0 { thread.isRealtime } else { false } }
     }
+
+    /// What to tell the user when the running thread asked for `SCHED_FIFO` and was refused; nil otherwise.
+    public var schedulingNote: String? {
+        let refusal: Int32 = state.withLock { state in
+            if case .running(let thread) = state { return thread.realtimeRefusal }
+            return 0
+        }
+        guard refusal != 0 else { return nil }
+        return "\(threadName) runs without real-time priority (SCHED_FIFO: \(Sys.errorText(refusal))): audio may break up "
+            + "when the machine is busy; allow it with an rtprio limit (e.g. `@audio - rtprio 95` in "
+            + "/etc/security/limits.d/ and the user in group audio) or CAP_SYS_NICE"
+    }
 }

@@ -189,6 +189,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             try PairingResponder(identity: configuration.identity, trust: trust, peerTimeout: configuration.peerTimeout,
                                  bindHost: configuration.bindHost, notices: notices) { [advertiser] open in
                 controlQueue.async {
+                    // A record that cannot be published reaches `advertiser(_:didUpdate: .failed)`: logged, and the
+                    // status says not advertised.
                     try? advertiser.updateDiscoveryInfo(Self.info(configuration, source: source, features: offer.value, pairing: open))
                 }
             }
@@ -261,6 +263,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         try clips?.start()
         try talkback?.start()
         try capture.start()
+        // A device thread refused real-time priority: say so once, with what to do (the audio still flows).
+        for note in [capture.source.schedulingNote, talkback?.sink.schedulingNote].compactMap({ $0 }) { notices(note) }
         running.store(true, ordering: .releasing)
         try advertiser.startAdvertisingPeer()
         watch()
@@ -283,6 +287,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
                 self.controlQueue.async { [self] in
                     perform(control.withLock { $0.talkbackEnded("\(fault)") })
                     offer.withdraw(.talk)
+                    // A failure reaches `advertiser(_:didUpdate: .failed)`, as above.
                     try? advertiser.updateDiscoveryInfo(Self.info(configuration, source: source, features: offer.value, pairing: isPairing))
                 }
             }

@@ -54,6 +54,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     private let accounting = Mutex(Accounting())
     private let ticking = Atomic<Bool>(false)
     private let log: @Sendable (String) -> Void
+    /// Whether a sink's `schedulingNote` has been logged (once a run, not once a pipeline).
+    private let schedulingNoted = Atomic<Bool>(false)
     private let onGiveUp: @Sendable (String) -> Void
     /// Whether `onGiveUp` was called (it is called once).
     private let gaveUp = Atomic<Bool>(false)
@@ -214,13 +216,15 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         arrivals.inPipeline.store(false, ordering: .releasing)
         let sink = try makeSink(format, request)
         let pipeline = try PlayoutPipeline(format: format, configuration: .init(mode: configuration.latency),
-                                           sink: sink, controls: controls)
+                                           sink: sink, controls: controls, readingInput: sink.servesInput)
         if sink.servesInput {
             try pipeline.start(reading: packets)
         } else {
             try pipeline.start()
             try startPump()
         }
+        // A device thread refused real-time priority: said once a run, with what to do (the audio still flows).
+        if let note = sink.schedulingNote, !schedulingNoted.exchange(true, ordering: .relaxed) { log(note) }
         playout.replace(with: pipeline)?.stop()
     }
 
