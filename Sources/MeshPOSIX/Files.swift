@@ -138,6 +138,26 @@ package enum PrivateFile {
     /// Whether `path` exists.
     package static func exists(_ path: String) -> Bool { access(path, F_OK) == 0 }
 
+    /// What tells one version of a file from another without reading it: device, inode, size, and the times of the
+    /// last change to its contents and to its inode (nanoseconds). A file replaced by `write` (a rename) gets a new
+    /// inode; one changed in place, a new change time. Nil when `path` cannot be `stat`ed.
+    package struct Stamp: Equatable, Sendable {
+        let device: UInt64, inode: UInt64, size: Int64
+        let modified: (Int, Int), changed: (Int, Int)
+
+        package static func == (a: Stamp, b: Stamp) -> Bool {
+            a.device == b.device && a.inode == b.inode && a.size == b.size && a.modified == b.modified && a.changed == b.changed
+        }
+    }
+
+    /// `path`'s `Stamp` now, or nil.
+    package static func stamp(_ path: String) -> Stamp? {
+        var st = stat()
+        guard stat(path, &st) == 0 else { return nil }
+        return Stamp(device: UInt64(st.st_dev), inode: UInt64(st.st_ino), size: Int64(st.st_size),
+                     modified: (st.st_mtim.tv_sec, st.st_mtim.tv_nsec), changed: (st.st_ctim.tv_sec, st.st_ctim.tv_nsec))
+    }
+
     /// The permission bits of `path`.
     package static func mode(_ path: String) -> mode_t? {
         var st = stat()
@@ -301,25 +321,27 @@ package enum FileSystem {
     /// is the move (`renameat2`'s `RENAME_NOREPLACE`, else `link`), so nothing that appears at `to` meanwhile is
     /// replaced or written through.
     ///
-    /// Across file systems the bytes are copied into a file created with `O_EXCL` (mode 0600), synced, and only then
-    /// is `from` removed; a copy that fails is removed and `from` kept.
+    /// Across file systems the bytes are copied into a new file (`O_EXCL`, mode 0600) beside `to`, synced, and only
+    /// then put in place the same way: `to` never names a partial copy, even after a crash. `from` goes once the file
+    /// is at `to` (if it cannot be removed, it is left: the move has happened either way).
     package static func moveWithoutReplacing(_ from: String, to: String) throws(SyscallError) -> Bool {
-        let what = "rename(\(from), \(to))"
-        switch outcome(renameat2(AT_FDCWD, from, AT_FDCWD, to, pm_rename_noreplace)) {
+        switch place(from, at: to) {
         case 0: return true
         case EEXIST: return false
-        case EXDEV: return try copyThenRemove(from, to: to)
-        case EINVAL, ENOSYS:
-            // A file system without RENAME_NOREPLACE: a hard link is just as exclusive.
-            switch outcome(link(from, to)) {
-            case 0:
-                try Sys.call("unlink(\(from))") { unlink(from) }
-                return true
-            case EEXIST: return false
-            default: return try copyThenRemove(from, to: to)
-            }
-        case let code: throw SyscallError(call: what, code: code)
+        case EXDEV: return try copyThenPlace(from, at: to)
+        case let code: throw SyscallError(call: "rename(\(from), \(to))", code: code)
         }
+    }
+
+    /// Puts the file at `from` at `to` unless something is there, on one file system: 0, or the `errno` (`EEXIST`:
+    /// something is there; `EXDEV`: another file system). `renameat2` with `RENAME_NOREPLACE`; where the file system
+    /// has no such flag, a hard link (just as exclusive), then `from` removed.
+    private static func place(_ from: String, at to: String) -> Int32 {
+        let renamed = outcome(renameat2(AT_FDCWD, from, AT_FDCWD, to, pm_rename_noreplace))
+        guard renamed == EINVAL || renamed == ENOSYS else { return renamed }
+        let linked = outcome(link(from, to))
+        if linked == 0 { unlink(from) }
+        return linked
     }
 
     /// 0 for a call that succeeded, else its `errno` (`EINTR` retried by calling again).
@@ -330,15 +352,12 @@ package enum FileSystem {
         }
     }
 
-    /// The copy half of `moveWithoutReplacing`: false, with nothing changed, if `to` exists.
-    private static func copyThenRemove(_ from: String, to: String) throws(SyscallError) -> Bool {
+    /// The cross-file-system half of `moveWithoutReplacing`: false, with nothing changed, if `to` is taken.
+    private static func copyThenPlace(_ from: String, at to: String) throws(SyscallError) -> Bool {
+        let directory = to.contains("/") ? String(to[..<to.lastIndex(of: "/")!]) : "."
+        let partial = "\(directory.isEmpty ? "" : directory)/.partial-\(getpid())-\(UInt64.random(in: 0...UInt64.max))"
         let source = try SequentialFile.openForReading(from)
-        let target: SequentialFile
-        do {
-            target = try SequentialFile.create(to)
-        } catch where error.code == EEXIST {
-            return false
-        }
+        let target = try SequentialFile.create(partial)
         do {
             let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
             defer { buffer.deallocate() }
@@ -347,10 +366,20 @@ package enum FileSystem {
             }
             try target.sync()
         } catch {
-            unlink(to)
+            unlink(partial)
             throw error
         }
-        try Sys.call("unlink(\(from))") { unlink(from) }
-        return true
+        target.close()
+        switch place(partial, at: to) {
+        case 0:
+            unlink(from)
+            return true
+        case EEXIST:
+            unlink(partial)
+            return false
+        case let code:
+            unlink(partial)
+            throw SyscallError(call: "rename(\(partial), \(to))", code: code)
+        }
     }
 }

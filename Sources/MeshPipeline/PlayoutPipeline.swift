@@ -88,10 +88,9 @@ public final class PlayoutPipeline: Sendable {
     }
 
     /// Starts the sink: it plays silence until audio arrives. With a `source`, the sink's thread reads the datagrams
-    /// itself (if the sink serves inputs, `AudioSink.servesInput`; otherwise the owner must hand them to `receive`).
+    /// itself (a sink that serves inputs, `AudioSink.servesInput`, does; another one ignores it, and the owner hands
+    /// them to `receive`). Make the pipeline `readingInput` when a source will be given, for the ring that fits it.
     public func start(reading source: (any PacketSource)? = nil) throws {
-        // Our own invariant: the ring was sized for one way of feeding it.
-        precondition((source != nil) == readingInput, "PlayoutPipeline: made \(readingInput ? "" : "not ")readingInput, started \(source == nil ? "without" : "with") a source")
         if let source { renderer.input = SourceInput(source: source, ingress: ingress) }
         try sink.start(renderer: renderer)
     }

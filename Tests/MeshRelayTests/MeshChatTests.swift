@@ -286,6 +286,8 @@ struct ChatParsingTests {
             #expect(FileManager.default.contents(atPath: "\(dir)/song.wav.1") == Data(bytes))
             #expect(!FileManager.default.fileExists(atPath: far))
             #expect(!FileManager.default.fileExists(atPath: victim))
+            #expect(try FileManager.default.contentsOfDirectory(atPath: dir).filter { $0.hasPrefix(".partial-") }.isEmpty,
+                    "the copy was made under a name of its own, then put in place")
         }
 
         // Every name taken: an error that says so, and the file kept where it was.

@@ -49,10 +49,11 @@ struct AdvertiserPublicationTests {
         try advertiser.startAdvertisingPeer()
         #expect(eventually(5) { log.events.withLock { $0 } == [.published(instanceName: peer.identityString)] })
         #expect(throws: PeerMeshError.discovery("the daemon refused the record")) { try advertiser.updateDiscoveryInfo(["pair": "1"]) }
-        #expect(log.events.withLock { $0.last } == .failed(.discovery("the daemon refused the record")))
+        #expect(eventually(5) { log.events.withLock { $0.last } == .failed(.discovery("the daemon refused the record")) }, "\(log.events.withLock { $0 })")
         #expect(log.notStarted.withLock { $0 } == [.discovery("the daemon refused the record")])
         // Info that cannot be advertised at all changes nothing and says nothing more.
         #expect(throws: PeerMeshError.self) { try advertiser.updateDiscoveryInfo(["_bad key=": String(repeating: "x", count: 300)]) }
+        Thread.sleep(forTimeInterval: 0.2)
         #expect(log.events.withLock { $0.count } == 2)
         advertiser.stopAdvertisingPeer()
     }

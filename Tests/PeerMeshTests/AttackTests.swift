@@ -444,6 +444,39 @@ struct AttackTests {
         withExtendedLifetime((hostAdvertiser, impostorAdvertiser, browser, fooled)) {}
     }
 
+    @Test("A copy at an address that takes the connection and says nothing costs its share of the invitation's timeout, and the whole invitation stays within it")
+    func aSilentCopyCostsItsShare() throws {
+        let discovery = InProcessDiscovery()
+        let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
+        let hostLog = MeshEventLog()
+        host.delegate = hostLog
+        hostLog.acceptInto.withLock { $0 = host }
+        let hostAdvertiser = try NearbyServiceAdvertiser(peer: host.myPeerID, discoveryInfo: nil, serviceType: "pm-silent",
+                                                         discovery: discovery, bindHost: "127.0.0.1")
+        hostAdvertiser.delegate = hostLog
+        try hostAdvertiser.startAdvertisingPeer()
+        // The kernel completes the connection (the listener's backlog); nobody ever reads or writes on it.
+        let silent = try FileDescriptor.tcpListener(SocketAddress(numericHost: "127.0.0.1", port: 0)!)
+        defer { silent.close() }
+        let copies = [PeerEndpoint(host: "127.0.0.1", port: try silent.localAddress().port)]
+        let guest = try Session(peer: try PeerID(displayName: "guest"), configuration: .init(bindHost: "127.0.0.1"))
+        let guestLog = MeshEventLog()
+        guest.delegate = guestLog
+        let browser = try NearbyServiceBrowser(peer: guest.myPeerID, serviceType: "pm-silent",
+                                               discovery: CopiedRecords(of: discovery, at: copies))
+        browser.delegate = guestLog
+        try browser.startBrowsingForPeers()
+        #expect(guestLog.wait(5) { $0.found.contains(host.myPeerID) })
+        let started = Date()
+        try browser.invitePeer(host.myPeerID, to: guest, withContext: nil, timeout: .seconds(4))
+        #expect(guestLog.wait(6) { s in s.states.contains { $0 == (host.myPeerID, .connected) } }, "\(guestLog.snapshot.failures)")
+        let took = Date().timeIntervalSince(started)
+        #expect(took >= 1.8 && took < 4, "half of the 4 s went to the silent address: \(took) s")
+        #expect(guestLog.states(of: host.myPeerID) == [.connecting, .connected])
+        #expect(guestLog.snapshot.failures.isEmpty)
+        withExtendedLifetime((hostAdvertiser, browser)) {}
+    }
+
     @Test("A guest that hangs up while the host judges its key, after the advertiser is gone: no peer, and the host carries on")
     func hangUpWhileTheKeyIsJudged() throws {
         let (host, judge) = try judgedHost()

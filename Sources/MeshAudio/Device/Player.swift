@@ -199,11 +199,13 @@ final class PlaybackLoop: @unchecked Sendable {  // `block` and `polls` are used
         }
     }
 
-    /// Writes the first `frames` frames of `block`, recovering from xruns. Returns `false` after a fatal error.
+    /// Writes the first `frames` frames of `block`, recovering from xruns. Returns `false` after a fatal error, or
+    /// once the stage is stopped (a suspended device is retried a nap at a time: `stop()` must not wait for it).
     private func write(frames: Int, countingOutput: Bool) -> Bool {
         let channels = handle.format.channels
         var offset = 0
         while offset < frames {
+            guard lifecycle.isRunning else { return false }
             let written = handle.writeFrames(from: block + offset * channels, frames: frames - offset)
             if written >= 0 {
                 offset += written

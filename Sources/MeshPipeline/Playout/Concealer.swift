@@ -231,7 +231,10 @@ public struct Concealer {
             let d = cycle[last + c] - preceding[c]
             guard d != 0 else { continue }
             // Within full scale: a correction of up to 2 on a loud cycle would otherwise loop a clipped burst.
-            for j in 0..<lag { cycle[j * ch + c] = min(1, max(-1, cycle[j * ch + c] + d * Float(lag - j) / Float(lag))) }
+            for j in 0..<lag {
+                let v = cycle[j * ch + c] + d * Float(lag - j) / Float(lag)
+                cycle[j * ch + c] = v.isNaN ? 0 : min(1, max(-1, v))
+            }
         }
     }
 

@@ -57,6 +57,8 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
         var candidates: [PeerID] = []
         /// The host being tried now (by discovery; a direct target has none).
         var current: PeerID?
+        /// Counts the hosts made `current`, so that a timer set for one try does not act on a later one.
+        var round = 0
         /// Hosts tried, and why each failed, in order.
         var failures: [(host: PeerID, why: String)] = []
         var initiator: Pairing.Initiator?
@@ -77,6 +79,8 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
     private let browser: NearbyServiceBrowser?
     private let state = Mutex(State())
     private let finished = WakeSignal()
+    /// Per-host deadlines and the grace after the last failure.
+    private let timers = DispatchQueue(label: "peermesh.pairing.timers")
     private let log: @Sendable (String) -> Void
 
     /// A client ready to pair (`run` does it); `log` gets one line per step.
@@ -123,38 +127,57 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
                 let what = name.map { "host \"\($0)\" with an open pairing window" } ?? "host with an open pairing window"
                 return .failed("no \(what) found" + (others.isEmpty ? "" : " (saw without one: \(others.joined(separator: ", ")))"))
             }
-            return .failed("pairing timed out")
+            return .failed("pairing timed out" + (s.failures.isEmpty ? "" : "; " + Self.summary(of: s.failures)))
         }
     }
 
+    /// How long one host found by discovery may take, from the invitation to the end of the exchange, before the
+    /// next is tried: a host that shows the code answers within a second; one that takes the invitation and then
+    /// says nothing must not hold the player until the whole pairing times out.
+    var perHostTimeout: Duration { min(configuration.timeout, .seconds(5)) }
+
+    /// How long, after the last host found has failed, another may still be found before pairing gives up: the
+    /// real host's record may resolve a moment after a decoy's (a flood of records delays it more).
+    static let graceAfterLastFailure: Duration = .milliseconds(1_500)
+
+    /// Why each host tried failed, in a line.
+    private static func summary(of failures: [(host: PeerID, why: String)]) -> String {
+        guard failures.count > 1 else { return failures.first?.why ?? "no host proved the code" }
+        return "no host proved the code: " + failures.map { "\(label($0.host)): \($0.why)" }.joined(separator: "; ")
+    }
+
     /// The host being tried failed for `why` (for a direct target, `peer` is whoever answered there): the next one
-    /// found is tried, or, when none is left, pairing fails, naming each host tried.
+    /// found is tried; when none is left, pairing fails, naming each host tried — for a direct target at once, by
+    /// discovery once `graceAfterLastFailure` has passed with no other host found.
     private func failed(_ peer: PeerID?, _ why: String) {
-        let next = state.withLock { s -> PeerID?? in
-            guard s.outcome == nil else { return .none }
-            if case .discover = configuration.target {
-                guard let peer, s.current == peer else { return .none }  // an earlier host's late news
-                s.failures.append((peer, why))
-                s.current = nil
-                s.initiator = nil
-                s.provenHost = nil
-                guard !s.candidates.isEmpty else { return .some(nil) }
-                let host = s.candidates.removeFirst()
-                s.current = host
-                return .some(host)
-            }
-            return .some(nil)
+        guard case .discover = configuration.target else { return finish(.failed(why)) }
+        let next = state.withLock { s -> (host: PeerID?, round: Int)? in
+            guard s.outcome == nil, let peer, s.current == peer else { return nil }  // over, or an earlier host's late news
+            s.failures.append((peer, why))
+            s.initiator = nil
+            s.provenHost = nil
+            s.current = s.candidates.isEmpty ? nil : s.candidates.removeFirst()
+            s.round += 1
+            return (s.current, s.round)
         }
-        guard case .some(let host) = next else { return }
-        if let peer, case .discover = configuration.target { session.disconnect(peer) }
-        if let host {
-            log("\(peer.map { Self.label($0) } ?? "the host") did not pair (\(why)); trying \(Self.label(host))…")
-            invite(host)
+        guard let next, let peer else { return }
+        session.disconnect(peer)
+        if let host = next.host {
+            log("\(Self.label(peer)) did not pair (\(why)); trying \(Self.label(host))…")
+            invite(host, round: next.round)
             return
         }
-        let failures = state.withLock { $0.failures }
-        guard failures.count > 1 else { return finish(.failed(why)) }
-        finish(.failed("no host proved the code: " + failures.map { "\(Self.label($0.host)): \($0.why)" }.joined(separator: "; ")))
+        log("\(Self.label(peer)) did not pair (\(why))")
+        timers.asyncAfter(deadline: .now() + .nanoseconds(Int(Self.graceAfterLastFailure.nanoseconds))) { [weak self] in
+            guard let self else { return }
+            // Decided under the lock that `foundPeer` takes: a host found meanwhile is being tried, and pairing goes on.
+            let over = self.state.withLock { s -> Bool in
+                guard s.outcome == nil, s.current == nil, s.round == next.round else { return false }
+                s.outcome = .failed(Self.summary(of: s.failures))
+                return true
+            }
+            if over { self.finished.signal() }
+        }
     }
 
     /// A host as pairing lines name it: its name and key's fingerprint (a decoy can take the name, not the key).
@@ -162,10 +185,15 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
         peer.publicKey.map { "\(peer.displayName) (\($0.shortFingerprint))" } ?? peer.displayName
     }
 
-    /// Invites `host` (now `current`) into the pairing session.
-    private func invite(_ host: PeerID) {
+    /// Invites `host` (now `current`, in `round`) into the pairing session, and gives it `perHostTimeout` to pair.
+    private func invite(_ host: PeerID, round: Int) {
         guard let browser else { return }
-        do { try browser.invitePeer(host, to: session, withContext: RelayHost.pairingContext, timeout: configuration.timeout) } catch {
+        let limit = perHostTimeout
+        timers.asyncAfter(deadline: .now() + .nanoseconds(Int(limit.nanoseconds))) { [weak self] in
+            guard let self, self.state.withLock({ $0.current == host && $0.round == round && $0.outcome == nil }) else { return }
+            self.failed(host, "no answer within \(limit)")
+        }
+        do { try browser.invitePeer(host, to: session, withContext: RelayHost.pairingContext, timeout: limit) } catch {
             failed(host, "\(error)")
         }
     }
@@ -185,19 +213,20 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
         let open = info?["pair"] == "1"
         if case .discover(let name?) = configuration.target, !JoinStateMachine.matches(peer, pairedName: nil, name: name) { return }
         if let fp = configuration.expectedFingerprint, !(peer.publicKey?.matches(fingerprintPrefix: fp) ?? false) { return }
-        let go = state.withLock { s -> Bool in
+        let go = state.withLock { s -> Int? in
             s.seen[peer] = open
-            guard open, s.outcome == nil, !s.knows(peer) else { return false }
+            guard open, s.outcome == nil, !s.knows(peer) else { return nil }
             guard s.current == nil else {
                 s.candidates.append(peer)  // its turn comes if the host being tried fails
-                return false
+                return nil
             }
             s.current = peer
-            return true
+            s.round += 1
+            return s.round
         }
-        guard go else { return }
+        guard let round = go else { return }
         log("pairing with \(Self.label(peer))…")
-        invite(peer)
+        invite(peer, round: round)
     }
 
     public func browser(_ browser: NearbyServiceBrowser, lostPeer peer: PeerID) {}

@@ -57,8 +57,9 @@ final class AvahiCore: @unchecked Sendable {
         var srvWatches: [AvahiBrowseTable.ItemKey: SRVWatch] = [:]
         /// Instances seen while every resolver was busy, in the order they came: each is resolved when one frees.
         var waiting = WaitingInstances<AvahiBrowseTable.ItemKey>(capacity: 4_096)
-        /// Whether the resolver bound has been reported (once per browse).
+        /// Whether the resolver bound, and the waiting list's, have been reported (once per browse each).
         var saidTooMany = false
+        var saidSkipping = false
         weak var core: AvahiCore?
 
         init(id: Int, serviceType: String, localIdentity: UInt64, sink: EventSink<BrowseEvent>, core: AvahiCore) {
@@ -319,7 +320,12 @@ final class AvahiCore: @unchecked Sendable {
                 if !b.saidTooMany {
                     b.saidTooMany = true
                     log("peermesh: more than \(maximumResolvers) DNS-SD instances of \(type) at once; the rest are resolved "
-                        + "as resolvers free" + (queued ? "" : " (and past \(b.waiting.capacity) waiting, skipped)"))
+                        + "as resolvers free")
+                }
+                if !queued, !b.saidSkipping {
+                    b.saidSkipping = true
+                    log("peermesh: more than \(b.waiting.capacity) DNS-SD instances of \(type) wait to be resolved; "
+                        + "further ones are skipped until they are announced again")
                 }
                 return
             }

@@ -29,6 +29,9 @@ struct DirectAttempt: Sendable {
     /// The peer answered on the link and proved the expected key: whatever becomes of this invitation, the peer was
     /// found, so no other address is tried.
     var reached = false
+    /// When the whole attempt, every address, must be over (a browser's: the app's timeout holds for the invitation
+    /// as a whole, whatever the number of addresses); nil: each address has its own time.
+    var deadline: Nanos?
 
     /// An attempt with connection data: its addresses at its port, its ticket as the context, its key pinned.
     init(data: NearbyConnectionData, introducer: PeerID?, timeout: Duration) {
@@ -90,8 +93,10 @@ extension SessionCore {
     /// then).
     func inviteFound(_ peer: PeerID, at endpoints: [PeerEndpoint], context: Data, timeout: Duration) -> PeerMeshError? {
         precondition(loop.inLoop)
-        return advance(DirectAttempt(peer: peer, endpoints: endpoints, context: context, timeout: timeout,
-                                     keyFromConnectionData: false, introducer: nil))
+        var attempt = DirectAttempt(peer: peer, endpoints: endpoints, context: context, timeout: timeout,
+                                    keyFromConnectionData: false, introducer: nil)
+        attempt.deadline = MonotonicClock.deadline(after: UInt64(timeout.nanoseconds))
+        return advance(attempt)
     }
 
     /// Starts the next step of `attempt`: an invitation to its next endpoint that one can be started to (one with a
@@ -104,13 +109,23 @@ extension SessionCore {
         var attempt = attempt
         var lastError = PeerMeshError.transport("no address is known for \(attempt.peer.displayName)")
         while attempt.next < attempt.endpoints.count {
+            // Within a deadline, each address left gets its share of the time left to answer in, and the one that
+            // answers keeps the rest.
+            var stepTimeout = attempt.timeout, noAnswer = introductionTimeout
+            if let deadline = attempt.deadline {
+                let now = MonotonicClock.nowNanos()
+                guard deadline > now else { return .timedOut("no address of \(attempt.peer.displayName) answered in time") }
+                let remaining = deadline - now, left = UInt64(attempt.endpoints.count - attempt.next)
+                stepTimeout = .nanoseconds(Int64(clamping: remaining))
+                noAnswer = min(noAnswer, .nanoseconds(Int64(clamping: remaining / left)))
+            }
             let endpoint = attempt.endpoints[attempt.next]
             attempt.next += 1
             let link: LinkID
             do {
                 link = try invite(expected: attempt.peer, endpoint: endpoint, context: attempt.context,
-                                  timeout: attempt.timeout, keyFromConnectionData: attempt.keyFromConnectionData,
-                                  attempt: step(of: attempt, holding: attempt.timeout))
+                                  timeout: stepTimeout, keyFromConnectionData: attempt.keyFromConnectionData,
+                                  attempt: step(of: attempt, holding: stepTimeout))
             } catch {
                 switch error {
                 case .cancelled, .sessionClosed, .invalidParameter: return error  // nothing more to try
@@ -121,8 +136,8 @@ extension SessionCore {
             attempt.started = true
             io.value.attempts[link] = attempt
             if attempt.next < attempt.endpoints.count || attempt.introducer != nil {
-                let due = MonotonicClock.nowNanos() &+ UInt64(introductionTimeout.nanoseconds)
-                loop.schedule(at: due) { [weak self] in self?.notAnswered(link, address: endpoint.host) }
+                let due = MonotonicClock.nowNanos() &+ UInt64(noAnswer.nanoseconds)
+                loop.schedule(at: due) { [weak self] in self?.notAnswered(link, address: endpoint.host, within: noAnswer) }
             }
             return nil
         }
@@ -135,14 +150,14 @@ extension SessionCore {
         io.value.attempts[link]?.reached = true
     }
 
-    /// The attempt's address on `link` has not answered with the expected key in `introductionTimeout`: the
-    /// invitation ends (timed out), and the attempt goes on to its next step.
-    private func notAnswered(_ link: LinkID, address: String) {
+    /// The attempt's address on `link` has not answered with the expected key within `time`: the invitation ends
+    /// (timed out), and the attempt goes on to its next step.
+    private func notAnswered(_ link: LinkID, address: String, within time: Duration) {
         guard let attempt = io.value.attempts[link], !attempt.reached else { return }
         let actions = shared.withLock { $0.machine.linkClosed(link) }
         guard !actions.isEmpty else { return }  // ended meanwhile (the app disconnected): its own report stands
         io.value.failureReason[link] = .timedOut
-        io.value.failureDetail[link] = "no answer from \(address) within \(introductionTimeout)"
+        io.value.failureDetail[link] = "no answer from \(address) within \(time)"
         perform(actions)
     }
 

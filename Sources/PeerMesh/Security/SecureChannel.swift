@@ -185,6 +185,9 @@ struct SecureChannel: Sendable {
     /// Whether frames now go out encrypted and authenticated.
     var isEncrypted: Bool { if case .established = state { true } else { false } }
 
+    /// Whether the link runs in plaintext (the modes agreed on none): nothing on it is proved.
+    var isPlaintext: Bool { if case .plaintext = state { true } else { false } }
+
     /// Whether `send` writes at once (rather than holding the frame).
     var isOpen: Bool {
         switch state {

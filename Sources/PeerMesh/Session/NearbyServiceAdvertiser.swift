@@ -184,8 +184,12 @@ public final class NearbyServiceAdvertiser: Sendable {
         running.registration.cancel()
         let registration: any DiscoveryRegistration
         do { registration = try publish(port: running.port) } catch {
-            delegate?.advertiser(self, didNotStartAdvertisingPeer: error)
-            delegate?.advertiser(self, didUpdate: .failed(error))
+            // Told on the I/O thread, as the delegate's other calls, and after this call has returned.
+            running.core.onLoop { [weak self] in
+                guard let self, let delegate = self.delegate else { return }
+                delegate.advertiser(self, didNotStartAdvertisingPeer: error)
+                delegate.advertiser(self, didUpdate: .failed(error))
+            }
             throw error
         }
         state.withLock { s in
@@ -272,6 +276,9 @@ private final class AdvertiserCore: Sendable {
             io.value.registration = loop.register(fd: listener.fd, interest: .readable) { [unowned self] _ in acceptAll() }
         }
     }
+
+    /// Runs `work` on the I/O thread, where the advertiser's delegate is called.
+    func onLoop(_ work: @escaping @Sendable () -> Void) { loop.execute(work) }
 
     /// The state machine's counters as of the loop's last event (any thread; never waits on the loop).
     var statistics: AdvertiserStatistics { published.withLock { $0 } }

@@ -85,10 +85,12 @@ public final class NearbyServiceBrowser: Sendable {
     ///
     /// The peer's addresses are tried in turn until one answers and proves the advertised key: anyone can announce
     /// a copy of a peer's record at an address of their own, and that copy must not hide the peer. An address that
-    /// refuses, shows another key (counted as a peer fault) or has not answered within the session's peer timeout
-    /// (5 to 30 s) gives way to the next; once the peer has proved its key, how that invitation ends is the answer.
-    /// The peer goes `connecting` once, then `connected` or `notConnected`. The first invitation is started on the
-    /// session's event loop, which this call waits for (at once when called from a delegate callback).
+    /// refuses, shows another key (counted as a peer fault) or has not answered in its share of the time gives way to
+    /// the next; once the peer has proved its key, how that invitation ends is the answer.
+    /// All of it within `timeout`: each address left gets its share of the time left to answer in, and the one
+    /// that answers keeps the rest. The peer goes `connecting` once, then `connected` or `notConnected`. The first
+    /// invitation is started on the session's event loop, which this call waits for (at once when called on that
+    /// loop, from a session's delegate callback; a browser's delegate is called on a queue of its own, and waits).
     ///
     /// - Throws: `invalidParameter` for a peer this browser has not found or a context over 64 KiB; the error of the
     ///   last address when no connection could be started to any of them (nothing is reported then).

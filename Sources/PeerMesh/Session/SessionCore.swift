@@ -365,6 +365,9 @@ final class SessionCore: Sendable {
         if case .datagram = frame, io.value.connections[link]?.isRelayed == false {
             return faulted(link, .unexpectedFrame("DATAGRAM on a link that has a UDP path"))
         }
+        // On a plaintext link no key is proved (`identified` is never called): the peer's HELLO is its answer, and an
+        // attempt over several addresses stops at this one.
+        if case .hello = frame, io.value.connections[link]?.isPlaintext == true { reachedAttempt(on: link) }
         let actions = shared.withLock { $0.machine.received(frame, on: link, now: now) }
         perform(actions)
     }

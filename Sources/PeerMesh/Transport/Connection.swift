@@ -130,6 +130,8 @@ final class Connection {
 
     /// Whether frames travel encrypted and authenticated.
     var isEncrypted: Bool { channel.isEncrypted }
+    /// Whether the link runs in plaintext (not merely not encrypted yet: its handshake may still be under way).
+    var isPlaintext: Bool { channel.isPlaintext }
 
     /// The link's datagram keys, once encrypted.
     var datagramKeys: (send: SecretKey, receive: SecretKey)? { channel.datagramKeys }
