@@ -161,7 +161,7 @@ struct DatagramReaderTests {
             var datagram = [UInt8](repeating: 0, count: DatagramHeader.size + payload.count + Sodium.tagSize)
             let length = payload.withUnsafeBytes { p in
                 datagram.withUnsafeMutableBytes { out in
-                    SessionCore.seal(p, kind: .data, token: route.remoteToken, sequence: route.receiver.counters.takeSequence(),
+                    SessionCore.seal(p, kind: .data, token: route.remoteToken, sequence: route.receiver.counters.takeSequence()!,
                                      key: route.receiver.keys?.send, into: out)
                 }
             }

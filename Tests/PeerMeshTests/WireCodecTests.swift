@@ -468,6 +468,18 @@ private let sampleFrames: [ControlFrame] = [
 
     // MARK: Replay window
 
+    @Test("A link's sequence numbers stop at the ceiling: refused from then on, however many tries, never wrapped to a used nonce")
+    func sequenceNumbersStopAtTheCeiling() {
+        let counters = LinkCounters()
+        #expect(counters.takeSequence() == 1)
+        #expect(counters.takeSequence() == 2)
+        counters.nextSequence.store(maximumDatagramSequence - 2, ordering: .relaxed)
+        #expect(counters.takeSequence() == maximumDatagramSequence - 2)
+        #expect(counters.takeSequence() == maximumDatagramSequence - 1)
+        for _ in 0..<10_000 { #expect(counters.takeSequence() == nil) }
+        #expect(counters.nextSequence.load(ordering: .relaxed) == maximumDatagramSequence, "it did not move on")
+    }
+
     @Test func replayWindowAcceptsEachSequenceOnce() {
         var w = ReplayWindow()
         #expect(w.accept(0) == false)
@@ -559,7 +571,29 @@ private let sampleFrames: [ControlFrame] = [
         }
         #expect(PublicKey(hex: key) == nil)
         #expect(PublicKey(hex: String(repeating: "+1", count: 32)) == nil, "no signs")
-        #expect(PublicKey(hex: String(repeating: "aB", count: 32))?.bytes == [UInt8](repeating: 0xab, count: 32))
+        #expect(PublicKey(hex: String(repeating: "aB", count: 31) + "2C")?.bytes == [UInt8](repeating: 0xab, count: 31) + [0x2c])
+    }
+
+    @Test("Only X25519's canonical key encodings are keys: the top bit set, or a value of 2²⁵⁵ − 19 or more, would let one secret key pass for several peers")
+    func nonCanonicalKeysAreRefused() {
+        let real = try! PeerIdentity.generate(displayName: "x").publicKey
+        var topBit = real.bytes
+        topBit[31] |= 0x80
+        #expect(PublicKey(bytes: topBit) == nil)
+        #expect(PublicKey(hex: PublicKey(bytes: real.bytes)!.hex) == real)
+        #expect(PublicKey(hex: topBit.map { String(format: "%02x", $0) }.joined()) == nil)
+        // 2²⁵⁵ − 19 (p itself) and 2²⁵⁵ − 1 are out; p − 1 is in.
+        let p: [UInt8] = [0xed] + [UInt8](repeating: 0xff, count: 30) + [0x7f]
+        #expect(PublicKey(bytes: p) == nil)
+        #expect(PublicKey(bytes: [0xff] + [UInt8](repeating: 0xff, count: 30) + [0x7f]) == nil)
+        #expect(PublicKey(bytes: [0xec] + [UInt8](repeating: 0xff, count: 30) + [0x7f]) != nil)
+        // The top-bit twin of a real key, in a TXT record: the record is refused.
+        let twin = "_k=" + topBit.map { String(format: "%02x", $0) }.joined()
+        guard case .failure = TXTRecord.decode(instanceName: try! PeerID(displayName: "Ann", publicKey: real).identityString,
+                                               txt: ["_v=\(peerMeshProtocolVersion)", "_d=Ann", twin]) else {
+            Issue.record("a non-canonical _k was taken")
+            return
+        }
     }
 
     @Test func txtRecordDecodeFailures() {

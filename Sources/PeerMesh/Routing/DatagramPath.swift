@@ -132,8 +132,7 @@ final class DatagramPath: Sendable {
     /// Sends a ping or pong carrying `timestamp`, sealed under `key` on an encrypted link. Stack space only.
     func sendControl(_ kind: DatagramHeader.Kind, token: UInt64, counters lc: LinkCounters, key: SecretKey?,
                      timestamp: UInt64, to address: SocketAddress) {
-        let sequence = lc.takeSequence()
-        guard sequence < maximumDatagramSequence else { return }
+        guard let sequence = lc.takeSequence() else { return }
         var stamp = timestamp.bigEndian
         withUnsafeBytes(of: &stamp) { payload in
             withUnsafeTemporaryAllocation(byteCount: DatagramHeader.size + 8 + Sodium.tagSize, alignment: 16) { buf in

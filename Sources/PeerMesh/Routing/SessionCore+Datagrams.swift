@@ -25,9 +25,19 @@ final class LinkCounters: Sendable {
     /// Monotonic time of the latest proof of life from a datagram (0: none yet).
     let lastHeard = Atomic<UInt64>(0)
 
-    /// Takes the next sequence number.
+    /// Takes the next sequence number, or nil once `maximumDatagramSequence` is reached. The counter stops there
+    /// (compare-and-swap, never an add that tries on regardless), so no number of refused tries wraps it round to
+    /// a nonce already used under the link's key. Lock-free: the senders include the real-time capture thread.
     @inline(__always)
-    func takeSequence() -> UInt64 { nextSequence.wrappingAdd(1, ordering: .relaxed).oldValue }
+    func takeSequence() -> UInt64? {
+        var current = nextSequence.load(ordering: .relaxed)
+        while current < maximumDatagramSequence {
+            let (exchanged, original) = nextSequence.compareExchange(expected: current, desired: current + 1, ordering: .relaxed)
+            if exchanged { return current }
+            current = original
+        }
+        return nil
+    }
 }
 
 /// Where app threads send a connected peer's datagrams: the send table's entry for it.
@@ -40,7 +50,7 @@ struct SendRoute: Sendable {
     let key: SecretKey?
 }
 
-/// Sequence numbers never wrap: past this a link refuses to send (reconnect to get fresh keys).
+/// Sequence numbers never wrap: at this a link refuses to send (reconnect to get fresh keys).
 let maximumDatagramSequence: UInt64 = 1 << 62
 
 /// Runs `body` with room for one whole datagram — header, the largest payload, tag: 1,220 bytes — on the stack.
@@ -155,8 +165,10 @@ extension SessionCore {
                     }
                     continue
                 }
-                let sequence = r.counters.takeSequence()
-                guard sequence < maximumDatagramSequence else { continue }
+                guard let sequence = r.counters.takeSequence() else {
+                    failed += 1  // the link's numbers are spent: not sent
+                    continue
+                }
                 let n = Self.seal(payload, kind: .data, token: r.remoteToken, sequence: sequence, key: r.key, into: buf)
                 if udp.send(UnsafeRawBufferPointer(rebasing: buf[..<n]), to: r.remote) >= 0 { sent += 1 } else { failed += 1 }
             }

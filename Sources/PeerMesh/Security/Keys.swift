@@ -3,10 +3,21 @@ public struct PublicKey: Hashable, Sendable, Codable, CustomStringConvertible {
     /// The 32 key bytes.
     public let bytes: [UInt8]
 
-    /// Wraps 32 bytes; nil for any other length.
+    /// Wraps 32 bytes; nil for any other length, and for a key that is not in X25519's canonical form.
     public init?(bytes: [UInt8]) {
-        guard bytes.count == 32 else { return nil }
+        guard bytes.count == 32, Self.isCanonical(bytes) else { return nil }
         self.bytes = bytes
+    }
+
+    /// Whether `bytes` (32, little-endian) is a field element below 2²⁵⁵ − 19 with the top bit clear: the only form
+    /// X25519 produces. X25519 ignores the top bit and reduces the rest, so one secret key has other encodings of
+    /// its public key; each would hash to another fingerprint and identity, letting one key owner pass for several
+    /// peers. Those are refused wherever a key comes in (the handshake, `_k`, connection data, the trust store).
+    static func isCanonical(_ bytes: [UInt8]) -> Bool {
+        guard bytes[31] & 0x80 == 0 else { return false }
+        // 2²⁵⁵ − 19 … 2²⁵⁵ − 1: 0x7f, then thirty 0xff, then the low byte ≥ 0xed.
+        guard bytes[31] == 0x7f, bytes[1...30].allSatisfy({ $0 == 0xff }) else { return true }
+        return bytes[0] < 0xed
     }
 
     /// Parses the 64 lower- or upper-case hex digits of `hex`. Anything else — other characters, other lengths,
@@ -30,6 +41,7 @@ public struct PublicKey: Hashable, Sendable, Codable, CustomStringConvertible {
             out.append(hi << 4 | lo)
             i += 2
         }
+        guard Self.isCanonical(out) else { return nil }
         bytes = out
     }
 

@@ -530,7 +530,8 @@ struct SecureChannel: Sendable {
 
     /// The peer's HELLO from a handshake payload: its name, and the identity its proven key gives.
     private func helloFrame(_ payload: [UInt8], remoteStatic: [UInt8]) throws(Noise.Failure) -> ControlFrame {
-        guard payload.count <= 255, let key = PublicKey(bytes: remoteStatic) else { throw .badLength(payload.count) }
+        guard payload.count <= 255 else { throw .badLength(payload.count) }
+        guard let key = PublicKey(bytes: remoteStatic) else { throw .badPublicKey }
         let r = payload.withUnsafeBytes { ControlFrame.decode(body: UnsafeRawBufferPointer($0)) }
         guard case .success(.hello(let claimed)) = r, claimed.identity == key.identity,
               let peer = try? PeerID(displayName: claimed.displayName, publicKey: key)

@@ -8,8 +8,9 @@
 /// | 4–11 | the receiver's link token, chosen by the receiver during the handshake |
 /// | 12–19 | the sender's per-link sequence number, starting at 1 |
 ///
-/// A datagram whose magic, version, kind, token, sequence or source address does not match a connected peer is a
-/// stranger's: dropped and counted.
+/// Every datagram that is not taken is dropped and counted by why: a header that does not decode (magic, version,
+/// kind) is malformed; a token or source address that matches no connected peer is a stranger's; one that does not
+/// authenticate is unauthentic; a sequence number the replay window has seen, or has moved past, is a duplicate.
 struct DatagramHeader: Equatable, Sendable {
     enum Kind: UInt8, Sendable { case data = 1, ping = 2, pong = 3 }
 
