@@ -263,6 +263,35 @@ struct RelayInProcessTests {
         #expect(eventually(3) { player.statistics.playout.received > received + 100 }, "play goes on")
     }
 
+    @Test("300 strangers announced while a player searches: it names the first 16, then sums up the rest at most each 10 s, and keeps no stranger's TXT record")
+    func aFloodOfAnnouncementsCannotFillThePlayersLog() throws {
+        let discovery = InProcessDiscovery()
+        let lines = Mutex<[String]>([])
+        let config = RelayPlayer.Configuration(target: .discover(hostName: "kitchen"), identity: try paired.playerIdentity(0),
+                                               hosts: .paired(paired.playerTrust(0)), serviceType: "pmr-flood", discovery: discovery)
+        let player = try RelayPlayer(configuration: config, makeSink: { format, _ in
+            try WAVFileSink(path: Rig.tempPath("flood.wav"), format: format, periodFrames: 128)
+        }, log: { l in lines.withLock { $0.append(l) } })
+        try player.start()
+        defer { player.stop() }
+        let start = Date()
+        var registrations: [any DiscoveryRegistration] = []
+        for i in 0..<300 {
+            let stranger = try PeerID(displayName: "stranger-\(i)")
+            registrations.append(try discovery.publish(ServiceAdvertisement(peer: stranger, serviceType: "pmr-flood", port: 9,
+                                                                            discoveryInfo: ["junk": String(repeating: "x", count: 200)])) { _ in })
+        }
+        #expect(eventually(10) { player.statistics.seen.count == 300 }, "every one seen: \(player.statistics.seen.count)")
+        let seconds = Date().timeIntervalSince(start)
+        let found = lines.withLock { $0 }.filter { $0.hasPrefix("found host ") }
+        #expect(found.count >= RelayPlayer.freeSightingLines && Double(found.count) <= Double(RelayPlayer.freeSightingLines) + seconds / 10,
+                "\(found.count) lines in \(seconds) s")
+        #expect(found.first?.hasSuffix(", not \"kitchen\"; still searching") == true, "\(found.first ?? "")")
+        #expect(found.dropFirst(RelayPlayer.freeSightingLines).allSatisfy { $0.contains("more hosts since the last such line") }, "\(found)")
+        #expect(player.discoveryInfoCount == 0, "no stranger's record kept")
+        withExtendedLifetime(registrations) {}
+    }
+
     @Test("An app may stop the player from its give-up callback (which runs on the player's control queue)")
     func stopFromGiveUp() throws {
         var config = RelayPlayer.Configuration(target: .direct(PeerEndpoint(host: "127.0.0.1", port: 1)),

@@ -71,8 +71,13 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     /// The lines that say a host's message was ignored: one a second (each is counted, `malformedControl`), so that a
     /// host that sends nothing else cannot fill the player's log (the control queue's; a lock for `Sendable`).
     private let ignoredLines = Mutex(LogThrottle<Int>(interval: 1_000_000_000))
-    /// TXT records of the hosts the browser saw (their control features).
+    /// TXT records of the paired hosts the browser saw (their control features); strangers' are not kept.
     private let discoveryInfo = Mutex<[PeerID: [String: String]]>([:])
+    /// The lines that say which other hosts a search found: the first `freeSightingLines` as they come, then one each
+    /// 10 s at most, saying how many it sums up — announcements under ever-new keys cannot fill the log.
+    private let sightingLines = Mutex((logged: 0, throttle: LogThrottle<Int>(interval: 10_000_000_000)))
+    /// How many sighting lines are logged before they are throttled.
+    static let freeSightingLines = 16
     /// Whether the clip being recorded is one this player asked for (it beeps when it is saved).
     private let ownsClip = Atomic<Bool>(false)
     /// Push-to-talk: the capture chain of the talk input (talk input → packetize → send), and where it goes now
@@ -595,21 +600,41 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
 
     public func browser(_ browser: NearbyServiceBrowser, foundPeer peer: PeerID, withDiscoveryInfo info: [String: String]?) {
         let (trusted, pairedName, nameIsPaired) = trust(of: peer.publicKey)
-        discoveryInfo.withLock { $0[peer] = info }
+        if trusted { discoveryInfo.withLock { $0[peer] = info } }
         let sighting = SeenHost(peer: peer, trusted: trusted, pairedName: pairedName)
         let firstSighting = seen.withLock { $0.updateValue(sighting, forKey: peer) == nil }
         // While searching, say once what else is out there: a wrong --host or a missing pairing is seen at once.
         if firstSighting, case .discover(let wanted) = configuration.target {
             let alias = pairedName.flatMap { $0 == peer.displayName ? nil : " (calls itself \"\(peer.displayName)\")" } ?? ""
+            var line: String?
             if let wanted, !JoinStateMachine.matches(peer, pairedName: pairedName, name: wanted, nameIsPaired: nameIsPaired) {
-                log("found host \(sighting.name)\(alias), not \"\(wanted)\"; still searching")
+                line = "found host \(sighting.name)\(alias), not \"\(wanted)\"; still searching"
             } else if !trusted {
-                log("found host \(peer.displayName) (not paired; pair with mesh-play --pair CODE); still searching")
+                line = "found host \(peer.displayName) (not paired; pair with mesh-play --pair CODE); still searching"
+            }
+            if let line, let held = admitSightingLine() {
+                log(line + (held > 0 ? " (and \(held) more hosts since the last such line)" : ""))
             }
         }
         guard trusted else { return }
         let actions = join.withLock { $0.found(peer, pairedName: pairedName, nameIsPaired: nameIsPaired, now: monotonicNow()) }
         control.async { self.perform(actions) }
+    }
+
+    /// How many hosts' TXT records are kept (tests).
+    var discoveryInfoCount: Int { discoveryInfo.withLock { $0.count } }
+
+    /// Whether a sighting line may go out now: nil to hold it back, else how many were held back before it.
+    private func admitSightingLine() -> Int? {
+        sightingLines.withLock { lines in
+            guard lines.logged >= Self.freeSightingLines else {
+                lines.logged += 1
+                // The last free line opens the throttle's first interval.
+                if lines.logged == Self.freeSightingLines { _ = lines.throttle.admit(0, now: MonotonicClock.nowNanos()) }
+                return 0
+            }
+            return lines.throttle.admit(0, now: MonotonicClock.nowNanos())
+        }
     }
 
     public func browser(_ browser: NearbyServiceBrowser, lostPeer peer: PeerID) {

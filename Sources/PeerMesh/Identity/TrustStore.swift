@@ -1,5 +1,9 @@
 import FoundationEssentials
 import MeshPOSIX
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// A peer this device trusts: its key, the name it was paired under, and when; when it last connected, and under
 /// which name.
@@ -50,6 +54,11 @@ public final class TrustStore: Sendable {
     }
 
     private static let format = "peermesh-trust-1"
+
+    /// The entries as last read, and the version of the file they were read from: a file that has not changed is
+    /// not read and decoded again (a host checks its players every 250 ms and each invitation; a player each host it
+    /// finds, some of them a flood of strangers).
+    private let lastRead = Mutex<(stamp: PrivateFile.Stamp, peers: [TrustedPeer])?>(nil)
 
     /// A store at `path` (created on the first change).
     public init(path: String) {
@@ -161,13 +170,25 @@ public final class TrustStore: Sendable {
     // MARK: File
 
     private func read() throws(PeerMeshError) -> [TrustedPeer] {
-        guard PrivateFile.exists(path) else { return [] }
+        guard let before = PrivateFile.stamp(path) else {
+            guard PrivateFile.exists(path) else { return [] }
+            throw .trust("cannot read the trust store \(path): \(Sys.errorText(errno))")
+        }
+        // A store someone else can write could name their key as paired: it is not trusted (checked every time).
+        if let why = PrivateFile.openToOthers(path) { throw .trust("the trust store \(path) is not trusted: \(why)") }
+        if let cached = lastRead.withLock({ $0 }), cached.stamp == before { return cached.peers }
+        let peers = try readFile()
+        // Kept only if the file did not change while it was read (a write in between: read afresh next time).
+        if PrivateFile.stamp(path) == before { lastRead.withLock { $0 = (before, peers) } }
+        return peers
+    }
+
+    /// Reads and decodes the file.
+    private func readFile() throws(PeerMeshError) -> [TrustedPeer] {
         let bytes: [UInt8]
         do { bytes = try PrivateFile.read(path, limit: 8 << 20) } catch {
             throw .trust("cannot read the trust store \(path): \(error.text)")
         }
-        // A store someone else can write could name their key as paired: it is not trusted.
-        if let why = PrivateFile.openToOthers(path) { throw .trust("the trust store \(path) is not trusted: \(why)") }
         let decoder = JSONDecoder()
         decoder.dateDecodingStrategy = .iso8601
         guard let file = try? decoder.decode(File.self, from: Data(bytes)), file.format == Self.format else {
