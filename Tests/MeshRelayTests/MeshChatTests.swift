@@ -22,7 +22,8 @@ private final class Member {
                                    stdin: input.fileHandleForReading)
     }
 
-    func type(_ line: String) { input.fileHandleForWriting.write(Data((line + "\n").utf8)) }
+    /// Types `line` (a member that has died takes nothing: the write fails, the test goes on to say why).
+    func type(_ line: String) { try? input.fileHandleForWriting.write(contentsOf: Data((line + "\n").utf8)) }
     func endInput() { try? input.fileHandleForWriting.close() }
     var lines: [String] { process.stdout }
     func count(_ line: String) -> Int { lines.filter { $0 == line }.count }

@@ -149,7 +149,7 @@ struct RealTimeRuleTests {
             player.jsonObjects.contains { ($0["state"] as? String)?.hasPrefix("joined") == true && ($0["received"] as? Int ?? 0) >= 100 }
         }, "mesh-play never played: \(player.stderr)")
         if talk {
-            stdin.fileHandleForWriting.write(Data("talk on\n".utf8))
+            try? stdin.fileHandleForWriting.write(contentsOf: Data("talk on\n".utf8))
             try #require(eventually(5) { player.stderr.contains { $0.hasSuffix("talk on: ok") } }, "mesh-play: \(player.stderr)")
         }
         #expect(FileManager.default.createFile(atPath: playing, contents: nil))

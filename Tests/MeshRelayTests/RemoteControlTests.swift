@@ -28,7 +28,9 @@ struct RemoteControlTests {
         return (p, stdin.fileHandleForWriting)
     }
 
-    static func say(_ line: String, to h: FileHandle) { h.write(Data((line + "\n").utf8)) }
+    /// Writes `line` to a player's stdin. Never `FileHandle.write(_:)`, which traps on a player that died (EPIPE),
+    /// taking the whole test process down with the children it would have ended.
+    static func say(_ line: String, to h: FileHandle) { try? h.write(contentsOf: Data((line + "\n").utf8)) }
 
     /// RMS of each 50 ms window.
     static func windows(_ s: [Float], size: Int = 2_205) -> [Float] {
@@ -217,7 +219,7 @@ struct RemoteControlTests {
         #expect(eventually(10) { p.stderr.contains { $0.contains("joined ctl-host") } }, "\(p.stderr)")
         Thread.sleep(forTimeInterval: 1)
         // One write: the off is sent before the host's answer to the on can arrive.
-        stdin.write(Data("talk on\ntalk off\n".utf8))
+        try? stdin.write(contentsOf: Data("talk on\ntalk off\n".utf8))
         #expect(eventually(5) { p.stderr.contains { $0.hasSuffix("talk on: ok") } && p.stderr.contains { $0.hasSuffix("talk off: ok") } },
                 "\(p.stderr)")
         // A status line written after both answers, to count from.

@@ -62,6 +62,23 @@ final class RawGuest: @unchecked Sendable { // one thread at a time: a test hand
         return sendAll(fd, bytes)
     }
 
+    /// Reads what the other side sends until `count` frames have come: true then; false when the connection ends
+    /// first, or `seconds` pass.
+    func receiveFrames(_ count: Int, within seconds: Double) -> Bool {
+        var got = 0
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        let deadline = Date().addingTimeInterval(seconds)
+        while got < count, Date() < deadline {
+            let n = buffer.withUnsafeMutableBytes { recv(fd.fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+            if n == 0 { return false }
+            guard n > 0 else { usleep(500); continue }
+            let events = buffer.withUnsafeBytes { channel.received(UnsafeRawBufferPointer(rebasing: $0[..<n])) }
+            got += events.count { if case .frame = $0 { true } else { false } }
+            if events.contains(where: { if case .fault = $0 { true } else { false } }) { return false }
+        }
+        return got >= count
+    }
+
     /// Bytes as they are, after the handshake. Returns whether all of them were written.
     @discardableResult
     func sendRaw(_ bytes: [UInt8]) -> Bool { sendAll(fd, bytes) }
