@@ -173,12 +173,12 @@ package enum ReceivedFile {
     /// Moves the received file at `file` into `directory` under the first of `candidate`'s names that nothing holds,
     /// and returns where it went. Each try is the move itself, so a file, directory or symbolic link that appears
     /// meanwhile is never replaced or written through. Throws `EEXIST` when every name is taken.
+    /// From another file system (resources arrive in `$TMPDIR`) the file is copied once, whatever the number of
+    /// names taken.
     package static func keep(_ file: String, in directory: String, for resource: String) throws(SyscallError) -> String {
-        for attempt in 0..<maximumAttempts {
-            let path = candidate(in: directory, for: resource, attempt: attempt)
-            if try FileSystem.moveWithoutReplacing(file, to: path) { return path }
-        }
-        throw SyscallError(call: "keep \(candidate(in: directory, for: resource, attempt: 0)) (the name and \(maximumAttempts - 1) numbered ones are taken)", code: EEXIST)
+        let names = (0..<maximumAttempts).map { candidate(in: directory, for: resource, attempt: $0) }
+        if let path = try FileSystem.moveWithoutReplacing(file, toFirstFreeOf: names) { return path }
+        throw SyscallError(call: "keep \(names[0]) (the name and \(maximumAttempts - 1) numbered ones are taken)", code: EEXIST)
     }
 }
 

@@ -148,6 +148,15 @@ package enum PrivateFile {
         package static func == (a: Stamp, b: Stamp) -> Bool {
             a.device == b.device && a.inode == b.inode && a.size == b.size && a.modified == b.modified && a.changed == b.changed
         }
+
+        /// Whether the contents or the inode changed less than `seconds` ago (wall clock): a later change could
+        /// then fall in the same tick of the file system's clock and leave the stamp as it is.
+        package func isRecent(seconds: Int) -> Bool {
+            var now = timespec()
+            clock_gettime(CLOCK_REALTIME, &now)
+            func age(_ t: (Int, Int)) -> Int { (now.tv_sec - t.0) * 1_000_000_000 + (now.tv_nsec - t.1) }
+            return min(age(modified), age(changed)) < seconds * 1_000_000_000
+        }
     }
 
     /// `path`'s `Stamp` now, or nil.
@@ -316,32 +325,51 @@ package enum FileSystem {
         return overflow ? .max : bytes
     }
 
-    /// Moves the file at `from` to `to` unless something is already at `to` — a file, a directory, a symbolic link
-    /// (even one that leads nowhere): then it returns false and changes nothing. Never a check, then a move: the check
-    /// is the move (`renameat2`'s `RENAME_NOREPLACE`, else `link`), so nothing that appears at `to` meanwhile is
-    /// replaced or written through.
+    /// Moves the file at `from` to the first of `candidates` that nothing holds — no file, directory or symbolic link
+    /// (even one that leads nowhere) — and returns that path; nil, with nothing changed, when every one is taken.
+    /// Never a check, then a move: the check is the move (`renameat2`'s `RENAME_NOREPLACE`, else a hard link, else
+    /// an `O_EXCL` file made to hold the name), so nothing that appears at a candidate meanwhile is replaced or
+    /// written through.
     ///
-    /// Across file systems the bytes are copied into a new file (`O_EXCL`, mode 0600) beside `to`, synced, and only
-    /// then put in place the same way: `to` never names a partial copy, even after a crash. `from` goes once the file
-    /// is at `to` (if it cannot be removed, it is left: the move has happened either way).
-    package static func moveWithoutReplacing(_ from: String, to: String) throws(SyscallError) -> Bool {
-        switch place(from, at: to) {
-        case 0: return true
-        case EEXIST: return false
-        case EXDEV: return try copyThenPlace(from, at: to)
-        case let code: throw SyscallError(call: "rename(\(from), \(to))", code: code)
+    /// From another file system the bytes are copied once, into a new file (`O_EXCL`, mode 0600, named
+    /// `.partial-…`) beside the first candidate, synced, and only then put in place the same way, name by name: a
+    /// candidate never names a partial copy (a crash may leave the hidden `.partial-…` file). `from` goes once the
+    /// file is in place (if it cannot be removed, it is left: the move has happened either way).
+    package static func moveWithoutReplacing(_ from: String, toFirstFreeOf candidates: [String]) throws(SyscallError) -> String? {
+        for (n, candidate) in candidates.enumerated() {
+            switch place(from, at: candidate) {
+            case 0: return candidate
+            case EEXIST: continue
+            case EXDEV: return try copyThenPlace(from, atFirstFreeOf: Array(candidates[n...]))
+            case let code: throw SyscallError(call: "rename(\(from), \(candidate))", code: code)
+            }
         }
+        return nil
+    }
+
+    /// `moveWithoutReplacing` to one path: whether the file went there.
+    package static func moveWithoutReplacing(_ from: String, to: String) throws(SyscallError) -> Bool {
+        try moveWithoutReplacing(from, toFirstFreeOf: [to]) != nil
     }
 
     /// Puts the file at `from` at `to` unless something is there, on one file system: 0, or the `errno` (`EEXIST`:
     /// something is there; `EXDEV`: another file system). `renameat2` with `RENAME_NOREPLACE`; where the file system
-    /// has no such flag, a hard link (just as exclusive), then `from` removed.
+    /// has no such flag, a hard link (just as exclusive), then `from` removed; where it has no hard links either, an
+    /// empty `O_EXCL` file claims the name and `rename` puts the file over that claim (rename replaces the entry, and
+    /// never writes through it).
     private static func place(_ from: String, at to: String) -> Int32 {
         let renamed = outcome(renameat2(AT_FDCWD, from, AT_FDCWD, to, pm_rename_noreplace))
         guard renamed == EINVAL || renamed == ENOSYS else { return renamed }
         let linked = outcome(link(from, to))
         if linked == 0 { unlink(from) }
-        return linked
+        guard linked == EPERM || linked == EOPNOTSUPP || linked == ENOSYS || linked == EMLINK else { return linked }
+        var claim: Int32 = -1
+        repeat { claim = open(to, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600) } while claim < 0 && errno == EINTR
+        guard claim >= 0 else { return errno }
+        close(claim)
+        let moved = outcome(rename(from, to))
+        if moved != 0 { unlink(to) }
+        return moved
     }
 
     /// 0 for a call that succeeded, else its `errno` (`EINTR` retried by calling again).
@@ -352,9 +380,11 @@ package enum FileSystem {
         }
     }
 
-    /// The cross-file-system half of `moveWithoutReplacing`: false, with nothing changed, if `to` is taken.
-    private static func copyThenPlace(_ from: String, at to: String) throws(SyscallError) -> Bool {
-        let directory = to.contains("/") ? String(to[..<to.lastIndex(of: "/")!]) : "."
+    /// The cross-file-system half of `moveWithoutReplacing`: one copy, then placed at the first free candidate; nil,
+    /// with nothing changed, when every one is taken.
+    private static func copyThenPlace(_ from: String, atFirstFreeOf candidates: [String]) throws(SyscallError) -> String? {
+        guard let first = candidates.first else { return nil }
+        let directory = first.contains("/") ? String(first[..<first.lastIndex(of: "/")!]) : "."
         let partial = "\(directory.isEmpty ? "" : directory)/.partial-\(getpid())-\(UInt64.random(in: 0...UInt64.max))"
         let source = try SequentialFile.openForReading(from)
         let target = try SequentialFile.create(partial)
@@ -370,16 +400,19 @@ package enum FileSystem {
             throw error
         }
         target.close()
-        switch place(partial, at: to) {
-        case 0:
-            unlink(from)
-            return true
-        case EEXIST:
-            unlink(partial)
-            return false
-        case let code:
-            unlink(partial)
-            throw SyscallError(call: "rename(\(partial), \(to))", code: code)
+        for candidate in candidates {
+            switch place(partial, at: candidate) {
+            case 0:
+                unlink(from)
+                return candidate
+            case EEXIST:
+                continue
+            case let code:
+                unlink(partial)
+                throw SyscallError(call: "rename(\(partial), \(candidate))", code: code)
+            }
         }
+        unlink(partial)
+        return nil
     }
 }

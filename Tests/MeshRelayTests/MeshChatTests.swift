@@ -283,8 +283,10 @@ struct ChatParsingTests {
             let bytes = (0..<3_000_000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
             try Data(bytes).write(to: URL(fileURLWithPath: far))
             try FileManager.default.createSymbolicLink(atPath: "\(dir)/song.wav", withDestinationPath: victim)
-            #expect(try ReceivedFile.keep(far, in: dir, for: "song.wav") == "\(dir)/song.wav.1")
-            #expect(FileManager.default.contents(atPath: "\(dir)/song.wav.1") == Data(bytes))
+            for n in 1...20 { #expect(FileManager.default.createFile(atPath: "\(dir)/song.wav.\(n)", contents: Data("old".utf8))) }
+            #expect(try ReceivedFile.keep(far, in: dir, for: "song.wav") == "\(dir)/song.wav.21", "copied once, then put at the first free name")
+            #expect(FileManager.default.contents(atPath: "\(dir)/song.wav.21") == Data(bytes))
+            #expect(FileManager.default.contents(atPath: "\(dir)/song.wav.20") == Data("old".utf8))
             #expect(!FileManager.default.fileExists(atPath: far))
             #expect(!FileManager.default.fileExists(atPath: victim))
             #expect(try FileManager.default.contentsOfDirectory(atPath: dir).filter { $0.hasPrefix(".partial-") }.isEmpty,

@@ -108,8 +108,9 @@ struct PairingFlowTests {
     func wrongCodesAndTimeout() throws {
         let service = Rig.uniqueService()
         let hostDir = Self.stateDirectory("host")
+        let hostPort = freePort()
         let host = try CLIProcess("mesh-record", ["--host", "--pair", "--name", "guarded", "--service", service,
-                                                  "--input", "tone:440", "--state-dir", hostDir])
+                                                  "--input", "tone:440", "--port", String(hostPort), "--state-dir", hostDir])
         defer { host.kill() }
         let code = try #require(Self.code(of: host), "\(host.stderr)")
         for attempt in 1...3 {
@@ -119,10 +120,16 @@ struct PairingFlowTests {
             #expect(guess.stderr.contains { $0.contains("pairing failed: wrong pairing code") }, "attempt \(attempt): \(guess.stderr)")
         }
         #expect(eventually(3) { host.stderr.contains { $0.contains("pairing window closed (3 wrong codes)") } }, "\(host.stderr)")
-        // The right code is now too late: the window is shut (and no longer advertised).
-        let late = try CLIProcess("mesh-play", ["--pair", code, "--service", service, "--state-dir", Self.stateDirectory("late")])
+        // The window is no longer advertised, and the right code is now too late: the window is shut. (Asked by
+        // address: by discovery, a player finds no open window and waits its whole timeout for one.)
+        #expect(eventually(5) {
+            let listed = try? CLIProcess("mesh-play", ["--list", "--service", service, "--state-dir", Self.stateDirectory("lister")])
+            guard let listed, listed.waitForExit(seconds: 10) == 0 else { return false }
+            return listed.stdout.contains { $0.hasPrefix("guarded\t") && !$0.contains("pairing open") }
+        }, "the closed window is no longer advertised")
+        let late = try CLIProcess("mesh-play", ["--pair", code, "--connect", "127.0.0.1:\(hostPort)", "--state-dir", Self.stateDirectory("late")])
         #expect(late.waitForExit(seconds: 20) == 1, "\(late.stderr)")
-        #expect(late.stderr.contains { $0.contains("pairing failed") }, "\(late.stderr)")
+        #expect(late.stderr.contains { $0.contains("pairing failed") && $0.contains("pairing window is closed") }, "\(late.stderr)")
         #expect(try TrustStore(path: hostDir + "/paired.json").list().isEmpty, "no guess paired anything")
 
         // A window that timed out refuses the right code.

@@ -201,6 +201,31 @@ struct IdentityFileTests {
         #expect(second == String(repeating: "é", count: 30) + "-2" && second.utf8.count <= PeerID.maximumDisplayNameBytes)
     }
 
+    @Test("A trust store is read again only when its file changed: by this store, or by another process's (a new file renamed in place); one changed within the last 2 s is never taken as unchanged")
+    func trustStoreRereadsOnlyAChangedFile() throws {
+        let path = temporaryDirectory() + "/paired.json"
+        let reader = TrustStore(path: path), writer = TrustStore(path: path)
+        let ann = try PeerIdentity.generate(displayName: "ann").publicKey, bob = try PeerIdentity.generate(displayName: "bob").publicKey
+        try writer.add(ann, name: "ann")
+        #expect(try reader.list().map(\.name) == ["ann"])
+        #expect(try reader.list().map(\.name) == ["ann"])
+        #expect(reader.fileReads.load(ordering: .relaxed) == 2, "just written: read each time")
+        Thread.sleep(forTimeInterval: 2.5)
+        #expect(try reader.list().map(\.name) == ["ann"])
+        for _ in 0..<50 { #expect(try reader.contains(ann)) }
+        #expect(reader.fileReads.load(ordering: .relaxed) == 3, "unchanged for 2 s: read once, then from memory")
+        // Another store writes: a new file, renamed in place. Seen at once, same size or not.
+        try writer.remove(matching: "ann")
+        try writer.add(bob, name: "bob")
+        #expect(try reader.list().map(\.name) == ["bob"])
+        #expect(try !reader.contains(ann) && reader.contains(bob))
+        // Opened to others meanwhile: refused at once, cached or not.
+        Thread.sleep(forTimeInterval: 2.5)
+        _ = try reader.list()
+        chmod(path, 0o666)
+        #expect(throws: PeerMeshError.self) { _ = try reader.list() }
+    }
+
     @Test func concurrentWritersLoseNothing() throws {
         let path = temporaryDirectory() + "/trust.json"
         let keys = try (0..<64).map { _ in try PeerIdentity.generate(displayName: "x").publicKey }

@@ -190,7 +190,10 @@ public final class PairingClient: SessionDelegate, NearbyServiceBrowserDelegate,
         guard let browser else { return }
         let limit = perHostTimeout
         timers.asyncAfter(deadline: .now() + .nanoseconds(Int(limit.nanoseconds))) { [weak self] in
-            guard let self, self.state.withLock({ $0.current == host && $0.round == round && $0.outcome == nil }) else { return }
+            // A host that has proved the code is only storing the pairing: its answer is waited for (the whole
+            // pairing's timeout still holds), so that it is not left trusting a player that gave up on it.
+            guard let self, self.state.withLock({ $0.current == host && $0.round == round && $0.outcome == nil && $0.provenHost != host })
+            else { return }
             self.failed(host, "no answer within \(limit)")
         }
         do { try browser.invitePeer(host, to: session, withContext: RelayHost.pairingContext, timeout: limit) } catch {

@@ -59,6 +59,8 @@ public final class TrustStore: Sendable {
     /// not read and decoded again (a host checks its players every 250 ms and each invitation; a player each host it
     /// finds, some of them a flood of strangers).
     private let lastRead = Mutex<(stamp: PrivateFile.Stamp, peers: [TrustedPeer])?>(nil)
+    /// How many times the file was read and decoded (tests).
+    let fileReads = Atomic<Int>(0)
 
     /// A store at `path` (created on the first change).
     public init(path: String) {
@@ -178,13 +180,16 @@ public final class TrustStore: Sendable {
         if let why = PrivateFile.openToOthers(path) { throw .trust("the trust store \(path) is not trusted: \(why)") }
         if let cached = lastRead.withLock({ $0 }), cached.stamp == before { return cached.peers }
         let peers = try readFile()
-        // Kept only if the file did not change while it was read (a write in between: read afresh next time).
-        if PrivateFile.stamp(path) == before { lastRead.withLock { $0 = (before, peers) } }
+        // Kept only if the file did not change while it was read (a write in between: read afresh next time), and
+        // only once its times are over 2 s old: two writes within one tick of a coarse clock (a second on some file
+        // systems, two on FAT), a freed inode number used again and the same size, would look like one ("racy" stamps).
+        if PrivateFile.stamp(path) == before, !before.isRecent(seconds: 2) { lastRead.withLock { $0 = (before, peers) } }
         return peers
     }
 
     /// Reads and decodes the file.
     private func readFile() throws(PeerMeshError) -> [TrustedPeer] {
+        fileReads.add(1, ordering: .relaxed)
         let bytes: [UInt8]
         do { bytes = try PrivateFile.read(path, limit: 8 << 20) } catch {
             throw .trust("cannot read the trust store \(path): \(error.text)")

@@ -117,7 +117,10 @@ extension SessionCore {
                 guard deadline > now else { return .timedOut("no address of \(attempt.peer.displayName) answered in time") }
                 let remaining = deadline - now, left = UInt64(attempt.endpoints.count - attempt.next)
                 stepTimeout = .nanoseconds(Int64(clamping: remaining))
-                noAnswer = min(noAnswer, .nanoseconds(Int64(clamping: remaining / left)))
+                // Never less than a second (a handshake's time), however many addresses: the plainly named ones,
+                // the peer's own, come first.
+                let share = max(remaining / left, min(remaining, 1_000_000_000))
+                noAnswer = min(noAnswer, .nanoseconds(Int64(clamping: share)))
             }
             let endpoint = attempt.endpoints[attempt.next]
             attempt.next += 1

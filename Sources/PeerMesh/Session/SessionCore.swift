@@ -383,9 +383,12 @@ final class SessionCore: Sendable {
         if case .datagram = frame, io.value.connections[link]?.isRelayed == false {
             return faulted(link, .unexpectedFrame("DATAGRAM on a link that has a UDP path"))
         }
-        // On a plaintext link no key is proved (`identified` is never called): the peer's HELLO is its answer, and an
-        // attempt over several addresses stops at this one.
-        if case .hello = frame, io.value.connections[link]?.isPlaintext == true { reachedAttempt(on: link) }
+        // On a plaintext link no key is proved (`identified` is never called): the expected peer's HELLO is its
+        // answer, and an attempt over several addresses stops at this one (another peer's goes on to the next).
+        if case .hello(let p) = frame, io.value.connections[link]?.isPlaintext == true,
+           let attempt = io.value.attempts[link], attempt.peer.identity == p.identity {
+            reachedAttempt(on: link)
+        }
         let actions = shared.withLock { $0.machine.received(frame, on: link, now: now) }
         perform(actions)
     }
