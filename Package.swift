@@ -74,7 +74,7 @@ let package = Package(
         .executableTarget(name: "peermesh-fuzz", dependencies: ["PeerMesh", "MeshPipeline", "MeshAudio", "MeshRelay", "MeshCLI"]),
 
         // Tests, and what they share (package-internal).
-        .target(name: "MeshTestSupport", dependencies: ["MeshPOSIX", "MeshAudio"], path: "Tests/MeshTestSupport"),
+        .target(name: "MeshTestSupport", dependencies: ["MeshPOSIX", "MeshAudio", "PeerMesh"], path: "Tests/MeshTestSupport"),
         .testTarget(name: "PeerMeshTests", dependencies: ["PeerMesh", "PeerMeshFoundation", "MeshTestSupport"]),
         .testTarget(name: "MeshAudioTests", dependencies: ["MeshAudio", "MeshTestSupport"]),
         .testTarget(name: "MeshPipelineTests", dependencies: ["MeshPipeline", "MeshAudio", "MeshTestSupport"]),

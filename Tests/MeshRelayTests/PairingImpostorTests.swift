@@ -6,38 +6,11 @@ import MeshPOSIX
 import PeerMesh
 @testable import MeshRelay
 
-/// A host that does not know the code and claims the pairing succeeded anyway: it takes the pairing invitation and
-/// answers the player's first message with "paired" (message 4), skipping the proof (message 2).
-private final class ImpostorHost: SessionDelegate, NearbyServiceAdvertiserDelegate, Sendable {
-    let session: Session
-    let advertiser: NearbyServiceAdvertiser
-
-    init() throws {
-        session = try Session(peer: try PeerID(displayName: "Kitchen mic"), configuration: .init(bindHost: "127.0.0.1"))
-        advertiser = try NearbyServiceAdvertiser(peer: session.myPeerID, discoveryInfo: ["pair": "1"], serviceType: "mesh-audio",
-                                                 discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
-        session.delegate = self
-        advertiser.delegate = self
-        try advertiser.startAdvertisingPeer()
-    }
-
-    func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceiveInvitationFromPeer peer: PeerID,
-                    withContext context: Data?, invitationHandler: @escaping @Sendable (Bool, Session?) -> Void) {
-        invitationHandler(true, session)
-    }
-    func advertiser(_ advertiser: NearbyServiceAdvertiser, didNotStartAdvertisingPeer error: PeerMeshError) {}
-    func session(_ session: Session, peer: PeerID, didChange state: SessionState) {}
-    func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {
-        // Whatever the player says (its first PAKE message), the answer is "paired".
-        try? session.send(Data(Pairing.resultMessage(.paired)), toPeers: [peer], with: .reliable)
-    }
-}
-
 @Suite("Pairing against an impostor host")
 struct PairingImpostorTests {
     /// A player's pairing settings aimed at `impostor` (code 1234-5678, 5 s), with a trust store in a fresh
     /// directory: the caller removes that directory.
-    private static func clientConfiguration(for impostor: ImpostorHost) throws -> (PairingClient.Configuration, String) {
+    private static func clientConfiguration(for impostor: FakePairingHost) throws -> (PairingClient.Configuration, String) {
         let dir = NSTemporaryDirectory() + "pm-impostor-\(getpid())-\(UUID().uuidString.prefix(8))"
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         var config = PairingClient.Configuration(identity: try PeerIdentity.generate(displayName: "bedroom"),
@@ -50,7 +23,7 @@ struct PairingImpostorTests {
 
     @Test("A host that says 'paired' without proving it knows the code is not trusted")
     func claimedSuccessWithoutProof() throws {
-        let impostor = try ImpostorHost()
+        let impostor = try FakePairingHost(.claimsPaired, name: "Kitchen mic")
         let (config, dir) = try Self.clientConfiguration(for: impostor)
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let trust = config.trust
@@ -66,7 +39,7 @@ struct PairingImpostorTests {
 
     @Test("run() on the session I/O thread (from a delegate call) fails at once instead of holding every session up")
     func runOnTheIOThreadFailsAtOnce() throws {
-        let impostor = try ImpostorHost()
+        let impostor = try FakePairingHost(.claimsPaired, name: "Kitchen mic")
         let (config, dir) = try Self.clientConfiguration(for: impostor)
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let client = try PairingClient(configuration: config)

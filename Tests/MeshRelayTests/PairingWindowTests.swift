@@ -40,70 +40,6 @@ private final class PairingHost: NearbyServiceAdvertiserDelegate, Sendable {
     func advertiser(_ advertiser: NearbyServiceAdvertiser, didNotStartAdvertisingPeer error: PeerMeshError) {}
 }
 
-/// A decoy on the LAN: it advertises an open pairing window under the host's name, takes the player's pairing
-/// invitation, and after `delay` answers message 1 with a message 2 it cannot make right (it does not know the code);
-/// or, `silent`, never answers at all.
-private final class DecoyHost: SessionDelegate, NearbyServiceAdvertiserDelegate, Sendable {
-    let session: Session
-    let advertiser: NearbyServiceAdvertiser
-    let tried = Atomic<Int>(0)
-    private let delay: Double
-    private let silent: Bool
-
-    init(discovery: any DiscoveryBackend, delay: Double, silent: Bool = false) throws {
-        self.delay = delay
-        self.silent = silent
-        session = try Session(securityIdentity: try PeerIdentity.generate(displayName: "host"),
-                              configuration: .init(bindHost: "127.0.0.1", maximumMessageSize: 4096, maximumResourceSize: 0, topology: .star))
-        advertiser = try NearbyServiceAdvertiser(peer: session.myPeerID, discoveryInfo: ["pair": "1"], serviceType: "mesh-audio",
-                                                 discovery: discovery, bindHost: "127.0.0.1")
-        session.delegate = self
-        advertiser.delegate = self
-        try advertiser.startAdvertisingPeer()
-    }
-
-    func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceiveInvitationFromPeer peer: PeerID,
-                    withContext context: Data?, invitationHandler: @escaping @Sendable (Bool, Session?) -> Void) {
-        invitationHandler(true, session)
-    }
-    func advertiser(_ advertiser: NearbyServiceAdvertiser, didNotStartAdvertisingPeer error: PeerMeshError) {}
-    func session(_ session: Session, peer: PeerID, didChange state: SessionState) {}
-    func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {
-        tried.add(1, ordering: .relaxed)
-        if silent { return }
-        // A guess at message 2: a valid element of its own, a tag that cannot match.
-        let element = Pairing.Initiator(code: "0000-0000", binding: [1]).firstMessage.suffix(32)
-        let bogus = Array("PMP1".utf8) + [2] + Array(element) + [UInt8](repeating: 0xab, count: 32)
-        DispatchQueue.global().asyncAfter(deadline: .now() + delay) { [session] in
-            try? session.send(Data(bogus), toPeers: [peer], with: .reliable)
-        }
-    }
-}
-
-/// A discovery backend whose browsers hear of every peer but `late` at once, and of `late` after `delay`: the order a
-/// player finds two hosts in, made certain.
-private struct OrderedDiscovery: DiscoveryBackend {
-    let inner: any DiscoveryBackend
-    let late: @Sendable (PeerID) -> Bool
-    let delay: Double
-
-    func publish(_ advertisement: ServiceAdvertisement,
-                 onEvent: @escaping @Sendable (PublicationEvent) -> Void) throws(PeerMeshError) -> any DiscoveryRegistration {
-        try inner.publish(advertisement, onEvent: onEvent)
-    }
-
-    func browse(serviceType: String, localPeer: PeerID,
-                onEvent: @escaping @Sendable (BrowseEvent) -> Void) throws(PeerMeshError) -> any DiscoveryRegistration {
-        try inner.browse(serviceType: serviceType, localPeer: localPeer) { [late, delay] event in
-            if case .found(let p) = event, late(p.peer) {
-                DispatchQueue.global().asyncAfter(deadline: .now() + delay) { onEvent(event) }
-            } else {
-                onEvent(event)
-            }
-        }
-    }
-}
-
 /// An attacker's attempt: message 1 for a guessed code, then it checks the host's message 2 offline (tagB tells
 /// whether the guess was right) and never sends message 3, staying connected.
 private final class OfflineGuesser: SessionDelegate, Sendable {
@@ -176,7 +112,7 @@ struct PairingWindowTests {
         withExtendedLifetime(host) {}
     }
 
-    /// Pairs with a real host whose record is found `realAfter` seconds after a decoy's (answering as `DecoyHost`
+    /// Pairs with a real host whose record is found `realAfter` seconds after a decoy's (answering as a `FakePairingHost`
     /// says); returns the outcome, whether the real host was the one paired, how often the decoy was tried, and the
     /// client's lines.
     private static func pairPastDecoy(delay: Double, silent: Bool = false, realAfter: Double) throws
@@ -184,14 +120,18 @@ struct PairingWindowTests {
         let dir = try Self.scratch()
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let discovery = InProcessDiscovery()
-        let decoy = try DecoyHost(discovery: discovery, delay: delay, silent: silent)
+        let decoy = try FakePairingHost(silent ? .silent : .wrongProof(after: delay), discovery: discovery)
         let host = try PairingHost(trust: TrustStore(path: dir + "/host.json"), discovery: discovery)
         host.responder.open(code: "1234-5678", timeout: .seconds(30))
         let real = host.advertiser.myPeerID
         let playerTrust = TrustStore(path: dir + "/player/paired.json")
         var config = PairingClient.Configuration(identity: try PeerIdentity.generate(displayName: "bedroom"), trust: playerTrust,
                                                  code: "1234-5678", target: .discover(hostName: "host"))
-        config.discovery = OrderedDiscovery(inner: discovery, late: { $0 == real }, delay: realAfter)
+        // The real host's record found `realAfter` seconds after the decoy's.
+        config.discovery = FilteredDiscovery(discovery) { event, deliver in
+            guard case .found(let p) = event, p.peer == real else { return deliver(event) }
+            DispatchQueue.global().asyncAfter(deadline: .now() + realAfter) { deliver(event) }
+        }
         config.bindHost = "127.0.0.1"
         config.timeout = .seconds(15)
         let lines = Mutex<[String]>([])
@@ -230,7 +170,7 @@ struct PairingWindowTests {
         let dir = try Self.scratch()
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let discovery = InProcessDiscovery()
-        let decoys = [try DecoyHost(discovery: discovery, delay: 0.3), try DecoyHost(discovery: discovery, delay: 0.3)]
+        let decoys = [try FakePairingHost(.wrongProof(after: 0.3), discovery: discovery), try FakePairingHost(.wrongProof(after: 0.3), discovery: discovery)]
         var config = PairingClient.Configuration(identity: try PeerIdentity.generate(displayName: "bedroom"),
                                                  trust: TrustStore(path: dir + "/player/paired.json"), code: "1234-5678",
                                                  target: .discover(hostName: nil))

@@ -47,17 +47,18 @@ private final class Judge: SessionDelegate, Sendable {
 
 /// An advertiser for `host` on 127.0.0.1 (in-process discovery) whose invitations `invitations` answers by
 /// accepting them into `host`.
-private func advertise(_ host: Session, as type: String, answeredBy invitations: MeshEventLog) throws -> NearbyServiceAdvertiser {
+private func advertise(_ host: Session, as type: String, answeredBy invitations: MeshEventLog,
+                       on discovery: any DiscoveryBackend = InProcessDiscovery()) throws -> NearbyServiceAdvertiser {
     invitations.acceptInto.withLock { $0 = host }
-    return try advertiser(for: host.myPeerID, as: type, delegate: invitations)
+    return try advertiser(for: host.myPeerID, as: type, delegate: invitations, on: discovery)
 }
 
-/// A started advertiser for `peer` on 127.0.0.1 (in-process discovery) whose invitations go to `delegate` (held
-/// weakly: the caller keeps it).
-private func advertiser(for peer: PeerID, as type: String,
-                        delegate: any NearbyServiceAdvertiserDelegate) throws -> NearbyServiceAdvertiser {
+/// A started advertiser for `peer` on 127.0.0.1 (in-process discovery: its own, or `discovery`) whose invitations go
+/// to `delegate` (held weakly: the caller keeps it).
+private func advertiser(for peer: PeerID, as type: String, delegate: any NearbyServiceAdvertiserDelegate,
+                        on discovery: any DiscoveryBackend = InProcessDiscovery()) throws -> NearbyServiceAdvertiser {
     let a = try NearbyServiceAdvertiser(peer: peer, discoveryInfo: nil, serviceType: type,
-                                        discovery: InProcessDiscovery(), bindHost: "127.0.0.1")
+                                        discovery: discovery, bindHost: "127.0.0.1")
     a.delegate = delegate
     try a.startAdvertisingPeer()
     return a
@@ -65,10 +66,7 @@ private func advertiser(for peer: PeerID, as type: String,
 
 /// A session on 127.0.0.1, its log, and its advertiser (`type`), which lets every invitation in.
 private func hostToSearch(as type: String) throws -> (Session, MeshEventLog, NearbyServiceAdvertiser) {
-    let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
-    let log = MeshEventLog()
-    host.delegate = log
-    return (host, log, try advertise(host, as: type, answeredBy: log))
+    try acceptingHost("host", as: type)
 }
 
 /// Twenty tries of a searcher for matching digits at `advertiser`, one after another (`attempt` makes one, and says
@@ -100,11 +98,12 @@ private func rationedInviter(burst: Int) throws -> (Session, MeshEventLog) {
 }
 
 /// A host session on 127.0.0.1 named `name`, its log, and its advertiser of `type`, which accepts every invitation.
-private func acceptingHost(_ name: String, as type: String) throws -> (Session, MeshEventLog, NearbyServiceAdvertiser) {
+private func acceptingHost(_ name: String, as type: String,
+                           on discovery: any DiscoveryBackend = InProcessDiscovery()) throws -> (Session, MeshEventLog, NearbyServiceAdvertiser) {
     let host = try Session(peer: try PeerID(displayName: name), configuration: .init(bindHost: "127.0.0.1"))
     let log = MeshEventLog()
     host.delegate = log
-    return (host, log, try advertise(host, as: type, answeredBy: log))
+    return (host, log, try advertise(host, as: type, answeredBy: log, on: discovery))
 }
 
 /// A host session on 127.0.0.1 whose certificate checks a `Judge` holds.
@@ -392,14 +391,7 @@ struct AttackTests {
         // The attacker republishes the host's record (its name and key are public) at addresses of its own, found
         // first: one where nothing listens, one where its own advertiser answers with its own key.
         let discovery = InProcessDiscovery()
-        let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
-        let hostLog = MeshEventLog()
-        host.delegate = hostLog
-        hostLog.acceptInto.withLock { $0 = host }
-        let hostAdvertiser = try NearbyServiceAdvertiser(peer: host.myPeerID, discoveryInfo: nil, serviceType: "pm-copied",
-                                                         discovery: discovery, bindHost: "127.0.0.1")
-        hostAdvertiser.delegate = hostLog
-        try hostAdvertiser.startAdvertisingPeer()
+        let (host, hostLog, hostAdvertiser) = try acceptingHost("host", as: "pm-copied", on: discovery)
         let impostor = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
         let impostorLog = MeshEventLog()
         impostor.delegate = impostorLog
@@ -408,13 +400,7 @@ struct AttackTests {
         let deadPort = try dead.localAddress().port
         dead.close()
         let copies = [PeerEndpoint(host: "127.0.0.1", port: deadPort), PeerEndpoint(host: "127.0.0.1", port: impostorAdvertiser.port!)]
-        let guest = try Session(peer: try PeerID(displayName: "guest"), configuration: .init(bindHost: "127.0.0.1"))
-        let guestLog = MeshEventLog()
-        guest.delegate = guestLog
-        let browser = try NearbyServiceBrowser(peer: guest.myPeerID, serviceType: "pm-copied",
-                                               discovery: CopiedRecords(of: discovery, at: copies))
-        browser.delegate = guestLog
-        try browser.startBrowsingForPeers()
+        let (guest, guestLog, browser) = try browsingGuest("guest", for: "pm-copied", on: copiedRecords(of: discovery, at: copies))
         #expect(guestLog.wait(5) { $0.found.contains(host.myPeerID) })
         #expect(browser.foundPeers.first?.endpoints.count == 3, "the copies come first")
 
@@ -427,13 +413,7 @@ struct AttackTests {
         #expect(impostor.connectedPeers.isEmpty && impostorLog.snapshot.invitations.isEmpty, "the impostor heard no invitation")
 
         // Only copies: every address is tried, and the last one's failure is what the app hears, once.
-        let alone = try Session(peer: try PeerID(displayName: "alone"), configuration: .init(bindHost: "127.0.0.1"))
-        let aloneLog = MeshEventLog()
-        alone.delegate = aloneLog
-        let fooled = try NearbyServiceBrowser(peer: alone.myPeerID, serviceType: "pm-copied",
-                                              discovery: CopiedRecords(of: discovery, at: copies, only: true))
-        fooled.delegate = aloneLog
-        try fooled.startBrowsingForPeers()
+        let (alone, aloneLog, fooled) = try browsingGuest("alone", for: "pm-copied", on: copiedRecords(of: discovery, at: copies, only: true))
         #expect(aloneLog.wait(5) { $0.found.contains(host.myPeerID) })
         try fooled.invitePeer(host.myPeerID, to: alone, withContext: nil, timeout: .seconds(5))
         #expect(aloneLog.wait(10) { !$0.failures.isEmpty })
@@ -447,25 +427,12 @@ struct AttackTests {
     @Test("A copy at an address that takes the connection and says nothing costs its share of the invitation's timeout, and the whole invitation stays within it")
     func aSilentCopyCostsItsShare() throws {
         let discovery = InProcessDiscovery()
-        let host = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
-        let hostLog = MeshEventLog()
-        host.delegate = hostLog
-        hostLog.acceptInto.withLock { $0 = host }
-        let hostAdvertiser = try NearbyServiceAdvertiser(peer: host.myPeerID, discoveryInfo: nil, serviceType: "pm-silent",
-                                                         discovery: discovery, bindHost: "127.0.0.1")
-        hostAdvertiser.delegate = hostLog
-        try hostAdvertiser.startAdvertisingPeer()
+        let (host, hostLog, hostAdvertiser) = try acceptingHost("host", as: "pm-silent", on: discovery)
         // The kernel completes the connection (the listener's backlog); nobody ever reads or writes on it.
         let silent = try FileDescriptor.tcpListener(SocketAddress(numericHost: "127.0.0.1", port: 0)!)
         defer { silent.close() }
         let copies = [PeerEndpoint(host: "127.0.0.1", port: try silent.localAddress().port)]
-        let guest = try Session(peer: try PeerID(displayName: "guest"), configuration: .init(bindHost: "127.0.0.1"))
-        let guestLog = MeshEventLog()
-        guest.delegate = guestLog
-        let browser = try NearbyServiceBrowser(peer: guest.myPeerID, serviceType: "pm-silent",
-                                               discovery: CopiedRecords(of: discovery, at: copies))
-        browser.delegate = guestLog
-        try browser.startBrowsingForPeers()
+        let (guest, guestLog, browser) = try browsingGuest("guest", for: "pm-silent", on: copiedRecords(of: discovery, at: copies))
         #expect(guestLog.wait(5) { $0.found.contains(host.myPeerID) })
         let started = Date()
         try browser.invitePeer(host.myPeerID, to: guest, withContext: nil, timeout: .seconds(4))
@@ -474,7 +441,7 @@ struct AttackTests {
         #expect(took >= 1.8 && took < 4, "half of the 4 s went to the silent address: \(took) s")
         #expect(guestLog.states(of: host.myPeerID) == [.connecting, .connected])
         #expect(guestLog.snapshot.failures.isEmpty)
-        withExtendedLifetime((hostAdvertiser, browser)) {}
+        withExtendedLifetime((hostLog, hostAdvertiser, browser)) {}  // the log answers the host's invitations
     }
 
     @Test("A guest that hangs up while the host judges its key, after the advertiser is gone: no peer, and the host carries on")
@@ -907,28 +874,23 @@ struct AttackTests {
 
 /// What a browser sees when an attacker has republished every record of `inner` at `copies` (its own addresses),
 /// found before the real ones (or, `only`, instead of them).
-private struct CopiedRecords: DiscoveryBackend {
-    let inner: any DiscoveryBackend
-    let copies: [PeerEndpoint]
-    let only: Bool
-
-    init(of inner: any DiscoveryBackend, at copies: [PeerEndpoint], only: Bool = false) {
-        self.inner = inner
-        self.copies = copies
-        self.only = only
+private func copiedRecords(of inner: any DiscoveryBackend, at copies: [PeerEndpoint], only: Bool = false) -> FilteredDiscovery {
+    FilteredDiscovery(inner) { event, deliver in
+        guard case .found(var peer) = event else { return deliver(event) }
+        peer.endpoints = copies + (only ? [] : peer.endpoints)
+        deliver(.found(peer))
     }
+}
 
-    func publish(_ advertisement: ServiceAdvertisement,
-                 onEvent: @escaping @Sendable (PublicationEvent) -> Void) throws(PeerMeshError) -> any DiscoveryRegistration {
-        try inner.publish(advertisement, onEvent: onEvent)
-    }
-
-    func browse(serviceType: String, localPeer: PeerID,
-                onEvent: @escaping @Sendable (BrowseEvent) -> Void) throws(PeerMeshError) -> any DiscoveryRegistration {
-        try inner.browse(serviceType: serviceType, localPeer: localPeer) { [copies, only] event in
-            guard case .found(var peer) = event else { return onEvent(event) }
-            peer.endpoints = copies + (only ? [] : peer.endpoints)
-            onEvent(.found(peer))
-        }
-    }
+/// A session on 127.0.0.1 named `name`, its log, and a started browser for `type` through `discovery` that tells
+/// that log what it finds.
+private func browsingGuest(_ name: String, for type: String,
+                           on discovery: any DiscoveryBackend) throws -> (Session, MeshEventLog, NearbyServiceBrowser) {
+    let guest = try Session(peer: try PeerID(displayName: name), configuration: .init(bindHost: "127.0.0.1"))
+    let log = MeshEventLog()
+    guest.delegate = log
+    let browser = try NearbyServiceBrowser(peer: guest.myPeerID, serviceType: type, discovery: discovery)
+    browser.delegate = log
+    try browser.startBrowsingForPeers()
+    return (guest, log, browser)
 }

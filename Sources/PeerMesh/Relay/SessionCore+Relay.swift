@@ -32,22 +32,14 @@ struct DirectAttempt: Sendable {
     /// When the whole attempt, every address, must be over (a browser's: the app's timeout holds for the invitation
     /// as a whole, whatever the number of addresses); nil: each address has its own time.
     var deadline: Nanos?
+}
 
+extension DirectAttempt {
     /// An attempt with connection data: its addresses at its port, its ticket as the context, its key pinned.
     init(data: NearbyConnectionData, introducer: PeerID?, timeout: Duration) {
         self.init(peer: data.peer, endpoints: data.addresses.map { PeerEndpoint(host: $0, port: data.port) },
                   context: Data(NearbyConnectionData.contextPrefix + data.ticket), timeout: timeout,
                   keyFromConnectionData: true, introducer: introducer)
-    }
-
-    init(peer: PeerID, endpoints: [PeerEndpoint], context: Data, timeout: Duration, keyFromConnectionData: Bool,
-         introducer: PeerID?) {
-        self.peer = peer
-        self.endpoints = endpoints
-        self.context = context
-        self.timeout = timeout
-        self.keyFromConnectionData = keyFromConnectionData
-        self.introducer = introducer
     }
 }
 
