@@ -31,14 +31,14 @@ struct MembershipStateMachineTests {
             machines[p.identity] = MembershipStateMachine(me: p, topology: .mesh, maximumPeers: maximumPeers)
         }
 
-        /// A link comes up between `a` and `b`: an invitation, or (`byIntroduction`) an introduced connection.
-        mutating func link(_ a: PeerID, _ b: PeerID, byIntroduction: Bool = false) {
+        /// A link comes up between `a` and `b` (an invitation or an introduced connection).
+        mutating func link(_ a: PeerID, _ b: PeerID) {
             let key = Self.pair(a.identity, b.identity)
             guard a != b, !links.contains(key), machines[a.identity] != nil, machines[b.identity] != nil,
                   degree(a) + 1 < maximumPeers, degree(b) + 1 < maximumPeers else { return }
             links.insert(key)
-            let first = machines[a.identity]!.connected(b, byIntroduction: byIntroduction)
-            let second = machines[b.identity]!.connected(a, byIntroduction: byIntroduction)
+            let first = machines[a.identity]!.connected(b)
+            let second = machines[b.identity]!.connected(a)
             run(first, at: a)
             run(second, at: b)
         }
@@ -83,10 +83,10 @@ struct MembershipStateMachineTests {
                     if unreachable.contains(key) {
                         // No direct path: through the introducer, which is linked to both (as the driver does).
                         guard links.contains(Self.pair(other.identity, introducer.identity)) else { continue }
-                        link(node, other, byIntroduction: true)
+                        link(node, other)
                         if links.contains(key) { relayedVia[key] = introducer.identity }
                     } else {
-                        link(node, other, byIntroduction: true)
+                        link(node, other)
                     }
                 case .fault(let p, let f):
                     Issue.record("\(node) faulted \(p): \(f)")
@@ -119,7 +119,7 @@ struct MembershipStateMachineTests {
     @Test func aStarIntroducesNoOne() throws {
         let a = try PeerID(displayName: "a"), b = try PeerID(displayName: "b"), c = try PeerID(displayName: "c")
         var m = MembershipStateMachine(me: a, topology: .star, maximumPeers: 8)
-        #expect(m.connected(b, byIntroduction: false).isEmpty && m.connected(c, byIntroduction: false).isEmpty)
+        #expect(m.connected(b).isEmpty && m.connected(c).isEmpty)
         #expect(m.received(.introRequest(peer: c), from: b) == [.send(b, .introData(forIdentity: c.identity, data: []))])
         #expect(m.received(.introduce(peer: c, data: [1]), from: b).isEmpty)
     }
@@ -129,17 +129,17 @@ struct MembershipStateMachineTests {
         let a = try PeerID(displayName: "a"), b = try PeerID(displayName: "b"), c = try PeerID(displayName: "c")
         let p = try PeerID(displayName: "p", identity: 0x1234)
         var m = MembershipStateMachine(me: a, topology: .mesh, maximumPeers: 8)
-        #expect(m.connected(b, byIntroduction: false).isEmpty)
-        #expect(m.connected(p, byIntroduction: false).isEmpty, "nothing to pin: p is not introduced (a zero key would break b's link)")
-        #expect(m.connected(c, byIntroduction: false) == [.send(b, .introRequest(peer: c))], "b is asked about c; p is not")
+        #expect(m.connected(b).isEmpty)
+        #expect(m.connected(p).isEmpty, "nothing to pin: p is not introduced (a zero key would break b's link)")
+        #expect(m.connected(c) == [.send(b, .introRequest(peer: c))], "b is asked about c; p is not")
     }
 
     @Test func unsolicitedDataIsAFaultAndAFullMemberMakesNone() throws {
         let a = try PeerID(displayName: "a"), b = try PeerID(displayName: "b"), c = try PeerID(displayName: "c")
         var m = MembershipStateMachine(me: a, topology: .mesh, maximumPeers: 3)
-        _ = m.connected(b, byIntroduction: false)
+        _ = m.connected(b)
         #expect(m.received(.introData(forIdentity: 99, data: [1]), from: b) == [.fault(b, .unexpectedFrame("MESH_INTRO_DATA that was not asked for"))])
-        _ = m.connected(c, byIntroduction: false)
+        _ = m.connected(c)
         // Full (a, b, c = 3): no data for a fourth, and no connection to one either.
         let d = try PeerID(displayName: "d")
         #expect(m.received(.introRequest(peer: d), from: b) == [.send(b, .introData(forIdentity: d.identity, data: []))])
@@ -151,8 +151,8 @@ struct MembershipStateMachineTests {
     static func withALiarAndAnHonestMember() throws -> (MembershipStateMachine, liar: PeerID, honest: PeerID) {
         let liar = try PeerIdentity.generate(displayName: "liar").peerID, honest = try PeerIdentity.generate(displayName: "honest").peerID
         var m = MembershipStateMachine(me: try PeerIdentity.generate(displayName: "a").peerID, topology: .mesh, maximumPeers: 8)
-        _ = m.connected(liar, byIntroduction: false)
-        _ = m.connected(honest, byIntroduction: false)
+        _ = m.connected(liar)
+        _ = m.connected(honest)
         return (m, liar, honest)
     }
 
@@ -169,25 +169,13 @@ struct MembershipStateMachineTests {
         #expect(m.expectedIntroductions.introduced == 17, "the liar's latest 16, and the honest member's one")
         #expect(m.expectedIntroductions.named == [liar.identity: 16, honest.identity: 1])
         // The honest member's newcomer joins: it is not introduced again (it came through an introduction).
-        #expect(m.connected(expected, byIntroduction: true).isEmpty)
+        #expect(m.connected(expected).isEmpty)
         #expect(m.expectedIntroductions.named[honest.identity] == 0)
         _ = m.disconnected(liar)
         #expect(m.expectedIntroductions.introduced == 0 && m.expectedIntroductions.named[liar.identity] == nil)
         // A newcomer the liar named and that joins after it left is a plain newcomer: introduced to the others.
         let late = try PeerIdentity.generate(displayName: "late").peerID
-        #expect(m.connected(late, byIntroduction: false).contains(.send(honest, .introRequest(peer: late))))
-    }
-
-    @Test("A newcomer a lying member named, that joins us by an invitation of its own, is still introduced to the others: what a member says of a peer never decides that")
-    func aNamedNewcomerThatJoinsByInvitationIsIntroduced() throws {
-        let (machine, liar, honest) = try Self.withALiarAndAnHonestMember()
-        var m = machine
-        let newcomer = try PeerIdentity.generate(displayName: "newcomer").peerID
-        #expect(m.received(.introRequest(peer: newcomer), from: liar) == [.makeData(for: newcomer, replyTo: liar)])
-        let actions = m.connected(newcomer, byIntroduction: false)
-        #expect(actions.contains(.send(honest, .introRequest(peer: newcomer))), "\(actions)")
-        #expect(actions.contains(.send(liar, .introRequest(peer: newcomer))))
-        #expect(m.expectedIntroductions.named[liar.identity] == 0, "no longer expected: it joined")
+        #expect(m.connected(late).contains(.send(honest, .introRequest(peer: late))))
     }
 
     @Test("A member that introduces peers without end: we follow 16 of its introductions whose peers have not joined, and forget them when it leaves; another member's are followed")
@@ -219,8 +207,8 @@ struct MembershipStateMachineTests {
         let real = try PeerIdentity.generate(displayName: "real").peerID
         #expect(m.received(.introduce(peer: real, data: [1]), from: honest) == [.connect(real, data: [1], introducer: honest)])
         // Two of the liar's peers join: members (introduced, so they introduce no one), and two places free.
-        #expect(m.connected(others[1], byIntroduction: true).isEmpty)
-        #expect(m.connected(others[3], byIntroduction: true).isEmpty)
+        #expect(m.connected(others[1]).isEmpty)
+        #expect(m.connected(others[3]).isEmpty)
         #expect(m.expectedIntroductions.introducedBy[liar.identity] == 14)
         // A peer introduced again (an honest introducer may pass on two answers about one peer) takes a place too.
         #expect(m.received(.introduce(peer: others[0], data: [7, 7]), from: liar) == [.connect(others[0], data: [7, 7], introducer: liar)])
@@ -231,7 +219,7 @@ struct MembershipStateMachineTests {
         _ = m.disconnected(liar)
         #expect(m.expectedIntroductions.introduced == 1 && m.expectedIntroductions.introducedBy == [honest.identity: 1])
         // A peer the liar introduced that joins after it left is a plain newcomer: introduced to the others.
-        #expect(m.connected(others[5], byIntroduction: false).contains(.send(honest, .introRequest(peer: others[5]))))
+        #expect(m.connected(others[5]).contains(.send(honest, .introRequest(peer: others[5]))))
 
         // An introduction the driver did not follow (no room, its limit in flight, data that leads nowhere) takes no
         // place in the member's share and leaves its peer unexpected; one of two of the same peer leaves the other.

@@ -3,9 +3,7 @@
 /// When a peer joins this member by an invitation, the member asks every other member it is connected to for
 /// connection data for the newcomer (MESH_INTRO_REQUEST), and hands each answer to the newcomer (MESH_INTRODUCE),
 /// which connects directly, its key pinned and a one-time ticket presented. Links made by an introduction introduce
-/// no one, so introductions never loop: the driver says which those are (`connected(_:byIntroduction:)`), from how
-/// the link was made — never from what a member said of a peer, which a lying member could say of anyone. Each member
-/// enforces its own peer limit: a full member makes no data.
+/// no one, so introductions never loop. Each member enforces its own peer limit: a full member makes no data.
 struct MembershipStateMachine: Sendable {
     /// What the driver must do.
     enum Action: Equatable, Sendable {
@@ -27,9 +25,11 @@ struct MembershipStateMachine: Sendable {
     let maximumPeers: Int
     /// Peers connected now.
     private(set) var members: Set<PeerID> = []
+    /// Peers whose link to us came from an introduction (ours or theirs): they introduce no one.
+    private var introduced: Set<UInt64> = []
     /// For each member: the newcomers it asked us to make connection data for that have not joined us yet, oldest
     /// first, at most `maximumNamedPerMember`. A member that names newcomers without end pushes out only its own
-    /// oldest.
+    /// oldest (which leave `introduced` unless they are members, or another member named them too).
     private var named: [UInt64: [UInt64]] = [:]
     static let maximumNamedPerMember = 16
     /// For each member: its introductions (MESH_INTRODUCE) we followed whose peers have not joined us yet, oldest
@@ -60,20 +60,18 @@ struct MembershipStateMachine: Sendable {
         self.maximumPeers = maximumPeers
     }
 
-    /// `peer` is connected; `byIntroduction`: by a link an introduction made (we followed one to it, or it came with
-    /// connection data we made for one), which introduces no one. A peer that joins by an invitation of its own is
-    /// introduced to the others, whatever any member has said of it.
+    /// `peer` is connected.
     ///
     /// Introductions pin keys: a peer whose link carries none (a plaintext link of an `.optional` session) is
     /// neither introduced to the others nor asked to make data for a newcomer.
-    mutating func connected(_ peer: PeerID, byIntroduction: Bool) -> [Action] {
+    mutating func connected(_ peer: PeerID) -> [Action] {
         guard members.insert(peer).inserted else { return [] }
         // It has joined: no member's naming or introduction of it is outstanding any more.
         for member in named.keys { named[member]?.removeAll { $0 == peer.identity } }
         for member in introducedBy.keys { introducedBy[member]?.removeAll { $0 == peer.identity } }
         // Back, by whatever path: its entry is a member's again, not a departed newcomer's.
         departed.removeAll { $0 == peer.identity }
-        guard topology == .mesh, !byIntroduction, peer.publicKey != nil else { return [] }
+        guard topology == .mesh, !introduced.contains(peer.identity), peer.publicKey != nil else { return [] }
         let others = members.filter { $0 != peer && $0.publicKey != nil }.sorted { $0.identity < $1.identity }
         guard !others.isEmpty else { return [] }
         for other in others { asked[peer.identity, default: [:]][other.identity, default: 0] += 1 }
@@ -84,8 +82,9 @@ struct MembershipStateMachine: Sendable {
     /// an introduction's last attempt, failed; what is expected of it stays as it was).
     mutating func disconnected(_ peer: PeerID) -> [Action] {
         guard members.remove(peer) != nil else { return [] }
-        named[peer.identity] = nil
-        introducedBy[peer.identity] = nil
+        introduced.remove(peer.identity)
+        for newcomer in named.removeValue(forKey: peer.identity) ?? [] { forget(newcomer) }
+        for other in introducedBy.removeValue(forKey: peer.identity) ?? [] { forget(other) }
         // Requests to `peer` will not be answered; requests about it stay open, as its answers are still coming.
         for key in asked.keys {
             asked[key]?[peer.identity] = nil
@@ -111,11 +110,17 @@ struct MembershipStateMachine: Sendable {
             guard topology == .mesh, newcomer != me, newcomer != peer, !members.contains(newcomer),
                   members.count + 1 < maximumPeers
             else { return [.send(peer, .introData(forIdentity: newcomer.identity, data: []))] }
+            introduced.insert(newcomer.identity)
             var list = named[peer.identity, default: []]
             list.removeAll { $0 == newcomer.identity }
             list.append(newcomer.identity)
-            if list.count > Self.maximumNamedPerMember { list.removeFirst() }
-            named[peer.identity] = list
+            if list.count > Self.maximumNamedPerMember {
+                let oldest = list.removeFirst()
+                named[peer.identity] = list
+                forget(oldest)
+            } else {
+                named[peer.identity] = list
+            }
             return [.makeData(for: newcomer, replyTo: peer)]
         case .introData(let id, let data):
             guard var waiting = asked[id], let open = waiting[peer.identity] else {
@@ -140,6 +145,7 @@ struct MembershipStateMachine: Sendable {
             }
             list.append(other.identity)
             introducedBy[peer.identity] = list
+            introduced.insert(other.identity)
             return [.connect(other, data: data, introducer: peer)]
         }
     }
@@ -151,13 +157,21 @@ struct MembershipStateMachine: Sendable {
         guard var list = introducedBy[member.identity], let last = list.lastIndex(of: peer.identity) else { return }
         list.remove(at: last)
         introducedBy[member.identity] = list.isEmpty ? nil : list
+        forget(peer.identity)
+    }
+
+    /// `peer` is no longer named or introduced by the member that named or introduced it: unless it has joined, or
+    /// another member named or introduced it too, it is no longer expected through an introduction.
+    private mutating func forget(_ peer: UInt64) {
+        guard !members.contains(where: { $0.identity == peer }), !named.values.contains(where: { $0.contains(peer) }),
+              !introducedBy.values.contains(where: { $0.contains(peer) }) else { return }
+        introduced.remove(peer)
     }
 
     /// Peers expected through an introduction and not yet members; how many each member has named, and how many
     /// each has introduced us to that have not joined (tests).
     var expectedIntroductions: (introduced: Int, named: [UInt64: Int], introducedBy: [UInt64: Int]) {
-        let expected = Set(named.values.joined()).union(introducedBy.values.joined())
-        return (expected.filter { id in !members.contains { $0.identity == id } }.count, named.mapValues(\.count),
-                introducedBy.mapValues(\.count))
+        (introduced.filter { id in !members.contains { $0.identity == id } }.count, named.mapValues(\.count),
+         introducedBy.mapValues(\.count))
     }
 }

@@ -182,19 +182,17 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
         let prefix = NearbyConnectionData.contextPrefix
         let now = MonotonicClock.nowNanos()
         let ticket = Array(context.dropFirst(prefix.count))
-        let admitted = tickets.withLock { t -> Ticket? in
+        let admitted = tickets.withLock { t -> Bool in
             guard context.starts(with: prefix), let entry = t[ticket], entry.expires > now,
                   entry.forPeer.identity == invitation.peer.identity,
                   entry.forPeer.publicKey == nil || entry.forPeer.publicKey == invitation.certificate?.publicKey
-            else { return nil }
+            else { return false }
             t[ticket] = nil  // one use
-            return entry
+            return true
         }
-        guard let admitted, let session else {
+        guard admitted, let session else {
             return invitation.decline(.notTrusted, message: "no valid connection data for \(invitation.peer.displayName)")
         }
-        // Made for a member's introduction: the link introduces no one (the app's own data makes a plain newcomer).
-        if admitted.introducer != nil { session.core.admittingByIntroduction(invitation.peer) }
         invitation.accept(into: session)
     }
 }

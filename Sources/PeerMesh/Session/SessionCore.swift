@@ -68,8 +68,6 @@ final class SessionCore: Sendable {
         /// Invitations that are steps of a `DirectAttempt` (a browser's, an introduction's, the app's connection
         /// data's), by link: what to try next if they fail.
         var attempts: [LinkID: DirectAttempt] = [:]
-        /// Peers let in with connection data we made for a member's introduction, until they are connected (or not).
-        var admittedByIntroduction: Set<UInt64> = []
         /// Our invitations' message 3s (our share of the digits): how many may end unaccepted before the next waits.
         var shares: InviterShareRation
     }
@@ -282,22 +280,6 @@ final class SessionCore: Sendable {
         return link
     }
 
-    /// Whether `peer`, connected now, came by a link an introduction made: we followed one to it (its link is a
-    /// step of an attempt with an introducer, direct or through the introducer), or it came with connection data we
-    /// made for a member's introduction (`DirectAcceptor`). Such a link introduces no one. Loop thread only.
-    func linkCameByIntroduction(_ peer: PeerID) -> Bool {
-        if io.value.admittedByIntroduction.remove(peer.identity) != nil { return true }
-        guard let link = shared.withLock({ $0.machine.primaryLink(for: peer) }) else { return false }
-        return io.value.attempts[link]?.introducer != nil
-    }
-
-    /// `peer` is being let in with connection data we made for a member's introduction (`DirectAcceptor`, whose
-    /// delegate calls come on the loop; queued there otherwise, before the link it is let in on can connect).
-    func admittingByIntroduction(_ peer: PeerID) {
-        guard loop.inLoop else { return loop.execute { [self] in admittingByIntroduction(peer) } }
-        io.value.admittedByIntroduction.insert(peer.identity)
-    }
-
     /// The peer on `link` broke the protocol: count it, say so, close the link.
     func faulted(_ link: LinkID, _ fault: PeerFault) {
         counters.add { $0.peerFaults += 1 }
@@ -435,11 +417,8 @@ final class SessionCore: Sendable {
             case .report(let p, let st):
                 if let s = receiver.0, let d = receiver.1 { d.session(s, peer: p, didChange: st) }
                 switch st {
-                case .connected:
-                    performMembership(io.value.membership.connected(p, byIntroduction: linkCameByIntroduction(p)))
-                case .notConnected:
-                    io.value.admittedByIntroduction.remove(p.identity)
-                    performMembership(io.value.membership.disconnected(p))
+                case .connected: performMembership(io.value.membership.connected(p))
+                case .notConnected: performMembership(io.value.membership.disconnected(p))
                 case .connecting: break
                 }
             case .deliver(let p, let bytes):
