@@ -154,8 +154,13 @@ package enum PrivateFile {
         package func isRecent(seconds: Int) -> Bool {
             var now = timespec()
             clock_gettime(CLOCK_REALTIME, &now)
-            func age(_ t: (Int, Int)) -> Int { (now.tv_sec - t.0) * 1_000_000_000 + (now.tv_nsec - t.1) }
-            return min(age(modified), age(changed)) < seconds * 1_000_000_000
+            // In seconds and nanoseconds apart, never multiplied out: a time set centuries away must not overflow.
+            func isRecent(_ t: (Int, Int)) -> Bool {
+                let (wholeSeconds, overflow) = now.tv_sec.subtractingReportingOverflow(t.0)
+                if overflow || wholeSeconds < 0 { return true }  // in the future (or past the range): not settled
+                return wholeSeconds < seconds || (wholeSeconds == seconds && now.tv_nsec < t.1)
+            }
+            return isRecent(modified) || isRecent(changed)
         }
     }
 

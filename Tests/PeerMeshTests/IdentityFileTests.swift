@@ -207,13 +207,18 @@ struct IdentityFileTests {
         let reader = TrustStore(path: path), writer = TrustStore(path: path)
         let ann = try PeerIdentity.generate(displayName: "ann").publicKey, bob = try PeerIdentity.generate(displayName: "bob").publicKey
         try writer.add(ann, name: "ann")
+        let written = Date()
         #expect(try reader.list().map(\.name) == ["ann"])
         #expect(try reader.list().map(\.name) == ["ann"])
-        #expect(reader.fileReads.load(ordering: .relaxed) == 2, "just written: read each time")
+        if Date().timeIntervalSince(written) < 1.5 {  // a loaded machine may take longer; the rule is then not tested
+            #expect(reader.fileReads.load(ordering: .relaxed) == 2, "just written: read each time")
+        }
         Thread.sleep(forTimeInterval: 2.5)
         #expect(try reader.list().map(\.name) == ["ann"])
+        let readsBefore = reader.fileReads.load(ordering: .relaxed)
         for _ in 0..<50 { #expect(try reader.contains(ann)) }
-        #expect(reader.fileReads.load(ordering: .relaxed) == 3, "unchanged for 2 s: read once, then from memory")
+        #expect(try reader.list().map(\.name) == ["ann"])
+        #expect(reader.fileReads.load(ordering: .relaxed) == readsBefore, "unchanged for 2 s: read once, then from memory")
         // Another store writes: a new file, renamed in place. Seen at once, same size or not.
         try writer.remove(matching: "ann")
         try writer.add(bob, name: "bob")
