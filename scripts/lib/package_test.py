@@ -169,7 +169,11 @@ def tests(work):
 
     # 2. mesh-record ctl against that host (run by root, as `sudo mesh-record ctl …`; the host runs as peermesh).
     status = run(["mesh-record", "ctl", "status", "--runtime-dir", "/run/peermesh"])
-    check(status.returncode == 0 and "pkg-host" in status.stdout, "ctl status answers: " + status.stdout.split("\n")[0])
+    if not check(status.returncode == 0 and "pkg-host" in status.stdout, "ctl status answers: " + status.stdout.split("\n")[0]):
+        # Say why: what ctl said, and the host's last lines (and whether it still runs).
+        print(f"        ctl: rc {status.returncode}: {status.stderr.strip()[-300:]}")
+        state = "running" if host.p.poll() is None else f"exited {host.p.returncode}"
+        print(f"        host ({state}): " + " | ".join(host.err[-8:])[-900:], flush=True)
     pair = run(["mesh-record", "ctl", "pair", "--runtime-dir", "/run/peermesh"])
     code = re.search(r"pairing code: (\S+)", pair.stdout)
     check(pair.returncode == 0 and code is not None, "ctl pair opens a window and prints the code")
