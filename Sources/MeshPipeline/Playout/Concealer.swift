@@ -230,12 +230,11 @@ public struct Concealer {
         for c in 0..<ch {
             let d = cycle[last + c] - preceding[c]
             guard d != 0 else { continue }
-            // Within full scale: a correction of up to 2 on a loud cycle would otherwise loop a clipped burst.
-            for j in 0..<lag {
-                let v = cycle[j * ch + c] + d * Float(lag - j) / Float(lag)
-                cycle[j * ch + c] = v.isNaN ? 0 : min(1, max(-1, v))
-            }
+            for j in 0..<lag { cycle[j * ch + c] += d * Float(lag - j) / Float(lag) }
         }
+        // Within full scale: a correction of up to 2 on a loud cycle would otherwise loop a clipped burst.
+        let count = lag * ch
+        _ = cycle.withUnsafeMutableBufferPointer { AudioPacket.sanitize(UnsafeMutableBufferPointer(rebasing: $0[0..<count])) }
     }
 
     private func gain() -> Float {

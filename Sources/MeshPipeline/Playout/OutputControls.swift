@@ -64,8 +64,8 @@ public final class OutputControls: Sendable {
 
 /// The last stage of the playout chain, on the render thread: ramps the gain to the controls' target (10 ms per
 /// change, so a volume step or a mute never clicks), mixes in the confirmation beep, and keeps every sample within
-/// full scale (a NaN made silence), whatever the stages before made of a peer's audio: the device is never handed
-/// more than it can play. Real-time safe.
+/// full scale (what is not finite made silence: `AudioPacket.sanitize`, as for a peer's samples), whatever the stages
+/// before made of a peer's audio: the device is never handed more than it can play. Real-time safe.
 public struct OutputStage: Sendable {
     /// Frames a full gain change takes.
     public let rampFrames: Int
@@ -113,10 +113,7 @@ public struct OutputStage: Sendable {
                 beepLeft -= 1
             }
         }
-        for i in 0..<(frames * channels) {
-            let v = out[i]
-            out[i] = v.isNaN ? 0 : min(1, max(-1, v))
-        }
+        _ = AudioPacket.sanitize(UnsafeMutableBufferPointer(start: out, count: frames * channels))
     }
 
     /// sin(2π·phase) for phase in [0, 1), without Foundation (a 7th-order odd polynomial on the folded quarter wave).
