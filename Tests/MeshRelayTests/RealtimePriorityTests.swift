@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import MeshTestSupport
+import PeerMesh
 
 /// A user whose account may not use real-time scheduling (no `rtprio` limit, no `CAP_SYS_NICE`: most desktop
 /// accounts out of the box) still gets audio, and is told why it may break up and what to do. Before, the device
@@ -17,18 +18,27 @@ struct RealtimePriorityTests {
                           builtProduct(product).path] + arguments)
     }
 
-    @Test("mesh-record and mesh-play say once that their device thread runs without real-time priority, and why, and the audio plays")
-    func refusedPriorityIsReported() throws {
+    /// A paired host on `pm_cap` and a player on `pm_play`, each started by `launch` (product, arguments), once the
+    /// player has played half a second (or tried for 15 s): whether it played, and both processes (killed by the
+    /// caller).
+    static func relay(_ launch: (String, [String]) throws -> ChildProcess) throws -> (played: Bool, host: ChildProcess, player: ChildProcess) {
         let paired = try PairedStates()
         let port = freePort()
-        let host = try Self.unprivileged("mesh-record", paired.hostArgs + ["--host", "--name", "rtprio", "--device", "pm_cap",
-                                                                          "--port", String(port), "--bind", "127.0.0.1"])
-        defer { host.kill() }
-        try #require(eventually(10) { host.stderr.contains { $0.contains("on port \(port)") } }, "\(host.stderr)")
-        let player = try Self.unprivileged("mesh-play", paired.playerArgs() + ["--connect", "127.0.0.1:\(port)", "--device", "pm_play",
-                                                                             "--json"])
-        defer { player.kill() }
-        let playing = eventually(15) { (player.jsonObjects.last?["receivedFrames"] as? Int ?? 0) > 44_100 / 2 }
+        let host = try launch("mesh-record", paired.hostArgs + ["--host", "--name", "rtprio", "--device", "pm_cap",
+                                                               "--port", String(port), "--bind", "127.0.0.1"])
+        guard eventually(10, { host.stderr.contains { $0.contains("on port \(port)") } }) else {
+            host.kill()
+            throw PeerMeshError.transport("mesh-record did not serve: \(host.stderr)")
+        }
+        let player = try launch("mesh-play", paired.playerArgs() + ["--connect", "127.0.0.1:\(port)", "--device", "pm_play", "--json"])
+        let played = eventually(15) { (player.jsonObjects.last?["receivedFrames"] as? Int ?? 0) > 44_100 / 2 }
+        return (played, host, player)
+    }
+
+    @Test("mesh-record and mesh-play say once that their device thread runs without real-time priority, and why, and the audio plays")
+    func refusedPriorityIsReported() throws {
+        let (playing, host, player) = try Self.relay(Self.unprivileged)
+        defer { host.kill(); player.kill() }
         #expect(playing, "the relay plays without real-time priority: \(player.stderr) \(host.stderr)")
         func notes(_ process: ChildProcess, _ thread: String) -> [String] {
             process.stderr.filter { $0.contains("\(thread) runs without real-time priority (SCHED_FIFO: Operation not permitted)") }
@@ -40,16 +50,9 @@ struct RealtimePriorityTests {
 
     @Test("With real-time priority allowed (root's CAP_SYS_NICE), nothing is said", .enabled(if: geteuid() == 0, "needs root"))
     func grantedPriorityIsQuiet() throws {
-        let paired = try PairedStates()
-        let port = freePort()
-        let host = try ChildProcess(product: "mesh-record", paired.hostArgs + ["--host", "--name", "rtprio", "--device", "pm_cap",
-                                                                              "--port", String(port), "--bind", "127.0.0.1"])
-        defer { host.kill() }
-        try #require(eventually(10) { host.stderr.contains { $0.contains("on port \(port)") } }, "\(host.stderr)")
-        let player = try ChildProcess(product: "mesh-play", paired.playerArgs() + ["--connect", "127.0.0.1:\(port)", "--device", "pm_play",
-                                                                                 "--json"])
-        defer { player.kill() }
-        #expect(eventually(15) { (player.jsonObjects.last?["receivedFrames"] as? Int ?? 0) > 44_100 / 2 }, "\(player.stderr)")
+        let (playing, host, player) = try Self.relay { product, arguments in try ChildProcess(product: product, arguments) }
+        defer { host.kill(); player.kill() }
+        #expect(playing, "\(player.stderr)")
         #expect(!(host.stderr + player.stderr).contains { $0.contains("without real-time priority") })
     }
 }
