@@ -43,7 +43,7 @@ private final class Asked: Sendable {
         let revealed = Times()
         self.revealed = revealed
         let invitation = Invitation(peer: peer, context: nil, address: "127.0.0.1", certificate: nil,
-                                    reveal: { revealed.note() }, answer: { _, _ in })
+                                    reveal: { revealed.note() }, answer: { _, _, _ in })
         request = JoinRequest(peer: peer, address: "127.0.0.1", fingerprint: "0000", shortAuthenticationString: "123 456",
                               namesakeFingerprint: nil, invitation: invitation)
     }

@@ -10,7 +10,7 @@ import Testing
 struct JoinRequestTests {
     static func request() throws -> JoinRequest {
         let peer = try PeerID(displayName: "bedroom")
-        let invitation = Invitation(peer: peer, context: nil, address: "127.0.0.1", certificate: nil) { _, _ in }
+        let invitation = Invitation(peer: peer, context: nil, address: "127.0.0.1", certificate: nil) { _, _, _ in }
         return JoinRequest(peer: peer, address: "127.0.0.1", fingerprint: "0000", shortAuthenticationString: "000000", namesakeFingerprint: nil,
                            invitation: invitation)
     }

@@ -19,8 +19,8 @@ struct LateIntroductionTests {
     @Test("Pure: an answer about a newcomer that left meanwhile is dropped, not a fault; a second one is unasked for")
     func anAnswerAboutANewcomerThatLeftIsNoFault() {
         var m = MembershipStateMachine(me: host, topology: .mesh, maximumPeers: 8)
-        #expect(m.connected(guest).isEmpty)
-        #expect(m.connected(second) == [.send(guest, .introRequest(peer: second))])
+        #expect(m.connected(guest, introducedBy: nil).isEmpty)
+        #expect(m.connected(second, introducedBy: nil) == [.send(guest, .introRequest(peer: second))])
         #expect(m.disconnected(second).isEmpty, "the newcomer leaves before the guest answers")
         #expect(m.received(.introData(forIdentity: second.identity, data: [1, 2, 3]), from: guest) == [])
         #expect(m.received(.introData(forIdentity: second.identity, data: [1]), from: guest)
@@ -30,10 +30,10 @@ struct LateIntroductionTests {
     @Test("Pure: a newcomer that leaves and comes back before the answers: one answer per request, both passed on")
     func aNewcomerThatComesBackGetsBothAnswers() {
         var m = MembershipStateMachine(me: host, topology: .mesh, maximumPeers: 8)
-        _ = m.connected(guest)
-        _ = m.connected(second)
+        _ = m.connected(guest, introducedBy: nil)
+        _ = m.connected(second, introducedBy: nil)
         _ = m.disconnected(second)
-        #expect(m.connected(second) == [.send(guest, .introRequest(peer: second))], "asked again")
+        #expect(m.connected(second, introducedBy: nil) == [.send(guest, .introRequest(peer: second))], "asked again")
         #expect(m.received(.introData(forIdentity: second.identity, data: [1]), from: guest)
                 == [.send(second, .introduce(peer: guest, data: [1]))])
         #expect(m.received(.introData(forIdentity: second.identity, data: [2]), from: guest)
@@ -44,11 +44,11 @@ struct LateIntroductionTests {
     @Test("Pure: a member that never answers: requests about the last 32 newcomers that left are kept whole, older ones as one count")
     func openRequestsAboutDepartedNewcomersAreBounded() throws {
         var m = MembershipStateMachine(me: host, topology: .mesh, maximumPeers: 8)
-        _ = m.connected(guest)
+        _ = m.connected(guest, introducedBy: nil)
         let count = MembershipStateMachine.maximumDeparted + 8
         let newcomers = try (0..<count).map { try PeerID(displayName: "newcomer \($0)") }
         for n in newcomers {
-            #expect(m.connected(n) == [.send(guest, .introRequest(peer: n))])
+            #expect(m.connected(n, introducedBy: nil) == [.send(guest, .introRequest(peer: n))])
             _ = m.disconnected(n)
         }
         // Every one of the 40 answers is owed, so none is a fault: the oldest eight as a count, the latest 32 by name.
@@ -58,29 +58,29 @@ struct LateIntroductionTests {
         #expect(isFault(m.received(.introData(forIdentity: newcomers[0].identity, data: []), from: guest)), "a 41st was not asked for")
         // A member that leaves owes nothing: requests to it are dropped, and so are the counts.
         for n in newcomers.prefix(count) {
-            _ = m.connected(n)
+            _ = m.connected(n, introducedBy: nil)
             _ = m.disconnected(n)
         }
         _ = m.disconnected(guest)
-        _ = m.connected(guest)
+        _ = m.connected(guest, introducedBy: nil)
         #expect(isFault(m.received(.introData(forIdentity: newcomers[0].identity, data: []), from: guest)))
     }
 
     @Test("Pure: a newcomer that comes back through an introduction is a member again, not one of the departed")
     func aNewcomerBackThroughAnIntroductionIsNoLongerDeparted() throws {
         var m = MembershipStateMachine(me: host, topology: .mesh, maximumPeers: 8)
-        _ = m.connected(guest)
-        _ = m.connected(second)
+        _ = m.connected(guest, introducedBy: nil)
+        _ = m.connected(second, introducedBy: nil)
         _ = m.disconnected(second)
         // Another member asks us to make data for `second`: its next link to us comes from an introduction.
         let third = try PeerID(displayName: "third")
-        _ = m.connected(third)
+        _ = m.connected(third, introducedBy: nil)
         #expect(m.received(.introRequest(peer: second), from: third) == [.makeData(for: second, replyTo: third)])
-        #expect(m.connected(second).isEmpty, "an introduced link introduces no one")
+        #expect(m.connected(second, introducedBy: third.identity).isEmpty, "an introduced link introduces no one")
         // 40 other newcomers come and go while the guest is slow; its answer about the connected `second` is still owed.
         for i in 0..<(MembershipStateMachine.maximumDeparted + 8) {
             let n = try PeerID(displayName: "churn \(i)")
-            _ = m.connected(n)
+            _ = m.connected(n, introducedBy: nil)
             _ = m.disconnected(n)
         }
         #expect(m.received(.introData(forIdentity: second.identity, data: [1]), from: guest)

@@ -251,6 +251,34 @@ struct LyingPeerTests {
         withExtendedLifetime(asker) {}
     }
 
+    @Test("A member that names a newcomer before it comes cannot keep it out of the mesh: when it joins by an invitation of its own, it is introduced to the other members and connects to them")
+    func aNamedNewcomerThatJoinsByItsOwnInvitationIsIntroduced() throws {
+        let host = try OpenHost(service: "pm-named")
+        let config = Session.Configuration(bindHost: "127.0.0.1")
+        let member = try Session(peer: try PeerID(displayName: "member"), configuration: config)
+        try member.connect(to: PeerEndpoint(host: "127.0.0.1", port: host.port), timeout: .seconds(5))
+        #expect(eventually(5) { host.session.connectedPeers.map(\.displayName) == ["member"] })
+        let liar = try host.admit("liar")
+        // The host asked the member about the liar, as about any newcomer.
+        #expect(eventually(5) { host.session.statistics.introductionsAsked == 1 })
+        // The liar names a newcomer that has joined no one (with the newcomer's real key): the host makes it data.
+        let newcomer = try Session(peer: try PeerID(displayName: "newcomer"), configuration: config)
+        #expect(liar.send([.mesh(.introRequest(peer: newcomer.myPeerID))]))
+        #expect(eventually(5) { host.session.direct.withLock { $0 }?.hasTicket(for: newcomer.myPeerID) == true },
+                "the host made connection data for the named newcomer")
+        // The newcomer joins the host by an invitation of its own: the host asks both members about it
+        // (MESH_INTRO_REQUEST), the member makes it data, and it connects to the member directly.
+        try newcomer.connect(to: PeerEndpoint(host: "127.0.0.1", port: host.port), timeout: .seconds(5))
+        #expect(eventually(10) { Set(newcomer.connectedPeers.map(\.displayName)) == ["host", "member"] },
+                "the newcomer's view: \(newcomer.connectedPeers.map(\.displayName))")
+        #expect(eventually(5) { member.connectedPeers.contains(newcomer.myPeerID) })
+        #expect(host.session.statistics.introductionsAsked == 3, "about the liar: the member; about the newcomer: both")
+        #expect(member.statistics.introductionsAsked == 0 && newcomer.statistics.introductionsAsked == 0,
+                "their links came by introductions (the host's): they introduce no one")
+        #expect(host.session.statistics.peerFaults == 0)
+        withExtendedLifetime(liar) {}
+    }
+
     @Test("Tens of thousands of frames packed into a few records: every one is taken, in order, and the link stays up")
     func thousandsOfFramesInOneRead() throws {
         let host = try OpenHost(service: "pm-packed")

@@ -19,6 +19,8 @@ struct MembershipStateMachineTests {
         var relayedVia: [[UInt64]: UInt64] = [:]
         /// Introductions a member did not follow (no room, or its introducer's share spent).
         var notFollowed = 0
+        /// MESH_INTRO_REQUESTs sent, by everyone.
+        var requests = 0
 
         init(maximumPeers: Int = 8) { self.maximumPeers = maximumPeers }
 
@@ -31,14 +33,15 @@ struct MembershipStateMachineTests {
             machines[p.identity] = MembershipStateMachine(me: p, topology: .mesh, maximumPeers: maximumPeers)
         }
 
-        /// A link comes up between `a` and `b` (an invitation or an introduced connection).
-        mutating func link(_ a: PeerID, _ b: PeerID) {
+        /// A link comes up between `a` and `b`: an invitation, or a connection `introducer`'s introduction made (each
+        /// side knows that from how the link was made, as the driver does).
+        mutating func link(_ a: PeerID, _ b: PeerID, introducer: PeerID? = nil) {
             let key = Self.pair(a.identity, b.identity)
             guard a != b, !links.contains(key), machines[a.identity] != nil, machines[b.identity] != nil,
                   degree(a) + 1 < maximumPeers, degree(b) + 1 < maximumPeers else { return }
             links.insert(key)
-            let first = machines[a.identity]!.connected(b)
-            let second = machines[b.identity]!.connected(a)
+            let first = machines[a.identity]!.connected(b, introducedBy: introducer?.identity)
+            let second = machines[b.identity]!.connected(a, introducedBy: introducer?.identity)
             run(first, at: a)
             run(second, at: b)
         }
@@ -67,6 +70,7 @@ struct MembershipStateMachineTests {
             for a in actions {
                 switch a {
                 case .send(let to, let frame):
+                    if case .introRequest = frame { requests += 1 }
                     guard links.contains(Self.pair(node.identity, to.identity)), machines[to.identity] != nil else { continue }
                     let answer = machines[to.identity]!.received(frame, from: node)
                     run(answer, at: to)
@@ -83,10 +87,10 @@ struct MembershipStateMachineTests {
                     if unreachable.contains(key) {
                         // No direct path: through the introducer, which is linked to both (as the driver does).
                         guard links.contains(Self.pair(other.identity, introducer.identity)) else { continue }
-                        link(node, other)
+                        link(node, other, introducer: introducer)
                         if links.contains(key) { relayedVia[key] = introducer.identity }
                     } else {
-                        link(node, other)
+                        link(node, other, introducer: introducer)
                     }
                 case .fault(let p, let f):
                     Issue.record("\(node) faulted \(p): \(f)")
@@ -113,13 +117,14 @@ struct MembershipStateMachineTests {
         for p in peers.dropFirst() { w.link(p, peers[0]) }
         #expect(w.links.count == 6, "4 members, 6 links")
         #expect(w.notFollowed == 0, "an honest mesh drops no introduction")
+        #expect(w.requests == 0 + 1 + 2, "p0 asks about each newcomer those before it; introduced links ask no one")
         w.checkViews()
     }
 
     @Test func aStarIntroducesNoOne() throws {
         let a = try PeerID(displayName: "a"), b = try PeerID(displayName: "b"), c = try PeerID(displayName: "c")
         var m = MembershipStateMachine(me: a, topology: .star, maximumPeers: 8)
-        #expect(m.connected(b).isEmpty && m.connected(c).isEmpty)
+        #expect(m.connected(b, introducedBy: nil).isEmpty && m.connected(c, introducedBy: nil).isEmpty)
         #expect(m.received(.introRequest(peer: c), from: b) == [.send(b, .introData(forIdentity: c.identity, data: []))])
         #expect(m.received(.introduce(peer: c, data: [1]), from: b).isEmpty)
     }
@@ -129,17 +134,17 @@ struct MembershipStateMachineTests {
         let a = try PeerID(displayName: "a"), b = try PeerID(displayName: "b"), c = try PeerID(displayName: "c")
         let p = try PeerID(displayName: "p", identity: 0x1234)
         var m = MembershipStateMachine(me: a, topology: .mesh, maximumPeers: 8)
-        #expect(m.connected(b).isEmpty)
-        #expect(m.connected(p).isEmpty, "nothing to pin: p is not introduced (a zero key would break b's link)")
-        #expect(m.connected(c) == [.send(b, .introRequest(peer: c))], "b is asked about c; p is not")
+        #expect(m.connected(b, introducedBy: nil).isEmpty)
+        #expect(m.connected(p, introducedBy: nil).isEmpty, "nothing to pin: p is not introduced (a zero key would break b's link)")
+        #expect(m.connected(c, introducedBy: nil) == [.send(b, .introRequest(peer: c))], "b is asked about c; p is not")
     }
 
     @Test func unsolicitedDataIsAFaultAndAFullMemberMakesNone() throws {
         let a = try PeerID(displayName: "a"), b = try PeerID(displayName: "b"), c = try PeerID(displayName: "c")
         var m = MembershipStateMachine(me: a, topology: .mesh, maximumPeers: 3)
-        _ = m.connected(b)
+        _ = m.connected(b, introducedBy: nil)
         #expect(m.received(.introData(forIdentity: 99, data: [1]), from: b) == [.fault(b, .unexpectedFrame("MESH_INTRO_DATA that was not asked for"))])
-        _ = m.connected(c)
+        _ = m.connected(c, introducedBy: nil)
         // Full (a, b, c = 3): no data for a fourth, and no connection to one either.
         let d = try PeerID(displayName: "d")
         #expect(m.received(.introRequest(peer: d), from: b) == [.send(b, .introData(forIdentity: d.identity, data: []))])
@@ -151,31 +156,37 @@ struct MembershipStateMachineTests {
     static func withALiarAndAnHonestMember() throws -> (MembershipStateMachine, liar: PeerID, honest: PeerID) {
         let liar = try PeerIdentity.generate(displayName: "liar").peerID, honest = try PeerIdentity.generate(displayName: "honest").peerID
         var m = MembershipStateMachine(me: try PeerIdentity.generate(displayName: "a").peerID, topology: .mesh, maximumPeers: 8)
-        _ = m.connected(liar)
-        _ = m.connected(honest)
+        _ = m.connected(liar, introducedBy: nil)
+        _ = m.connected(honest, introducedBy: nil)
         return (m, liar, honest)
     }
 
-    @Test("A member that names newcomers without end: we still answer, but expect at most 16 of its newcomers, and none once it leaves")
+    @Test("A member that names newcomers without end: each is answered and nothing of it is kept; a named newcomer that joins by an invitation of its own is introduced to every other member")
     func aMemberThatNamesNewcomersWithoutEnd() throws {
         let (machine, liar, honest) = try Self.withALiarAndAnHonestMember()
         var m = machine
         let expected = try PeerIdentity.generate(displayName: "expected").peerID
         #expect(m.received(.introRequest(peer: expected), from: honest) == [.makeData(for: expected, replyTo: honest)])
+        var named: [PeerID] = []
         for i in 0..<200 {
             let newcomer = try PeerIdentity.generate(displayName: "n\(i)").peerID
+            named.append(newcomer)
             #expect(m.received(.introRequest(peer: newcomer), from: liar) == [.makeData(for: newcomer, replyTo: liar)])
         }
-        #expect(m.expectedIntroductions.introduced == 17, "the liar's latest 16, and the honest member's one")
-        #expect(m.expectedIntroductions.named == [liar.identity: 16, honest.identity: 1])
-        // The honest member's newcomer joins: it is not introduced again (it came through an introduction).
-        #expect(m.connected(expected).isEmpty)
-        #expect(m.expectedIntroductions.named[honest.identity] == 0)
+        // Its data's tickets are the acceptor's to bound (16 live per member); this machine expects no one.
+        #expect(m.expectedIntroductions.introduced == 0)
+        // The honest member's newcomer joins with the data made for it: not introduced again.
+        #expect(m.connected(expected, introducedBy: honest.identity).isEmpty)
+        // One the liar named joins by an invitation of its own: introduced to the three others all the same.
+        let joined = m.connected(named[7], introducedBy: nil)
+        #expect(joined.count == 3 && [honest, liar, expected].allSatisfy { joined.contains(.send($0, .introRequest(peer: named[7]))) },
+                "\(joined)")
+        // One that comes with data made for the liar's request is the liar's to introduce, while the liar is a member.
+        #expect(m.connected(named[8], introducedBy: liar.identity).isEmpty)
         _ = m.disconnected(liar)
-        #expect(m.expectedIntroductions.introduced == 0 && m.expectedIntroductions.named[liar.identity] == nil)
-        // A newcomer the liar named and that joins after it left is a plain newcomer: introduced to the others.
-        let late = try PeerIdentity.generate(displayName: "late").peerID
-        #expect(m.connected(late).contains(.send(honest, .introRequest(peer: late))))
+        // Once it has left, one that comes with its data is a plain newcomer: the liar may have introduced it to no one.
+        let late = m.connected(named[9], introducedBy: liar.identity)
+        #expect(late.contains(.send(honest, .introRequest(peer: named[9]))) && late.count == 4, "\(late)")
     }
 
     @Test("A member that introduces peers without end: we follow 16 of its introductions whose peers have not joined, and forget them when it leaves; another member's are followed")
@@ -207,8 +218,8 @@ struct MembershipStateMachineTests {
         let real = try PeerIdentity.generate(displayName: "real").peerID
         #expect(m.received(.introduce(peer: real, data: [1]), from: honest) == [.connect(real, data: [1], introducer: honest)])
         // Two of the liar's peers join: members (introduced, so they introduce no one), and two places free.
-        #expect(m.connected(others[1]).isEmpty)
-        #expect(m.connected(others[3]).isEmpty)
+        #expect(m.connected(others[1], introducedBy: liar.identity).isEmpty)
+        #expect(m.connected(others[3], introducedBy: liar.identity).isEmpty)
         #expect(m.expectedIntroductions.introducedBy[liar.identity] == 14)
         // A peer introduced again (an honest introducer may pass on two answers about one peer) takes a place too.
         #expect(m.received(.introduce(peer: others[0], data: [7, 7]), from: liar) == [.connect(others[0], data: [7, 7], introducer: liar)])
@@ -219,7 +230,7 @@ struct MembershipStateMachineTests {
         _ = m.disconnected(liar)
         #expect(m.expectedIntroductions.introduced == 1 && m.expectedIntroductions.introducedBy == [honest.identity: 1])
         // A peer the liar introduced that joins after it left is a plain newcomer: introduced to the others.
-        #expect(m.connected(others[5]).contains(.send(honest, .introRequest(peer: others[5]))))
+        #expect(m.connected(others[5], introducedBy: liar.identity).contains(.send(honest, .introRequest(peer: others[5]))))
 
         // An introduction the driver did not follow (no room, its limit in flight, data that leads nowhere) takes no
         // place in the member's share and leaves its peer unexpected; one of two of the same peer leaves the other.
@@ -341,6 +352,9 @@ struct MeshSessionTests {
         #expect(eventually(10) { g.converged { all.subtracting([g.peers[$0]]) } },
                 "views: \(g.sessions.map { $0.connectedPeers.map(\.displayName).sorted() })")
         for s in g.sessions { for p in s.connectedPeers { #expect(s.isEncrypted(p)) } }
+        // Only the first member asks about newcomers (0 + 1 + 2 + 3 requests, whatever the order the four joined
+        // it in); every other link was made by its introductions and introduces no one.
+        #expect(g.sessions.map(\.statistics.introductionsAsked) == [6, 0, 0, 0, 0])
         // m1 → m4 directly (never through m0): m0 sees nothing.
         try g.sessions[1].send(Data("direct".utf8), toPeers: [g.peers[4]], with: .reliable)
         try g.sessions[1].send(Data("dgram".utf8), toPeers: [g.peers[4]], with: .unreliable)

@@ -303,6 +303,8 @@ struct RelayedSessionTests {
         #expect(eventually(10) { g.converged() }, "views: \(g.sessions.map { $0.connectedPeers.map(\.displayName).sorted() })")
         #expect(g.sessions[1].isRelayed(g.peers[2]) && g.sessions[3].isRelayed(g.peers[1]))
         for s in g.sessions { #expect(s.statistics.pacedInvitations == 0 && s.statistics.peerFaults == 0) }
+        // Relayed links made by introductions introduce no one either: only r0 asked (0 + 1 + 2 requests).
+        #expect(g.sessions.map(\.statistics.introductionsAsked) == [3, 0, 0, 0])
     }
 
     @Test("Two members that do not connect directly are connected through their introducer and say so")

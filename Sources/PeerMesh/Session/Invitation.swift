@@ -33,12 +33,14 @@ public final class Invitation: Sendable {
     }
 
     private let state = Mutex(State.open(withdrawn: nil))
-    private let answer: @Sendable (AdvertiserStateMachine.Answer, Session?) -> Void
+    /// Carries the answer out: the answer, the session accepted into, and the member whose introduction the inviter
+    /// came by (its link introduces no one), if it did.
+    private let answer: @Sendable (AdvertiserStateMachine.Answer, Session?, _ introducer: UInt64?) -> Void
     private let reveal: @Sendable () -> Void
 
     init(peer: PeerID, context: Data?, address: String?, certificate: PeerCertificate?,
          reveal: @escaping @Sendable () -> Void = {},
-         answer: @escaping @Sendable (AdvertiserStateMachine.Answer, Session?) -> Void) {
+         answer: @escaping @Sendable (AdvertiserStateMachine.Answer, Session?, _ introducer: UInt64?) -> Void) {
         self.peer = peer
         self.context = context
         self.address = address
@@ -60,14 +62,20 @@ public final class Invitation: Sendable {
 
     /// Lets the inviter into `session`. Later answers do nothing.
     public func accept(into session: Session) {
+        accept(into: session, introducedBy: nil)
+    }
+
+    /// Lets the inviter into `session` as a peer that came by `introducer`'s introduction (`DirectAcceptor`: it
+    /// presented a ticket made for that member's MESH_INTRO_REQUEST), or, when nil, as one that came of its own.
+    func accept(into session: Session, introducedBy introducer: UInt64?) {
         guard take() else { return }
-        answer(.accept, session)
+        answer(.accept, session, introducer)
     }
 
     /// Turns the invitation down, with a reason and a line the inviter sees. Later answers do nothing.
     public func decline(_ reason: DeclineReason = .declined, message: String? = nil) {
         guard take() else { return }
-        answer(.decline(reason, message ?? reason.description), nil)
+        answer(.decline(reason, message ?? reason.description), nil, nil)
     }
 
     /// Runs `body` once if the invitation goes away unanswered (the inviter hung up, or it timed out) — at once if

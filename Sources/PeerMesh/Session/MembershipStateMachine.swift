@@ -3,7 +3,10 @@
 /// When a peer joins this member by an invitation, the member asks every other member it is connected to for
 /// connection data for the newcomer (MESH_INTRO_REQUEST), and hands each answer to the newcomer (MESH_INTRODUCE),
 /// which connects directly, its key pinned and a one-time ticket presented. Links made by an introduction introduce
-/// no one, so introductions never loop. Each member enforces its own peer limit: a full member makes no data.
+/// no one, so introductions never loop: the driver says which those are (`connected(_:introducedBy:)`), from how the
+/// link was made (we followed an introduction to it, or it came with connection data we made for a member), never
+/// from what a member said of a peer, which a lying member can say of anyone. Each member enforces its own peer
+/// limit: a full member makes no data.
 struct MembershipStateMachine: Sendable {
     /// What the driver must do.
     enum Action: Equatable, Sendable {
@@ -25,13 +28,6 @@ struct MembershipStateMachine: Sendable {
     let maximumPeers: Int
     /// Peers connected now.
     private(set) var members: Set<PeerID> = []
-    /// Peers whose link to us came from an introduction (ours or theirs): they introduce no one.
-    private var introduced: Set<UInt64> = []
-    /// For each member: the newcomers it asked us to make connection data for that have not joined us yet, oldest
-    /// first, at most `maximumNamedPerMember`. A member that names newcomers without end pushes out only its own
-    /// oldest (which leave `introduced` unless they are members, or another member named them too).
-    private var named: [UInt64: [UInt64]] = [:]
-    static let maximumNamedPerMember = 16
     /// For each member: its introductions (MESH_INTRODUCE) we followed whose peers have not joined us yet, oldest
     /// first (a peer introduced twice is there twice). A member introduces us to the others when we join it, so at
     /// most `maximumIntroducedPerMember` are followed while it is a member: each is a connection we start to
@@ -39,8 +35,8 @@ struct MembershipStateMachine: Sendable {
     /// often as it likes.
     private var introducedBy: [UInt64: [UInt64]] = [:]
     /// How many introductions one member may have us follow: the most an honest one sends, one per other member of a
-    /// session as large as ours, and at least `maximumNamedPerMember`.
-    var maximumIntroducedPerMember: Int { max(Self.maximumNamedPerMember, maximumPeers - 1) }
+    /// session as large as ours, and at least 16.
+    var maximumIntroducedPerMember: Int { max(16, maximumPeers - 1) }
     /// For each newcomer we introduce, the members we asked and how many of our requests each has yet to answer.
     /// Each member answers every request, in order, on its link; so a newcomer that leaves (and may come back) keeps
     /// its entry until those answers come: an answer about a peer that has gone is late, not unasked for.
@@ -60,18 +56,24 @@ struct MembershipStateMachine: Sendable {
         self.maximumPeers = maximumPeers
     }
 
-    /// `peer` is connected.
+    /// `peer` is connected. `introducer`: the member whose introduction made its link (we followed one to `peer`, or
+    /// `peer` came with connection data we made for that member), nil for a link an invitation of its own made.
+    ///
+    /// A newcomer is introduced to the other members unless its link came from an introduction by a member still
+    /// connected: whatever any member said of it before, a peer that joins by an invitation of its own is introduced
+    /// (a lying member's MESH_INTRO_REQUEST cannot keep it out of the mesh), and so is one whose introducer has left
+    /// meanwhile (it may never have been introduced to the others).
     ///
     /// Introductions pin keys: a peer whose link carries none (a plaintext link of an `.optional` session) is
     /// neither introduced to the others nor asked to make data for a newcomer.
-    mutating func connected(_ peer: PeerID) -> [Action] {
+    mutating func connected(_ peer: PeerID, introducedBy introducer: UInt64?) -> [Action] {
         guard members.insert(peer).inserted else { return [] }
-        // It has joined: no member's naming or introduction of it is outstanding any more.
-        for member in named.keys { named[member]?.removeAll { $0 == peer.identity } }
+        // It has joined: no member's introduction of it is outstanding any more.
         for member in introducedBy.keys { introducedBy[member]?.removeAll { $0 == peer.identity } }
         // Back, by whatever path: its entry is a member's again, not a departed newcomer's.
         departed.removeAll { $0 == peer.identity }
-        guard topology == .mesh, !introduced.contains(peer.identity), peer.publicKey != nil else { return [] }
+        let byIntroduction = introducer.map { i in members.contains { $0.identity == i && $0 != peer } } ?? false
+        guard topology == .mesh, !byIntroduction, peer.publicKey != nil else { return [] }
         let others = members.filter { $0 != peer && $0.publicKey != nil }.sorted { $0.identity < $1.identity }
         guard !others.isEmpty else { return [] }
         for other in others { asked[peer.identity, default: [:]][other.identity, default: 0] += 1 }
@@ -82,9 +84,7 @@ struct MembershipStateMachine: Sendable {
     /// an introduction's last attempt, failed; what is expected of it stays as it was).
     mutating func disconnected(_ peer: PeerID) -> [Action] {
         guard members.remove(peer) != nil else { return [] }
-        introduced.remove(peer.identity)
-        for newcomer in named.removeValue(forKey: peer.identity) ?? [] { forget(newcomer) }
-        for other in introducedBy.removeValue(forKey: peer.identity) ?? [] { forget(other) }
+        introducedBy[peer.identity] = nil
         // Requests to `peer` will not be answered; requests about it stay open, as its answers are still coming.
         for key in asked.keys {
             asked[key]?[peer.identity] = nil
@@ -110,17 +110,8 @@ struct MembershipStateMachine: Sendable {
             guard topology == .mesh, newcomer != me, newcomer != peer, !members.contains(newcomer),
                   members.count + 1 < maximumPeers
             else { return [.send(peer, .introData(forIdentity: newcomer.identity, data: []))] }
-            introduced.insert(newcomer.identity)
-            var list = named[peer.identity, default: []]
-            list.removeAll { $0 == newcomer.identity }
-            list.append(newcomer.identity)
-            if list.count > Self.maximumNamedPerMember {
-                let oldest = list.removeFirst()
-                named[peer.identity] = list
-                forget(oldest)
-            } else {
-                named[peer.identity] = list
-            }
+            // Nothing is kept of it here: the data's ticket (`DirectAcceptor`, at most 16 live per member) marks the
+            // link it makes as made by this member's introduction.
             return [.makeData(for: newcomer, replyTo: peer)]
         case .introData(let id, let data):
             guard var waiting = asked[id], let open = waiting[peer.identity] else {
@@ -145,7 +136,6 @@ struct MembershipStateMachine: Sendable {
             }
             list.append(other.identity)
             introducedBy[peer.identity] = list
-            introduced.insert(other.identity)
             return [.connect(other, data: data, introducer: peer)]
         }
     }
@@ -157,21 +147,10 @@ struct MembershipStateMachine: Sendable {
         guard var list = introducedBy[member.identity], let last = list.lastIndex(of: peer.identity) else { return }
         list.remove(at: last)
         introducedBy[member.identity] = list.isEmpty ? nil : list
-        forget(peer.identity)
     }
 
-    /// `peer` is no longer named or introduced by the member that named or introduced it: unless it has joined, or
-    /// another member named or introduced it too, it is no longer expected through an introduction.
-    private mutating func forget(_ peer: UInt64) {
-        guard !members.contains(where: { $0.identity == peer }), !named.values.contains(where: { $0.contains(peer) }),
-              !introducedBy.values.contains(where: { $0.contains(peer) }) else { return }
-        introduced.remove(peer)
-    }
-
-    /// Peers expected through an introduction and not yet members; how many each member has named, and how many
-    /// each has introduced us to that have not joined (tests).
-    var expectedIntroductions: (introduced: Int, named: [UInt64: Int], introducedBy: [UInt64: Int]) {
-        (introduced.filter { id in !members.contains { $0.identity == id } }.count, named.mapValues(\.count),
-         introducedBy.mapValues(\.count))
+    /// Peers we follow an introduction to that have not joined, and how many each member has introduced us to (tests).
+    var expectedIntroductions: (introduced: Int, introducedBy: [UInt64: Int]) {
+        (Set(introducedBy.values.joined()).count, introducedBy.mapValues(\.count))
     }
 }

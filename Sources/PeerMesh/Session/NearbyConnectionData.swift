@@ -182,18 +182,19 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
         let prefix = NearbyConnectionData.contextPrefix
         let now = MonotonicClock.nowNanos()
         let ticket = Array(context.dropFirst(prefix.count))
-        let admitted = tickets.withLock { t -> Bool in
+        let admitted = tickets.withLock { t -> Ticket? in
             guard context.starts(with: prefix), let entry = t[ticket], entry.expires > now,
                   entry.forPeer.identity == invitation.peer.identity,
                   entry.forPeer.publicKey == nil || entry.forPeer.publicKey == invitation.certificate?.publicKey
-            else { return false }
+            else { return nil }
             t[ticket] = nil  // one use
-            return true
+            return entry
         }
-        guard admitted, let session else {
+        guard let admitted, let session else {
             return invitation.decline(.notTrusted, message: "no valid connection data for \(invitation.peer.displayName)")
         }
-        invitation.accept(into: session)
+        // A ticket made for a member's introduction makes a link that introduces no one; the app's own data, a newcomer.
+        invitation.accept(into: session, introducedBy: admitted.introducer)
     }
 }
 

@@ -127,6 +127,10 @@ public struct SessionStatistics: Sendable, Equatable, BitwiseCopyable {
     /// members, in flight at once; no room for the peer under `maximumPeers`; or connection data that leads nowhere
     /// (docs/PROTOCOL.md §3.8). Many of them point at a member that has us connect wherever it likes.
     public var introductionsNotFollowed: UInt64 = 0
+    /// MESH_INTRO_REQUESTs this member sent: one to each other member each time a peer joined it by a link no
+    /// introduction made (docs/PROTOCOL.md §3.8). Peers introduced to us introduce no one, so in a mesh that one
+    /// member founded and the others joined, only that member asks.
+    public var introductionsAsked: UInt64 = 0
 
     public init() {}
 }

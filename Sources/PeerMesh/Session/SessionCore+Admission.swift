@@ -8,9 +8,10 @@ extension SessionCore {
     /// Takes over a connection whose invitation the app accepted into this session. An encrypted link's key goes
     /// to the delegate's certificate check first; a peer over the per-host limit is declined. `onAdmitted` runs once
     /// the caller is in (not when it is turned away after all), unless this session's admissions forgive no tries.
+    /// `introducer`: the member whose introduction the caller came by (its link introduces no one).
     /// Loop thread only.
     func adopt(_ connection: Connection, from peer: PeerID, invite: ControlFrame.InviteBody, listenerPort: UInt16,
-               onAdmitted: @escaping () -> Void = {}) {
+               introducer: UInt64? = nil, onAdmitted: @escaping () -> Void = {}) {
         func decline(_ reason: DeclineReason, _ text: String) {
             connection.send(.decline(reason, text))
             connection.close()
@@ -28,7 +29,8 @@ extension SessionCore {
         connection.setMaximumFrameLength(max(configuration.maximumMessageSize + 1, ResourceFrame.maximumFrameLength))
         connection.maximumQueued = 2 * configuration.maximumQueuedBytes
         guard connection.isEncrypted, let key = peer.publicKey else {
-            return admit(connection, from: peer, invite: invite, listenerPort: listenerPort, onAdmitted: onAdmitted)
+            return admit(connection, from: peer, invite: invite, listenerPort: listenerPort, introducer: introducer,
+                         onAdmitted: onAdmitted)
         }
         // The app judges the proven key; the connection waits (its own frames are not read meanwhile), and holds
         // its place against the per-host limit. It is ours now: a hang-up meanwhile must not reach the advertiser.
@@ -49,7 +51,8 @@ extension SessionCore {
             // The guest left while the app judged its key: nothing to admit or to decline.
             if c.hasEnded { return }
             switch ok {
-            case true?: admit(c, from: peer, invite: invite, listenerPort: listenerPort, onAdmitted: onAdmitted)
+            case true?:
+                admit(c, from: peer, invite: invite, listenerPort: listenerPort, introducer: introducer, onAdmitted: onAdmitted)
             case false?: decline(.declined, "certificate rejected: \(peer.displayName)'s key \(key.shortFingerprint) is not trusted")
             case nil: decline(.timedOut, "the host's app did not answer the certificate check in time")
             }
@@ -57,7 +60,7 @@ extension SessionCore {
     }
 
     func admit(_ connection: Connection, from peer: PeerID, invite: ControlFrame.InviteBody, listenerPort: UInt16,
-               onAdmitted: () -> Void = {}) {
+               introducer: UInt64? = nil, onAdmitted: () -> Void = {}) {
         let token = Sodium.randomUInt64() | 1
         let acceptPort: UInt16 = udpPort == listenerPort ? 0 : udpPort
         let adopted = shared.withLock { s -> (LinkID, [SessionStateMachine.Action])? in
@@ -75,6 +78,8 @@ extension SessionCore {
         }
         io.value.connections[link] = connection
         io.value.localTokens[link] = token
+        // Before `actions` report the peer connected (the membership reads it then); gone when the link ends.
+        if let introducer { io.value.introducedLinks[link] = introducer }
         // The machine may still turn the caller away (peer limit, already connected, a simultaneous invitation): then
         // its try stays charged and it learns no digits.
         let letIn = actions.contains { if case .linkUp(link, _, _, _) = $0 { true } else { false } }

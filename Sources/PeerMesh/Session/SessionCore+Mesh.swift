@@ -7,8 +7,10 @@ extension SessionCore {
         for action in actions {
             switch action {
             case .send(let peer, let frame):
-                guard let link = shared.withLock({ $0.machine.primaryLink(for: peer) }) else { continue }
-                io.value.connections[link]?.send(.mesh(frame))
+                guard let link = shared.withLock({ $0.machine.primaryLink(for: peer) }),
+                      let connection = io.value.connections[link] else { continue }
+                connection.send(.mesh(frame))
+                if case .introRequest = frame { counters.add { $0.introductionsAsked += 1 } }
             case .makeData(let newcomer, let introducer):
                 guard let link = shared.withLock({ $0.machine.primaryLink(for: introducer) }),
                       let connection = io.value.connections[link], let session = owner.withLock({ $0.value }) else { continue }

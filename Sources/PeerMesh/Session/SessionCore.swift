@@ -68,6 +68,10 @@ final class SessionCore: Sendable {
         /// Invitations that are steps of a `DirectAttempt` (a browser's, an introduction's, the app's connection
         /// data's), by link: what to try next if they fail.
         var attempts: [LinkID: DirectAttempt] = [:]
+        /// Links an introduction made, with the member whose introduction it was: we followed it (the link was a step
+        /// of an attempt with an introducer), or the peer came with connection data we made for it. Such a link
+        /// introduces no one (`MembershipStateMachine.connected`). Kept until the link ends.
+        var introducedLinks: [LinkID: UInt64] = [:]
         /// Our invitations' message 3s (our share of the digits): how many may end unaccepted before the next waits.
         var shares: InviterShareRation
     }
@@ -193,6 +197,7 @@ final class SessionCore: Sendable {
             io.value.shares = InviterShareRation(configuration: io.value.shares.configuration)
             for c in io.value.connections.values { c.close() }
             io.value.connections.removeAll()
+            io.value.introducedLinks.removeAll()
             for c in io.value.judged.values { c.close() }
             io.value.judged.removeAll()
             closeRelayEnds()
@@ -377,6 +382,7 @@ final class SessionCore: Sendable {
 
     func ended(_ link: LinkID, _ why: ConnectionEnd) {
         io.value.connections[link] = nil
+        io.value.introducedLinks[link] = nil
         io.value.shares.ended(link)
         queuedBytes.withLock { $0[link] = nil }
         performResources(io.value.resources.linkClosed(link))
@@ -410,6 +416,7 @@ final class SessionCore: Sendable {
                 io.value.failureDetail[l] = nil
                 io.value.failureReason[l] = nil
                 io.value.attempts[l] = nil
+                io.value.introducedLinks[l] = nil
             }
         }
         for a in actions {
@@ -417,7 +424,11 @@ final class SessionCore: Sendable {
             case .report(let p, let st):
                 if let s = receiver.0, let d = receiver.1 { d.session(s, peer: p, didChange: st) }
                 switch st {
-                case .connected: performMembership(io.value.membership.connected(p))
+                case .connected:
+                    // Its first connected link, which `linkUp` made just before this report.
+                    let link = shared.withLock { $0.machine.primaryLink(for: p) }
+                    let introducer = link.flatMap { io.value.introducedLinks[$0] }
+                    performMembership(io.value.membership.connected(p, introducedBy: introducer))
                 case .notConnected: performMembership(io.value.membership.disconnected(p))
                 case .connecting: break
                 }
@@ -455,7 +466,9 @@ final class SessionCore: Sendable {
                 performStreams(io.value.streams.linkClosed(l))
                 relayLinkClosed(l)
             case .linkUp(let l, let p, let port, let token):
-                io.value.attempts[l] = nil
+                if let introducer = io.value.attempts.removeValue(forKey: l)?.introducer {
+                    io.value.introducedLinks[l] = introducer.identity
+                }
                 // First the handshakes waiting for a turn to the same peer go, so that the turn this acceptance
                 // frees cannot open one of them.
                 superseded.append((p, io.value.shares.connected(p)))
