@@ -110,7 +110,9 @@ def main():
 
 def as_unit_user(unit, argv, made):
     """argv as systemd runs the unit's command: as its User= (with that user's groups, through setpriv), with its
-    StateDirectory= and RuntimeDirectory= made for that user, mode 0700. What is to be removed at the end is appended
+    StateDirectory= and RuntimeDirectory= made for that user, mode 0700; one that exists already is handed to that
+    user with everything in it, as systemd does (it chowns them recursively at start: a lock file a root run of
+    mesh-record left in /run/peermesh must not keep the service from its control socket). What is to be removed at the end is appended
     to `made`: the RuntimeDirectory= always (systemd removes it when the service stops), the StateDirectory= if this
     made it."""
     text = open(unit).read()
@@ -125,6 +127,9 @@ def as_unit_user(unit, argv, made):
                 made.append(path)
             elif key == "RuntimeDirectory" and path not in made:
                 made.append(path)
+            for top, dirs, files in os.walk(path):
+                for name in dirs + files:
+                    os.chown(os.path.join(top, name), pw.pw_uid, pw.pw_gid, follow_symlinks=False)
             os.chown(path, pw.pw_uid, pw.pw_gid)
             os.chmod(path, 0o700)
     return ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--"] + argv, pw
