@@ -40,8 +40,9 @@ struct MembershipStateMachineTests {
             guard a != b, !links.contains(key), machines[a.identity] != nil, machines[b.identity] != nil,
                   degree(a) + 1 < maximumPeers, degree(b) + 1 < maximumPeers else { return }
             links.insert(key)
-            let first = machines[a.identity]!.connected(b, introducedBy: introducer?.identity)
-            let second = machines[b.identity]!.connected(a, introducedBy: introducer?.identity)
+            // Each side's own record of the introducer's membership (taken as it followed or made the data).
+            let first = machines[a.identity]!.connected(b, introducedBy: introducer.flatMap { machines[a.identity]!.introduction(by: $0) })
+            let second = machines[b.identity]!.connected(a, introducedBy: introducer.flatMap { machines[b.identity]!.introduction(by: $0) })
             run(first, at: a)
             run(second, at: b)
         }
@@ -176,17 +177,23 @@ struct MembershipStateMachineTests {
         // Its data's tickets are the acceptor's to bound (16 live per member); this machine expects no one.
         #expect(m.expectedIntroductions.introduced == 0)
         // The honest member's newcomer joins with the data made for it: not introduced again.
-        #expect(m.connected(expected, introducedBy: honest.identity).isEmpty)
+        #expect(m.connected(expected, introducedBy: m.introduction(by: honest)).isEmpty)
         // One the liar named joins by an invitation of its own: introduced to the three others all the same.
         let joined = m.connected(named[7], introducedBy: nil)
         #expect(joined.count == 3 && [honest, liar, expected].allSatisfy { joined.contains(.send($0, .introRequest(peer: named[7]))) },
                 "\(joined)")
         // One that comes with data made for the liar's request is the liar's to introduce, while the liar is a member.
-        #expect(m.connected(named[8], introducedBy: liar.identity).isEmpty)
+        let byLiar = try #require(m.introduction(by: liar))
+        #expect(m.connected(named[8], introducedBy: byLiar).isEmpty)
         _ = m.disconnected(liar)
         // Once it has left, one that comes with its data is a plain newcomer: the liar may have introduced it to no one.
-        let late = m.connected(named[9], introducedBy: liar.identity)
+        let late = m.connected(named[9], introducedBy: byLiar)
         #expect(late.contains(.send(honest, .introRequest(peer: named[9]))) && late.count == 4, "\(late)")
+        // So is one that comes after the liar came back: the data was made for its earlier membership.
+        _ = m.connected(liar, introducedBy: nil)
+        #expect(m.introduction(by: liar) != byLiar)
+        let later = m.connected(named[10], introducedBy: byLiar)
+        #expect(later.contains(.send(liar, .introRequest(peer: named[10]))) && later.count == 6, "\(later)")
     }
 
     @Test("A member that introduces peers without end: we follow 16 of its introductions whose peers have not joined, and forget them when it leaves; another member's are followed")
@@ -211,15 +218,16 @@ struct MembershipStateMachineTests {
                 "nor the same peer again")
         #expect(m.expectedIntroductions.introduced == 16 && m.expectedIntroductions.introducedBy == [liar.identity: 16])
         // The first address of one of them failed: the driver says it is not connected. It is still expected through
-        // the introduction (the next address may work), so when it joins it introduces no one.
+        // the introduction (the next address may work), and the link that does connect it carries the introduction.
         #expect(m.disconnected(others[1]).isEmpty)
         #expect(m.expectedIntroductions.introduced == 16)
         // The honest member's introductions are its own: followed.
         let real = try PeerIdentity.generate(displayName: "real").peerID
         #expect(m.received(.introduce(peer: real, data: [1]), from: honest) == [.connect(real, data: [1], introducer: honest)])
         // Two of the liar's peers join: members (introduced, so they introduce no one), and two places free.
-        #expect(m.connected(others[1], introducedBy: liar.identity).isEmpty)
-        #expect(m.connected(others[3], introducedBy: liar.identity).isEmpty)
+        let byLiar = try #require(m.introduction(by: liar))
+        #expect(m.connected(others[1], introducedBy: byLiar).isEmpty)
+        #expect(m.connected(others[3], introducedBy: byLiar).isEmpty)
         #expect(m.expectedIntroductions.introducedBy[liar.identity] == 14)
         // A peer introduced again (an honest introducer may pass on two answers about one peer) takes a place too.
         #expect(m.received(.introduce(peer: others[0], data: [7, 7]), from: liar) == [.connect(others[0], data: [7, 7], introducer: liar)])
@@ -230,7 +238,7 @@ struct MembershipStateMachineTests {
         _ = m.disconnected(liar)
         #expect(m.expectedIntroductions.introduced == 1 && m.expectedIntroductions.introducedBy == [honest.identity: 1])
         // A peer the liar introduced that joins after it left is a plain newcomer: introduced to the others.
-        #expect(m.connected(others[5], introducedBy: liar.identity).contains(.send(honest, .introRequest(peer: others[5]))))
+        #expect(m.connected(others[5], introducedBy: byLiar).contains(.send(honest, .introRequest(peer: others[5]))))
 
         // An introduction the driver did not follow (no room, its limit in flight, data that leads nowhere) takes no
         // place in the member's share and leaves its peer unexpected; one of two of the same peer leaves the other.

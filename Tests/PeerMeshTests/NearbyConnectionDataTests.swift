@@ -169,9 +169,13 @@ struct NearbyConnectionTests {
         let appPeer = try PeerIdentity.generate(displayName: "app").peerID
         let otherNewcomer = try PeerIdentity.generate(displayName: "other").peerID
         _ = try session.nearbyConnectionData(forPeer: appPeer)
-        _ = try session.nearbyConnectionData(forPeer: otherNewcomer, preferring: nil, introducer: 2)
+        _ = try session.nearbyConnectionData(forPeer: otherNewcomer, preferring: nil, introduction: .init(member: 2, membership: 1))
         let flood = try (0..<300).map { try PeerIdentity.generate(displayName: "n\($0)").peerID }
-        for newcomer in flood { _ = try session.nearbyConnectionData(forPeer: newcomer, preferring: nil, introducer: 1) }
+        // The flooder leaves and comes back half-way: its second membership shares the first one's 16.
+        for (i, newcomer) in flood.enumerated() {
+            _ = try session.nearbyConnectionData(forPeer: newcomer, preferring: nil,
+                                                 introduction: .init(member: 1, membership: i < 150 ? 3 : 4))
+        }
         let tickets = try session.directAcceptor()
         #expect(tickets.hasTicket(for: appPeer), "the app's data still works")
         #expect(tickets.hasTicket(for: otherNewcomer), "so does another member's introduction")

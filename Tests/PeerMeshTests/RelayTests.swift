@@ -383,11 +383,13 @@ struct RelayedSessionTests {
         let (r0, r1, r2) = (sessions[0], sessions[1], sessions[2])
         #expect(eventually(5) { r0.connectedPeers.count == 2 && r1.connectedPeers.count == 1 && r2.connectedPeers.count == 1 })
 
+        let (r2Peer, r0Peer) = (r2.myPeerID, r0.myPeerID)
+        // Made for r0's introduction, as r2 knows r0's membership.
+        let introduction = r2.core.loop.submitAndWait { r2.core.io.value.membership.introduction(by: r0Peer) }
         var blob = try NearbyConnectionData.decode(Array(try r2.nearbyConnectionData(
-            forPeer: r1.myPeerID, preferring: nil, introducer: r0.myPeerID.identity))).get()
+            forPeer: r1.myPeerID, preferring: nil, introduction: introduction))).get()
         blob.addresses = ["127.0.0.2"]
         let bytes = blob.encoded()
-        let (r2Peer, r0Peer) = (r2.myPeerID, r0.myPeerID)
         _ = r1.core.loop.submitAndWait { r1.core.connectIntroduced(r2Peer, data: bytes, introducer: r0Peer) }
         #expect(eventually(10) { r1.connectedPeers.contains(r2Peer) && r2.connectedPeers.contains(r1.myPeerID) })
         #expect(r1.isRelayed(r2Peer), "through r0")

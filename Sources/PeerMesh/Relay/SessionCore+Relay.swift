@@ -19,6 +19,8 @@ struct DirectAttempt: Sendable {
     var keyFromConnectionData: Bool
     /// The member that passed the data on, or nil for the app's own data or an advertisement (nothing to call through).
     var introducer: PeerID?
+    /// That member's introduction, as the link it makes carries it (`MembershipStateMachine.introduction(by:)`).
+    var introduction: MembershipStateMachine.Introduction?
     /// The next of `endpoints` to try.
     var next = 0
     /// An invitation of this attempt has started: the next one continues it, and starts only while the peer is still
@@ -68,6 +70,7 @@ extension SessionCore {
         // Nor does one for which there is no room open a connection only to be turned away.
         guard shared.withLock({ $0.machine.hasRoom(for: data.peer) }) else { return false }
         var attempt = DirectAttempt(data: data, introducer: introducer, timeout: introductionTimeout)
+        attempt.introduction = io.value.membership.introduction(by: introducer)
         if configuration.relaysIntroductions { attempt.next = attempt.endpoints.count }  // straight to the call
         return advance(attempt) == nil  // when nothing could be started, nothing is held and nothing reported
     }

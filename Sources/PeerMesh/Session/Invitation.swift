@@ -33,14 +33,14 @@ public final class Invitation: Sendable {
     }
 
     private let state = Mutex(State.open(withdrawn: nil))
-    /// Carries the answer out: the answer, the session accepted into, and the member whose introduction the inviter
-    /// came by (its link introduces no one), if it did.
-    private let answer: @Sendable (AdvertiserStateMachine.Answer, Session?, _ introducer: UInt64?) -> Void
+    /// Carries the answer out: the answer, the session accepted into, and the member's introduction the inviter came
+    /// by (its link introduces no one), if it did.
+    private let answer: @Sendable (AdvertiserStateMachine.Answer, Session?, MembershipStateMachine.Introduction?) -> Void
     private let reveal: @Sendable () -> Void
 
     init(peer: PeerID, context: Data?, address: String?, certificate: PeerCertificate?,
          reveal: @escaping @Sendable () -> Void = {},
-         answer: @escaping @Sendable (AdvertiserStateMachine.Answer, Session?, _ introducer: UInt64?) -> Void) {
+         answer: @escaping @Sendable (AdvertiserStateMachine.Answer, Session?, MembershipStateMachine.Introduction?) -> Void) {
         self.peer = peer
         self.context = context
         self.address = address
@@ -65,11 +65,11 @@ public final class Invitation: Sendable {
         accept(into: session, introducedBy: nil)
     }
 
-    /// Lets the inviter into `session` as a peer that came by `introducer`'s introduction (`DirectAcceptor`: it
+    /// Lets the inviter into `session` as a peer that came by a member's `introduction` (`DirectAcceptor`: it
     /// presented a ticket made for that member's MESH_INTRO_REQUEST), or, when nil, as one that came of its own.
-    func accept(into session: Session, introducedBy introducer: UInt64?) {
+    func accept(into session: Session, introducedBy introduction: MembershipStateMachine.Introduction?) {
         guard take() else { return }
-        answer(.accept, session, introducer)
+        answer(.accept, session, introduction)
     }
 
     /// Turns the invitation down, with a reason and a line the inviter sees. Later answers do nothing.

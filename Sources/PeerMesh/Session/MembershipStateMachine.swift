@@ -23,11 +23,22 @@ struct MembershipStateMachine: Sendable {
         case notFollowed(introducer: PeerID)
     }
 
+    /// A member's introduction, as the link it made carries it (`introduction(by:)`): the member, and which of its
+    /// memberships it came from. A member that leaves and comes back is another membership: a link its earlier one
+    /// introduced comes up as a newcomer's (the member may not have introduced its peer to everyone before it left).
+    struct Introduction: Hashable, Sendable {
+        let member: UInt64
+        let membership: UInt64
+    }
+
     let me: PeerID
     let topology: Session.Topology
     let maximumPeers: Int
     /// Peers connected now.
     private(set) var members: Set<PeerID> = []
+    /// Each member's membership: a number no other membership in this session's life had.
+    private var memberships: [UInt64: UInt64] = [:]
+    private var nextMembership: UInt64 = 1
     /// For each member: its introductions (MESH_INTRODUCE) we followed whose peers have not joined us yet, oldest
     /// first (a peer introduced twice is there twice). A member introduces us to the others when we join it, so at
     /// most `maximumIntroducedPerMember` are followed while it is a member: each is a connection we start to
@@ -56,23 +67,31 @@ struct MembershipStateMachine: Sendable {
         self.maximumPeers = maximumPeers
     }
 
-    /// `peer` is connected. `introducer`: the member whose introduction made its link (we followed one to `peer`, or
-    /// `peer` came with connection data we made for that member), nil for a link an invitation of its own made.
+    /// The introduction by `member` as a link it makes will carry it (taken when we follow one of its introductions,
+    /// or make connection data for one of its requests); nil when `member` is not connected.
+    func introduction(by member: PeerID) -> Introduction? {
+        memberships[member.identity].map { Introduction(member: member.identity, membership: $0) }
+    }
+
+    /// `peer` is connected. `introduction`: the introduction that made its link (we followed it to `peer`, or `peer`
+    /// came with connection data we made for it), nil for a link an invitation of its own made.
     ///
-    /// A newcomer is introduced to the other members unless its link came from an introduction by a member still
-    /// connected: whatever any member said of it before, a peer that joins by an invitation of its own is introduced
-    /// (a lying member's MESH_INTRO_REQUEST cannot keep it out of the mesh), and so is one whose introducer has left
-    /// meanwhile (it may never have been introduced to the others).
+    /// A newcomer is introduced to the other members unless its link came from an introduction by a membership that
+    /// still stands: whatever any member said of it before, a peer that joins by an invitation of its own is
+    /// introduced (a lying member's MESH_INTRO_REQUEST cannot keep it out of the mesh), and so is one whose introducer
+    /// has left meanwhile, even if it came back (it may never have introduced the peer to the others).
     ///
     /// Introductions pin keys: a peer whose link carries none (a plaintext link of an `.optional` session) is
     /// neither introduced to the others nor asked to make data for a newcomer.
-    mutating func connected(_ peer: PeerID, introducedBy introducer: UInt64?) -> [Action] {
+    mutating func connected(_ peer: PeerID, introducedBy introduction: Introduction?) -> [Action] {
         guard members.insert(peer).inserted else { return [] }
+        memberships[peer.identity] = nextMembership
+        nextMembership += 1
         // It has joined: no member's introduction of it is outstanding any more.
         for member in introducedBy.keys { introducedBy[member]?.removeAll { $0 == peer.identity } }
         // Back, by whatever path: its entry is a member's again, not a departed newcomer's.
         departed.removeAll { $0 == peer.identity }
-        let byIntroduction = introducer.map { i in members.contains { $0.identity == i && $0 != peer } } ?? false
+        let byIntroduction = introduction.map { $0.member != peer.identity && memberships[$0.member] == $0.membership } ?? false
         guard topology == .mesh, !byIntroduction, peer.publicKey != nil else { return [] }
         let others = members.filter { $0 != peer && $0.publicKey != nil }.sorted { $0.identity < $1.identity }
         guard !others.isEmpty else { return [] }
@@ -84,6 +103,7 @@ struct MembershipStateMachine: Sendable {
     /// an introduction's last attempt, failed; what is expected of it stays as it was).
     mutating func disconnected(_ peer: PeerID) -> [Action] {
         guard members.remove(peer) != nil else { return [] }
+        memberships[peer.identity] = nil
         introducedBy[peer.identity] = nil
         // Requests to `peer` will not be answered; requests about it stay open, as its answers are still coming.
         for key in asked.keys {

@@ -117,8 +117,8 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
     private struct Ticket {
         var forPeer: PeerID
         var expires: Nanos
-        /// The member whose MESH_INTRO_REQUEST it was made for (nil: the app asked).
-        var introducer: UInt64?
+        /// The member's introduction whose MESH_INTRO_REQUEST it was made for (nil: the app asked).
+        var introduction: MembershipStateMachine.Introduction?
     }
 
     /// How long connection data stays good.
@@ -145,8 +145,8 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
     /// that asks for introductions without end spends its own tickets, never those made for others or for the app.
     static let maximumTicketsPerIntroducer = 16
 
-    /// A new ticket for `peer`, made at the app's request or, with `introducer`, for a member's introduction.
-    func issue(for peer: PeerID, introducer: UInt64? = nil) -> [UInt8] {
+    /// A new ticket for `peer`, made at the app's request or, with `introduction`, for a member's introduction.
+    func issue(for peer: PeerID, introduction: MembershipStateMachine.Introduction? = nil) -> [UInt8] {
         let ticket = Sodium.randomBytes(NearbyConnectionData.ticketSize)
         let now = MonotonicClock.nowNanos()
         tickets.withLock { t in
@@ -154,11 +154,13 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
             func evictOldest(where matches: (Ticket) -> Bool) {
                 if let oldest = t.filter({ matches($0.value) }).min(by: { $0.value.expires < $1.value.expires }) { t[oldest.key] = nil }
             }
-            if let introducer, t.values.count(where: { $0.introducer == introducer }) >= Self.maximumTicketsPerIntroducer {
-                evictOldest { $0.introducer == introducer }
+            // Counted by member, whatever its membership: one that leaves and comes back gets no more.
+            if let member = introduction?.member,
+               t.values.count(where: { $0.introduction?.member == member }) >= Self.maximumTicketsPerIntroducer {
+                evictOldest { $0.introduction?.member == member }
             }
             if t.count >= Self.maximumTickets { evictOldest { _ in true } }
-            t[ticket] = Ticket(forPeer: peer, expires: now + Self.lifetime, introducer: introducer)
+            t[ticket] = Ticket(forPeer: peer, expires: now + Self.lifetime, introduction: introduction)
         }
         return ticket
     }
@@ -194,7 +196,7 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
             return invitation.decline(.notTrusted, message: "no valid connection data for \(invitation.peer.displayName)")
         }
         // A ticket made for a member's introduction makes a link that introduces no one; the app's own data, a newcomer.
-        invitation.accept(into: session, introducedBy: admitted.introducer)
+        invitation.accept(into: session, introducedBy: admitted.introduction)
     }
 }
 
@@ -213,10 +215,10 @@ extension Session {
     }
 
     /// The same, listing `preferred` (an address this session is reached at, such as the local end of the link an
-    /// introduction came over) first; `introducer` is the member whose introduction it is for (its tickets are
-    /// counted apart).
+    /// introduction came over) first; `introduction` is the member's introduction it is for (its tickets are counted
+    /// apart, and the link they make introduces no one).
     func nearbyConnectionData(forPeer peer: PeerID, preferring preferred: String?,
-                              introducer: UInt64? = nil) throws(PeerMeshError) -> Data {
+                              introduction: MembershipStateMachine.Introduction? = nil) throws(PeerMeshError) -> Data {
         guard encryptionPreference != .none, myPeerID.publicKey != nil else {
             throw .invalidParameter("nearbyConnectionData needs an encrypted session (the data pins the keys)")
         }
@@ -231,7 +233,7 @@ extension Session {
         }
         addresses = NearbyConnectionData.listedAddresses(addresses, preferring: preferred)
         guard !addresses.isEmpty else { throw .transport("this machine has no address to give") }
-        let data = NearbyConnectionData(peer: myPeerID, forIdentity: peer.identity, ticket: acceptor.issue(for: peer, introducer: introducer),
+        let data = NearbyConnectionData(peer: myPeerID, forIdentity: peer.identity, ticket: acceptor.issue(for: peer, introduction: introduction),
                                         port: port, addresses: addresses)
         return Data(data.encoded())
     }

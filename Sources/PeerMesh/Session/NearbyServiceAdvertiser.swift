@@ -398,9 +398,9 @@ private final class AdvertiserCore: Sendable {
             }
             let invitation = Invitation(peer: peer, context: invite.context.isEmpty ? nil : Data(invite.context),
                                         address: c.remote?.host, certificate: c.isEncrypted ? certificate : nil,
-                                        reveal: reveal) { [weak self] answer, session, introducer in
+                                        reveal: reveal) { [weak self] answer, session, introduction in
                 guard let self else { return }
-                self.loop.execute { self.answer(id, answer, session, introducer: introducer) }
+                self.loop.execute { self.answer(id, answer, session, introduction: introduction) }
             }
             io.value.invitations[id] = invitation
             if let a = advertiser.value { a.deliver(invitation) } else { invitation.decline(.unavailable) }
@@ -416,7 +416,8 @@ private final class AdvertiserCore: Sendable {
         armTimer()
     }
 
-    private func answer(_ id: PendingID, _ answer: AdvertiserStateMachine.Answer, _ session: Session?, introducer: UInt64?) {
+    private func answer(_ id: PendingID, _ answer: AdvertiserStateMachine.Answer, _ session: Session?,
+                        introduction: MembershipStateMachine.Introduction?) {
         io.value.invitations[id] = nil
         let rationKey = io.value.machine.rationKey(of: id)
         let action = decide { $0.answered(id, answer) }
@@ -431,7 +432,7 @@ private final class AdvertiserCore: Sendable {
                 self.io.value.machine.admitted(rationKey: rationKey)
             }
             if let session {
-                session.core.adopt(c, from: peer, invite: invite, listenerPort: port, introducer: introducer, onAdmitted: admitted)
+                session.core.adopt(c, from: peer, invite: invite, listenerPort: port, introduction: introduction, onAdmitted: admitted)
             } else {
                 c.send(.decline(.unavailable, DeclineReason.unavailable.description))
                 c.close()

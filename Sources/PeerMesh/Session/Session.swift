@@ -127,9 +127,9 @@ public struct SessionStatistics: Sendable, Equatable, BitwiseCopyable {
     /// members, in flight at once; no room for the peer under `maximumPeers`; or connection data that leads nowhere
     /// (docs/PROTOCOL.md §3.8). Many of them point at a member that has us connect wherever it likes.
     public var introductionsNotFollowed: UInt64 = 0
-    /// MESH_INTRO_REQUESTs this member sent: one to each other member each time a peer joined it by a link no
-    /// introduction made (docs/PROTOCOL.md §3.8). Peers introduced to us introduce no one, so in a mesh that one
-    /// member founded and the others joined, only that member asks.
+    /// MESH_INTRO_REQUESTs this member sent: one to each other member each time a peer joined it by a link that no
+    /// introduction of a member still connected made (docs/PROTOCOL.md §3.8). Peers introduced to us introduce no
+    /// one, so in a mesh whose members all joined its founder, only the founder asks.
     public var introductionsAsked: UInt64 = 0
 
     public init() {}

@@ -8,10 +8,10 @@ extension SessionCore {
     /// Takes over a connection whose invitation the app accepted into this session. An encrypted link's key goes
     /// to the delegate's certificate check first; a peer over the per-host limit is declined. `onAdmitted` runs once
     /// the caller is in (not when it is turned away after all), unless this session's admissions forgive no tries.
-    /// `introducer`: the member whose introduction the caller came by (its link introduces no one).
+    /// `introduction`: the member's introduction the caller came by (its link introduces no one).
     /// Loop thread only.
     func adopt(_ connection: Connection, from peer: PeerID, invite: ControlFrame.InviteBody, listenerPort: UInt16,
-               introducer: UInt64? = nil, onAdmitted: @escaping () -> Void = {}) {
+               introduction: MembershipStateMachine.Introduction? = nil, onAdmitted: @escaping () -> Void = {}) {
         func decline(_ reason: DeclineReason, _ text: String) {
             connection.send(.decline(reason, text))
             connection.close()
@@ -29,7 +29,7 @@ extension SessionCore {
         connection.setMaximumFrameLength(max(configuration.maximumMessageSize + 1, ResourceFrame.maximumFrameLength))
         connection.maximumQueued = 2 * configuration.maximumQueuedBytes
         guard connection.isEncrypted, let key = peer.publicKey else {
-            return admit(connection, from: peer, invite: invite, listenerPort: listenerPort, introducer: introducer,
+            return admit(connection, from: peer, invite: invite, listenerPort: listenerPort, introduction: introduction,
                          onAdmitted: onAdmitted)
         }
         // The app judges the proven key; the connection waits (its own frames are not read meanwhile), and holds
@@ -52,7 +52,7 @@ extension SessionCore {
             if c.hasEnded { return }
             switch ok {
             case true?:
-                admit(c, from: peer, invite: invite, listenerPort: listenerPort, introducer: introducer, onAdmitted: onAdmitted)
+                admit(c, from: peer, invite: invite, listenerPort: listenerPort, introduction: introduction, onAdmitted: onAdmitted)
             case false?: decline(.declined, "certificate rejected: \(peer.displayName)'s key \(key.shortFingerprint) is not trusted")
             case nil: decline(.timedOut, "the host's app did not answer the certificate check in time")
             }
@@ -60,7 +60,7 @@ extension SessionCore {
     }
 
     func admit(_ connection: Connection, from peer: PeerID, invite: ControlFrame.InviteBody, listenerPort: UInt16,
-               introducer: UInt64? = nil, onAdmitted: () -> Void = {}) {
+               introduction: MembershipStateMachine.Introduction? = nil, onAdmitted: () -> Void = {}) {
         let token = Sodium.randomUInt64() | 1
         let acceptPort: UInt16 = udpPort == listenerPort ? 0 : udpPort
         let adopted = shared.withLock { s -> (LinkID, [SessionStateMachine.Action])? in
@@ -79,7 +79,7 @@ extension SessionCore {
         io.value.connections[link] = connection
         io.value.localTokens[link] = token
         // Before `actions` report the peer connected (the membership reads it then); gone when the link ends.
-        if let introducer { io.value.introducedLinks[link] = introducer }
+        if let introduction { io.value.introducedLinks[link] = introduction }
         // The machine may still turn the caller away (peer limit, already connected, a simultaneous invitation): then
         // its try stays charged and it learns no digits.
         let letIn = actions.contains { if case .linkUp(link, _, _, _) = $0 { true } else { false } }

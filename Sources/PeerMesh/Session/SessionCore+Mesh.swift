@@ -17,8 +17,9 @@ extension SessionCore {
                 // The address the introducer reaches us at is the one the newcomer most likely can reach too.
                 let local = try? connection.socket.localAddress()
                 let preferred = local.map { $0.host.hasPrefix("::ffff:") ? String($0.host.dropFirst(7)) : $0.host }
+                let introduction = io.value.membership.introduction(by: introducer)
                 let data = (try? session.nearbyConnectionData(forPeer: newcomer, preferring: preferred,
-                                                              introducer: introducer.identity)).map(Array.init) ?? []
+                                                              introduction: introduction)).map(Array.init) ?? []
                 connection.send(.mesh(.introData(forIdentity: newcomer.identity, data: data)))
             case .connect(let peer, let data, let introducer):
                 if !connectIntroduced(peer, data: data, introducer: introducer) {

@@ -68,10 +68,10 @@ final class SessionCore: Sendable {
         /// Invitations that are steps of a `DirectAttempt` (a browser's, an introduction's, the app's connection
         /// data's), by link: what to try next if they fail.
         var attempts: [LinkID: DirectAttempt] = [:]
-        /// Links an introduction made, with the member whose introduction it was: we followed it (the link was a step
-        /// of an attempt with an introducer), or the peer came with connection data we made for it. Such a link
-        /// introduces no one (`MembershipStateMachine.connected`). Kept until the link ends.
-        var introducedLinks: [LinkID: UInt64] = [:]
+        /// Links an introduction made, with that introduction: we followed it (the link was a step of an attempt with
+        /// an introducer), or the peer came with connection data we made for it. Such a link introduces no one while
+        /// the introducer's membership stands (`MembershipStateMachine.connected`). Kept until the link ends.
+        var introducedLinks: [LinkID: MembershipStateMachine.Introduction] = [:]
         /// Our invitations' message 3s (our share of the digits): how many may end unaccepted before the next waits.
         var shares: InviterShareRation
     }
@@ -411,6 +411,8 @@ final class SessionCore: Sendable {
         var due: [LinkID] = []
         // Handshakes that waited for their turn to a peer that connected meanwhile, ended once these are carried out.
         var superseded: [(PeerID, [LinkID])] = []
+        // Links these actions brought up, by peer: the link a `.connected` report below is about.
+        var upLinks: [PeerID: LinkID] = [:]
         defer {
             for l in closed {  // details no failure report took, and attempts no failure continued
                 io.value.failureDetail[l] = nil
@@ -422,13 +424,12 @@ final class SessionCore: Sendable {
         for a in actions {
             switch a {
             case .report(let p, let st):
+                // How the link that connected `p` was made, read before the delegate runs (it may disconnect `p`).
+                let introduction = st == .connected ? upLinks[p].flatMap { io.value.introducedLinks[$0] } : nil
                 if let s = receiver.0, let d = receiver.1 { d.session(s, peer: p, didChange: st) }
                 switch st {
                 case .connected:
-                    // Its first connected link, which `linkUp` made just before this report.
-                    let link = shared.withLock { $0.machine.primaryLink(for: p) }
-                    let introducer = link.flatMap { io.value.introducedLinks[$0] }
-                    performMembership(io.value.membership.connected(p, introducedBy: introducer))
+                    performMembership(io.value.membership.connected(p, introducedBy: introduction))
                 case .notConnected: performMembership(io.value.membership.disconnected(p))
                 case .connecting: break
                 }
@@ -466,8 +467,9 @@ final class SessionCore: Sendable {
                 performStreams(io.value.streams.linkClosed(l))
                 relayLinkClosed(l)
             case .linkUp(let l, let p, let port, let token):
-                if let introducer = io.value.attempts.removeValue(forKey: l)?.introducer {
-                    io.value.introducedLinks[l] = introducer.identity
+                upLinks[p] = l
+                if let introduction = io.value.attempts.removeValue(forKey: l)?.introduction {
+                    io.value.introducedLinks[l] = introduction
                 }
                 // First the handshakes waiting for a turn to the same peer go, so that the turn this acceptance
                 // frees cannot open one of them.
