@@ -279,6 +279,32 @@ struct LyingPeerTests {
         withExtendedLifetime(liar) {}
     }
 
+    @Test("Connection data a member had made for its 'introduction' and hands a peer out of band makes a newcomer's link: the peer is introduced to the others")
+    func dataPassedOnOutOfBandMakesANewcomer() throws {
+        let host = try OpenHost(service: "pm-handed")
+        let config = Session.Configuration(bindHost: "127.0.0.1")
+        let member = try Session(peer: try PeerID(displayName: "member"), configuration: config)
+        try member.connect(to: PeerEndpoint(host: "127.0.0.1", port: host.port), timeout: .seconds(5))
+        #expect(eventually(5) { host.session.connectedPeers.map(\.displayName) == ["member"] })
+        let liar = try host.admit("liar")
+        // The liar asks for data for a newcomer that has joined no one, and gives it to the newcomer's app.
+        let newcomer = try Session(peer: try PeerID(displayName: "newcomer"), configuration: config)
+        #expect(liar.send([.mesh(.introRequest(peer: newcomer.myPeerID))]))
+        let answer = liar.receive(within: 5) { if case .mesh(.introData(newcomer.myPeerID.identity, _)) = $0 { true } else { false } }
+        guard case .mesh(.introData(_, let data))? = answer, !data.isEmpty else {
+            Issue.record("no connection data for the newcomer: \(String(describing: answer))")
+            return
+        }
+        try newcomer.connectPeer(host.session.myPeerID, withNearbyConnectionData: Data(data))
+        // The host lets it in with the ticket, as a newcomer (it followed no introduction): the member is asked about it,
+        // and the newcomer meets the member.
+        #expect(eventually(10) { Set(newcomer.connectedPeers.map(\.displayName)) == ["host", "member"] },
+                "the newcomer's view: \(newcomer.connectedPeers.map(\.displayName))")
+        #expect(host.session.statistics.introductionsAsked == 3, "about the liar: the member; about the newcomer: both")
+        #expect(host.session.statistics.peerFaults == 0)
+        withExtendedLifetime(liar) {}
+    }
+
     @Test("Tens of thousands of frames packed into a few records: every one is taken, in order, and the link stays up")
     func thousandsOfFramesInOneRead() throws {
         let host = try OpenHost(service: "pm-packed")

@@ -392,6 +392,8 @@ struct RelayedSessionTests {
         let bytes = blob.encoded()
         _ = r1.core.loop.submitAndWait { r1.core.connectIntroduced(r2Peer, data: bytes, introducer: r0Peer) }
         #expect(eventually(10) { r1.connectedPeers.contains(r2Peer) && r2.connectedPeers.contains(r1.myPeerID) })
+        // The link r1 made by r0's introduction (marked so in its invitation, with r2's ticket for it) asks no one.
+        #expect(r1.statistics.introductionsAsked == 0 && r2.statistics.introductionsAsked == 0)
         #expect(r1.isRelayed(r2Peer), "through r0")
         #expect(logs[1].states(of: r2Peer) == [.connecting, .connected])
         #expect(logs[1].snapshot.failures.isEmpty, "the refused address is not reported: the attempt went on")

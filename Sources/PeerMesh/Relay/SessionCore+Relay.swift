@@ -37,10 +37,12 @@ struct DirectAttempt: Sendable {
 }
 
 extension DirectAttempt {
-    /// An attempt with connection data: its addresses at its port, its ticket as the context, its key pinned.
+    /// An attempt with connection data: its addresses at its port, its ticket as the context (marked as following an
+    /// introduction when it does), its key pinned.
     init(data: NearbyConnectionData, introducer: PeerID?, timeout: Duration) {
+        let prefix = introducer == nil ? NearbyConnectionData.contextPrefix : NearbyConnectionData.introducedContextPrefix
         self.init(peer: data.peer, endpoints: data.addresses.map { PeerEndpoint(host: $0, port: data.port) },
-                  context: Data(NearbyConnectionData.contextPrefix + data.ticket), timeout: timeout,
+                  context: Data(prefix + data.ticket), timeout: timeout,
                   keyFromConnectionData: true, introducer: introducer)
     }
 }

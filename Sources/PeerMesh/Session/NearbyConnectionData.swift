@@ -26,6 +26,17 @@ struct NearbyConnectionData: Equatable, Sendable {
     static let maximumAddresses = 16
     /// The invitation context that carries a ticket: this prefix, then the ticket.
     static let contextPrefix: [UInt8] = Array("PMOOB1".utf8)
+    /// The same, for an invitation that follows a member's introduction (MESH_INTRODUCE). Only such an invitation, with
+    /// a ticket made for that member's request, makes a link that introduces no one: the same ticket handed over any
+    /// other way (a member could pass it to a peer out of band) makes a newcomer's link, introduced to the others.
+    static let introducedContextPrefix: [UInt8] = Array("PMINT1".utf8)
+
+    /// The ticket an invitation's context carries, and whether the inviter says it follows an introduction.
+    static func ticket(inContext context: [UInt8]) -> (ticket: [UInt8], followsIntroduction: Bool)? {
+        if context.starts(with: contextPrefix) { return (Array(context.dropFirst(contextPrefix.count)), false) }
+        if context.starts(with: introducedContextPrefix) { return (Array(context.dropFirst(introducedContextPrefix.count)), true) }
+        return nil
+    }
 
     func encoded() -> [UInt8] {
         var w = ByteWriter(capacity: 128)
@@ -180,12 +191,10 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
     }
 
     func advertiser(_ advertiser: NearbyServiceAdvertiser, didReceive invitation: Invitation) {
-        let context = Array(invitation.context ?? Data())
-        let prefix = NearbyConnectionData.contextPrefix
+        let presented = NearbyConnectionData.ticket(inContext: Array(invitation.context ?? Data()))
         let now = MonotonicClock.nowNanos()
-        let ticket = Array(context.dropFirst(prefix.count))
         let admitted = tickets.withLock { t -> Ticket? in
-            guard context.starts(with: prefix), let entry = t[ticket], entry.expires > now,
+            guard let ticket = presented?.ticket, let entry = t[ticket], entry.expires > now,
                   entry.forPeer.identity == invitation.peer.identity,
                   entry.forPeer.publicKey == nil || entry.forPeer.publicKey == invitation.certificate?.publicKey
             else { return nil }
@@ -195,8 +204,10 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
         guard let admitted, let session else {
             return invitation.decline(.notTrusted, message: "no valid connection data for \(invitation.peer.displayName)")
         }
-        // A ticket made for a member's introduction makes a link that introduces no one; the app's own data, a newcomer.
-        invitation.accept(into: session, introducedBy: admitted.introduction)
+        // A ticket made for a member's introduction, presented by a peer that says it follows that introduction, makes
+        // a link that introduces no one; the app's own data, or such a ticket handed over otherwise, a newcomer's.
+        let followsIntroduction = presented?.followsIntroduction == true
+        invitation.accept(into: session, introducedBy: followsIntroduction ? admitted.introduction : nil)
     }
 }
 

@@ -66,17 +66,26 @@ final class RawGuest: @unchecked Sendable { // one thread at a time: a test hand
     /// first, or `seconds` pass.
     func receiveFrames(_ count: Int, within seconds: Double) -> Bool {
         var got = 0
+        return receive(within: seconds) { _ in
+            got += 1
+            return got >= count
+        } != nil
+    }
+
+    /// Reads what the other side sends until a frame `matches`: that frame; nil when the connection ends first, or
+    /// `seconds` pass. Frames after it in the same read are dropped.
+    func receive(within seconds: Double, until matches: (ControlFrame) -> Bool) -> ControlFrame? {
         var buffer = [UInt8](repeating: 0, count: 4096)
         let deadline = Date().addingTimeInterval(seconds)
-        while got < count, Date() < deadline {
+        while Date() < deadline {
             let n = buffer.withUnsafeMutableBytes { recv(fd.fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
-            if n == 0 { return false }
+            if n == 0 { return nil }
             guard n > 0 else { usleep(500); continue }
             let events = buffer.withUnsafeBytes { channel.received(UnsafeRawBufferPointer(rebasing: $0[..<n])) }
-            got += events.count { if case .frame = $0 { true } else { false } }
-            if events.contains(where: { if case .fault = $0 { true } else { false } }) { return false }
+            for case .frame(let f) in events where matches(f) { return f }
+            if events.contains(where: { if case .fault = $0 { true } else { false } }) { return nil }
         }
-        return got >= count
+        return nil
     }
 
     /// Bytes as they are, after the handshake. Returns whether all of them were written.
