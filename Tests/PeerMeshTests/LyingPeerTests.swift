@@ -251,58 +251,65 @@ struct LyingPeerTests {
         withExtendedLifetime(asker) {}
     }
 
+    /// A host with an honest member and a lying one (raw), and a newcomer the liar names to the host
+    /// (MESH_INTRO_REQUEST) though it has joined no one: the host has made connection data for it.
+    private struct NamedNewcomer {
+        let host: OpenHost
+        let member: Session
+        let liar: RawGuest
+        let newcomer: Session
+
+        init(service: String) throws {
+            let host = try OpenHost(service: service)
+            let config = Session.Configuration(bindHost: "127.0.0.1")
+            let member = try Session(peer: try PeerID(displayName: "member"), configuration: config)
+            try member.connect(to: PeerEndpoint(host: "127.0.0.1", port: host.port), timeout: .seconds(5))
+            #expect(eventually(5) { host.session.connectedPeers.map(\.displayName) == ["member"] })
+            let liar = try host.admit("liar")
+            // The host asked the member about the liar, as about any newcomer.
+            #expect(eventually(5) { host.session.statistics.introductionsAsked == 1 })
+            let newcomer = try Session(peer: try PeerID(displayName: "newcomer"), configuration: config)
+            #expect(liar.send([.mesh(.introRequest(peer: newcomer.myPeerID))]))
+            (self.host, self.member, self.liar, self.newcomer) = (host, member, liar, newcomer)
+        }
+
+        /// Whether the newcomer ends up connected to the host and the member, and the host asked both members about
+        /// it (and the member about the liar before), with no peer at fault.
+        func newcomerMeetsTheMember() -> Bool {
+            let met = eventually(10) { Set(newcomer.connectedPeers.map(\.displayName)) == ["host", "member"] }
+                && eventually(5) { member.connectedPeers.contains(newcomer.myPeerID) }
+            let stats = host.session.statistics
+            return met && stats.introductionsAsked == 3 && stats.peerFaults == 0
+        }
+    }
+
     @Test("A member that names a newcomer before it comes cannot keep it out of the mesh: when it joins by an invitation of its own, it is introduced to the other members and connects to them")
     func aNamedNewcomerThatJoinsByItsOwnInvitationIsIntroduced() throws {
-        let host = try OpenHost(service: "pm-named")
-        let config = Session.Configuration(bindHost: "127.0.0.1")
-        let member = try Session(peer: try PeerID(displayName: "member"), configuration: config)
-        try member.connect(to: PeerEndpoint(host: "127.0.0.1", port: host.port), timeout: .seconds(5))
-        #expect(eventually(5) { host.session.connectedPeers.map(\.displayName) == ["member"] })
-        let liar = try host.admit("liar")
-        // The host asked the member about the liar, as about any newcomer.
-        #expect(eventually(5) { host.session.statistics.introductionsAsked == 1 })
-        // The liar names a newcomer that has joined no one (with the newcomer's real key): the host makes it data.
-        let newcomer = try Session(peer: try PeerID(displayName: "newcomer"), configuration: config)
-        #expect(liar.send([.mesh(.introRequest(peer: newcomer.myPeerID))]))
-        #expect(eventually(5) { host.session.direct.withLock { $0 }?.hasTicket(for: newcomer.myPeerID) == true },
+        let w = try NamedNewcomer(service: "pm-named")
+        #expect(eventually(5) { w.host.session.direct.withLock { $0 }?.hasTicket(for: w.newcomer.myPeerID) == true },
                 "the host made connection data for the named newcomer")
         // The newcomer joins the host by an invitation of its own: the host asks both members about it
         // (MESH_INTRO_REQUEST), the member makes it data, and it connects to the member directly.
-        try newcomer.connect(to: PeerEndpoint(host: "127.0.0.1", port: host.port), timeout: .seconds(5))
-        #expect(eventually(10) { Set(newcomer.connectedPeers.map(\.displayName)) == ["host", "member"] },
-                "the newcomer's view: \(newcomer.connectedPeers.map(\.displayName))")
-        #expect(eventually(5) { member.connectedPeers.contains(newcomer.myPeerID) })
-        #expect(host.session.statistics.introductionsAsked == 3, "about the liar: the member; about the newcomer: both")
-        #expect(member.statistics.introductionsAsked == 0 && newcomer.statistics.introductionsAsked == 0,
+        try w.newcomer.connect(to: PeerEndpoint(host: "127.0.0.1", port: w.host.port), timeout: .seconds(5))
+        #expect(w.newcomerMeetsTheMember(), "the newcomer's view: \(w.newcomer.connectedPeers.map(\.displayName))")
+        #expect(w.member.statistics.introductionsAsked == 0 && w.newcomer.statistics.introductionsAsked == 0,
                 "their links came by introductions (the host's): they introduce no one")
-        #expect(host.session.statistics.peerFaults == 0)
-        withExtendedLifetime(liar) {}
     }
 
     @Test("Connection data a member had made for its 'introduction' and hands a peer out of band makes a newcomer's link: the peer is introduced to the others")
     func dataPassedOnOutOfBandMakesANewcomer() throws {
-        let host = try OpenHost(service: "pm-handed")
-        let config = Session.Configuration(bindHost: "127.0.0.1")
-        let member = try Session(peer: try PeerID(displayName: "member"), configuration: config)
-        try member.connect(to: PeerEndpoint(host: "127.0.0.1", port: host.port), timeout: .seconds(5))
-        #expect(eventually(5) { host.session.connectedPeers.map(\.displayName) == ["member"] })
-        let liar = try host.admit("liar")
-        // The liar asks for data for a newcomer that has joined no one, and gives it to the newcomer's app.
-        let newcomer = try Session(peer: try PeerID(displayName: "newcomer"), configuration: config)
-        #expect(liar.send([.mesh(.introRequest(peer: newcomer.myPeerID))]))
-        let answer = liar.receive(within: 5) { if case .mesh(.introData(newcomer.myPeerID.identity, _)) = $0 { true } else { false } }
+        let w = try NamedNewcomer(service: "pm-handed")
+        // The liar gives the data the host made to the newcomer's app.
+        let id = w.newcomer.myPeerID.identity
+        let answer = w.liar.receive(within: 5) { if case .mesh(.introData(id, _)) = $0 { true } else { false } }
         guard case .mesh(.introData(_, let data))? = answer, !data.isEmpty else {
             Issue.record("no connection data for the newcomer: \(String(describing: answer))")
             return
         }
-        try newcomer.connectPeer(host.session.myPeerID, withNearbyConnectionData: Data(data))
-        // The host lets it in with the ticket, as a newcomer (it followed no introduction): the member is asked about it,
-        // and the newcomer meets the member.
-        #expect(eventually(10) { Set(newcomer.connectedPeers.map(\.displayName)) == ["host", "member"] },
-                "the newcomer's view: \(newcomer.connectedPeers.map(\.displayName))")
-        #expect(host.session.statistics.introductionsAsked == 3, "about the liar: the member; about the newcomer: both")
-        #expect(host.session.statistics.peerFaults == 0)
-        withExtendedLifetime(liar) {}
+        try w.newcomer.connectPeer(w.host.session.myPeerID, withNearbyConnectionData: Data(data))
+        // The host lets it in with the ticket, as a newcomer (it followed no introduction): the member is asked about
+        // it, and the newcomer meets the member.
+        #expect(w.newcomerMeetsTheMember(), "the newcomer's view: \(w.newcomer.connectedPeers.map(\.displayName))")
     }
 
     @Test("Tens of thousands of frames packed into a few records: every one is taken, in order, and the link stays up")
