@@ -260,7 +260,8 @@ struct LyingPeerTests {
         let newcomer: Session
 
         init(service: String) throws {
-            let host = try OpenHost(service: service)
+            // The raw liar sends no heartbeats: a long peer timeout keeps it a member for the whole test.
+            let host = try OpenHost(service: service, configuration: .init(peerTimeout: .seconds(30), bindHost: "127.0.0.1"))
             let config = Session.Configuration(bindHost: "127.0.0.1")
             let member = try Session(peer: try PeerID(displayName: "member"), configuration: config)
             try member.connect(to: PeerEndpoint(host: "127.0.0.1", port: host.port), timeout: .seconds(5))
