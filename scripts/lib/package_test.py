@@ -127,9 +127,12 @@ def as_unit_user(unit, argv, made):
                 made.append(path)
             elif key == "RuntimeDirectory" and path not in made:
                 made.append(path)
-            for top, dirs, files in os.walk(path):
+            if os.path.islink(path):
+                raise SystemExit(f"{path} is a symbolic link: not handed to {user} (systemd refuses one too)")
+            # Relative to each directory's descriptor, never following a link: nothing outside is touched.
+            for _, dirs, files, fd in os.fwalk(path):
                 for name in dirs + files:
-                    os.chown(os.path.join(top, name), pw.pw_uid, pw.pw_gid, follow_symlinks=False)
+                    os.chown(name, pw.pw_uid, pw.pw_gid, dir_fd=fd, follow_symlinks=False)
             os.chown(path, pw.pw_uid, pw.pw_gid)
             os.chmod(path, 0o700)
     return ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--"] + argv, pw
