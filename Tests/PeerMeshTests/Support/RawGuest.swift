@@ -72,8 +72,8 @@ final class RawGuest: @unchecked Sendable { // one thread at a time: a test hand
         } != nil
     }
 
-    /// Reads what the other side sends until a frame `matches`: that frame; nil when the connection ends first, or
-    /// `seconds` pass. Frames after it in the same read are dropped.
+    /// Reads what the other side sends until a frame `matches`: that frame; nil when the connection ends or breaks
+    /// (a read with a fault in it) first, or `seconds` pass. Frames after it in the same read are dropped.
     func receive(within seconds: Double, until matches: (ControlFrame) -> Bool) -> ControlFrame? {
         var buffer = [UInt8](repeating: 0, count: 4096)
         let deadline = Date().addingTimeInterval(seconds)
@@ -82,8 +82,8 @@ final class RawGuest: @unchecked Sendable { // one thread at a time: a test hand
             if n == 0 { return nil }
             guard n > 0 else { usleep(500); continue }
             let events = buffer.withUnsafeBytes { channel.received(UnsafeRawBufferPointer(rebasing: $0[..<n])) }
-            for case .frame(let f) in events where matches(f) { return f }
             if events.contains(where: { if case .fault = $0 { true } else { false } }) { return nil }
+            for case .frame(let f) in events where matches(f) { return f }
         }
         return nil
     }
