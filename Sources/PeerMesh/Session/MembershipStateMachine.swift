@@ -46,8 +46,9 @@ struct MembershipStateMachine: Sendable {
     /// often as it likes.
     private var introducedBy: [UInt64: [UInt64]] = [:]
     /// How many introductions one member may have us follow: the most an honest one sends, one per other member of a
-    /// session as large as ours, and at least 16.
-    var maximumIntroducedPerMember: Int { max(16, maximumPeers - 1) }
+    /// session as large as ours, and at least `leastIntroducedPerMember`.
+    var maximumIntroducedPerMember: Int { max(Self.leastIntroducedPerMember, maximumPeers - 1) }
+    static let leastIntroducedPerMember = 16
     /// For each newcomer we introduce, the members we asked and how many of our requests each has yet to answer.
     /// Each member answers every request, in order, on its link; so a newcomer that leaves (and may come back) keeps
     /// its entry until those answers come: an answer about a peer that has gone is late, not unasked for.
@@ -130,8 +131,9 @@ struct MembershipStateMachine: Sendable {
             guard topology == .mesh, newcomer != me, newcomer != peer, !members.contains(newcomer),
                   members.count + 1 < maximumPeers
             else { return [.send(peer, .introData(forIdentity: newcomer.identity, data: []))] }
-            // Nothing is kept of it here: the data's ticket (`DirectAcceptor`, at most 16 live per member) marks the
-            // link it makes as made by this member's introduction.
+            // Nothing is kept of it here: the data's ticket (`DirectAcceptor`, at most 16 live per member) carries this
+            // member's introduction, and the link a newcomer makes with it by following that introduction ("PMINT1")
+            // introduces no one.
             return [.makeData(for: newcomer, replyTo: peer)]
         case .introData(let id, let data):
             guard var waiting = asked[id], let open = waiting[peer.identity] else {
