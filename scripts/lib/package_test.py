@@ -112,9 +112,9 @@ def as_unit_user(unit, argv, made):
     """argv as systemd runs the unit's command: as its User= (with that user's groups, through setpriv), with its
     StateDirectory= and RuntimeDirectory= made for that user, mode 0700; one that exists already is handed to that
     user with everything in it, as systemd does (it chowns them recursively at start: a lock file a root run of
-    mesh-record left in /run/peermesh must not keep the service from its control socket). What is to be removed at the end is appended
-    to `made`: the RuntimeDirectory= always (systemd removes it when the service stops), the StateDirectory= if this
-    made it."""
+    mesh-record left in /run/peermesh must not keep the service from its control socket). What is to be removed at
+    the end is appended to `made`: the RuntimeDirectory= always (systemd removes it when the service stops), the
+    StateDirectory= if this made it."""
     text = open(unit).read()
     user = re.search(r"^User=(\S+)$", text, re.M).group(1)
     pw = pwd.getpwnam(user)
