@@ -326,13 +326,15 @@ struct MeshSessionTests {
         var peers: [PeerID] { sessions.map(\.myPeerID) }
 
         /// `unansweredInvitationBurst`: each member's ration of invitations that give its digits away unanswered.
+        /// `configure`: what to set on each member's log before anyone joins.
         init(_ n: Int, topology: Session.Topology = .mesh, peerTimeout: Duration = .seconds(2),
-             unansweredInvitationBurst: Int = 16) throws {
+             unansweredInvitationBurst: Int = 16, configure: (Int, MeshEventLog) -> Void = { _, _ in }) throws {
             var config = Session.Configuration(peerTimeout: peerTimeout, bindHost: "127.0.0.1", topology: topology)
             config.unansweredInvitationBurst = unansweredInvitationBurst
             let made = try (0..<n).map { try Session(peer: try PeerID(displayName: "m\($0)"), configuration: config) }
             let madeLogs = made.map { _ in MeshEventLog() }
             for (s, l) in zip(made, madeLogs) { s.delegate = l }
+            for (i, l) in madeLogs.enumerated() { configure(i, l) }
             let first = made[0]
             madeLogs[0].acceptInto.withLock { $0 = first }
             let ad = try NearbyServiceAdvertiser(peer: first.myPeerID, discoveryInfo: nil, serviceType: "pm-mesh",
@@ -375,6 +377,24 @@ struct MeshSessionTests {
         g.sessions[2].disconnect()
         #expect(eventually(5) { g.converged { $0 == 2 ? [] : all.subtracting([g.peers[$0], g.peers[2]]) } })
         for s in g.sessions { #expect(s.statistics.peerFaults == 0 && s.statistics.pacedInvitations == 0) }
+    }
+
+    @Test("An app that disconnects a peer the moment it connects (inside didChange): an introduced peer is still known as introduced, and no one is asked about it")
+    func anAppThatDisconnectsAtOnceStillKnowsTheLinkWasIntroduced() throws {
+        // m2's app turns m1 away as soon as it connects; m1's link to m2 is made by m0's introduction, whichever of
+        // the two joined m0 first.
+        let g = try Group(3) { i, log in
+            guard i == 2 else { return }
+            log.onConnected.withLock {
+                $0 = { session, peer in if peer.displayName == "m1" { session.disconnect(peer) } }
+            }
+        }
+        #expect(eventually(10) { g.logs[2].states(of: g.peers[1]).contains(.connected) && !g.sessions[2].connectedPeers.contains(g.peers[1]) },
+                "m2 saw m1 connect, then let it go: \(g.logs[2].states(of: g.peers[1]))")
+        #expect(eventually(5) { !g.sessions[1].connectedPeers.contains(g.peers[2]) })
+        usleep(200_000)
+        // The link m1 came by was read before the app disconnected it: m2 asked no one about m1.
+        #expect(g.sessions.map(\.statistics.introductionsAsked) == [1, 0, 0])
     }
 
     @Test("A member that dies leaves everyone's connectedPeers within peerTimeout")

@@ -35,9 +35,12 @@ final class MeshEventLog: SessionDelegate, NearbyServiceAdvertiserDelegate, Near
     let acceptInto = Mutex<Session?>(nil)
     let autoAnswer = Mutex(true)
     let heldReplies = Mutex<[@Sendable (Bool, Session?) -> Void]>([])
+    /// What the app does when a peer connects, inside the delegate call (after it is logged).
+    let onConnected = Mutex<(@Sendable (Session, PeerID) -> Void)?>(nil)
 
     func session(_ session: Session, peer: PeerID, didChange s: SessionState) {
         state.withLock { $0.states.append((peer, s)); $0.eventThreads.insert(UInt(pthread_self())) }
+        if s == .connected, let act = onConnected.withLock({ $0 }) { act(session, peer) }
     }
     func session(_ session: Session, didReceive data: Data, fromPeer peer: PeerID) {
         state.withLock { $0.reliable.append((peer, data)); $0.order.append("msg") }
