@@ -125,6 +125,107 @@ struct NearbyConnectionTests {
         #expect(p.guestLog.snapshot.failures.isEmpty, "no failure reported: the attempt went on")
     }
 
+    /// A listener at `host`, `port` whose accept queue is full, so that the kernel drops further connection attempts
+    /// as a firewall or a subnet with no route back does: a connect there neither completes nor fails. Keep the
+    /// descriptors open while it should hold.
+    private func blackHole(at host: String, port: UInt16) throws -> [FileDescriptor] {
+        let address = try #require(SocketAddress(numericHost: host, port: port))
+        let listener = try FileDescriptor.tcpListener(address, backlog: 0)
+        let filler = try FileDescriptor.tcpConnect(to: address)  // the one connection a backlog of 0 queues
+        #expect(Self.connects(filler, within: 2000), "the queue's one connection")
+        let probe = try FileDescriptor.tcpConnect(to: address)
+        #expect(!Self.connects(probe, within: 150), "the rig: a connect to a full queue hangs")
+        probe.close()
+        return [listener, filler]
+    }
+
+    /// Whether the connect in progress on `s` completes within `milliseconds`.
+    private static func connects(_ s: FileDescriptor, within milliseconds: Int32) -> Bool {
+        var p = pollfd(fd: s.fd, events: Int16(POLLOUT), revents: 0)
+        return poll(&p, 1, milliseconds) == 1 && s.pendingError() == 0
+    }
+
+    @Test("Addresses that drop connection attempts cost a quarter of a second each (the next one's connect races them), not five seconds each to answer")
+    func silentAddressesAreRaced() throws {
+        let p = try Peers()
+        let holes = ["127.0.0.4", "127.0.0.5", "127.0.0.6"]
+        let (data, port) = try data(p, listing: holes + ["127.0.0.1"])
+        let sockets = try holes.flatMap { try blackHole(at: $0, port: port) }
+        defer { sockets.forEach { $0.close() } }
+        let start = ContinuousClock.now
+        try p.guest.connectPeer(p.hostPeer, withNearbyConnectionData: data)
+        #expect(eventually(20) { p.bothConnected() })
+        let took = ContinuousClock.now - start
+        // The host's connect starts 0.75 s in, abandoning the first (three at most connect at once).
+        #expect(took < .milliseconds(3_000), "joined in \(took); each address has 5 s to answer before the next is tried")
+        let hostPeer = p.hostPeer
+        #expect(p.guestLog.wait(5) { $0.states.filter { $0.0 == hostPeer }.map(\.1) == [.connecting, .connected] })
+        #expect(p.guestLog.snapshot.failures.isEmpty)
+    }
+
+    @Test("A race's winner that leads nowhere: the addresses it left untried (never started: one that drops connection attempts, and the host's) are raced again, and the host is joined")
+    func theRaceHandsBackWhatItLeftUntried() throws {
+        let p = try Peers()
+        let (data, port) = try data(p, listing: ["127.0.0.3", "127.0.0.4", "127.0.0.1"])
+        // The first connects at once and then says nothing: it wins the first race before the others start.
+        let silent = try FileDescriptor.tcpListener(try #require(SocketAddress(numericHost: "127.0.0.3", port: port)))
+        defer { silent.close() }
+        let hole = try blackHole(at: "127.0.0.4", port: port)
+        defer { hole.forEach { $0.close() } }
+        try p.guest.connectPeer(p.hostPeer, withNearbyConnectionData: data)
+        #expect(eventually(15) { p.bothConnected() })
+        let hostPeer = p.hostPeer
+        #expect(p.guestLog.wait(5) { $0.states.filter { $0.0 == hostPeer }.map(\.1) == [.connecting, .connected] },
+                "\(p.guestLog.states(of: hostPeer))")
+        #expect(p.guestLog.snapshot.failures.isEmpty, "no failure reported: the attempt went on")
+    }
+
+    /// How many of this machine's TCP sockets are connecting (SYN_SENT) to `hosts` at `port` (`/proc/net/tcp`).
+    private static func connecting(to hosts: [String], port: UInt16) -> Int {
+        // Read to the end: procfs hands the table over a page at a time.
+        let fd = open("/proc/net/tcp", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return -1 }
+        defer { close(fd) }
+        var bytes: [UInt8] = [], page = [UInt8](repeating: 0, count: 65_536)
+        while true {
+            let n = read(fd, &page, page.count)
+            if n < 0, errno == EINTR { continue }
+            guard n > 0 else { break }
+            bytes += page[..<n]
+        }
+        let table = String(decoding: bytes, as: UTF8.self)
+        let targets = Set(hosts.map { host in
+            let b = host.split(separator: ".").compactMap { UInt8($0) }
+            return String(format: "%02X%02X%02X%02X:%04X", b[3], b[2], b[1], b[0], port)
+        })
+        return table.split(separator: "\n").dropFirst().filter { line in
+            let f = line.split(separator: " ")
+            return f.count > 3 && targets.contains(String(f[2])) && f[3] == "02"
+        }.count
+    }
+
+    @Test("Five addresses that drop connection attempts: never more than three connects at once, and none left once the app cancels")
+    func aRaceHoldsFewSockets() throws {
+        let p = try Peers()
+        let holes = (4...8).map { "127.0.0.\($0)" }
+        let (data, port) = try data(p, listing: holes)
+        let sockets = try holes.flatMap { try blackHole(at: $0, port: port) }
+        defer { sockets.forEach { $0.close() } }
+        try p.guest.connectPeer(p.hostPeer, withNearbyConnectionData: data)
+        // One start every 250 ms: all five have started 1 s in, the first two set aside (their sockets closed).
+        var most = 0
+        let until = ContinuousClock.now + .milliseconds(1_400)
+        while ContinuousClock.now < until {
+            most = max(most, Self.connecting(to: holes, port: port))
+            usleep(20_000)
+        }
+        #expect(most == 3, "at most three at once, and three by the end: \(most)")
+        #expect(Self.connecting(to: holes, port: port) == 3)
+        p.guest.cancelConnectPeer(p.hostPeer)
+        #expect(eventually(2) { Self.connecting(to: holes, port: port) == 0 }, "the race's sockets are closed with it")
+        #expect(p.guestLog.wait(5) { $0.states.contains { $0.0 == p.hostPeer && $0.1 == .notConnected } })
+    }
+
     @Test("No address leads to the peer: `notConnected` once, after the last, with its failure")
     func noAddressLeadsToThePeer() throws {
         let p = try Peers()

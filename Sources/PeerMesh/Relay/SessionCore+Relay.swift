@@ -1,15 +1,19 @@
 import FoundationEssentials
 import MeshPOSIX
 
-/// A connection being made to one peer, one address at a time, until one leads to it: the addresses an advertisement
+/// A connection being made to one peer, one step at a time, until one leads to it: the addresses an advertisement
 /// listed (`NearbyServiceBrowser.invitePeer`: a copied announcement at another address must not hide the peer), data
 /// an introduction handed us (when no address leads to the peer, the call goes through the introducer), or data the
-/// app had out of band (`connectPeer(_:withNearbyConnectionData:)`). Kept by link while one of its invitations is in
-/// flight; the peer stays `connecting` from the first invitation to the last (`SessionStateMachine.hold`).
+/// app had out of band (`connectPeer(_:withNearbyConnectionData:)`). Each step is one invitation, whose connect races
+/// the addresses left (Happy Eyeballs, `ConnectRace`: the next starts when the one before has not connected within
+/// `ConnectRace.connectionAttemptDelay`, or failed); the first to connect carries it. Kept by link while one of its
+/// invitations is in flight; the peer stays `connecting` from the first invitation to the last
+/// (`SessionStateMachine.hold`).
 struct DirectAttempt: Sendable {
     /// Who must answer: the key its invitations pin (`ExpectedKey`).
     var peer: PeerID
-    /// Where to try it, in order.
+    /// Where to try it, in order: the addresses no step has tried yet, or whose step's race left them untried
+    /// (`ConnectRace.Outcome.untried`).
     var endpoints: [PeerEndpoint]
     /// Each invitation's context: the app's, or connection data's prefix and ticket.
     var context: Data
@@ -21,8 +25,9 @@ struct DirectAttempt: Sendable {
     var introducer: PeerID?
     /// That member's introduction, as the link it makes carries it (`MembershipStateMachine.introduction(by:)`).
     var introduction: MembershipStateMachine.Introduction?
-    /// The next of `endpoints` to try.
-    var next = 0
+    /// The addresses the current step's connect races, in the race's order (its candidates): those the race leaves
+    /// untried (`ConnectRace.Outcome.untried`) go back to `endpoints`.
+    var raced: [PeerEndpoint] = []
     /// An invitation of this attempt has started: the next one continues it, and starts only while the peer is still
     /// held (the app's `disconnect` ends the hold).
     var started = false
@@ -73,7 +78,7 @@ extension SessionCore {
         guard shared.withLock({ $0.machine.hasRoom(for: data.peer) }) else { return false }
         var attempt = DirectAttempt(data: data, introducer: introducer, timeout: introductionTimeout)
         attempt.introduction = io.value.membership.introduction(by: introducer)
-        if configuration.relaysIntroductions { attempt.next = attempt.endpoints.count }  // straight to the call
+        if configuration.relaysIntroductions { attempt.endpoints.removeAll() }  // straight to the call
         return advance(attempt) == nil  // when nothing could be started, nothing is held and nothing reported
     }
 
@@ -97,34 +102,39 @@ extension SessionCore {
     }
 
     /// Starts the next step of `attempt`: an invitation to its next endpoint that one can be started to (one with a
-    /// route, a scope that exists here), or after the last, the call through its introducer. The peer is held
-    /// `connecting` while it runs; a step that continues an attempt starts only while that hold stands (the app's
-    /// `disconnect` ends it). An endpoint that does not answer with the expected key within `introductionTimeout`
-    /// gives way to the next (`notAnswered`). Returns nil when a step is under way, or the last error when nothing is
-    /// left.
+    /// route, a scope that exists here), its connect raced by the other numeric endpoints left, or after the last,
+    /// the call through its introducer. The peer is held `connecting` while it runs; a step that continues an attempt
+    /// starts only while that hold stands (the app's `disconnect` ends it). A step that does not answer with the
+    /// expected key within `introductionTimeout` (or its share of the deadline) gives way to the next (`notAnswered`).
+    /// Returns nil when a step is under way, or the last error when nothing is left.
     private func advance(_ attempt: DirectAttempt) -> PeerMeshError? {
         var attempt = attempt
         var lastError = PeerMeshError.transport("no address is known for \(attempt.peer.displayName)")
-        while attempt.next < attempt.endpoints.count {
+        while let endpoint = attempt.endpoints.first {
             // Within a deadline, each address left gets its share of the time left to answer in, and the one that
             // answers keeps the rest.
             var stepTimeout = attempt.timeout, noAnswer = introductionTimeout
             if let deadline = attempt.deadline {
                 let now = MonotonicClock.nowNanos()
                 guard deadline > now else { return .timedOut("no address of \(attempt.peer.displayName) answered in time") }
-                let remaining = deadline - now, left = UInt64(attempt.endpoints.count - attempt.next)
+                let remaining = deadline - now, left = UInt64(attempt.endpoints.count)
                 stepTimeout = .nanoseconds(Int64(clamping: remaining))
                 // Never less than a second (a handshake's time), however many addresses: the plainly named ones,
                 // the peer's own, come first.
                 let share = max(remaining / left, min(remaining, 1_000_000_000))
                 noAnswer = min(noAnswer, .nanoseconds(Int64(clamping: share)))
             }
-            let endpoint = attempt.endpoints[attempt.next]
-            attempt.next += 1
+            attempt.endpoints.removeFirst()
+            // The other numeric addresses left race this one's connect (Happy Eyeballs): one that drops connection
+            // attempts costs the race's stagger, not the step's time.
+            let alternates = attempt.endpoints.filter { $0 != endpoint }.compactMap { e in
+                SocketAddress(numericHost: e.host, port: e.port).map { (endpoint: e, address: $0) }
+            }
             let link: LinkID
             do {
-                link = try invite(expected: attempt.peer, endpoint: endpoint, context: attempt.context,
-                                  timeout: stepTimeout, keyFromConnectionData: attempt.keyFromConnectionData,
+                link = try invite(expected: attempt.peer, endpoint: endpoint, alternates: alternates.map(\.address),
+                                  context: attempt.context, timeout: stepTimeout,
+                                  keyFromConnectionData: attempt.keyFromConnectionData,
                                   attempt: step(of: attempt, holding: stepTimeout))
             } catch {
                 switch error {
@@ -133,9 +143,11 @@ extension SessionCore {
                 }
                 continue
             }
+            attempt.raced = [endpoint] + alternates.map(\.endpoint)
+            attempt.endpoints.removeAll { attempt.raced.contains($0) }
             attempt.started = true
             io.value.attempts[link] = attempt
-            if attempt.next < attempt.endpoints.count || attempt.introducer != nil {
+            if !attempt.endpoints.isEmpty || attempt.raced.count > 1 || attempt.introducer != nil {
                 let due = MonotonicClock.nowNanos() &+ UInt64(noAnswer.nanoseconds)
                 loop.schedule(at: due) { [weak self] in self?.notAnswered(link, address: endpoint.host, within: noAnswer) }
             }
@@ -143,6 +155,16 @@ extension SessionCore {
         }
         guard attempt.introducer != nil else { return lastError }
         return call(attempt)
+    }
+
+    /// The connect of the attempt's invitation on `link` raced its addresses: those left untried go back to the
+    /// attempt (before its next step, if it needs one).
+    func raceDecided(_ outcome: ConnectRace.Outcome, on link: LinkID) {
+        guard var attempt = io.value.attempts[link] else { return }
+        attempt.endpoints = outcome.untried.compactMap { attempt.raced.indices.contains($0) ? attempt.raced[$0] : nil }
+            + attempt.endpoints
+        attempt.raced = []
+        io.value.attempts[link] = attempt
     }
 
     /// An attempt's invitation on `link` was answered by the peer, proving the data's key: no other address is tried.
@@ -154,10 +176,19 @@ extension SessionCore {
     /// (timed out), and the attempt goes on to its next step.
     private func notAnswered(_ link: LinkID, address: String, within time: Duration) {
         guard let attempt = io.value.attempts[link], !attempt.reached else { return }
+        // A race that is over and left nothing to try: the invitation keeps its own time, as a last address does.
+        if attempt.raced.isEmpty, attempt.endpoints.isEmpty, attempt.introducer == nil { return }
+        let detail = if let reached = io.value.connections[link]?.connectedRemote {
+            "no answer from \(reached.host) within \(time)"   // the address whose connect won
+        } else if attempt.raced.count > 1 {
+            "no connection to \(attempt.raced.map(\.host).joined(separator: ", ")) within \(time)"
+        } else {
+            "no answer from \(address) within \(time)"
+        }
         let actions = shared.withLock { $0.machine.linkClosed(link) }
         guard !actions.isEmpty else { return }  // ended meanwhile (the app disconnected): its own report stands
         io.value.failureReason[link] = .timedOut
-        io.value.failureDetail[link] = "no answer from \(address) within \(time)"
+        io.value.failureDetail[link] = detail
         perform(actions)
     }
 

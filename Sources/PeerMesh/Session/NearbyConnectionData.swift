@@ -252,9 +252,11 @@ extension Session {
     /// Connects to `peer` with the data its session made for this one (`nearbyConnectionData(forPeer:)`), with no
     /// DNS-SD, as MC's `connectPeer(_:withNearbyConnectionData:)`. The data's addresses are tried in turn: one that
     /// refuses, shows another key, or has not proved the peer's key within `peerTimeout` (5 to 30 s) gives way to the
-    /// next. Once the peer has proved its key on one, that invitation has 30 s, and however it ends (the peer
-    /// declines, it times out) ends the attempt. The peer goes `connecting` once, then `connected`, or, when no
-    /// address led to it, `notConnected`, with `invitationTo…failedWith` saying why the last invitation failed.
+    /// next; each invitation's connect races the addresses left (`ConnectRace`: an address that drops connection
+    /// attempts costs 250 ms a race, not those seconds). Once the peer has proved its key on one, that invitation has 30 s,
+    /// and however it ends (the peer declines, it times out) ends the attempt. The peer goes `connecting` once, then
+    /// `connected`, or, when no address led to it, `notConnected`, with `invitationTo…failedWith` saying why the last
+    /// invitation failed.
     /// `cancelConnectPeer` stops the attempt where it is. The handshake must prove the key in the data. The first
     /// invitation is started on the session's event loop, which this call waits for (at once when called from a
     /// delegate callback).

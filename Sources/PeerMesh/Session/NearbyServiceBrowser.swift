@@ -86,7 +86,9 @@ public final class NearbyServiceBrowser: Sendable {
     /// The peer's addresses are tried in turn until one answers and proves the advertised key: anyone can announce
     /// a copy of a peer's record at an address of their own, and that copy must not hide the peer. An address that
     /// refuses, shows another key (counted as a peer fault) or has not answered in its share of the time gives way to
-    /// the next; once the peer has proved its key, how that invitation ends is the answer.
+    /// the next; once the peer has proved its key, how that invitation ends is the answer. Each invitation's connect
+    /// races the addresses left (`ConnectRace`, Happy Eyeballs): one that drops connection attempts costs 250 ms a
+    /// race.
     /// All of it within `timeout`: each address left gets its share of the time left to answer in, and the one
     /// that answers keeps the rest. The peer goes `connecting` once, then `connected` or `notConnected`. The first
     /// invitation is started on the session's event loop, which this call waits for (at once when called on that

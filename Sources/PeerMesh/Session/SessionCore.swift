@@ -210,8 +210,9 @@ final class SessionCore: Sendable {
     // MARK: Commands from the app (any thread)
 
     @discardableResult
-    func invite(expected: PeerID?, endpoint: PeerEndpoint, context: Data?, timeout: Duration,
-                keyFromConnectionData: Bool = false, attempt: AttemptStep? = nil) throws(PeerMeshError) -> LinkID {
+    func invite(expected: PeerID?, endpoint: PeerEndpoint, alternates: [SocketAddress] = [], context: Data?,
+                timeout: Duration, keyFromConnectionData: Bool = false,
+                attempt: AttemptStep? = nil) throws(PeerMeshError) -> LinkID {
         guard (context?.count ?? 0) <= ControlFrame.maximumContext else {
             throw .invalidParameter("invitation context is \(context?.count ?? 0) bytes; at most \(ControlFrame.maximumContext)")
         }
@@ -227,8 +228,9 @@ final class SessionCore: Sendable {
         }
         let sock: FileDescriptor
         do { sock = try FileDescriptor.tcpConnect(to: addr, from: bindAddress) } catch { throw .transport(error.description) }
-        return try invite(expected: expected, socket: sock, remote: addr, relayed: false, context: context,
-                          timeout: timeout, keyFromConnectionData: keyFromConnectionData, attempt: attempt)
+        return try invite(expected: expected, socket: sock, remote: addr, alternates: alternates, relayed: false,
+                          context: context, timeout: timeout, keyFromConnectionData: keyFromConnectionData,
+                          attempt: attempt)
     }
 
     /// An invitation that is a step of a `DirectAttempt`: the peer is held `connecting` until `holdUntil` (in the same
@@ -239,13 +241,15 @@ final class SessionCore: Sendable {
         let holdUntil: Nanos
     }
 
-    /// Invites over `socket`: a TCP connect in progress to `remote`, or (`relayed`) our side of a relay pipe.
+    /// Invites over `socket`: a TCP connect in progress to `remote` (raced against connects to `alternates`, when
+    /// given: `Connection.race`), or (`relayed`) our side of a relay pipe.
     /// `keyFromConnectionData`: `expected`'s key comes from connection data, not an advertisement (`ExpectedKey`).
     /// `attempt`: the invitation is a step of a `DirectAttempt` (`AttemptStep`), checked and held under the lock the
     /// app's `disconnect` takes.
     @discardableResult
-    func invite(expected: PeerID?, socket sock: FileDescriptor, remote addr: SocketAddress?, relayed: Bool, context: Data?,
-                timeout: Duration, keyFromConnectionData: Bool = false, attempt: AttemptStep? = nil) throws(PeerMeshError) -> LinkID {
+    func invite(expected: PeerID?, socket sock: FileDescriptor, remote addr: SocketAddress?, alternates: [SocketAddress] = [],
+                relayed: Bool, context: Data?, timeout: Duration, keyFromConnectionData: Bool = false,
+                attempt: AttemptStep? = nil) throws(PeerMeshError) -> LinkID {
         let ctx = Array(context ?? Data())
         guard ctx.count <= ControlFrame.maximumContext else {
             throw .invalidParameter("invitation context is \(ctx.count) bytes; at most \(ControlFrame.maximumContext)")
@@ -274,6 +278,11 @@ final class SessionCore: Sendable {
             let c = Connection(socket: sock, remote: addr, connecting: true, loop: loop, channel: channelConfiguration(.initiator),
                                relayed: relayed)
             c.maximumQueued = 2 * configuration.maximumQueuedBytes
+            if !alternates.isEmpty {
+                c.race(alternates: alternates, from: bindAddress, stagger: ConnectRace.connectionAttemptDelay) { [unowned self] outcome in
+                    raceDecided(outcome, on: link)
+                }
+            }
             io.value.connections[link] = c
             io.value.localTokens[link] = token
             if let pinned { io.value.expectedKeys[link] = ExpectedKey(key: pinned, fromConnectionData: keyFromConnectionData) }

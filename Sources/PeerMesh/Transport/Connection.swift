@@ -21,10 +21,11 @@ enum ConnectionEnd: Equatable, Sendable {
 /// an initiator's peer awaiting approval through `onApproval`; the end of the connection arrives once through
 /// `onEnd`, after which nothing more is delivered.
 final class Connection {
-    /// The socket.
-    let socket: FileDescriptor
-    /// The peer's address (the one we connected to, or accepted from).
-    let remote: SocketAddress?
+    /// The socket (while a connect `race` is on, the first candidate's; then the winner's).
+    private(set) var socket: FileDescriptor
+    /// The peer's address (the one we connected to, or accepted from); while a connect race is on, the first
+    /// candidate's (`connectedRemote` is nil until a connect is made).
+    private(set) var remote: SocketAddress?
     /// Whether we opened it (and so also whether `connect` may still be in progress).
     let isOutgoing: Bool
     /// Whether it runs through a relay pipe (a `socketpair` end spliced by another member) rather than TCP.
@@ -92,6 +93,7 @@ final class Connection {
         if registration == nil {
             if isOutgoing { perform(channel.start()) }
             registration = loop.register(fd: socket.fd, interest: interest) { [unowned self] ready in handle(ready) }
+            armRaceTimer()
         } else {
             updateInterest()
             // Frames that arrived in the previous owner's last read after the one it paused on.
@@ -120,6 +122,9 @@ final class Connection {
 
     /// Whether the connection has ended (closed by us, by the peer, or failed); nothing more is delivered.
     var hasEnded: Bool { ended }
+
+    /// The address our connect reached (or we accepted from); nil while an outgoing connect is in progress.
+    var connectedRemote: SocketAddress? { connected ? remote : nil }
 
     /// Initiator: the owner trusts the peer the handshake identified; finish the handshake.
     func approve() {
@@ -197,7 +202,7 @@ final class Connection {
         guard !ended else { return }
         if connected { flush() }
         finish()
-        shutdown(socket.fd, Int32(SHUT_RDWR))
+        if !socket.isClosed { shutdown(socket.fd, Int32(SHUT_RDWR)) }  // closed already: a raced first candidate
         socket.close()
     }
 
@@ -225,11 +230,13 @@ final class Connection {
         guard !ended else { return }
         if paused, ready.contains(.failed) { return end(.closedByPeer) }
         if !connected {
-            let err = socket.pendingError()
-            let target = remote.map(\.description) ?? "the peer"
-            if err != 0 { return end(.failed("cannot connect to \(target): \(Sys.errorText(err))")) }
-            if ready.contains(.failed) && !ready.contains(.readable) { return end(.failed("cannot connect to \(target)")) }
+            if let failure = connectFailure(of: socket, to: remote, ready) {
+                guard race != nil else { return end(.failed(failure)) }
+                stopContender(0)  // others race on
+                return raceFailed(0, failure)
+            }
             guard ready.contains(.writable) || ready.contains(.readable) else { return }
+            if race != nil { raceWon(0) }
             connected = true
         }
         if ready.contains(.writable) || sent < outbound.count {
@@ -343,7 +350,7 @@ final class Connection {
         guard !ended else { return }
         let handler = onEnd
         finish()
-        shutdown(socket.fd, Int32(SHUT_RDWR))
+        if !socket.isClosed { shutdown(socket.fd, Int32(SHUT_RDWR)) }
         socket.close()
         handler(why)
     }
@@ -361,5 +368,147 @@ final class Connection {
         nextPending = 0
         outbound = []
         sent = 0
+        if var r = race {  // closed while the race is on: the owner hears of it last, with everything else done
+            race = nil
+            for c in r.contenders.values {
+                loop.deregister(c.registration)
+                c.socket.close()
+            }
+            if let outcome = r.machine.callOff() { r.onDecided(outcome) }
+        }
+    }
+
+    // MARK: Happy Eyeballs
+
+    /// A connect raced across addresses (`race(alternates:…)`).
+    private struct Race {
+        var machine: ConnectRace
+        /// Candidate 0 is the connection's own socket and `remote`; then the alternates, in order.
+        let addresses: [SocketAddress]
+        let source: SocketAddress?
+        /// The sockets of the candidates other than 0 that are still connecting.
+        var contenders: [Int: (socket: FileDescriptor, registration: EventLoop.Registration)] = [:]
+        let onDecided: (ConnectRace.Outcome) -> Void
+    }
+    private var race: Race?
+
+    /// Races this outgoing connection's connect to `remote` against connects to `alternates` (Happy Eyeballs,
+    /// `ConnectRace`), each from `source`'s address: the first to connect carries the connection. Call before
+    /// `start`. `onDecided` hears the outcome once (candidate 0 is `remote`, then `alternates` in order), before
+    /// anything else is delivered: when one connects, when all failed (the connection then ends with the last
+    /// failure), or when the connection is closed while the race is on.
+    func race(alternates: [SocketAddress], from source: SocketAddress?, stagger: Nanos,
+              onDecided: @escaping (ConnectRace.Outcome) -> Void) {
+        precondition(isOutgoing && !connected && registration == nil, "a connect is raced before it starts")
+        guard let remote, !alternates.isEmpty else { return }
+        race = Race(machine: ConnectRace(candidates: 1 + alternates.count, stagger: stagger, now: MonotonicClock.nowNanos()),
+                    addresses: [remote] + alternates, source: source, onDecided: onDecided)
+    }
+
+    /// Why a connect in progress on `s` failed, or nil when it has not (it connected, or is still connecting).
+    private func connectFailure(of s: FileDescriptor, to address: SocketAddress?, _ ready: EventLoop.Readiness) -> String? {
+        let err = s.pendingError()
+        let target = address.map(\.description) ?? "the peer"
+        if err != 0 { return "cannot connect to \(target): \(Sys.errorText(err))" }
+        if ready.contains(.failed) && !ready.contains(.readable) { return "cannot connect to \(target)" }
+        return nil
+    }
+
+    /// Arms the timer for the race's next start, if one is due.
+    private func armRaceTimer() {
+        guard let at = race?.machine.nextStart else { return }
+        loop.schedule(at: at) { [weak self] in self?.raceTimerFired() }
+    }
+
+    /// The race's timer: a stale one (another candidate started since) finds nothing to start.
+    private func raceTimerFired() {
+        guard !ended, var r = race else { return }
+        let action = r.machine.timerFired(now: MonotonicClock.nowNanos())
+        race = r
+        guard case .start(let next, let setAside) = action else { return }
+        if let setAside { stopContender(setAside) }
+        startContender(next)
+    }
+
+    /// Candidate `i` no longer races (it failed, or the cap set it aside): its socket is closed. Candidate 0's is the
+    /// connection's own: it stays `socket` (closed) until a winner's replaces it, or the connection ends.
+    private func stopContender(_ i: Int) {
+        if i == 0 {
+            if let registration { loop.deregister(registration) }
+            registration = nil
+            socket.close()
+        } else if let c = race?.contenders.removeValue(forKey: i) {
+            loop.deregister(c.registration)
+            c.socket.close()
+        }
+    }
+
+    /// Starts candidate `i`'s connect (`i` ≥ 1); one that cannot be started has failed.
+    private func startContender(_ i: Int) {
+        guard var r = race else { return }
+        let address = r.addresses[i]
+        let s: FileDescriptor
+        do { s = try FileDescriptor.tcpConnect(to: address, from: r.source) } catch {
+            return raceFailed(i, "cannot connect to \(address): \(error.description)")
+        }
+        let registration = loop.register(fd: s.fd, interest: [.writable]) { [unowned self] ready in contenderReady(i, ready) }
+        r.contenders[i] = (s, registration)
+        race = r
+        armRaceTimer()
+    }
+
+    /// Candidate `i`'s socket (`i` ≥ 1) is ready: its connect failed, or it won and becomes the connection's socket.
+    private func contenderReady(_ i: Int, _ ready: EventLoop.Readiness) {
+        guard !ended, var r = race, let c = r.contenders[i] else { return }
+        if let failure = connectFailure(of: c.socket, to: r.addresses[i], ready) {
+            r.contenders[i] = nil
+            race = r
+            loop.deregister(c.registration)
+            c.socket.close()
+            return raceFailed(i, failure)
+        }
+        guard ready.contains(.writable) || ready.contains(.readable) else { return }
+        r.contenders[i] = nil
+        race = r
+        loop.deregister(c.registration)
+        // The winner: candidate 0's socket (still connecting, or already closed: failed or set aside) gives way to it.
+        if let registration { loop.deregister(registration) }
+        socket.close()
+        socket = c.socket
+        remote = r.addresses[i]
+        raceWon(i)
+        guard !ended else { return }
+        connected = true
+        registration = loop.register(fd: socket.fd, interest: interest) { [unowned self] ready in handle(ready) }
+        flush()
+        if !ended { updateInterest() }
+    }
+
+    /// Candidate `i` connected first: the others still connecting are closed unwritten.
+    private func raceWon(_ i: Int) {
+        guard var r = race else { return }
+        race = nil
+        let action = r.machine.connected(i)
+        for c in r.contenders.values {
+            loop.deregister(c.registration)
+            c.socket.close()
+        }
+        if case .won(_, let outcome) = action { r.onDecided(outcome) }
+    }
+
+    /// Candidate `i`'s connect failed with `failure`: the next starts, or the others go on, or — all failed — the
+    /// connection ends with this failure.
+    private func raceFailed(_ i: Int, _ failure: String) {
+        guard var r = race else { return end(.failed(failure)) }
+        let action = r.machine.failed(i, now: MonotonicClock.nowNanos())
+        race = r
+        switch action {
+        case .start(let next): startContender(next)
+        case .wait, .ignore: break
+        case .lost(let outcome):
+            race = nil
+            r.onDecided(outcome)
+            end(.failed(failure))
+        }
     }
 }

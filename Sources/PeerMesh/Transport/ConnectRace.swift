@@ -1,0 +1,157 @@
+/// Happy Eyeballs for one outgoing TCP connection (RFC 8305 §5, without its address sorting: the caller's order
+/// stands), as a pure state machine; `Connection` is its driver (it opens and closes the sockets and keeps the timer).
+///
+/// Candidate 0 is connecting when the race begins. The next candidate starts as soon as one fails, or when the last
+/// one started has not connected within `stagger`; the first to connect wins, and the others still connecting are
+/// abandoned (closed before a byte is written to them, so a peer that hears of one at all hears an empty
+/// connection). An address that drops connection attempts (a firewall, a subnet with no route back) so costs the
+/// stagger, not the whole time an address is given to answer.
+///
+/// At most `maximumConnecting` connect at once: past that, the next one's start sets the oldest still connecting
+/// aside (its socket closed). So one race holds a few sockets however many addresses it has — which matters when the
+/// addresses are a stranger's choice (a member's introductions, §3.8 of PROTOCOL.md: 32 may be in flight, each with
+/// up to 16 addresses) — and starts at most one connect a `stagger`, beyond those that replace a failure.
+///
+/// Candidates abandoned, set aside or never started are untried: the `Outcome` hands them back to the caller, in
+/// their order, which may race them again if the winner does not lead to the peer it wants (a real address whose
+/// first SYN was lost, set aside before the kernel sent it again, so still gets its chance). Candidates that failed,
+/// won, or were still connecting when the race was called off are spent.
+struct ConnectRace: Sendable {
+    /// How the race ended, once: who won (nil: nobody), and the candidates still untried, in order.
+    struct Outcome: Equatable, Sendable {
+        /// The candidate that connected first; nil when all failed, or the race was called off (`callOff`).
+        var winner: Int?
+        /// The candidates abandoned when another won, set aside, or never started, in order. Those still connecting
+        /// when the race is called off are not among them: in all that time they did not connect.
+        var untried: [Int]
+    }
+
+    /// What a connect that finished means.
+    enum OnConnected: Equatable, Sendable {
+        /// The candidate won (the outcome's winner): close `abandon` (still connecting), and use the winner's socket.
+        case won(abandon: [Int], Outcome)
+        /// The race is over, or the candidate was not in it: close its socket.
+        case ignore
+    }
+
+    /// What a failed connect (or one that could not even be started) means.
+    enum OnFailed: Equatable, Sendable {
+        /// Start this candidate now (its failure to start is another `failed`).
+        case start(Int)
+        /// Others are still connecting: wait for them (and the timer).
+        case wait
+        /// Every candidate failed: the connection fails with this one's error.
+        case lost(Outcome)
+        /// The race is over, or the candidate was not in it.
+        case ignore
+    }
+
+    /// What the timer means.
+    enum OnTimer: Equatable, Sendable {
+        /// Start this candidate now: the last one started has had its `stagger`. `setAside`: close this one first,
+        /// the oldest still connecting (`maximumConnecting` are); it is untried.
+        case start(Int, setAside: Int?)
+        /// Nothing to start yet (see `nextStart`), or nothing left to start.
+        case wait
+    }
+
+    private struct Racing: Sendable {
+        /// Candidates `0..<started` have been started.
+        var started: Int
+        /// Those of them still connecting, in order.
+        var connecting: [Int]
+        /// Those of them the cap set aside.
+        var setAside: [Int] = []
+        /// When the last one started.
+        var lastStart: Nanos
+    }
+
+    private enum State: Sendable {
+        case racing(Racing)
+        case over
+    }
+
+    /// RFC 8305's recommended Connection Attempt Delay: on a LAN a connect that works takes well under a
+    /// millisecond, so a quarter of a second still waiting means the address is not answering.
+    static let connectionAttemptDelay: Nanos = 250_000_000
+
+    /// At most this many connect at once (see the type's description).
+    static let maximumConnecting = 3
+
+    /// How many candidates there are (at least one).
+    let candidates: Int
+    /// At most this many connect at once.
+    let maximumConnecting: Int
+    /// How long the last candidate started has to connect before the next one starts.
+    let stagger: Nanos
+    private var state: State
+
+    /// A race among `candidates` addresses, the first of which started connecting at `now`.
+    init(candidates: Int, stagger: Nanos, now: Nanos, maximumConnecting: Int = ConnectRace.maximumConnecting) {
+        precondition(candidates >= 1 && maximumConnecting >= 1, "a race needs a candidate, and room for one")
+        self.candidates = candidates
+        self.stagger = stagger
+        self.maximumConnecting = maximumConnecting
+        state = .racing(Racing(started: 1, connecting: [0], lastStart: now))
+    }
+
+    /// Whether the race is still on.
+    var isRacing: Bool { if case .racing = state { true } else { false } }
+
+    /// When the timer should next fire: the moment the next candidate starts if none connects or fails before;
+    /// nil when nothing is left to start or the race is over.
+    var nextStart: Nanos? {
+        guard case .racing(let r) = state, r.started < candidates else { return nil }
+        return r.lastStart &+ stagger
+    }
+
+    /// `candidate`'s connect finished.
+    mutating func connected(_ candidate: Int) -> OnConnected {
+        guard case .racing(let r) = state, r.connecting.contains(candidate) else { return .ignore }
+        state = .over
+        let abandon = r.connecting.filter { $0 != candidate }
+        let untried = (r.setAside + abandon).sorted() + Array(r.started..<candidates)
+        return .won(abandon: abandon, Outcome(winner: candidate, untried: untried))
+    }
+
+    /// `candidate`'s connect failed (refused, unreachable, reset), or it could not be started.
+    mutating func failed(_ candidate: Int, now: Nanos) -> OnFailed {
+        guard case .racing(var r) = state, let i = r.connecting.firstIndex(of: candidate) else { return .ignore }
+        r.connecting.remove(at: i)
+        if r.started < candidates {
+            let next = r.started
+            r.started += 1
+            r.connecting.append(next)
+            r.lastStart = now
+            state = .racing(r)
+            return .start(next)
+        }
+        guard r.connecting.isEmpty else {
+            state = .racing(r)
+            return .wait
+        }
+        state = .over
+        return .lost(Outcome(winner: nil, untried: r.setAside.sorted()))
+    }
+
+    /// The timer fired at `now`.
+    mutating func timerFired(now: Nanos) -> OnTimer {
+        guard case .racing(var r) = state, r.started < candidates, now >= r.lastStart &+ stagger else { return .wait }
+        let setAside = r.connecting.count >= maximumConnecting ? r.connecting.removeFirst() : nil
+        if let setAside { r.setAside.append(setAside) }
+        let next = r.started
+        r.started += 1
+        r.connecting.append(next)
+        r.lastStart = now
+        state = .racing(r)
+        return .start(next, setAside: setAside)
+    }
+
+    /// The connection is closed while the race is on (its owner gave up on it): those still connecting are spent, the
+    /// others untried. Nil when the race was already over.
+    mutating func callOff() -> Outcome? {
+        guard case .racing(let r) = state else { return nil }
+        state = .over
+        return Outcome(winner: nil, untried: r.setAside.sorted() + Array(r.started..<candidates))
+    }
+}
