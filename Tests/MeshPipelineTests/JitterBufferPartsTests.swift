@@ -1,5 +1,6 @@
 import Testing
 import MeshAudio
+import MeshTestSupport
 @testable import MeshPipeline
 
 /// The jitter buffer's pure parts, each alone.
@@ -133,6 +134,36 @@ struct JitterBufferPartsTests {
         near.startStream(at: 0)
         Self.receive([UInt32(LossTracker.maximumDropout)], into: &near)
         #expect(near.lostPackets == UInt64(LossTracker.maximumDropout) - 1)
+    }
+
+    // MARK: LargestValues
+
+    @Test("LargestValues gives a sort's answer for any order of the values, any number kept, and forgets a pass at the next")
+    func largestValuesMatchASort() {
+        var rng = SeededRandom(seed: 0x1a2b)
+        let n = 4096
+        let random = (0..<n).map { _ in Double(rng.next() % 1_000_000) }
+        let orders: [(String, [Double])] = [
+            ("random", random),
+            ("ascending", random.sorted()),
+            ("descending", random.sorted(by: >)),
+            ("all equal", Array(repeating: 7, count: n)),
+            ("sawtooth", (0..<n).map { Double($0 % 97) }),
+            ("few", [3, -1, 2]),
+        ]
+        var largest = LargestValues(capacity: 13)
+        for (name, values) in orders {
+            let sorted = values.sorted(by: >)
+            for count in [1, 2, 13] {
+                largest.start(keeping: count)
+                for v in values { largest.offer(v) }
+                #expect(largest.smallest == sorted[min(count, values.count) - 1], "\(name), keeping \(count)")
+            }
+        }
+        largest.start(keeping: 1)
+        #expect(largest.smallest == -.infinity, "nothing offered")
+        largest.offer(-5)
+        #expect(largest.smallest == -5, "a new pass forgets the last one's values")
     }
 
     // MARK: JitterEstimator
