@@ -23,7 +23,7 @@ struct ConnectRaceTests {
         #expect(r.connected(0) == .ignore)
         #expect(r.failed(0, now: t0 + sec) == .ignore)
         #expect(r.timerFired(now: t0 + 10 * sec) == .wait)
-        #expect(r.callOff() == nil)
+        #expect(r.callOff(now: t0 + sec) == nil)
     }
 
     @Test("A refusal starts the next at once; a stale timer then starts nothing; all refused is lost, with nothing untried")
@@ -66,8 +66,8 @@ struct ConnectRaceTests {
         #expect(r.timerFired(now: t0 + 4 * stagger) == .start(4, setAside: 1))
         // A failure makes room: the next starts at once, setting nobody aside.
         #expect(r.failed(2, now: t0 + 4 * stagger + ms) == .start(5))
-        #expect(r.connected(4) == .won(abandon: [3, 5], .init(winner: 4, untried: [0, 1, 3, 5])),
-                "2 failed and 4 won: the others go back, in their order")
+        #expect(r.connected(4) == .won(abandon: [3, 5], .init(winner: 4, untried: [3, 5], setAside: [0, 1])),
+                "2 failed and 4 won: the others go back")
     }
 
     @Test("All those still connecting fail: lost, and what the cap set aside is still untried")
@@ -78,7 +78,7 @@ struct ConnectRaceTests {
         #expect(r.timerFired(now: t0 + 3 * stagger) == .start(3, setAside: 0))
         #expect(r.failed(1, now: t0 + 3 * stagger + ms) == .wait)
         #expect(r.failed(3, now: t0 + 3 * stagger + 2 * ms) == .wait)
-        #expect(r.failed(2, now: t0 + 3 * stagger + 3 * ms) == .lost(.init(winner: nil, untried: [0])))
+        #expect(r.failed(2, now: t0 + 3 * stagger + 3 * ms) == .lost(.init(winner: nil, untried: [], setAside: [0])))
     }
 
     @Test("The last ones still connecting all fail: lost, even though the first is long gone")
@@ -89,15 +89,29 @@ struct ConnectRaceTests {
         #expect(r.failed(1, now: t0 + stagger + 2 * ms) == .lost(.init(winner: nil, untried: [])))
     }
 
-    @Test("Called off while racing: those still connecting did not connect in all that time and are spent; those set aside or never started are untried")
+    @Test("Called off: the oldest still connecting is spent, and any other that had 750 ms; younger ones, those set aside and those never started are untried")
     func calledOff() {
-        var r = race(5)
-        #expect(r.timerFired(now: t0 + stagger) == .start(1, setAside: nil))
-        #expect(r.timerFired(now: t0 + 2 * stagger) == .start(2, setAside: nil))
-        #expect(r.timerFired(now: t0 + 3 * stagger) == .start(3, setAside: 0))
-        #expect(r.callOff() == .init(winner: nil, untried: [0, 4]))
-        #expect(!r.isRacing && r.callOff() == nil)
-        #expect(r.connected(1) == .ignore)
+        func racing() -> ConnectRace {
+            var r = race(5)
+            #expect(r.timerFired(now: t0 + stagger) == .start(1, setAside: nil))
+            #expect(r.timerFired(now: t0 + 2 * stagger) == .start(2, setAside: nil))
+            #expect(r.timerFired(now: t0 + 3 * stagger) == .start(3, setAside: 0))
+            return r
+        }
+        // 1 (the oldest) is spent; 2 and 3 started 250 and 0 ms ago.
+        var soon = racing()
+        #expect(soon.outcomeIfCalledOff(now: t0 + 3 * stagger) == .init(winner: nil, untried: [2, 3, 4], setAside: [0]))
+        #expect(soon.callOff(now: t0 + 3 * stagger) == .init(winner: nil, untried: [2, 3, 4], setAside: [0]))
+        #expect(!soon.isRacing && soon.callOff(now: t0 + 3 * stagger) == nil && soon.outcomeIfCalledOff(now: t0) == nil)
+        #expect(soon.connected(1) == .ignore)
+        // Long after, all three still connecting had their time.
+        var late = racing()
+        #expect(late.callOff(now: t0 + 10 * sec) == .init(winner: nil, untried: [4], setAside: [0]))
+        // Just short of 750 ms, the second oldest is still young.
+        var edge = racing()
+        #expect(edge.callOff(now: t0 + 5 * stagger - 1) == .init(winner: nil, untried: [2, 3, 4], setAside: [0]))
+        var past = racing()
+        #expect(past.callOff(now: t0 + 5 * stagger) == .init(winner: nil, untried: [3, 4], setAside: [0]))
     }
 
     @Test("One candidate: no timer, and its failure is the race's")

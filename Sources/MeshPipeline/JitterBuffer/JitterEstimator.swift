@@ -19,6 +19,8 @@ struct JitterEstimator {
     static let transitCapacity = 4096
     /// Fraction of the window's packets whose excess transit the deviation does not cover.
     static let outlierFraction = 0.003
+    /// The most outliers a full window drops (12).
+    static let mostOutliersDropped = Int(Double(transitCapacity) * outlierFraction)
     /// Least interval between two recomputations of the deviation.
     static let deviationIntervalNanos: UInt64 = 20_000_000
 
@@ -46,7 +48,7 @@ struct JitterEstimator {
     private var transits: [Double]
     private var arrivals: [UInt64]
     /// The largest residuals of a recomputation's pass, for the quantile.
-    private var largest = LargestValues(capacity: Int(Double(JitterEstimator.transitCapacity) * JitterEstimator.outlierFraction) + 1)
+    private var largest = LargestValues(capacity: JitterEstimator.mostOutliersDropped + 1)
     private var next = 0
     /// Where the latest off packet (beyond the covered deviation or below the least transit) was recorded.
     private var loneIndex = 0
@@ -132,7 +134,8 @@ struct JitterEstimator {
             n += 1
         }
         guard n > 0 else { deviationNanos = 0; return }
-        let k = droppingOutliers ? min(n - 1, Int(Double(n) * Self.outlierFraction)) : 0   // drop the k largest
+        // Drop the k largest.
+        let k = droppingOutliers ? min(n - 1, Int(Double(n) * Self.outlierFraction), Self.mostOutliersDropped) : 0
         let slope = deviceClockPPM * 1e-6
         var (least, deviation) = spread(count: n, slope: slope, nowNanos: nowNanos, rank: k)
         if slope != 0 {

@@ -26,8 +26,11 @@ struct DirectAttempt: Sendable {
     /// That member's introduction, as the link it makes carries it (`MembershipStateMachine.introduction(by:)`).
     var introduction: MembershipStateMachine.Introduction?
     /// The addresses the current step's connect races, in the race's order (its candidates): those the race leaves
-    /// untried (`ConnectRace.Outcome.untried`) go back to `endpoints`.
+    /// untried (`ConnectRace.Outcome`) go back to `endpoints`.
     var raced: [PeerEndpoint] = []
+    /// Addresses a race has set aside once: set aside again, they are spent (re-racing addresses that drop connection
+    /// attempts would otherwise multiply the connects to addresses a stranger chose).
+    var setAsideOnce: Set<PeerEndpoint> = []
     /// An invitation of this attempt has started: the next one continues it, and starts only while the peer is still
     /// held (the app's `disconnect` ends the hold).
     var started = false
@@ -127,7 +130,8 @@ extension SessionCore {
             attempt.endpoints.removeFirst()
             // The other numeric addresses left race this one's connect (Happy Eyeballs): one that drops connection
             // attempts costs the race's stagger, not the step's time.
-            let alternates = attempt.endpoints.filter { $0 != endpoint }.compactMap { e in
+            var seen: Set<PeerEndpoint> = [endpoint]
+            let alternates = attempt.endpoints.filter { seen.insert($0).inserted }.compactMap { e in
                 SocketAddress(numericHost: e.host, port: e.port).map { (endpoint: e, address: $0) }
             }
             let link: LinkID
@@ -161,7 +165,11 @@ extension SessionCore {
     /// attempt (before its next step, if it needs one).
     func raceDecided(_ outcome: ConnectRace.Outcome, on link: LinkID) {
         guard var attempt = io.value.attempts[link] else { return }
-        attempt.endpoints = outcome.untried.compactMap { attempt.raced.indices.contains($0) ? attempt.raced[$0] : nil }
+        var back = outcome.untried
+        for i in outcome.setAside where attempt.raced.indices.contains(i) {
+            if attempt.setAsideOnce.insert(attempt.raced[i]).inserted { back.append(i) }
+        }
+        attempt.endpoints = back.sorted().compactMap { attempt.raced.indices.contains($0) ? attempt.raced[$0] : nil }
             + attempt.endpoints
         attempt.raced = []
         io.value.attempts[link] = attempt
@@ -176,8 +184,11 @@ extension SessionCore {
     /// (timed out), and the attempt goes on to its next step.
     private func notAnswered(_ link: LinkID, address: String, within time: Duration) {
         guard let attempt = io.value.attempts[link], !attempt.reached else { return }
-        // A race that is over and left nothing to try: the invitation keeps its own time, as a last address does.
-        if attempt.raced.isEmpty, attempt.endpoints.isEmpty, attempt.introducer == nil { return }
+        // Nothing left to try after this step (its race is over, or calling it off would hand nothing back): the
+        // invitation keeps its own time, as a last address does.
+        if attempt.endpoints.isEmpty, attempt.introducer == nil, io.value.connections[link]?.raceWouldHandBack != true {
+            return
+        }
         let detail = if let reached = io.value.connections[link]?.connectedRemote {
             "no answer from \(reached.host) within \(time)"   // the address whose connect won
         } else if attempt.raced.count > 1 {

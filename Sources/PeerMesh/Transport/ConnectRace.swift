@@ -13,17 +13,21 @@
 /// up to 16 addresses) — and starts at most one connect a `stagger`, beyond those that replace a failure.
 ///
 /// Candidates abandoned, set aside or never started are untried: the `Outcome` hands them back to the caller, in
-/// their order, which may race them again if the winner does not lead to the peer it wants (a real address whose
-/// first SYN was lost, set aside before the kernel sent it again, so still gets its chance). Candidates that failed,
-/// won, or were still connecting when the race was called off are spent.
+/// their order, which may race them again if the winner does not lead to the peer it wants or the race is called
+/// off or lost (a real address whose first SYN was lost, set aside before the kernel sent it again, so still gets
+/// its chance; the caller counts an address set aside twice as spent). Candidates that failed or won are spent, and
+/// so are, when the race is called off, the oldest still connecting and any other that had as long as one set aside
+/// (`maximumConnecting` staggers): every race spends at least one.
 struct ConnectRace: Sendable {
     /// How the race ended, once: who won (nil: nobody), and the candidates still untried, in order.
     struct Outcome: Equatable, Sendable {
         /// The candidate that connected first; nil when all failed, or the race was called off (`callOff`).
         var winner: Int?
-        /// The candidates abandoned when another won, set aside, or never started, in order. Those still connecting
-        /// when the race is called off are not among them: in all that time they did not connect.
+        /// The candidates abandoned when another won, or never started, or still connecting but young when the race
+        /// was called off, in order (see the type's description).
         var untried: [Int]
+        /// The candidates the cap set aside, in order: untried too.
+        var setAside: [Int] = []
     }
 
     /// What a connect that finished means.
@@ -58,8 +62,8 @@ struct ConnectRace: Sendable {
     private struct Racing: Sendable {
         /// Candidates `0..<started` have been started.
         var started: Int
-        /// Those of them still connecting, in order.
-        var connecting: [Int]
+        /// Those of them still connecting, in order, with when each started.
+        var connecting: [(candidate: Int, since: Nanos)]
         /// Those of them the cap set aside.
         var setAside: [Int] = []
         /// When the last one started.
@@ -92,7 +96,7 @@ struct ConnectRace: Sendable {
         self.candidates = candidates
         self.stagger = stagger
         self.maximumConnecting = maximumConnecting
-        state = .racing(Racing(started: 1, connecting: [0], lastStart: now))
+        state = .racing(Racing(started: 1, connecting: [(0, now)], lastStart: now))
     }
 
     /// Whether the race is still on.
@@ -107,21 +111,23 @@ struct ConnectRace: Sendable {
 
     /// `candidate`'s connect finished.
     mutating func connected(_ candidate: Int) -> OnConnected {
-        guard case .racing(let r) = state, r.connecting.contains(candidate) else { return .ignore }
+        guard case .racing(let r) = state, r.connecting.contains(where: { $0.candidate == candidate }) else { return .ignore }
         state = .over
-        let abandon = r.connecting.filter { $0 != candidate }
-        let untried = (r.setAside + abandon).sorted() + Array(r.started..<candidates)
-        return .won(abandon: abandon, Outcome(winner: candidate, untried: untried))
+        let abandon = r.connecting.map(\.candidate).filter { $0 != candidate }
+        return .won(abandon: abandon, Outcome(winner: candidate, untried: abandon + Array(r.started..<candidates),
+                                              setAside: r.setAside))
     }
 
     /// `candidate`'s connect failed (refused, unreachable, reset), or it could not be started.
     mutating func failed(_ candidate: Int, now: Nanos) -> OnFailed {
-        guard case .racing(var r) = state, let i = r.connecting.firstIndex(of: candidate) else { return .ignore }
+        guard case .racing(var r) = state, let i = r.connecting.firstIndex(where: { $0.candidate == candidate }) else {
+            return .ignore
+        }
         r.connecting.remove(at: i)
         if r.started < candidates {
             let next = r.started
             r.started += 1
-            r.connecting.append(next)
+            r.connecting.append((next, now))
             r.lastStart = now
             state = .racing(r)
             return .start(next)
@@ -131,27 +137,37 @@ struct ConnectRace: Sendable {
             return .wait
         }
         state = .over
-        return .lost(Outcome(winner: nil, untried: r.setAside.sorted()))
+        return .lost(Outcome(winner: nil, untried: [], setAside: r.setAside))
     }
 
     /// The timer fired at `now`.
     mutating func timerFired(now: Nanos) -> OnTimer {
         guard case .racing(var r) = state, r.started < candidates, now >= r.lastStart &+ stagger else { return .wait }
-        let setAside = r.connecting.count >= maximumConnecting ? r.connecting.removeFirst() : nil
+        let setAside = r.connecting.count >= maximumConnecting ? r.connecting.removeFirst().candidate : nil
         if let setAside { r.setAside.append(setAside) }
         let next = r.started
         r.started += 1
-        r.connecting.append(next)
+        r.connecting.append((next, now))
         r.lastStart = now
         state = .racing(r)
         return .start(next, setAside: setAside)
     }
 
-    /// The connection is closed while the race is on (its owner gave up on it): those still connecting are spent, the
-    /// others untried. Nil when the race was already over.
-    mutating func callOff() -> Outcome? {
+    /// What calling the race off at `now` would hand back (see `callOff`); nil when the race is over.
+    func outcomeIfCalledOff(now: Nanos) -> Outcome? {
         guard case .racing(let r) = state else { return nil }
+        // The oldest still connecting is spent, and so is any other that had as long as one set aside: the rest
+        // started too late to tell.
+        let young = r.connecting.dropFirst().filter { now &- $0.since < UInt64(maximumConnecting) &* stagger }
+        return Outcome(winner: nil, untried: young.map(\.candidate) + Array(r.started..<candidates), setAside: r.setAside)
+    }
+
+    /// The connection is closed at `now` while the race is on (its owner gave up on it, or its time ran out): the
+    /// oldest still connecting is spent, and so is any other that had as long as one set aside; the rest, those set
+    /// aside and those never started are untried. Nil when the race was already over.
+    mutating func callOff(now: Nanos) -> Outcome? {
+        let outcome = outcomeIfCalledOff(now: now)
         state = .over
-        return Outcome(winner: nil, untried: r.setAside.sorted() + Array(r.started..<candidates))
+        return outcome
     }
 }

@@ -374,7 +374,7 @@ final class Connection {
                 loop.deregister(c.registration)
                 c.socket.close()
             }
-            if let outcome = r.machine.callOff() { r.onDecided(outcome) }
+            if let outcome = r.machine.callOff(now: MonotonicClock.nowNanos()) { r.onDecided(outcome) }
         }
     }
 
@@ -403,6 +403,13 @@ final class Connection {
         guard let remote, !alternates.isEmpty else { return }
         race = Race(machine: ConnectRace(candidates: 1 + alternates.count, stagger: stagger, now: MonotonicClock.nowNanos()),
                     addresses: [remote] + alternates, source: source, onDecided: onDecided)
+    }
+
+    /// Whether closing the connection now would hand untried addresses back (`ConnectRace.callOff`): false once the
+    /// race is over, or when there was none.
+    var raceWouldHandBack: Bool {
+        guard let outcome = race?.machine.outcomeIfCalledOff(now: MonotonicClock.nowNanos()) else { return false }
+        return !outcome.untried.isEmpty || !outcome.setAside.isEmpty
     }
 
     /// Why a connect in progress on `s` failed, or nil when it has not (it connected, or is still connecting).
@@ -451,7 +458,10 @@ final class Connection {
         do { s = try FileDescriptor.tcpConnect(to: address, from: r.source) } catch {
             return raceFailed(i, "cannot connect to \(address): \(error.description)")
         }
-        let registration = loop.register(fd: s.fd, interest: [.writable]) { [unowned self] ready in contenderReady(i, ready) }
+        // Readable too, as candidate 0 is watched: a connect made and at once hung up on is made (then ends), not failed.
+        let registration = loop.register(fd: s.fd, interest: [.readable, .writable]) { [unowned self] ready in
+            contenderReady(i, ready)
+        }
         r.contenders[i] = (s, registration)
         race = r
         armRaceTimer()
