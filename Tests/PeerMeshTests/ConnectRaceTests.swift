@@ -114,6 +114,20 @@ struct ConnectRaceTests {
         #expect(past.callOff(now: t0 + 5 * stagger) == .init(winner: nil, untried: [3, 4], setAside: [0]))
     }
 
+    @Test("Called off after a failure: the race has spent one, so every candidate still connecting that had less than 750 ms is untried, the oldest too")
+    func calledOffAfterAFailure() {
+        var r = race(4)
+        #expect(r.timerFired(now: t0 + stagger) == .start(1, setAside: nil))
+        #expect(r.timerFired(now: t0 + 2 * stagger) == .start(2, setAside: nil))
+        #expect(r.failed(0, now: t0 + 600 * ms) == .start(3))
+        #expect(r.callOff(now: t0 + 900 * ms) == .init(winner: nil, untried: [1, 2, 3]))
+        var older = race(4)
+        _ = older.timerFired(now: t0 + stagger)
+        _ = older.timerFired(now: t0 + 2 * stagger)
+        _ = older.failed(0, now: t0 + 600 * ms)
+        #expect(older.callOff(now: t0 + 1_000 * ms) == .init(winner: nil, untried: [2, 3]), "1 had 750 ms")
+    }
+
     @Test("One candidate: no timer, and its failure is the race's")
     func oneCandidate() {
         var r = race(1)

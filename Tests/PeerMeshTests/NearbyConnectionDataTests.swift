@@ -243,6 +243,28 @@ struct NearbyConnectionTests {
         #expect(p.guestLog.wait(5) { $0.states.contains { $0.0 == p.hostPeer && $0.1 == .notConnected } })
     }
 
+    @Test("A last race that nothing answers and that would hand nothing back keeps the invitation's own time, not the step's share")
+    func aLastRaceKeepsTheInvitationsTime() throws {
+        let p = try Peers()
+        let port = try data(p, listing: ["127.0.0.1"]).port
+        let holes = ["127.0.0.4", "127.0.0.5"]
+        let sockets = try holes.flatMap { try blackHole(at: $0, port: port) }
+        defer { sockets.forEach { $0.close() } }
+        // As a browser invites a peer found at two addresses: 3 s in all, each step's share 1.5 s.
+        let core = p.guest.core, host = p.hostPeer
+        let endpoints = holes.map { PeerEndpoint(host: $0, port: port) }
+        let start = ContinuousClock.now
+        #expect(core.loop.submitAndWait { core.inviteFound(host, at: endpoints, context: Data(), timeout: .seconds(3)) } == nil)
+        // Past the share (1.5 s) both have had their time, and nothing is left: the invitation goes on to its 3 s.
+        Thread.sleep(forTimeInterval: 2.2)
+        #expect(p.guestLog.states(of: host) == [.connecting], "still connecting past the step's share")
+        #expect(p.guestLog.wait(5) { $0.states.contains { $0.0 == host && $0.1 == .notConnected } })
+        let took = ContinuousClock.now - start
+        #expect(took > .milliseconds(2_500) && took < .milliseconds(4_500), "the invitation's own 3 s: \(took)")
+        let failures = p.guestLog.snapshot.failures
+        #expect(failures.count == 1 && failures.first?.1 == .timedOut, "\(failures.map { ($0.1, $0.2) })")
+    }
+
     @Test("What a race leaves untried goes back to the attempt, in order; an address set aside a second time is spent")
     func setAsideTwiceIsSpent() throws {
         let session = try Session(securityIdentity: try PeerIdentity.generate(displayName: "me"),

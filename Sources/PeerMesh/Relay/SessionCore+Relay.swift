@@ -45,6 +45,13 @@ struct DirectAttempt: Sendable {
 }
 
 extension DirectAttempt {
+    /// The candidates of the current step's race (indices into `raced`) that `outcome` hands back, in order: its
+    /// untried ones, and those set aside for the first time (set aside again, an address is spent).
+    func handedBack(_ outcome: ConnectRace.Outcome) -> [Int] {
+        let firstSetAside = outcome.setAside.filter { raced.indices.contains($0) && !setAsideOnce.contains(raced[$0]) }
+        return (outcome.untried.filter { raced.indices.contains($0) } + firstSetAside).sorted()
+    }
+
     /// An attempt with connection data: its addresses at its port, its ticket as the context (marked as following an
     /// introduction when it does), its key pinned.
     init(data: NearbyConnectionData, introducer: PeerID?, timeout: Duration) {
@@ -165,12 +172,9 @@ extension SessionCore {
     /// attempt (before its next step, if it needs one).
     func raceDecided(_ outcome: ConnectRace.Outcome, on link: LinkID) {
         guard var attempt = io.value.attempts[link] else { return }
-        var back = outcome.untried
-        for i in outcome.setAside where attempt.raced.indices.contains(i) {
-            if attempt.setAsideOnce.insert(attempt.raced[i]).inserted { back.append(i) }
-        }
-        attempt.endpoints = back.sorted().compactMap { attempt.raced.indices.contains($0) ? attempt.raced[$0] : nil }
-            + attempt.endpoints
+        let back = attempt.handedBack(outcome)
+        for i in outcome.setAside where attempt.raced.indices.contains(i) { attempt.setAsideOnce.insert(attempt.raced[i]) }
+        attempt.endpoints = back.map { attempt.raced[$0] } + attempt.endpoints
         attempt.raced = []
         io.value.attempts[link] = attempt
     }
@@ -185,10 +189,14 @@ extension SessionCore {
     private func notAnswered(_ link: LinkID, address: String, within time: Duration) {
         guard let attempt = io.value.attempts[link], !attempt.reached else { return }
         // Nothing left to try after this step (its race is over, or calling it off would hand nothing back): the
-        // invitation keeps its own time, as a last address does.
-        if attempt.endpoints.isEmpty, attempt.introducer == nil, io.value.connections[link]?.raceWouldHandBack != true {
+        // invitation keeps its own time, as a last address does. Otherwise the race is called off as of the moment
+        // that was decided, before the link closes.
+        let now = MonotonicClock.nowNanos(), connection = io.value.connections[link]
+        if attempt.endpoints.isEmpty, attempt.introducer == nil,
+           connection?.raceOutcomeIfCalledOff(now: now).map({ attempt.handedBack($0).isEmpty }) ?? true {
             return
         }
+        connection?.callOffRace(now: now)
         let detail = if let reached = io.value.connections[link]?.connectedRemote {
             "no answer from \(reached.host) within \(time)"   // the address whose connect won
         } else if attempt.raced.count > 1 {

@@ -16,8 +16,8 @@
 /// their order, which may race them again if the winner does not lead to the peer it wants or the race is called
 /// off or lost (a real address whose first SYN was lost, set aside before the kernel sent it again, so still gets
 /// its chance; the caller counts an address set aside twice as spent). Candidates that failed or won are spent, and
-/// so are, when the race is called off, the oldest still connecting and any other that had as long as one set aside
-/// (`maximumConnecting` staggers): every race spends at least one.
+/// so are, when the race is called off, those still connecting that had as long as one set aside (`maximumConnecting`
+/// staggers), and the oldest still connecting when none has failed: every race spends at least one.
 struct ConnectRace: Sendable {
     /// How the race ended, once: who won (nil: nobody), and the candidates still untried, in order.
     struct Outcome: Equatable, Sendable {
@@ -66,6 +66,8 @@ struct ConnectRace: Sendable {
         var connecting: [(candidate: Int, since: Nanos)]
         /// Those of them the cap set aside.
         var setAside: [Int] = []
+        /// Whether one of them failed (the race has spent one).
+        var anyFailed = false
         /// When the last one started.
         var lastStart: Nanos
     }
@@ -124,6 +126,7 @@ struct ConnectRace: Sendable {
             return .ignore
         }
         r.connecting.remove(at: i)
+        r.anyFailed = true
         if r.started < candidates {
             let next = r.started
             r.started += 1
@@ -156,15 +159,16 @@ struct ConnectRace: Sendable {
     /// What calling the race off at `now` would hand back (see `callOff`); nil when the race is over.
     func outcomeIfCalledOff(now: Nanos) -> Outcome? {
         guard case .racing(let r) = state else { return nil }
-        // The oldest still connecting is spent, and so is any other that had as long as one set aside: the rest
+        // Those that had as long as one set aside are spent, and so is the oldest when nothing else is: the rest
         // started too late to tell.
-        let young = r.connecting.dropFirst().filter { now &- $0.since < UInt64(maximumConnecting) &* stagger }
-        return Outcome(winner: nil, untried: young.map(\.candidate) + Array(r.started..<candidates), setAside: r.setAside)
+        let candidates = r.anyFailed ? r.connecting[...] : r.connecting.dropFirst()
+        let young = candidates.filter { now &- $0.since < UInt64(maximumConnecting) &* stagger }
+        return Outcome(winner: nil, untried: young.map(\.candidate) + Array(r.started..<self.candidates), setAside: r.setAside)
     }
 
-    /// The connection is closed at `now` while the race is on (its owner gave up on it, or its time ran out): the
-    /// oldest still connecting is spent, and so is any other that had as long as one set aside; the rest, those set
-    /// aside and those never started are untried. Nil when the race was already over.
+    /// The race is called off at `now` (its owner gave up on the connection, or its time ran out): those still
+    /// connecting that had as long as one set aside are spent, and so is the oldest when none has failed; the rest,
+    /// those set aside and those never started are untried. Nil when the race was already over.
     mutating func callOff(now: Nanos) -> Outcome? {
         let outcome = outcomeIfCalledOff(now: now)
         state = .over

@@ -368,14 +368,7 @@ final class Connection {
         nextPending = 0
         outbound = []
         sent = 0
-        if var r = race {  // closed while the race is on: the owner hears of it last, with everything else done
-            race = nil
-            for c in r.contenders.values {
-                loop.deregister(c.registration)
-                c.socket.close()
-            }
-            if let outcome = r.machine.callOff(now: MonotonicClock.nowNanos()) { r.onDecided(outcome) }
-        }
+        callOffRace(now: MonotonicClock.nowNanos())  // closed while the race is on: the owner hears of it last
     }
 
     // MARK: Happy Eyeballs
@@ -405,11 +398,22 @@ final class Connection {
                     addresses: [remote] + alternates, source: source, onDecided: onDecided)
     }
 
-    /// Whether closing the connection now would hand untried addresses back (`ConnectRace.callOff`): false once the
-    /// race is over, or when there was none.
-    var raceWouldHandBack: Bool {
-        guard let outcome = race?.machine.outcomeIfCalledOff(now: MonotonicClock.nowNanos()) else { return false }
-        return !outcome.untried.isEmpty || !outcome.setAside.isEmpty
+    /// What calling the race off at `now` would hand back (`ConnectRace.outcomeIfCalledOff`); nil once the race is
+    /// over, or when there was none.
+    func raceOutcomeIfCalledOff(now: Nanos) -> ConnectRace.Outcome? {
+        race?.machine.outcomeIfCalledOff(now: now)
+    }
+
+    /// Calls the race off as of `now`: the other candidates' sockets are closed and `onDecided` hears the outcome;
+    /// the connection stays as it is (its owner closes it). Nothing when the race is over.
+    func callOffRace(now: Nanos) {
+        guard var r = race else { return }
+        race = nil
+        for c in r.contenders.values {
+            loop.deregister(c.registration)
+            c.socket.close()
+        }
+        if let outcome = r.machine.callOff(now: now) { r.onDecided(outcome) }
     }
 
     /// Why a connect in progress on `s` failed, or nil when it has not (it connected, or is still connecting).
