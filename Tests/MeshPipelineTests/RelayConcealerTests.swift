@@ -98,4 +98,54 @@ struct RelayConcealerTests {
         print("loss after a crossfade (\(channels) ch): worst step \(worst / natural)× the sine's, loss at \(worstAt)")
         #expect(worst < 1.5 * natural)
     }
+
+    /// The loudest sample a concealer plays, after its first 0.1 s, for a 440 Hz sine at 0.5 with `marks` (in
+    /// 128-frame blocks; the sine's phase jumps by `jump` at each discontinuity).
+    static func loudest(_ marks: [UInt8], jump: Double = 0) -> Float {
+        var c = Concealer(format: AudioFormat(sampleRate: 44_100, channels: 1))
+        var phase = 0.0
+        var out = [Float](repeating: 0, count: marks.count)
+        for f in marks.indices {
+            if marks[f] == FrameMark.discontinuity { phase += jump }
+            out[f] = Float(0.5 * relaySin(2 * Double.pi * 440 * Double(f) / 44_100 + phase))
+        }
+        out.withUnsafeMutableBufferPointer { o in
+            marks.withUnsafeBufferPointer { m in
+                var f = 0
+                while f < marks.count {
+                    let n = min(128, marks.count - f)
+                    c.process(UnsafeMutableBufferPointer(rebasing: o[f..<(f + n)]),
+                              marks: UnsafeBufferPointer(rebasing: m[f..<(f + n)]), frames: n)
+                    f += n
+                }
+            }
+        }
+        return out[4_410...].map(abs).max() ?? 0
+    }
+
+    @Test("Concealment is never louder than what was played: a gap, a gap after a return cut short or after a whole fade-in (bridged, or looped from a period whose level ramps), a jump")
+    func concealmentNeverOvershoots() {
+        func present(_ n: Int) -> [UInt8] { Array(repeating: FrameMark.present, count: n) }
+        func missing(_ n: Int) -> [UInt8] { Array(repeating: FrameMark.missing, count: n) }
+        var worst: Float = 0, worstCase = ""
+        func check(_ marks: [UInt8], jump: Double = 0, _ name: @autoclosure () -> String) {
+            let loudest = Self.loudest(marks, jump: jump)
+            if loudest > worst { (worst, worstCase) = (loudest, name()) }
+        }
+        for start in stride(from: 10_000, to: 10_101, by: 20) {      // where in the sine's period the loss falls
+            for gap in [1, 20, 128, 300, 2_000] {
+                check(present(start) + missing(gap) + present(12_000), "gap \(gap) at \(start)")
+                check(present(start) + missing(gap) + [FrameMark.discontinuity] + present(12_000), jump: 1.5,
+                      "gap \(gap) at \(start), then a jump")
+                // Real frames for less than a period (a bridge), more (a frozen mixture), a whole fade-in (4 ms).
+                for back in [1, 50, 99, 150, 176, 250] {
+                    for gap2 in [1, 128] {
+                        check(present(start) + missing(gap) + present(back) + missing(gap2) + present(12_000),
+                              "gap \(gap) at \(start), \(back) back, gap \(gap2)")
+                    }
+                }
+            }
+        }
+        #expect(worst <= 0.5 + 1e-3, "\(worst) at \(worstCase)")
+    }
 }

@@ -21,8 +21,10 @@ public enum FrameMark {
 /// resumes (or jumps — a `.discontinuity` mark), it crossfades (raised cosine, `fadeInMilliseconds`) from the
 /// synthetic continuation into the real frames. A crossfade cut short (frames go missing again, the stream jumps
 /// or stops) never snaps back to the old synthetic voice: the blend is frozen into the new synthetic period, or
-/// bridged with a fading offset. `.silent` frames fade out whatever was playing (after a resync) without counting
-/// as concealment. Preallocated: `process` never allocates.
+/// bridged with a fading offset. Neither the loop's seam correction nor the bridge makes the synthetic voice louder
+/// than what it continues (each is kept within the peak of the output it is made from): concealment never overshoots
+/// into a pop, nor, on a loud signal, into clipping. `.silent` frames fade out whatever was playing (after a resync)
+/// without counting as concealment. Preallocated: `process` never allocates.
 public struct Concealer {
     /// Frame layout.
     public let channels: Int
@@ -44,6 +46,7 @@ public struct Concealer {
     private var fadeRealCount = 0
     private var scratchCycle: [Float]
     private var offset: [Float]        // per channel: the gap between the output and the synthetic voice, fading
+    private var offsetPeak: [Float]    // per channel: the bridged voice stays within this (the louder of the two)
     private var offsetLeft = 0
     private var preceding: [Float]     // per channel: the frame before the cycle's first (`makeCycleSeamless`)
     private let offsetFrames: Int
@@ -70,6 +73,7 @@ public struct Concealer {
         fadeReal = [Float](repeating: 0, count: maxLag * channels)
         scratchCycle = [Float](repeating: 0, count: maxLag * channels)
         offset = [Float](repeating: 0, count: channels)
+        offsetPeak = [Float](repeating: 0, count: channels)
         preceding = [Float](repeating: 0, count: channels)
         offsetFrames = max(1, Int(rate * 0.003))
     }
@@ -104,7 +108,7 @@ public struct Concealer {
                 if !concealing { beginConcealment() }
                 fadeInLeft = 0
                 let g = gain()
-                for c in 0..<ch { block[base + c] = g * cycle[cyclePos * ch + c] + offsetTerm(c) }
+                for c in 0..<ch { block[base + c] = synthetic(c, gain: g) }
                 advanceSynth()
                 synthesized += 1
             } else if mark == FrameMark.silent {
@@ -122,7 +126,7 @@ public struct Concealer {
                 fadeInLeft = 0
                 if concealing {
                     let g = gain()
-                    for c in 0..<ch { block[base + c] = g * cycle[cyclePos * ch + c] + offsetTerm(c) }
+                    for c in 0..<ch { block[base + c] = synthetic(c, gain: g) }
                     advanceSynth()
                 }
             } else {
@@ -144,7 +148,7 @@ public struct Concealer {
                     let w = 0.5 - 0.5 * _cosApprox(Float.pi * x)
                     let g = gain()
                     for c in 0..<ch {
-                        block[base + c] = w * block[base + c] + (1 - w) * (g * cycle[cyclePos * ch + c] + offsetTerm(c))
+                        block[base + c] = w * block[base + c] + (1 - w) * synthetic(c, gain: g)
                     }
                     advanceSynth()
                     fadeInLeft -= 1
@@ -180,7 +184,20 @@ public struct Concealer {
             var prev = cyclePos - 1
             if prev < 0 { prev += lag }
             let g = gain()
-            for c in 0..<ch { offset[c] = history[last * ch + c] - (g * cycle[prev * ch + c] + offsetTerm(c)) }
+            for c in 0..<ch {
+                let bridged = g * cycle[prev * ch + c] + offsetTerm(c)
+                // The bridge runs from the last output to the synthetic voice, no louder than either was: a rising
+                // offset on a falling voice (phases apart) would otherwise overshoot both.
+                var peak = abs(bridged)
+                var h = last
+                for _ in 0..<lag {
+                    peak = max(peak, abs(history[h * ch + c]))
+                    h = h == 0 ? historyFrames - 1 : h - 1
+                }
+                for j in 0..<lag { peak = max(peak, abs(g * cycle[j * ch + c])) }
+                offset[c] = history[last * ch + c] - bridged
+                offsetPeak[c] = peak
+            }
             offsetLeft = offsetFrames
             fadeInLeft = 0
             concealing = true
@@ -230,9 +247,17 @@ public struct Concealer {
         for c in 0..<ch {
             let d = cycle[last + c] - preceding[c]
             guard d != 0 else { continue }
-            for j in 0..<lag { cycle[j * ch + c] += d * Float(lag - j) / Float(lag) }
+            // No louder than the period was: where the period was not periodic (a level that ramps, as a fade-in
+            // does), the correction would otherwise push its peaks past anything played, looped for the whole
+            // concealment (on a loud cycle, into clipping).
+            var peak: Float = 0
+            for j in 0..<lag { peak = max(peak, abs(cycle[j * ch + c])) }
+            for j in 0..<lag {
+                let v = cycle[j * ch + c] + d * Float(lag - j) / Float(lag)
+                cycle[j * ch + c] = min(max(v, -peak), peak)
+            }
         }
-        // Within full scale: a correction of up to 2 on a loud cycle would otherwise loop a clipped burst.
+        // Within full scale (NaN and infinities too).
         let count = lag * ch
         _ = cycle.withUnsafeMutableBufferPointer { AudioPacket.sanitize(UnsafeMutableBufferPointer(rebasing: $0[0..<count])) }
     }
@@ -247,6 +272,15 @@ public struct Concealer {
     @inline(__always)
     private func offsetTerm(_ c: Int) -> Float {
         offsetLeft > 0 ? offset[c] * Float(offsetLeft) / Float(offsetFrames) : 0
+    }
+
+    /// The synthetic voice of channel `c` now, at gain `g`: the cycle, and while a bridge fades (`offsetLeft`), its
+    /// offset, kept within the bridge's peak.
+    @inline(__always)
+    private func synthetic(_ c: Int, gain g: Float) -> Float {
+        let v = g * cycle[cyclePos * channels + c]
+        guard offsetLeft > 0 else { return v }
+        return min(max(v + offsetTerm(c), -offsetPeak[c]), offsetPeak[c])
     }
 
     private mutating func advanceSynth() {
