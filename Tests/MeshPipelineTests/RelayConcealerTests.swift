@@ -99,38 +99,44 @@ struct RelayConcealerTests {
         #expect(worst < 1.5 * natural)
     }
 
-    /// The loudest sample a concealer plays, after its first 0.1 s, for a 440 Hz sine at 0.5 with `marks` (in
-    /// 128-frame blocks; the sine's phase jumps by `jump` at each discontinuity).
-    static func loudest(_ marks: [UInt8], jump: Double = 0) -> Float {
-        var c = Concealer(format: AudioFormat(sampleRate: 44_100, channels: 1))
+    /// The loudest sample and the largest step between samples a concealer plays after its first 0.1 s, for a 440 Hz
+    /// sine at 0.5 on `channels` channels with `marks` (in 128-frame blocks; the sine's phase jumps by `jump` at each
+    /// discontinuity).
+    static func loudestAndLargestStep(_ marks: [UInt8], channels: Int, jump: Double = 0) -> (loudest: Float, step: Float) {
+        var c = Concealer(format: AudioFormat(sampleRate: 44_100, channels: channels))
         var phase = 0.0
-        var out = [Float](repeating: 0, count: marks.count)
+        var out = [Float](repeating: 0, count: marks.count * channels)
         for f in marks.indices {
             if marks[f] == FrameMark.discontinuity { phase += jump }
-            out[f] = Float(0.5 * relaySin(2 * Double.pi * 440 * Double(f) / 44_100 + phase))
+            let v = Float(0.5 * relaySin(2 * Double.pi * 440 * Double(f) / 44_100 + phase))
+            for ch in 0..<channels { out[f * channels + ch] = v }
         }
         out.withUnsafeMutableBufferPointer { o in
             marks.withUnsafeBufferPointer { m in
                 var f = 0
                 while f < marks.count {
                     let n = min(128, marks.count - f)
-                    c.process(UnsafeMutableBufferPointer(rebasing: o[f..<(f + n)]),
+                    c.process(UnsafeMutableBufferPointer(rebasing: o[(f * channels)..<((f + n) * channels)]),
                               marks: UnsafeBufferPointer(rebasing: m[f..<(f + n)]), frames: n)
                     f += n
                 }
             }
         }
-        return out[4_410...].map(abs).max() ?? 0
+        let body = Array(out[(4_410 * channels)...])
+        return (body.map(abs).max() ?? 0, maxJump(body, channels: channels))
     }
 
-    @Test("Concealment is never louder than what was played: a gap, a gap after a return cut short or after a whole fade-in (bridged, or looped from a period whose level ramps), a jump")
-    func concealmentNeverOvershoots() {
+    @Test("Concealment is never louder than what was played, nor steps harder than the tone: a gap, a gap after a return cut short or after a whole fade-in (bridged, or looped from a period whose level ramps), a bridge cut short again, a jump",
+          arguments: [1, 2])
+    func concealmentNeverOvershoots(channels: Int) {
         func present(_ n: Int) -> [UInt8] { Array(repeating: FrameMark.present, count: n) }
         func missing(_ n: Int) -> [UInt8] { Array(repeating: FrameMark.missing, count: n) }
-        var worst: Float = 0, worstCase = ""
+        let natural = Float(0.5 * 2 * Double.pi * 440 / 44_100)   // the tone's largest step
+        var loudest: Float = 0, loudestCase = "", step: Float = 0, stepCase = ""
         func check(_ marks: [UInt8], jump: Double = 0, _ name: @autoclosure () -> String) {
-            let loudest = Self.loudest(marks, jump: jump)
-            if loudest > worst { (worst, worstCase) = (loudest, name()) }
+            let (l, s) = Self.loudestAndLargestStep(marks, channels: channels, jump: jump)
+            if l > loudest { (loudest, loudestCase) = (l, name()) }
+            if s > step { (step, stepCase) = (s, name()) }
         }
         for start in stride(from: 10_000, to: 10_101, by: 20) {      // where in the sine's period the loss falls
             for gap in [1, 20, 128, 300, 2_000] {
@@ -144,8 +150,12 @@ struct RelayConcealerTests {
                               "gap \(gap) at \(start), \(back) back, gap \(gap2)")
                     }
                 }
+                // A bridge cut short again within its 3 ms.
+                check(present(start) + missing(gap) + present(99) + missing(1) + present(1) + missing(20) + present(12_000),
+                      "gap \(gap) at \(start), 99 back, 1 missing, 1 back, 20 missing")
             }
         }
-        #expect(worst <= 0.5 + 1e-3, "\(worst) at \(worstCase)")
+        #expect(loudest <= 0.5 + 1e-3, "\(loudest) at \(loudestCase)")
+        #expect(step < 1.5 * natural, "a step of \(step / natural)× the tone's at \(stepCase)")
     }
 }

@@ -185,17 +185,18 @@ public struct Concealer {
             if prev < 0 { prev += lag }
             let g = gain()
             for c in 0..<ch {
-                let bridged = g * cycle[prev * ch + c] + offsetTerm(c)
+                // The whole gap from the synthetic voice itself: a bridge still fading (cut short again within
+                // `offsetFrames`) is taken into the new one, not dropped (which stepped by what was left of it).
+                offset[c] = history[last * ch + c] - g * cycle[prev * ch + c]
                 // The bridge runs from the last output to the synthetic voice, no louder than either was: a rising
                 // offset on a falling voice (phases apart) would otherwise overshoot both.
-                var peak = abs(bridged)
+                var peak: Float = 0
                 var h = last
                 for _ in 0..<lag {
                     peak = max(peak, abs(history[h * ch + c]))
                     h = h == 0 ? historyFrames - 1 : h - 1
                 }
                 for j in 0..<lag { peak = max(peak, abs(g * cycle[j * ch + c])) }
-                offset[c] = history[last * ch + c] - bridged
                 offsetPeak[c] = peak
             }
             offsetLeft = offsetFrames
