@@ -22,8 +22,8 @@ public enum FrameMark {
 /// synthetic continuation into the real frames. A crossfade cut short (frames go missing again, the stream jumps
 /// or stops) never snaps back to the old synthetic voice: the blend is frozen into the new synthetic period, or
 /// bridged with a fading offset. Neither the loop's seam correction nor the bridge makes the synthetic voice louder
-/// than what it continues (each is kept within the peak of the output it is made from): concealment never overshoots
-/// into a pop, nor, on a loud signal, into clipping. `.silent` frames fade out whatever was playing (after a resync)
+/// than what it continues (each is kept within the peak of the output it is made from), so neither adds an overshoot
+/// (a pop, or on a loud signal clipping). `.silent` frames fade out whatever was playing (after a resync)
 /// without counting as concealment. Preallocated: `process` never allocates.
 public struct Concealer {
     /// Frame layout.

@@ -5,10 +5,10 @@ import MeshPOSIX
 /// listed (`NearbyServiceBrowser.invitePeer`: a copied announcement at another address must not hide the peer), data
 /// an introduction handed us (when no address leads to the peer, the call goes through the introducer), or data the
 /// app had out of band (`connectPeer(_:withNearbyConnectionData:)`). Each step is one invitation, whose connect races
-/// the addresses left (Happy Eyeballs, `ConnectRace`: the next starts when the one before has not connected within
-/// `ConnectRace.connectionAttemptDelay`, or failed); the first to connect carries it. Kept by link while one of its
-/// invitations is in flight; the peer stays `connecting` from the first invitation to the last
-/// (`SessionStateMachine.hold`).
+/// the addresses left (Happy Eyeballs, `ConnectRace`: the next starts as soon as one still connecting fails, or when
+/// the last one started has not connected within `ConnectRace.connectionAttemptDelay`); the first to connect carries
+/// it. Kept by link while one of its invitations is in flight; the peer stays `connecting` from the first invitation
+/// to the last (`SessionStateMachine.hold`).
 struct DirectAttempt: Sendable {
     /// Who must answer: the key its invitations pin (`ExpectedKey`).
     var peer: PeerID

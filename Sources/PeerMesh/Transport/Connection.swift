@@ -409,11 +409,16 @@ final class Connection {
     func callOffRace(now: Nanos) {
         guard var r = race else { return }
         race = nil
+        closeContenders(of: r)
+        if let outcome = r.machine.callOff(now: now) { r.onDecided(outcome) }
+    }
+
+    /// Closes the sockets of `r`'s candidates (other than 0) still connecting, unwritten.
+    private func closeContenders(of r: Race) {
         for c in r.contenders.values {
             loop.deregister(c.registration)
             c.socket.close()
         }
-        if let outcome = r.machine.callOff(now: now) { r.onDecided(outcome) }
     }
 
     /// Why a connect in progress on `s` failed, or nil when it has not (it connected, or is still connecting).
@@ -503,10 +508,7 @@ final class Connection {
         guard var r = race else { return }
         race = nil
         let action = r.machine.connected(i)
-        for c in r.contenders.values {
-            loop.deregister(c.registration)
-            c.socket.close()
-        }
+        closeContenders(of: r)
         if case .won(_, let outcome) = action { r.onDecided(outcome) }
     }
 
