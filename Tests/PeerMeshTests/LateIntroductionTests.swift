@@ -20,7 +20,7 @@ struct LateIntroductionTests {
     func anAnswerAboutANewcomerThatLeftIsNoFault() {
         var m = MembershipStateMachine(me: host, topology: .mesh, maximumPeers: 8)
         #expect(m.connected(guest, introducedBy: nil).isEmpty)
-        #expect(m.connected(second, introducedBy: nil) == [.send(guest, .introRequest(peer: second))])
+        #expect(m.connected(second, introducedBy: nil) == [.send(guest, .introRequest(peer: second, members: [guest.identity]))])
         #expect(m.disconnected(second).isEmpty, "the newcomer leaves before the guest answers")
         #expect(m.received(.introData(forIdentity: second.identity, data: [1, 2, 3]), from: guest) == [])
         #expect(m.received(.introData(forIdentity: second.identity, data: [1]), from: guest)
@@ -33,7 +33,7 @@ struct LateIntroductionTests {
         _ = m.connected(guest, introducedBy: nil)
         _ = m.connected(second, introducedBy: nil)
         _ = m.disconnected(second)
-        #expect(m.connected(second, introducedBy: nil) == [.send(guest, .introRequest(peer: second))], "asked again")
+        #expect(m.connected(second, introducedBy: nil) == [.send(guest, .introRequest(peer: second, members: [guest.identity]))], "asked again")
         #expect(m.received(.introData(forIdentity: second.identity, data: [1]), from: guest)
                 == [.send(second, .introduce(peer: guest, data: [1]))])
         #expect(m.received(.introData(forIdentity: second.identity, data: [2]), from: guest)
@@ -48,7 +48,7 @@ struct LateIntroductionTests {
         let count = MembershipStateMachine.maximumDeparted + 8
         let newcomers = try (0..<count).map { try PeerID(displayName: "newcomer \($0)") }
         for n in newcomers {
-            #expect(m.connected(n, introducedBy: nil) == [.send(guest, .introRequest(peer: n))])
+            #expect(m.connected(n, introducedBy: nil) == [.send(guest, .introRequest(peer: n, members: [guest.identity]))])
             _ = m.disconnected(n)
         }
         // Every one of the 40 answers is owed, so none is a fault: the oldest eight as a count, the latest 32 by name.
@@ -75,8 +75,12 @@ struct LateIntroductionTests {
         // Another member asks us to make data for `second`: its next link to us comes from an introduction.
         let third = try PeerID(displayName: "third")
         _ = m.connected(third, introducedBy: nil)
-        #expect(m.received(.introRequest(peer: second), from: third) == [.makeData(for: second, replyTo: third)])
-        #expect(m.connected(second, introducedBy: m.introduction(by: third)).isEmpty, "an introduced link introduces no one")
+        // It asked us and the guest about `second`: its ticket says so.
+        var ticket = try #require(m.introduction(by: third))
+        ticket.listed = [host.identity, guest.identity]
+        #expect(m.received(.introRequest(peer: second, members: [host.identity, guest.identity]), from: third)
+                == [.makeData(for: second, replyTo: third, introduction: ticket)])
+        #expect(m.connected(second, introducedBy: ticket).isEmpty, "an introduced link introduces no one its introducer asked")
         // 40 other newcomers come and go while the guest is slow; its answer about the connected `second` is still owed.
         for i in 0..<(MembershipStateMachine.maximumDeparted + 8) {
             let n = try PeerID(displayName: "churn \(i)")

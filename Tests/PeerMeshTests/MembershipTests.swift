@@ -7,7 +7,9 @@ import MeshTestSupport
 @Suite("Full-mesh membership state machine (pure)")
 struct MembershipStateMachineTests {
     /// A little world of members: each joins by an invitation to one member, and the machines' actions are
-    /// carried out at once (frames delivered, data made, connections made when both sides have room).
+    /// carried out at once (frames delivered, data made, connections made when both sides have room); or, `queued`,
+    /// when `step` or `settle` says: then frames wait on their link in order, and connections wait to be made, so that
+    /// joins and introductions cross as they do between processes.
     struct World {
         var peers: [PeerID] = []
         var machines: [UInt64: MembershipStateMachine] = [:]
@@ -21,6 +23,14 @@ struct MembershipStateMachineTests {
         var notFollowed = 0
         /// MESH_INTRO_REQUESTs sent, by everyone.
         var requests = 0
+        /// Frames and connections wait for `step` instead of being carried out at once.
+        var queued = false
+        /// Frames on their way, by sender and receiver (each link delivers in order, both ways).
+        var frames: [[UInt64]: [MeshFrame]] = [:]
+        /// Connections on their way: who connects, to whom, following whose introduction.
+        var connects: [(from: PeerID, to: PeerID, introducer: PeerID)] = []
+        /// The introduction each member's latest data carries, by maker, peer it was made for, and introducer.
+        var tickets: [[UInt64]: MembershipStateMachine.Introduction] = [:]
 
         init(maximumPeers: Int = 8) { self.maximumPeers = maximumPeers }
 
@@ -34,15 +44,17 @@ struct MembershipStateMachineTests {
         }
 
         /// A link comes up between `a` and `b`: an invitation, or a connection `introducer`'s introduction made (each
-        /// side knows that from how the link was made, as the driver does).
+        /// side knows that from how the link was made, as the driver does): `a` followed it, with the data `b` made
+        /// for it, whose ticket carries `b`'s introduction (`tickets`).
         mutating func link(_ a: PeerID, _ b: PeerID, introducer: PeerID? = nil) {
             let key = Self.pair(a.identity, b.identity)
             guard a != b, !links.contains(key), machines[a.identity] != nil, machines[b.identity] != nil,
                   degree(a) + 1 < maximumPeers, degree(b) + 1 < maximumPeers else { return }
             links.insert(key)
             // Each side's own record of the introducer's membership (taken as it followed or made the data).
+            let ticket = introducer.flatMap { tickets[[b.identity, a.identity, $0.identity]] }
             let first = machines[a.identity]!.connected(b, introducedBy: introducer.flatMap { machines[a.identity]!.introduction(by: $0) })
-            let second = machines[b.identity]!.connected(a, introducedBy: introducer.flatMap { machines[b.identity]!.introduction(by: $0) })
+            let second = machines[b.identity]!.connected(a, introducedBy: ticket)
             run(first, at: a)
             run(second, at: b)
         }
@@ -60,6 +72,8 @@ struct MembershipStateMachineTests {
         mutating func unlink(_ key: [UInt64]) {
             guard links.remove(key) != nil else { return }
             relayedVia[key] = nil
+            frames[key] = nil
+            frames[[key[1], key[0]]] = nil
             for (me, other) in [(key[0], key[1]), (key[1], key[0])] {
                 if let o = peers.first(where: { $0.identity == other }) { _ = machines[me]?.disconnected(o) }
             }
@@ -67,31 +81,78 @@ struct MembershipStateMachineTests {
 
         func degree(_ p: PeerID) -> Int { links.filter { $0.contains(p.identity) }.count }
 
+        /// `frame` goes from `from` to `to`: now, or onto their link's queue.
+        mutating func send(_ frame: MeshFrame, from: PeerID, to: PeerID) {
+            guard links.contains(Self.pair(from.identity, to.identity)), machines[to.identity] != nil else { return }
+            if queued {
+                frames[[from.identity, to.identity], default: []].append(frame)
+            } else {
+                run(machines[to.identity]!.received(frame, from: from), at: to)
+            }
+        }
+
+        /// `node` connects to `other` by `introducer`'s introduction (the link comes up, if both have room).
+        mutating func connect(_ node: PeerID, to other: PeerID, introducer: PeerID) {
+            let key = Self.pair(node.identity, other.identity)
+            if unreachable.contains(key) {
+                // No direct path: through the introducer, which is linked to both (as the driver does).
+                guard links.contains(Self.pair(other.identity, introducer.identity)) else { return }
+                link(node, other, introducer: introducer)
+                if links.contains(key) { relayedVia[key] = introducer.identity }
+            } else {
+                link(node, other, introducer: introducer)
+            }
+        }
+
+        /// Carries out one thing on its way (`queued`): the next frame of a link, or a connection, chosen by `pick`
+        /// among those waiting. Returns false when nothing waits.
+        mutating func step(_ pick: (Int) -> Int) -> Bool {
+            let ways = frames.filter { !$0.value.isEmpty }.keys.sorted { ($0[0], $0[1]) < ($1[0], $1[1]) }
+            let count = ways.count + connects.count
+            guard count > 0 else { return false }
+            let chosen = pick(count)
+            if chosen < ways.count {
+                let way = ways[chosen]
+                let frame = frames[way]!.removeFirst()
+                guard let from = peers.first(where: { $0.identity == way[0] }),
+                      let to = peers.first(where: { $0.identity == way[1] }), machines[to.identity] != nil else { return true }
+                run(machines[to.identity]!.received(frame, from: from), at: to)
+            } else {
+                let c = connects.remove(at: chosen - ways.count)
+                guard machines[c.from.identity] != nil else { return true }
+                connect(c.from, to: c.to, introducer: c.introducer)
+            }
+            return true
+        }
+
+        /// Carries out everything on its way, and what that brings, in the order `pick` chooses.
+        mutating func settle(_ pick: (Int) -> Int = { _ in 0 }) {
+            var steps = 0
+            while step(pick) {
+                steps += 1
+                if steps > 100_000 { Issue.record("the world never settles"); return }
+            }
+        }
+
         mutating func run(_ actions: [MembershipStateMachine.Action], at node: PeerID) {
             for a in actions {
                 switch a {
                 case .send(let to, let frame):
                     if case .introRequest = frame { requests += 1 }
-                    guard links.contains(Self.pair(node.identity, to.identity)), machines[to.identity] != nil else { continue }
-                    let answer = machines[to.identity]!.received(frame, from: node)
-                    run(answer, at: to)
-                case .makeData(let newcomer, let introducer):
+                    send(frame, from: node, to: to)
+                case .makeData(let newcomer, let introducer, let introduction):
+                    #expect(introduction.member == introducer.identity, "the ticket carries its introducer")
+                    tickets[[node.identity, newcomer.identity, introducer.identity]] = introduction
                     // The data names who made it; the newcomer "connects" by it.
                     let data = withUnsafeBytes(of: node.identity.bigEndian) { Array($0) }
-                    let reply = MeshFrame.introData(forIdentity: newcomer.identity, data: data)
-                    guard machines[introducer.identity] != nil else { continue }
-                    run(machines[introducer.identity]!.received(reply, from: node), at: introducer)
+                    send(.introData(forIdentity: newcomer.identity, data: data), from: node, to: introducer)
                 case .connect(let other, let data, let introducer):
                     #expect(links.contains(Self.pair(node.identity, introducer.identity)), "introduced by a member it is linked to")
                     #expect(data == withUnsafeBytes(of: other.identity.bigEndian) { Array($0) }, "data from the member it names")
-                    let key = Self.pair(node.identity, other.identity)
-                    if unreachable.contains(key) {
-                        // No direct path: through the introducer, which is linked to both (as the driver does).
-                        guard links.contains(Self.pair(other.identity, introducer.identity)) else { continue }
-                        link(node, other, introducer: introducer)
-                        if links.contains(key) { relayedVia[key] = introducer.identity }
+                    if queued {
+                        connects.append((node, other, introducer))
                     } else {
-                        link(node, other, introducer: introducer)
+                        connect(node, to: other, introducer: introducer)
                     }
                 case .fault(let p, let f):
                     Issue.record("\(node) faulted \(p): \(f)")
@@ -137,7 +198,7 @@ struct MembershipStateMachineTests {
         var m = MembershipStateMachine(me: a, topology: .mesh, maximumPeers: 8)
         #expect(m.connected(b, introducedBy: nil).isEmpty)
         #expect(m.connected(p, introducedBy: nil).isEmpty, "nothing to pin: p is not introduced (a zero key would break b's link)")
-        #expect(m.connected(c, introducedBy: nil) == [.send(b, .introRequest(peer: c))], "b is asked about c; p is not")
+        #expect(m.connected(c, introducedBy: nil) == [.send(b, .introRequest(peer: c, members: [b.identity]))], "b is asked about c; p is not, nor listed")
     }
 
     @Test func unsolicitedDataIsAFaultAndAFullMemberMakesNone() throws {
@@ -151,6 +212,11 @@ struct MembershipStateMachineTests {
         #expect(m.received(.introRequest(peer: d), from: b) == [.send(b, .introData(forIdentity: d.identity, data: []))])
         #expect(m.received(.introduce(peer: d, data: [1]), from: b) == [.notFollowed(introducer: b)], "no room: counted")
         #expect(m.received(.introRequest(peer: a), from: b) == [.send(b, .introData(forIdentity: a.identity, data: []))], "not about ourselves")
+    }
+
+    /// Whether `actions` ask `member` about `peer`, whatever members the request lists.
+    static func asks(_ actions: [MembershipStateMachine.Action], _ member: PeerID, about peer: PeerID) -> Bool {
+        actions.contains { if case .send(let to, .introRequest(let p, _)) = $0 { to == member && p == peer } else { false } }
     }
 
     /// A member's machine (room for 8) connected to two members, `liar` and `honest`.
@@ -167,12 +233,18 @@ struct MembershipStateMachineTests {
         let (machine, liar, honest) = try Self.withALiarAndAnHonestMember()
         var m = machine
         let expected = try PeerIdentity.generate(displayName: "expected").peerID
-        #expect(m.received(.introRequest(peer: expected), from: honest) == [.makeData(for: expected, replyTo: honest)])
+        // The data's ticket carries the member's introduction and whom it asked (here: no one listed).
+        func ticket(_ member: PeerID, _ m: MembershipStateMachine) throws -> MembershipStateMachine.Introduction {
+            var t = try #require(m.introduction(by: member))
+            t.listed = []
+            return t
+        }
+        #expect(m.received(.introRequest(peer: expected), from: honest) == [.makeData(for: expected, replyTo: honest, introduction: try ticket(honest, m))])
         var named: [PeerID] = []
         for i in 0..<200 {
             let newcomer = try PeerIdentity.generate(displayName: "n\(i)").peerID
             named.append(newcomer)
-            #expect(m.received(.introRequest(peer: newcomer), from: liar) == [.makeData(for: newcomer, replyTo: liar)])
+            #expect(m.received(.introRequest(peer: newcomer), from: liar) == [.makeData(for: newcomer, replyTo: liar, introduction: try ticket(liar, m))])
         }
         // Its data's tickets are the acceptor's to bound (16 live per member); this machine expects no one.
         #expect(m.expectedIntroductions.introduced == 0)
@@ -180,7 +252,7 @@ struct MembershipStateMachineTests {
         #expect(m.connected(expected, introducedBy: m.introduction(by: honest)).isEmpty)
         // One the liar named joins by an invitation of its own: introduced to the three others all the same.
         let joined = m.connected(named[7], introducedBy: nil)
-        #expect(joined.count == 3 && [honest, liar, expected].allSatisfy { joined.contains(.send($0, .introRequest(peer: named[7]))) },
+        #expect(joined.count == 3 && [honest, liar, expected].allSatisfy { Self.asks(joined, $0, about: named[7]) },
                 "\(joined)")
         // One that comes with data made for the liar's request is the liar's to introduce, while the liar is a member.
         let byLiar = try #require(m.introduction(by: liar))
@@ -188,12 +260,12 @@ struct MembershipStateMachineTests {
         _ = m.disconnected(liar)
         // Once it has left, one that comes with its data is a plain newcomer: the liar may have introduced it to no one.
         let late = m.connected(named[9], introducedBy: byLiar)
-        #expect(late.contains(.send(honest, .introRequest(peer: named[9]))) && late.count == 4, "\(late)")
+        #expect(Self.asks(late, honest, about: named[9]) && late.count == 4, "\(late)")
         // So is one that comes after the liar came back: the data was made for its earlier membership.
         _ = m.connected(liar, introducedBy: nil)
         #expect(m.introduction(by: liar) != byLiar)
         let later = m.connected(named[10], introducedBy: byLiar)
-        #expect(later.contains(.send(liar, .introRequest(peer: named[10]))) && later.count == 6, "\(later)")
+        #expect(Self.asks(later, liar, about: named[10]) && later.count == 6, "\(later)")
     }
 
     @Test("A member that introduces peers without end: we follow 16 of its introductions whose peers have not joined, and forget them when it leaves; another member's are followed")
@@ -238,7 +310,7 @@ struct MembershipStateMachineTests {
         _ = m.disconnected(liar)
         #expect(m.expectedIntroductions.introduced == 1 && m.expectedIntroductions.introducedBy == [honest.identity: 1])
         // A peer the liar introduced that joins after it left is a plain newcomer: introduced to the others.
-        #expect(m.connected(others[5], introducedBy: byLiar).contains(.send(honest, .introRequest(peer: others[5]))))
+        #expect(Self.asks(m.connected(others[5], introducedBy: byLiar), honest, about: others[5]))
 
         // An introduction the driver did not follow (no room, its limit in flight, data that leads nowhere) takes no
         // place in the member's share and leaves its peer unexpected; one of two of the same peer leaves the other.
@@ -298,6 +370,106 @@ struct MembershipStateMachineTests {
             let group = w.peers.filter { w.degree($0) > 0 }.count
             #expect(w.degree(p) == group - 1, "\(p.displayName) has \(w.degree(p)) links in a group of \(group) (of \(n))")
         }
+    }
+
+    @Test("Two newcomers that join two members at the same moment meet: each member, as the other's newcomer comes by an introduction, introduces it to the newcomer its introducer did not know of")
+    func twoNewcomersThatJoinTwoMembersAtOnceMeet() throws {
+        var w = World()
+        let (h, m, x, n) = try (PeerID(displayName: "h"), PeerID(displayName: "m"), PeerID(displayName: "x"), PeerID(displayName: "n"))
+        [h, m, x, n].forEach { w.add($0) }
+        w.link(m, h)
+        w.queued = true
+        // X joins M while N joins H: M asks H about X, and H asks M about N, each listing only the other.
+        w.link(x, m)
+        w.link(n, h)
+        #expect(w.frames[[m.identity, h.identity]] == [.introRequest(peer: x, members: [h.identity])])
+        #expect(w.frames[[h.identity, m.identity]] == [.introRequest(peer: n, members: [m.identity])])
+        w.settle()
+        #expect(w.links.count == 6, "4 members, 6 links: \(w.links.map { $0.map { id in w.peer(id).displayName } })")
+        #expect(w.links.contains(World.pair(x.identity, n.identity)), "x and n meet")
+        // The two first requests, then one each from M (about N, as it came from H) and H (about X, as it came from M):
+        // the same pair, introduced in one direction; the second introduction finds the pair linked.
+        #expect(w.requests == 4)
+        #expect(w.notFollowed == 0)
+        w.checkViews()
+    }
+
+    @Test("An introduced peer that comes with our data is introduced to our members its introducer's request did not list, except those the same membership introduced to us; one whose introduction we followed, to no one")
+    func anIntroducedPeerMeetsWhomItsIntroducerDidNotKnow() throws {
+        let (a, h, x, y) = try (PeerID(displayName: "a"), PeerID(displayName: "h"), PeerID(displayName: "x"), PeerID(displayName: "y"))
+        var m = MembershipStateMachine(me: a, topology: .mesh, maximumPeers: 16)
+        _ = m.connected(h, introducedBy: nil)
+        #expect(m.connected(x, introducedBy: nil) == [.send(h, .introRequest(peer: x, members: [h.identity]))], "x joined us")
+        #expect(m.connected(y, introducedBy: m.introduction(by: h)).isEmpty, "we followed h's introduction to y")
+        func data(for peer: PeerID, from member: PeerID, listing: [UInt64]) throws -> MembershipStateMachine.Introduction {
+            let actions = m.received(.introRequest(peer: peer, members: listing), from: member)
+            guard case .makeData(peer, member, let introduction)? = actions.first, actions.count == 1 else {
+                Issue.record("\(actions)")
+                throw CancellationError()
+            }
+            return introduction
+        }
+        // h's newcomer n comes with our data; h listed only us: x is unknown to h, y is h's own introduction.
+        let n = try PeerID(displayName: "n")
+        let byH = try data(for: n, from: h, listing: [a.identity])
+        let all = [h, x, y, n].map(\.identity)
+        #expect(m.connected(n, introducedBy: byH) == [.send(x, .introRequest(peer: n, members: all.filter { $0 != n.identity }.sorted()))])
+        // One whose request listed x too: no one to introduce it to.
+        let listedX = try PeerID(displayName: "listed x")
+        #expect(m.connected(listedX, introducedBy: try data(for: listedX, from: h, listing: [a.identity, x.identity])).isEmpty)
+        // One we follow an introduction to: it is its introducer's to introduce.
+        #expect(m.connected(try PeerID(displayName: "followed"), introducedBy: m.introduction(by: h)).isEmpty)
+        // h leaves and comes back: y was introduced by its earlier membership, which the new one knows nothing of.
+        _ = m.disconnected(h)
+        _ = m.connected(h, introducedBy: nil)
+        let later = try PeerID(displayName: "later")
+        let asked = m.connected(later, introducedBy: try data(for: later, from: h, listing: [a.identity, x.identity, n.identity, listedX.identity]))
+        #expect(asked.count == 2 && Self.asks(asked, y, about: later) && Self.asks(asked, m.members.first { $0.displayName == "followed" }!, about: later),
+                "\(asked)")
+    }
+
+    /// Newcomers join random members while the frames and connections of earlier joins are still on their way, in a
+    /// random order: every member ends up connected to every other, and no one follows an introduction it must drop.
+    @Test(arguments: 1...40 as ClosedRange<UInt64>)
+    func joinsThatCrossConverge(_ seed: UInt64) throws {
+        var rng = SeededRandom(seed: seed)
+        var w = World(maximumPeers: 16)
+        let first = try PeerID(displayName: "p0")
+        w.add(first)
+        w.queued = true
+        for i in 1...10 {
+            let p = try PeerID(displayName: "p\(i)")
+            let host = w.peers.randomElement(using: &rng)!
+            w.add(p)
+            w.link(p, host)
+            for _ in 0..<(rng.next() % 8) { _ = w.step { Int(rng.next() % UInt64($0)) } }
+        }
+        w.settle { Int(rng.next() % UInt64($0)) }
+        for p in w.peers { #expect(w.degree(p) == 10, "\(p.displayName) has \(w.degree(p)) links of 10") }
+        #expect(w.notFollowed == 0)
+        w.checkViews()
+    }
+
+    /// Ten newcomers join one member while its earlier introductions are on their way: a member that an introduced
+    /// peer reaches does not ask about it for peers the same member introduced, which that member introduced to each
+    /// other itself. Only the host asks: 0 + 1 + … + 9 requests.
+    @Test(arguments: 1...10 as ClosedRange<UInt64>)
+    func joinsThroughOneMemberAskNoOneElse(_ seed: UInt64) throws {
+        var rng = SeededRandom(seed: seed)
+        var w = World(maximumPeers: 16)
+        let host = try PeerID(displayName: "host")
+        w.add(host)
+        w.queued = true
+        for i in 1...10 {
+            let p = try PeerID(displayName: "p\(i)")
+            w.add(p)
+            w.link(p, host)
+            for _ in 0..<(rng.next() % 8) { _ = w.step { Int(rng.next() % UInt64($0)) } }
+        }
+        w.settle { Int(rng.next() % UInt64($0)) }
+        for p in w.peers { #expect(w.degree(p) == 10) }
+        #expect(w.requests == 45)
+        w.checkViews()
     }
 
     @Test func anUnreachablePairIsLinkedThroughItsIntroducerAndGoesWithIt() throws {
@@ -395,6 +567,37 @@ struct MeshSessionTests {
         usleep(200_000)
         // The link m1 came by was read before the app disconnected it: m2 asked no one about m1.
         #expect(g.sessions.map(\.statistics.introductionsAsked) == [1, 0, 0])
+    }
+
+    @Test("Two newcomers that join two members at the same moment meet: all four end up connected to each other, with no fault, no failed invitation and each peer connected once in each app")
+    func newcomersThatJoinTwoMembersAtOnceMeet() throws {
+        // Five rounds: the joins cross (each member asks the other before the other's newcomer reaches it) in most.
+        for round in 0..<5 {
+            let g = try Group(2)
+            #expect(eventually(5) { g.converged { [g.peers[1 - $0]] } })
+            let config = Session.Configuration(peerTimeout: .seconds(2), bindHost: "127.0.0.1", topology: .mesh)
+            let x = try Session(peer: try PeerID(displayName: "x\(round)"), configuration: config)
+            let n = try Session(peer: try PeerID(displayName: "n\(round)"), configuration: config)
+            let (xLog, nLog) = (MeshEventLog(), MeshEventLog())
+            x.delegate = xLog
+            n.delegate = nLog
+            let toM0 = try g.sessions[0].nearbyConnectionData(forPeer: x.myPeerID)
+            let toM1 = try g.sessions[1].nearbyConnectionData(forPeer: n.myPeerID)
+            try x.connectPeer(g.peers[0], withNearbyConnectionData: toM0)
+            try n.connectPeer(g.peers[1], withNearbyConnectionData: toM1)
+            let all = [g.sessions[0], g.sessions[1], x, n]
+            let everyone = Set(all.map(\.myPeerID))
+            #expect(eventually(10) { all.allSatisfy { Set($0.connectedPeers) == everyone.subtracting([$0.myPeerID]) } },
+                    "round \(round): \(all.map { "\($0.myPeerID.displayName): \($0.connectedPeers.map(\.displayName).sorted())" })")
+            usleep(300_000)
+            for s in all { #expect(s.statistics.peerFaults == 0 && s.statistics.introductionsNotFollowed == 0) }
+            for (log, other) in [(xLog, n.myPeerID), (nLog, x.myPeerID)] {
+                #expect(log.snapshot.failures.isEmpty, "\(log.snapshot.failures)")
+                #expect(log.states(of: other).filter { $0 == .connected }.count == 1 && log.states(of: other).last == .connected,
+                        "round \(round): \(log.states(of: other))")
+            }
+            for s in all { s.disconnect() }
+        }
     }
 
     @Test("A member that dies leaves everyone's connectedPeers within peerTimeout")

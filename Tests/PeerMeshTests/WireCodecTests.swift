@@ -82,6 +82,7 @@ private let sampleFrames: [ControlFrame] = [
     .stream(.close(id: 4, byWriter: true, .finished)),
     .stream(.close(id: 5, byWriter: false, .refused)),
     .mesh(.introRequest(peer: try! PeerID(displayName: "newcomer"))),
+    .mesh(.introRequest(peer: try! PeerID(displayName: "newcomer"), members: (0..<UInt64(MeshFrame.maximumListed)).map { $0 << 40 | 7 })),
     .mesh(.introData(forIdentity: 7, data: [])),
     .mesh(.introData(forIdentity: .max, data: [UInt8](repeating: 3, count: MeshFrame.maximumData))),
     .mesh(.introduce(peer: try! PeerID(displayName: "member"), data: [1, 2, 3])),
@@ -119,6 +120,21 @@ private let sampleFrames: [ControlFrame] = [
         #expect(decode([26] + [UInt8](repeating: 1, count: 31)) == .failure(.truncated))
         #expect(decode([26] + [UInt8](repeating: 1, count: 33)) == .failure(.trailingBytes))
         #expect(decode([26] + [UInt8](repeating: 1, count: 32)) == .success(.sasNonce([UInt8](repeating: 1, count: 32))))
+    }
+
+    @Test("MESH_INTRO_REQUEST: the newcomer, then a count byte and that many identities; short, long or without the list is refused")
+    func aMeshIntroRequestListsWhomItAsked() throws {
+        let newcomer = try PeerID(displayName: "n")
+        let body = Array(ControlFrame.mesh(.introRequest(peer: newcomer, members: [1, 0x0102_0304_0506_0708])).encoded()[4...])
+        let peerBytes = 1 + 1 + 1 + 32  // type · name length · "n" · key
+        #expect(Array(body[peerBytes...]) == [2] + be64(1) + be64(0x0102_0304_0506_0708))
+        #expect(decode(body) == .success(.mesh(.introRequest(peer: newcomer, members: [1, 0x0102_0304_0506_0708]))))
+        #expect(decode(Array(body.dropLast())) == .failure(.truncated))
+        #expect(decode(Array(body[..<peerBytes])) == .failure(.truncated), "the list's count is required")
+        #expect(decode(body + [0]) == .failure(.trailingBytes))
+        var overCounted = body
+        overCounted[peerBytes] = 3
+        #expect(decode(overCounted) == .failure(.truncated))
     }
 
     @Test func everyFrameRoundTrips() {

@@ -77,6 +77,11 @@ extension SessionCore {
               data.peer.identity == peer.identity, peer.publicKey == nil || peer.publicKey == data.peer.publicKey,
               data.forIdentity == self.peer.identity
         else { return false }  // data that leads nowhere: nothing to connect to
+        // Two members may introduce one pair at once (docs/PROTOCOL.md §3.8): an attempt to the peer under way follows
+        // this introduction too (a second would only be turned away as already connected).
+        let underWay = io.value.attempts.values.contains { $0.peer.identity == peer.identity }
+            || io.value.relayCalls.values.contains { $0.peer.identity == peer.identity }
+        if underWay { return true }
         // In flight at once: at most a member's share of introductions from one introducer (by identity, so that
         // one that leaves and comes back to start again gets no more), and twice that from all of them, so that
         // members that introduce without end together cannot have us open more connections to addresses they chose.
@@ -232,6 +237,12 @@ extension SessionCore {
         case continuing
         /// It was the attempt's last step: report the failure, then `release(peer)`.
         case ended(PeerID)
+        /// An introduction's invitation that the peer turned away because it joins us by another link (two members
+        /// introduced the pair at once, docs/PROTOCOL.md §3.8): what it was for is done, so nothing is reported;
+        /// `release(peer)`.
+        case joinedOtherwise(PeerID)
+
+        var joinedOtherwise: PeerID? { if case .joinedOtherwise(let peer) = self { peer } else { nil } }
     }
 
     /// `link`'s invitation ended without a connection, for `reason`. An attempt whose address did not lead to the
@@ -241,6 +252,7 @@ extension SessionCore {
     func continueAttempt(after link: LinkID, _ reason: DeclineReason) -> AttemptOutcome {
         guard let attempt = io.value.attempts.removeValue(forKey: link) else { return .none }
         let peer = attempt.peer
+        if attempt.introducer != nil, reason == .alreadyConnected || reason == .simultaneousInvite { return .joinedOtherwise(peer) }
         let introducerLeft = attempt.introducer.map { i in shared.withLock { $0.machine.primaryLink(for: i) == nil } } ?? false
         guard !attempt.relayed, !attempt.reached, !introducerLeft, reason == .unavailable || reason == .timedOut,
               shared.withLock({ $0.machine.primaryLink(for: peer) == nil })

@@ -34,7 +34,7 @@ public final class Invitation: Sendable {
 
     private let state = Mutex(State.open(withdrawn: nil))
     /// Carries the answer out: the answer, the session accepted into, and the member's introduction the inviter came
-    /// by (its link introduces no one), if it did.
+    /// by (an introduced link, docs/PROTOCOL.md §3.8), if it did.
     private let answer: @Sendable (AdvertiserStateMachine.Answer, Session?, MembershipStateMachine.Introduction?) -> Void
     private let reveal: @Sendable () -> Void
 

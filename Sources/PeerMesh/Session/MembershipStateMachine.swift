@@ -2,18 +2,28 @@
 ///
 /// When a peer joins this member by an invitation, the member asks every other member it is connected to for
 /// connection data for the newcomer (MESH_INTRO_REQUEST), and hands each answer to the newcomer (MESH_INTRODUCE),
-/// which connects directly, its key pinned and a one-time ticket presented. Links made by an introduction introduce
-/// no one, so introductions never loop: the driver says which those are (`connected(_:introducedBy:)`), from how the
-/// link was made (we followed an introduction to it, or it came with connection data we made for a member), never
-/// from what a member said of a peer, which a lying member can say of anyone. Each member enforces its own peer
-/// limit: a full member makes no data.
+/// which connects directly, its key pinned and a one-time ticket presented. The driver says which links an
+/// introduction made (`connected(_:introducedBy:)`), from how the link was made (we followed an introduction to it,
+/// or it came with connection data we made for a member), never from what a member said of a peer, which a lying
+/// member can say of anyone. Each member enforces its own peer limit: a full member makes no data.
+///
+/// A link made by an introduction introduces its peer only to members its introducer did not know of. Two
+/// newcomers that join two members at the same moment (X joins M while N joins H) are each introduced only to the
+/// members their host had then; so a request lists the introducer's other members (each asked about the peer by
+/// this request or another), and the member that lets an introduced peer in (M, as N comes with M's data for H's
+/// request) introduces it to those of its own members the request did not list, other than peers the same
+/// introducer's membership introduced to it (it introduced those to each other itself): here X. H, as X comes, may
+/// do the same for N; the two invitations cross, and the session keeps one link (the lower identity's invitation
+/// wins, or the later finds the pair connected). A member answers with data only for a peer it is not connected
+/// to, and each answer makes at most one link, so these introductions end.
 struct MembershipStateMachine: Sendable {
     /// What the driver must do.
     enum Action: Equatable, Sendable {
         /// Send `frame` to the connected peer `peer`.
         case send(PeerID, MeshFrame)
-        /// Make connection data that lets `newcomer` connect to us, and send it to `introducer` (MESH_INTRO_DATA).
-        case makeData(for: PeerID, replyTo: PeerID)
+        /// Make connection data that lets `newcomer` connect to us, and send it to `introducer` (MESH_INTRO_DATA);
+        /// its ticket carries `introduction`, which the link it makes brings back to `connected(_:introducedBy:)`.
+        case makeData(for: PeerID, replyTo: PeerID, introduction: Introduction)
         /// Connect to `peer` with the connection data `introducer` passed on (through it, if not directly).
         case connect(PeerID, data: [UInt8], introducer: PeerID)
         /// `peer` broke the mesh protocol: count it and close its link.
@@ -29,6 +39,12 @@ struct MembershipStateMachine: Sendable {
     struct Introduction: Hashable, Sendable {
         let member: UInt64
         let membership: UInt64
+        /// On data we made for the member's request: the members the request listed (the member's other members,
+        /// each asked about the peer). Nil on an introduction we followed.
+        var listed: Set<UInt64>? = nil
+
+        /// The member's membership alone, without what a request listed.
+        var membershipOnly: Introduction { Introduction(member: member, membership: membership) }
     }
 
     let me: PeerID
@@ -36,6 +52,8 @@ struct MembershipStateMachine: Sendable {
     let maximumPeers: Int
     /// Peers connected now.
     private(set) var members: Set<PeerID> = []
+    /// For each member whose link an introduction made while its introducer's membership stood: that membership.
+    private var introducedVia: [UInt64: Introduction] = [:]
     /// Each member's membership: a number no other membership in this session's life had.
     private var memberships: [UInt64: UInt64] = [:]
     private var nextMembership: UInt64 = 1
@@ -80,7 +98,9 @@ struct MembershipStateMachine: Sendable {
     /// A newcomer is introduced to the other members unless its link came from an introduction by a membership that
     /// still stands: whatever any member said of it before, a peer that joins by an invitation of its own is
     /// introduced (a lying member's MESH_INTRO_REQUEST cannot keep it out of the mesh), and so is one whose introducer
-    /// has left meanwhile, even if it came back (it may never have introduced the peer to the others).
+    /// has left meanwhile, even if it came back (it may never have introduced the peer to the others). One that comes
+    /// with data we made for a member's request is introduced to the members that request did not list (but not to
+    /// those the same member introduced to us); one whose introduction we followed, to no one.
     ///
     /// Introductions pin keys: a peer whose link carries none (a plaintext link of an `.optional` session) is
     /// neither introduced to the others nor asked to make data for a newcomer.
@@ -93,11 +113,29 @@ struct MembershipStateMachine: Sendable {
         // Back, by whatever path: its entry is a member's again, not a departed newcomer's.
         departed.removeAll { $0 == peer.identity }
         let byIntroduction = introduction.map { $0.member != peer.identity && memberships[$0.member] == $0.membership } ?? false
-        guard topology == .mesh, !byIntroduction, peer.publicKey != nil else { return [] }
+        if byIntroduction, let introduction { introducedVia[peer.identity] = introduction.membershipOnly }
+        guard topology == .mesh, peer.publicKey != nil else { return [] }
         let others = members.filter { $0 != peer && $0.publicKey != nil }.sorted { $0.identity < $1.identity }
-        guard !others.isEmpty else { return [] }
-        for other in others { asked[peer.identity, default: [:]][other.identity, default: 0] += 1 }
-        return others.map { .send($0, .introRequest(peer: peer)) }
+        guard byIntroduction, let introduction else {
+            // A newcomer: introduced to every other member.
+            return others.map { ask($0, about: peer) }
+        }
+        // Introduced, with data we made for its introducer's request: to those of our members the request did not
+        // list (the introducer did not know them then); not to peers the same membership introduced to us (it
+        // introduced them to each other itself). Followed: to no one.
+        guard let listed = introduction.listed else { return [] }
+        let unknown = others.filter {
+            $0.identity != introduction.member && !listed.contains($0.identity) && introducedVia[$0.identity] != introduction.membershipOnly
+        }
+        return unknown.map { ask($0, about: peer) }
+    }
+
+    /// Asks `member` for connection data that lets `peer` connect to it, listing our other members (those we ask about
+    /// `peer` now, and those we asked before or that the peer's introducer asked).
+    private mutating func ask(_ member: PeerID, about peer: PeerID) -> Action {
+        asked[peer.identity, default: [:]][member.identity, default: 0] += 1
+        let listed = members.filter { $0 != peer && $0.publicKey != nil }.map(\.identity).sorted().prefix(MeshFrame.maximumListed)
+        return .send(member, .introRequest(peer: peer, members: Array(listed)))
     }
 
     /// `peer` is no longer connected (the driver also says so of a peer that never joined: an invitation to it, or
@@ -105,6 +143,7 @@ struct MembershipStateMachine: Sendable {
     mutating func disconnected(_ peer: PeerID) -> [Action] {
         guard members.remove(peer) != nil else { return [] }
         memberships[peer.identity] = nil
+        introducedVia[peer.identity] = nil
         introducedBy[peer.identity] = nil
         // Requests to `peer` will not be answered; requests about it stay open, as its answers are still coming.
         for key in asked.keys {
@@ -126,15 +165,16 @@ struct MembershipStateMachine: Sendable {
     mutating func received(_ frame: MeshFrame, from peer: PeerID) -> [Action] {
         guard members.contains(peer) else { return [] }
         switch frame {
-        case .introRequest(let newcomer):
+        case .introRequest(let newcomer, let listed):
             // Data is made only when it is needed and there is room: an empty answer says so.
             guard topology == .mesh, newcomer != me, newcomer != peer, !members.contains(newcomer),
-                  members.count + 1 < maximumPeers
+                  members.count + 1 < maximumPeers, var introduction = introduction(by: peer)
             else { return [.send(peer, .introData(forIdentity: newcomer.identity, data: []))] }
             // Nothing is kept of it here: the data's ticket (`DirectAcceptor`, at most 16 live per member) carries this
-            // member's introduction, and the link a newcomer makes with it by following that introduction ("PMINT1")
-            // introduces no one.
-            return [.makeData(for: newcomer, replyTo: peer)]
+            // member's introduction and whom it listed, and the link a newcomer makes with it by following that
+            // introduction ("PMINT1") introduces it only to members the introducer did not list.
+            introduction.listed = Set(listed)
+            return [.makeData(for: newcomer, replyTo: peer, introduction: introduction)]
         case .introData(let id, let data):
             guard var waiting = asked[id], let open = waiting[peer.identity] else {
                 // About a newcomer long gone, perhaps: the member may owe that much.

@@ -27,8 +27,9 @@ struct NearbyConnectionData: Equatable, Sendable {
     /// The invitation context that carries a ticket: this prefix, then the ticket.
     static let contextPrefix: [UInt8] = Array("PMOOB1".utf8)
     /// The same, for an invitation that follows a member's introduction (MESH_INTRODUCE). Only such an invitation, with
-    /// a ticket made for that member's request, makes a link that introduces no one: the same ticket handed over any
-    /// other way (a member could pass it to a peer out of band) makes a newcomer's link, introduced to the others.
+    /// a ticket made for that member's request, makes an introduced link (its peer is introduced only to members the
+    /// request did not list): the same ticket handed over any other way (a member could pass it to a peer out of band)
+    /// makes a newcomer's link, introduced to the others.
     static let introducedContextPrefix: [UInt8] = Array("PMINT1".utf8)
 
     /// The ticket an invitation's context carries, and whether the inviter says it follows an introduction.
@@ -205,7 +206,7 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
             return invitation.decline(.notTrusted, message: "no valid connection data for \(invitation.peer.displayName)")
         }
         // A ticket made for a member's introduction, presented by a peer that says it follows that introduction, makes
-        // a link that introduces no one; the app's own data, or such a ticket handed over otherwise, a newcomer's.
+        // an introduced link (§3.8); the app's own data, or such a ticket handed over otherwise, a newcomer's.
         let followsIntroduction = presented?.followsIntroduction == true
         invitation.accept(into: session, introducedBy: followsIntroduction ? admitted.introduction : nil)
     }
@@ -227,7 +228,7 @@ extension Session {
 
     /// The same, listing `preferred` (an address this session is reached at, such as the local end of the link an
     /// introduction came over) first; `introduction` is the member's introduction it is for (its tickets are counted
-    /// apart, and the link they make introduces no one).
+    /// apart, and the link they make is an introduced one, §3.8).
     func nearbyConnectionData(forPeer peer: PeerID, preferring preferred: String?,
                               introduction: MembershipStateMachine.Introduction? = nil) throws(PeerMeshError) -> Data {
         guard encryptionPreference != .none, myPeerID.publicKey != nil else {

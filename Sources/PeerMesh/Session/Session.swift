@@ -128,9 +128,9 @@ public struct SessionStatistics: Sendable, Equatable, BitwiseCopyable {
     /// (docs/PROTOCOL.md §3.8). Many of them point at a member that has us connect wherever it likes.
     public var introductionsNotFollowed: UInt64 = 0
     /// MESH_INTRO_REQUESTs this member sent: one to each other member each time a peer joined it by a link that no
-    /// introduction made, or one made by a member that has left since, even if it came back (docs/PROTOCOL.md §3.8).
-    /// Peers introduced to us introduce no one, so in a mesh whose members all joined its founder, only the founder
-    /// asks.
+    /// introduction made, or one made by a member that has left since, even if it came back; and one to each member
+    /// an introduced peer's introducer did not know of when it asked (docs/PROTOCOL.md §3.8). In a mesh whose members
+    /// all joined its founder, only the founder asks.
     public var introductionsAsked: UInt64 = 0
 
     public init() {}

@@ -8,7 +8,7 @@ extension SessionCore {
     /// Takes over a connection whose invitation the app accepted into this session. An encrypted link's key goes
     /// to the delegate's certificate check first; a peer over the per-host limit is declined. `onAdmitted` runs once
     /// the caller is in (not when it is turned away after all), unless this session's admissions forgive no tries.
-    /// `introduction`: the member's introduction the caller came by (its link introduces no one).
+    /// `introduction`: the member's introduction the caller came by (an introduced link, docs/PROTOCOL.md §3.8).
     /// Loop thread only.
     func adopt(_ connection: Connection, from peer: PeerID, invite: ControlFrame.InviteBody, listenerPort: UInt16,
                introduction: MembershipStateMachine.Introduction? = nil, onAdmitted: @escaping () -> Void = {}) {

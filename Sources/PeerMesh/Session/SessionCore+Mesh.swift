@@ -11,18 +11,15 @@ extension SessionCore {
                       let connection = io.value.connections[link] else { continue }
                 connection.send(.mesh(frame))
                 if case .introRequest = frame { counters.add { $0.introductionsAsked += 1 } }
-            case .makeData(let newcomer, let introducer):
+            case .makeData(let newcomer, let introducer, let introduction):
                 guard let link = shared.withLock({ $0.machine.primaryLink(for: introducer) }),
                       let connection = io.value.connections[link], let session = owner.withLock({ $0.value }) else { continue }
                 // The address the introducer reaches us at is the one the newcomer most likely can reach too.
                 let local = try? connection.socket.localAddress()
                 let preferred = local.map { $0.host.hasPrefix("::ffff:") ? String($0.host.dropFirst(7)) : $0.host }
-                // The introducer is a member (the machine asks only on a member's request), so its ticket counts as its
-                // own; were it not, the answer would be empty (no data), never data counted as the app's.
-                let introduction = io.value.membership.introduction(by: introducer)
-                let data = introduction.flatMap {
-                    try? session.nearbyConnectionData(forPeer: newcomer, preferring: preferred, introduction: $0)
-                }.map(Array.init) ?? []
+                // The ticket carries the introducer's membership (its tickets are counted as its own) and whom it asked.
+                let data = (try? session.nearbyConnectionData(forPeer: newcomer, preferring: preferred,
+                                                              introduction: introduction)).map(Array.init) ?? []
                 connection.send(.mesh(.introData(forIdentity: newcomer.identity, data: data)))
             case .connect(let peer, let data, let introducer):
                 if !connectIntroduced(peer, data: data, introducer: introducer) {

@@ -69,8 +69,9 @@ final class SessionCore: Sendable {
         /// data's), by link: what to try next if they fail.
         var attempts: [LinkID: DirectAttempt] = [:]
         /// Links an introduction made, with that introduction: we followed it (the link was a step of an attempt with
-        /// an introducer), or the peer came with connection data we made for it. Such a link introduces no one while
-        /// the introducer's membership stands (`MembershipStateMachine.connected`). Kept until the link ends.
+        /// an introducer), or the peer came with connection data we made for it. While the introducer's membership
+        /// stands, such a link introduces its peer only to members the introducer did not know of
+        /// (`MembershipStateMachine.connected`). Kept until the link ends.
         var introducedLinks: [LinkID: MembershipStateMachine.Introduction] = [:]
         /// Our invitations' message 3s (our share of the digits): how many may end unaccepted before the next waits.
         var shares: InviterShareRation
@@ -275,6 +276,11 @@ final class SessionCore: Sendable {
             // A disconnect on another thread may have ended the link since, its actions carried out first: this
             // invitation's are stale then (a `connecting` after that `notConnected`), and its socket is not needed.
             if !actions.contains(.close(link)), !shared.withLock({ $0.machine.has(link) }) { return sock.close() }
+            // The peer may also have connected meanwhile by another link (its invitation to us, which won), its
+            // `connected` carried out first: this invitation's `connecting` is stale then, and is not reported.
+            let actions = shared.withLock { s in
+                actions.filter { if case .report(let p, let st) = $0 { s.machine.state(of: p) == st } else { true } }
+            }
             let c = Connection(socket: sock, remote: addr, connecting: true, loop: loop, channel: channelConfiguration(.initiator),
                                relayed: relayed)
             c.maximumQueued = 2 * configuration.maximumQueuedBytes
@@ -451,9 +457,10 @@ final class SessionCore: Sendable {
                 }
             case .invitationFailed(let l, let p, let r):
                 let outcome = continueAttempt(after: l, io.value.failureReason[l] ?? r)
-                if outcome == .continuing {
+                if outcome == .continuing || outcome.joinedOtherwise != nil {
                     io.value.failureDetail[l] = nil
                     io.value.failureReason[l] = nil
+                    if let peer = outcome.joinedOtherwise { release(peer) }
                     continue
                 }
                 let detail = io.value.failureDetail.removeValue(forKey: l) ?? r.description

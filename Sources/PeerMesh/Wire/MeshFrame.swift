@@ -2,8 +2,11 @@
 /// and they connect directly with connection data (`NearbyConnectionData`) that pins their keys. See
 /// docs/PROTOCOL.md §3.8.
 enum MeshFrame: Equatable, Sendable {
-    /// Introducer → member: `peer` joined me; make connection data that lets it connect to you.
-    case introRequest(peer: PeerID)
+    /// Introducer → member: `peer` joined me; make connection data that lets it connect to you. `members`: the
+    /// identities of the introducer's other members, each asked about `peer` (at most `maximumListed`), so that the
+    /// member, when `peer` comes, can tell which of its own members the introducer did not know of (docs/PROTOCOL.md
+    /// §3.8).
+    case introRequest(peer: PeerID, members: [UInt64] = [])
     /// Member → introducer: connection data for the peer with identity `forIdentity` (empty: not needed).
     case introData(forIdentity: UInt64, data: [UInt8])
     /// Introducer → newcomer: connect to `peer` with `data`.
@@ -11,6 +14,8 @@ enum MeshFrame: Equatable, Sendable {
 
     /// Longest connection data carried.
     static let maximumData = 1_024
+    /// Most members a MESH_INTRO_REQUEST lists (its count is a byte).
+    static let maximumListed = 255
 
     var name: String {
         switch self {
@@ -22,9 +27,12 @@ enum MeshFrame: Equatable, Sendable {
 
     func encode(into w: inout ByteWriter) {
         switch self {
-        case .introRequest(let peer):
+        case .introRequest(let peer, let members):
+            precondition(members.count <= Self.maximumListed, "MESH_INTRO_REQUEST lists at most 255 members")
             w.u8(ControlFrame.Kind.meshIntroRequest.rawValue)
             Self.write(peer, into: &w)
+            w.u8(UInt8(members.count))
+            for id in members { w.u64(id) }
         case .introData(let id, let data):
             w.u8(ControlFrame.Kind.meshIntroData.rawValue)
             w.u64(id)
@@ -56,7 +64,18 @@ enum MeshFrame: Equatable, Sendable {
     static func decode(_ kind: ControlFrame.Kind, _ r: inout ByteReader) -> Result<MeshFrame, ControlFrame.DecodeError> {
         switch kind {
         case .meshIntroRequest:
-            return readPeer(&r).map { .introRequest(peer: $0) }
+            switch readPeer(&r) {
+            case .failure(let e): return .failure(e)
+            case .success(let peer):
+                guard let n = r.u8() else { return .failure(.truncated) }
+                var members: [UInt64] = []
+                members.reserveCapacity(Int(n))
+                for _ in 0..<n {
+                    guard let id = r.u64() else { return .failure(.truncated) }
+                    members.append(id)
+                }
+                return .success(.introRequest(peer: peer, members: members))
+            }
         case .meshIntroData:
             guard let id = r.u64() else { return .failure(.truncated) }
             let data = r.rest()
