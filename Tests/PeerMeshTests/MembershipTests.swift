@@ -216,7 +216,7 @@ struct MembershipStateMachineTests {
 
     /// Whether `actions` ask `member` about `peer`, whatever members the request lists.
     static func asks(_ actions: [MembershipStateMachine.Action], _ member: PeerID, about peer: PeerID) -> Bool {
-        actions.contains { if case .send(let to, .introRequest(let p, _)) = $0 { to == member && p == peer } else { false } }
+        actions.contains { if case .send(let to, .introRequest(let p, _, _)) = $0 { to == member && p == peer } else { false } }
     }
 
     /// A member's machine (room for 8) connected to two members, `liar` and `honest`.
@@ -413,7 +413,14 @@ struct MembershipStateMachineTests {
         let n = try PeerID(displayName: "n")
         let byH = try data(for: n, from: h, listing: [a.identity])
         let all = [h, x, y, n].map(\.identity)
-        #expect(m.connected(n, introducedBy: byH) == [.send(x, .introRequest(peer: n, members: all.filter { $0 != n.identity }.sorted()))])
+        #expect(m.connected(n, introducedBy: byH) == [.send(x, .introRequest(peer: n, members: all.filter { $0 != n.identity }.sorted(), fillsGap: true))])
+        // The member asked makes data whose ticket is counted with the gaps we fill, apart from our newcomers'.
+        var asX = MembershipStateMachine(me: x, topology: .mesh, maximumPeers: 16)
+        _ = asX.connected(a, introducedBy: nil)
+        guard case .makeData(_, _, let gapTicket)? = asX.received(.introRequest(peer: n, members: [x.identity], fillsGap: true), from: a).first,
+              case .makeData(_, _, let newcomerTicket)? = asX.received(.introRequest(peer: y, members: [x.identity]), from: a).first
+        else { Issue.record("x made no data"); return }
+        #expect(gapTicket.fillsGap && !newcomerTicket.fillsGap && gapTicket.listed == [x.identity])
         // One whose request listed x too: no one to introduce it to.
         let listedX = try PeerID(displayName: "listed x")
         #expect(m.connected(listedX, introducedBy: try data(for: listedX, from: h, listing: [a.identity, x.identity])).isEmpty)
@@ -569,13 +576,17 @@ struct MeshSessionTests {
         #expect(g.sessions.map(\.statistics.introductionsAsked) == [1, 0, 0])
     }
 
-    @Test("Two newcomers that join two members at the same moment meet: all four end up connected to each other, with no fault, no failed invitation and each peer connected once in each app")
+    @Test("Two newcomers that join two members at the same moment meet, by direct or relayed links: all four end up connected to each other, with no fault, no failed invitation and each peer connected once in each app")
     func newcomersThatJoinTwoMembersAtOnceMeet() throws {
-        // Five rounds: the joins cross (each member asks the other before the other's newcomer reaches it) in most.
-        for round in 0..<5 {
+        // Ten rounds, the newcomers' introduced links made directly in every other one and through the introducer in
+        // the others: the joins cross (a member asks the other before the other's newcomer reaches it) in about a
+        // third of the direct rounds and three quarters of the relayed ones.
+        var crossed = 0
+        for round in 0..<10 {
             let g = try Group(2)
             #expect(eventually(5) { g.converged { [g.peers[1 - $0]] } })
-            let config = Session.Configuration(peerTimeout: .seconds(2), bindHost: "127.0.0.1", topology: .mesh)
+            var config = Session.Configuration(peerTimeout: .seconds(2), bindHost: "127.0.0.1", topology: .mesh)
+            config.relaysIntroductions = round % 2 == 1
             let x = try Session(peer: try PeerID(displayName: "x\(round)"), configuration: config)
             let n = try Session(peer: try PeerID(displayName: "n\(round)"), configuration: config)
             let (xLog, nLog) = (MeshEventLog(), MeshEventLog())
@@ -583,14 +594,21 @@ struct MeshSessionTests {
             n.delegate = nLog
             let toM0 = try g.sessions[0].nearbyConnectionData(forPeer: x.myPeerID)
             let toM1 = try g.sessions[1].nearbyConnectionData(forPeer: n.myPeerID)
-            try x.connectPeer(g.peers[0], withNearbyConnectionData: toM0)
-            try n.connectPeer(g.peers[1], withNearbyConnectionData: toM1)
+            // Both at once, from two threads.
+            let started = DispatchGroup()
+            for (joiner, member, data) in [(x, g.peers[0], toM0), (n, g.peers[1], toM1)] {
+                DispatchQueue.global().async(group: started) { #expect(throws: Never.self) { try joiner.connectPeer(member, withNearbyConnectionData: data) } }
+            }
+            started.wait()
             let all = [g.sessions[0], g.sessions[1], x, n]
             let everyone = Set(all.map(\.myPeerID))
             #expect(eventually(10) { all.allSatisfy { Set($0.connectedPeers) == everyone.subtracting([$0.myPeerID]) } },
                     "round \(round): \(all.map { "\($0.myPeerID.displayName): \($0.connectedPeers.map(\.displayName).sorted())" })")
             usleep(300_000)
             for s in all { #expect(s.statistics.peerFaults == 0 && s.statistics.introductionsNotFollowed == 0) }
+            // Only the two members fill gaps: the newcomers followed introductions, which introduce no one.
+            #expect(x.statistics.introductionsAsked == 0 && n.statistics.introductionsAsked == 0)
+            if g.sessions.contains(where: { $0.statistics.gapIntroductionsAsked > 0 }) { crossed += 1 }
             for (log, other) in [(xLog, n.myPeerID), (nLog, x.myPeerID)] {
                 #expect(log.snapshot.failures.isEmpty, "\(log.snapshot.failures)")
                 #expect(log.states(of: other).filter { $0 == .connected }.count == 1 && log.states(of: other).last == .connected,
@@ -598,6 +616,7 @@ struct MeshSessionTests {
             }
             for s in all { s.disconnect() }
         }
+        #expect(crossed >= 1, "the joins crossed in \(crossed) of 10 rounds")
     }
 
     @Test("A member that dies leaves everyone's connectedPeers within peerTimeout")

@@ -82,7 +82,8 @@ private let sampleFrames: [ControlFrame] = [
     .stream(.close(id: 4, byWriter: true, .finished)),
     .stream(.close(id: 5, byWriter: false, .refused)),
     .mesh(.introRequest(peer: try! PeerID(displayName: "newcomer"))),
-    .mesh(.introRequest(peer: try! PeerID(displayName: "newcomer"), members: (0..<UInt64(MeshFrame.maximumListed)).map { $0 << 40 | 7 })),
+    .mesh(.introRequest(peer: try! PeerID(displayName: "newcomer"), members: (0..<UInt64(MeshFrame.maximumListed)).map { $0 << 40 | 7 },
+                        fillsGap: true)),
     .mesh(.introData(forIdentity: 7, data: [])),
     .mesh(.introData(forIdentity: .max, data: [UInt8](repeating: 3, count: MeshFrame.maximumData))),
     .mesh(.introduce(peer: try! PeerID(displayName: "member"), data: [1, 2, 3])),
@@ -127,14 +128,20 @@ private let sampleFrames: [ControlFrame] = [
         let newcomer = try PeerID(displayName: "n")
         let body = Array(ControlFrame.mesh(.introRequest(peer: newcomer, members: [1, 0x0102_0304_0506_0708])).encoded()[4...])
         let peerBytes = 1 + 1 + 1 + 32  // type · name length · "n" · key
-        #expect(Array(body[peerBytes...]) == [2] + be64(1) + be64(0x0102_0304_0506_0708))
+        #expect(Array(body[peerBytes...]) == [0, 2] + be64(1) + be64(0x0102_0304_0506_0708))
         #expect(decode(body) == .success(.mesh(.introRequest(peer: newcomer, members: [1, 0x0102_0304_0506_0708]))))
         #expect(decode(Array(body.dropLast())) == .failure(.truncated))
-        #expect(decode(Array(body[..<peerBytes])) == .failure(.truncated), "the list's count is required")
+        #expect(decode(Array(body[..<peerBytes])) == .failure(.truncated), "the purpose and the list's count are required")
+        #expect(decode(Array(body[...peerBytes])) == .failure(.truncated))
         #expect(decode(body + [0]) == .failure(.trailingBytes))
         var overCounted = body
-        overCounted[peerBytes] = 3
+        overCounted[peerBytes + 1] = 3
         #expect(decode(overCounted) == .failure(.truncated))
+        var fills = body
+        fills[peerBytes] = 1
+        #expect(decode(fills) == .success(.mesh(.introRequest(peer: newcomer, members: [1, 0x0102_0304_0506_0708], fillsGap: true))))
+        fills[peerBytes] = 2
+        #expect(decode(fills) == .failure(.badField("mesh request purpose")))
     }
 
     @Test func everyFrameRoundTrips() {

@@ -77,11 +77,6 @@ extension SessionCore {
               data.peer.identity == peer.identity, peer.publicKey == nil || peer.publicKey == data.peer.publicKey,
               data.forIdentity == self.peer.identity
         else { return false }  // data that leads nowhere: nothing to connect to
-        // Two members may introduce one pair at once (docs/PROTOCOL.md §3.8): an attempt to the peer under way follows
-        // this introduction too (a second would only be turned away as already connected).
-        let underWay = io.value.attempts.values.contains { $0.peer.identity == peer.identity }
-            || io.value.relayCalls.values.contains { $0.peer.identity == peer.identity }
-        if underWay { return true }
         // In flight at once: at most a member's share of introductions from one introducer (by identity, so that
         // one that leaves and comes back to start again gets no more), and twice that from all of them, so that
         // members that introduce without end together cannot have us open more connections to addresses they chose.

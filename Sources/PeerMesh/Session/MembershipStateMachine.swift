@@ -42,8 +42,11 @@ struct MembershipStateMachine: Sendable {
         /// On data we made for the member's request: the members the request listed (the member's other members,
         /// each asked about the peer). Nil on an introduction we followed.
         var listed: Set<UInt64>? = nil
+        /// On data we made for the member's request: the request filled a gap (MESH_INTRO_REQUEST `fillsGap`), so its
+        /// ticket is counted apart from those made for the member's newcomers.
+        var fillsGap = false
 
-        /// The member's membership alone, without what a request listed.
+        /// The member's membership alone, without what a request said.
         var membershipOnly: Introduction { Introduction(member: member, membership: membership) }
     }
 
@@ -118,7 +121,7 @@ struct MembershipStateMachine: Sendable {
         let others = members.filter { $0 != peer && $0.publicKey != nil }.sorted { $0.identity < $1.identity }
         guard byIntroduction, let introduction else {
             // A newcomer: introduced to every other member.
-            return others.map { ask($0, about: peer) }
+            return others.map { ask($0, about: peer, fillsGap: false) }
         }
         // Introduced, with data we made for its introducer's request: to those of our members the request did not
         // list (the introducer did not know them then); not to peers the same membership introduced to us (it
@@ -127,15 +130,15 @@ struct MembershipStateMachine: Sendable {
         let unknown = others.filter {
             $0.identity != introduction.member && !listed.contains($0.identity) && introducedVia[$0.identity] != introduction.membershipOnly
         }
-        return unknown.map { ask($0, about: peer) }
+        return unknown.map { ask($0, about: peer, fillsGap: true) }
     }
 
     /// Asks `member` for connection data that lets `peer` connect to it, listing our other members (those we ask about
     /// `peer` now, and those we asked before or that the peer's introducer asked).
-    private mutating func ask(_ member: PeerID, about peer: PeerID) -> Action {
+    private mutating func ask(_ member: PeerID, about peer: PeerID, fillsGap: Bool) -> Action {
         asked[peer.identity, default: [:]][member.identity, default: 0] += 1
         let listed = members.filter { $0 != peer && $0.publicKey != nil }.map(\.identity).sorted().prefix(MeshFrame.maximumListed)
-        return .send(member, .introRequest(peer: peer, members: Array(listed)))
+        return .send(member, .introRequest(peer: peer, members: Array(listed), fillsGap: fillsGap))
     }
 
     /// `peer` is no longer connected (the driver also says so of a peer that never joined: an invitation to it, or
@@ -165,7 +168,7 @@ struct MembershipStateMachine: Sendable {
     mutating func received(_ frame: MeshFrame, from peer: PeerID) -> [Action] {
         guard members.contains(peer) else { return [] }
         switch frame {
-        case .introRequest(let newcomer, let listed):
+        case .introRequest(let newcomer, let listed, let fillsGap):
             // Data is made only when it is needed and there is room: an empty answer says so.
             guard topology == .mesh, newcomer != me, newcomer != peer, !members.contains(newcomer),
                   members.count + 1 < maximumPeers, var introduction = introduction(by: peer)
@@ -174,6 +177,7 @@ struct MembershipStateMachine: Sendable {
             // member's introduction and whom it listed, and the link a newcomer makes with it by following that
             // introduction ("PMINT1") introduces it only to members the introducer did not list.
             introduction.listed = Set(listed)
+            introduction.fillsGap = fillsGap
             return [.makeData(for: newcomer, replyTo: peer, introduction: introduction)]
         case .introData(let id, let data):
             guard var waiting = asked[id], let open = waiting[peer.identity] else {

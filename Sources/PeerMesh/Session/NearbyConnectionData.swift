@@ -151,10 +151,14 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
 
     deinit { advertiser.stopAdvertisingPeer() }
 
-    /// Live tickets at most; past it the oldest goes.
+    /// Live tickets at most; past it the oldest made for an introduction goes (the app's own only when there are no
+    /// others).
     static let maximumTickets = 256
-    /// Live tickets made for one member's introductions at most; past it that member's oldest goes, so that a member
-    /// that asks for introductions without end spends its own tickets, never those made for others or for the app.
+    /// Live tickets made for one member's requests of one kind at most (for its newcomers, or to fill a gap, §3.8);
+    /// past it that member's oldest of that kind goes, so that a member that asks for introductions without end
+    /// spends its own tickets, never those made for others or for the app; and a lying member whose introduced peers
+    /// make another member fill gaps without end spends only that member's gap tickets, never those made for its
+    /// newcomers.
     static let maximumTicketsPerIntroducer = 16
 
     /// A new ticket for `peer`, made at the app's request or, with `introduction`, for a member's introduction.
@@ -166,12 +170,20 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
             func evictOldest(where matches: (Ticket) -> Bool) {
                 if let oldest = t.filter({ matches($0.value) }).min(by: { $0.value.expires < $1.value.expires }) { t[oldest.key] = nil }
             }
-            // Counted by member, whatever its membership: one that leaves and comes back gets no more.
-            if let member = introduction?.member,
-               t.values.count(where: { $0.introduction?.member == member }) >= Self.maximumTicketsPerIntroducer {
-                evictOldest { $0.introduction?.member == member }
+            // Counted by member, whatever its membership (one that leaves and comes back gets no more), and by kind.
+            if let introduction {
+                func sameKind(_ other: Ticket) -> Bool {
+                    other.introduction?.member == introduction.member && other.introduction?.fillsGap == introduction.fillsGap
+                }
+                if t.values.count(where: sameKind) >= Self.maximumTicketsPerIntroducer { evictOldest(where: sameKind) }
             }
-            if t.count >= Self.maximumTickets { evictOldest { _ in true } }
+            if t.count >= Self.maximumTickets {
+                if t.values.contains(where: { $0.introduction != nil }) {
+                    evictOldest { $0.introduction != nil }
+                } else {
+                    evictOldest { _ in true }
+                }
+            }
             t[ticket] = Ticket(forPeer: peer, expires: now + Self.lifetime, introduction: introduction)
         }
         return ticket

@@ -132,6 +132,10 @@ public struct SessionStatistics: Sendable, Equatable, BitwiseCopyable {
     /// an introduced peer's introducer did not know of when it asked (docs/PROTOCOL.md §3.8). In a mesh whose members
     /// all joined its founder, only the founder asks.
     public var introductionsAsked: UInt64 = 0
+    /// Those of `introductionsAsked` that filled a gap: a peer came to us by a member's introduction whose request did
+    /// not list one of our members (two joins crossed, docs/PROTOCOL.md §3.8). An honest mesh leaves it at 0 unless
+    /// peers join different members at the same moment.
+    public var gapIntroductionsAsked: UInt64 = 0
 
     public init() {}
 }

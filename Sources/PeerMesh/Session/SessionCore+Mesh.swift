@@ -10,7 +10,12 @@ extension SessionCore {
                 guard let link = shared.withLock({ $0.machine.primaryLink(for: peer) }),
                       let connection = io.value.connections[link] else { continue }
                 connection.send(.mesh(frame))
-                if case .introRequest = frame { counters.add { $0.introductionsAsked += 1 } }
+                if case .introRequest(_, _, let fillsGap) = frame {
+                    counters.add {
+                        $0.introductionsAsked += 1
+                        if fillsGap { $0.gapIntroductionsAsked += 1 }
+                    }
+                }
             case .makeData(let newcomer, let introducer, let introduction):
                 guard let link = shared.withLock({ $0.machine.primaryLink(for: introducer) }),
                       let connection = io.value.connections[link], let session = owner.withLock({ $0.value }) else { continue }

@@ -277,9 +277,14 @@ final class SessionCore: Sendable {
             // invitation's are stale then (a `connecting` after that `notConnected`), and its socket is not needed.
             if !actions.contains(.close(link)), !shared.withLock({ $0.machine.has(link) }) { return sock.close() }
             // The peer may also have connected meanwhile by another link (its invitation to us, which won), its
-            // `connected` carried out first: this invitation's `connecting` is stale then, and is not reported.
+            // `connected` carried out first: this invitation's `connecting` is stale then, and is not reported. (An
+            // invitation's start reports nothing else: `inviteStarted` and `hold` report only `connecting`.)
             let actions = shared.withLock { s in
-                actions.filter { if case .report(let p, let st) = $0 { s.machine.state(of: p) == st } else { true } }
+                actions.filter {
+                    guard case .report(let p, let st) = $0 else { return true }
+                    precondition(st == .connecting, "an invitation's start reports only connecting")
+                    return s.machine.state(of: p) != .connected
+                }
             }
             let c = Connection(socket: sock, remote: addr, connecting: true, loop: loop, channel: channelConfiguration(.initiator),
                                relayed: relayed)

@@ -5,8 +5,9 @@ enum MeshFrame: Equatable, Sendable {
     /// Introducer → member: `peer` joined me; make connection data that lets it connect to you. `members`: the
     /// identities of the introducer's other members, each asked about `peer` (at most `maximumListed`), so that the
     /// member, when `peer` comes, can tell which of its own members the introducer did not know of (docs/PROTOCOL.md
-    /// §3.8).
-    case introRequest(peer: PeerID, members: [UInt64] = [])
+    /// §3.8). `fillsGap`: `peer` did not join the introducer but came to it by another member's introduction, whose
+    /// request did not list the member asked now.
+    case introRequest(peer: PeerID, members: [UInt64] = [], fillsGap: Bool = false)
     /// Member → introducer: connection data for the peer with identity `forIdentity` (empty: not needed).
     case introData(forIdentity: UInt64, data: [UInt8])
     /// Introducer → newcomer: connect to `peer` with `data`.
@@ -27,10 +28,11 @@ enum MeshFrame: Equatable, Sendable {
 
     func encode(into w: inout ByteWriter) {
         switch self {
-        case .introRequest(let peer, let members):
+        case .introRequest(let peer, let members, let fillsGap):
             precondition(members.count <= Self.maximumListed, "MESH_INTRO_REQUEST lists at most 255 members")
             w.u8(ControlFrame.Kind.meshIntroRequest.rawValue)
             Self.write(peer, into: &w)
+            w.u8(fillsGap ? 1 : 0)
             w.u8(UInt8(members.count))
             for id in members { w.u64(id) }
         case .introData(let id, let data):
@@ -67,14 +69,15 @@ enum MeshFrame: Equatable, Sendable {
             switch readPeer(&r) {
             case .failure(let e): return .failure(e)
             case .success(let peer):
-                guard let n = r.u8() else { return .failure(.truncated) }
+                guard let fills = r.u8(), let n = r.u8() else { return .failure(.truncated) }
+                guard fills <= 1 else { return .failure(.badField("mesh request purpose")) }
                 var members: [UInt64] = []
                 members.reserveCapacity(Int(n))
                 for _ in 0..<n {
                     guard let id = r.u64() else { return .failure(.truncated) }
                     members.append(id)
                 }
-                return .success(.introRequest(peer: peer, members: members))
+                return .success(.introRequest(peer: peer, members: members, fillsGap: fills == 1))
             }
         case .meshIntroData:
             guard let id = r.u64() else { return .failure(.truncated) }
