@@ -101,30 +101,44 @@ struct NearbyConnectionTests {
         #expect(p.guestLog.states(of: p.hostPeer) == [.connecting, .connected])
     }
 
-    @Test("Tickets for a member's gap-filling requests are counted apart from those for its newcomers, and introductions' tickets past the session's 256 evict one another, never the app's")
+    @Test("Tickets: a member's gap-filling requests are counted apart from its newcomers'; members that ask without end evict their own, never an honest member's few; the app's and the introductions' budgets are apart")
     func ticketPools() throws {
         let session = try Session(peer: try PeerID(displayName: "host"), configuration: .init(bindHost: "127.0.0.1"))
-        let member = MembershipStateMachine.Introduction(member: 42, membership: 1)
-        var gap = member
-        gap.fillsGap = true
+        func introduction(_ member: UInt64, fillsGap: Bool = false) -> MembershipStateMachine.Introduction {
+            var i = MembershipStateMachine.Introduction(member: member, membership: 1)
+            i.fillsGap = fillsGap
+            return i
+        }
         func issue(_ name: String, _ introduction: MembershipStateMachine.Introduction?) throws -> PeerID {
             let peer = try PeerID(displayName: name)
             _ = try session.nearbyConnectionData(forPeer: peer, preferring: nil, introduction: introduction)
             return peer
         }
         let app = try issue("the app's", nil)
-        let newcomers = try (0..<16).map { try issue("newcomer \($0)", member) }
-        // A lying member's peers make this member fill gaps without end: 40 gap tickets; only its last 16 stay.
-        let gaps = try (0..<40).map { try issue("gap \($0)", gap) }
         let acceptor = try #require(session.direct.withLock { $0 })
+        // A member's 16 newcomers, then 40 gaps it fills (a lying member's peers made it): only the last 16 gaps stay.
+        let newcomers = try (0..<16).map { try issue("newcomer \($0)", introduction(42)) }
+        let gaps = try (0..<40).map { try issue("gap \($0)", introduction(42, fillsGap: true)) }
         #expect(newcomers.allSatisfy { acceptor.hasTicket(for: $0) }, "the member's newcomers keep their tickets")
         #expect(gaps.prefix(24).allSatisfy { !acceptor.hasTicket(for: $0) } && gaps.suffix(16).allSatisfy { acceptor.hasTicket(for: $0) })
-        // 300 members' introductions: the session holds 256 tickets, and the app's is one of them.
-        let many = try (0..<300).map { i -> PeerID in
-            try issue("many \(i)", MembershipStateMachine.Introduction(member: 1000 + UInt64(i), membership: 1))
+        // An honest member's one ticket, then 20 members (a liar's identities) asking without end, each within its
+        // share: past 256 introduction tickets, the member that holds the most loses its oldest.
+        let honest = try issue("honest newcomer", introduction(7))
+        var flood: [PeerID] = []
+        for liar in 0..<20 as Range<UInt64> {
+            for k in 0..<16 {
+                flood.append(try issue("flood \(liar).\(k)", introduction(1000 + liar)))
+                flood.append(try issue("flood gap \(liar).\(k)", introduction(1000 + liar, fillsGap: true)))
+            }
         }
-        #expect(acceptor.hasTicket(for: app), "the app's ticket is never evicted by introductions")
-        #expect(many.suffix(200).allSatisfy { acceptor.hasTicket(for: $0) } && !acceptor.hasTicket(for: newcomers[0]))
+        #expect(acceptor.hasTicket(for: honest), "an honest member's one ticket outlives the flood")
+        #expect((newcomers + gaps).contains { acceptor.hasTicket(for: $0) }, "the first member keeps some of its own")
+        let live = (newcomers + gaps + [honest] + flood).filter { acceptor.hasTicket(for: $0) }.count
+        #expect(live == DirectAcceptor.maximumTickets)
+        // The app's budget is its own: 300 more of the app's evict only the app's oldest.
+        let apps = try (0..<300).map { try issue("app \($0)", nil) }
+        #expect(!acceptor.hasTicket(for: app) && apps.suffix(256).allSatisfy { acceptor.hasTicket(for: $0) })
+        #expect(acceptor.hasTicket(for: honest) && (newcomers + gaps + [honest] + flood).filter { acceptor.hasTicket(for: $0) }.count == live)
         withExtendedLifetime(session) {}
     }
 

@@ -123,7 +123,7 @@ private let sampleFrames: [ControlFrame] = [
         #expect(decode([26] + [UInt8](repeating: 1, count: 32)) == .success(.sasNonce([UInt8](repeating: 1, count: 32))))
     }
 
-    @Test("MESH_INTRO_REQUEST: the newcomer, then a count byte and that many identities; short, long or without the list is refused")
+    @Test("MESH_INTRO_REQUEST: the newcomer, a fills-a-gap byte (0 or 1), then a count byte and that many identities; short, long, another purpose or without the list is refused")
     func aMeshIntroRequestListsWhomItAsked() throws {
         let newcomer = try PeerID(displayName: "n")
         let body = Array(ControlFrame.mesh(.introRequest(peer: newcomer, members: [1, 0x0102_0304_0506_0708])).encoded()[4...])

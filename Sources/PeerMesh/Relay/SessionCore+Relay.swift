@@ -233,8 +233,8 @@ extension SessionCore {
         /// It was the attempt's last step: report the failure, then `release(peer)`.
         case ended(PeerID)
         /// An introduction's invitation that the peer turned away because it joins us by another link (two members
-        /// introduced the pair at once, docs/PROTOCOL.md §3.8): what it was for is done, so nothing is reported;
-        /// `release(peer)`.
+        /// introduced the pair at once, docs/PROTOCOL.md §3.8), or that failed while the peer is connected: what it
+        /// was for is done, so nothing is reported; `release(peer)`.
         case joinedOtherwise(PeerID)
 
         var joinedOtherwise: PeerID? { if case .joinedOtherwise(let peer) = self { peer } else { nil } }
@@ -247,7 +247,12 @@ extension SessionCore {
     func continueAttempt(after link: LinkID, _ reason: DeclineReason) -> AttemptOutcome {
         guard let attempt = io.value.attempts.removeValue(forKey: link) else { return .none }
         let peer = attempt.peer
-        if attempt.introducer != nil, reason == .alreadyConnected || reason == .simultaneousInvite { return .joinedOtherwise(peer) }
+        // An introduction's invitation is moot once the peer joins us by another link: turned away for that, or
+        // failed for any reason while the peer is connected.
+        if attempt.introducer != nil, reason == .alreadyConnected || reason == .simultaneousInvite
+            || shared.withLock({ $0.machine.primaryLink(for: peer) != nil }) {
+            return .joinedOtherwise(peer)
+        }
         let introducerLeft = attempt.introducer.map { i in shared.withLock { $0.machine.primaryLink(for: i) == nil } } ?? false
         guard !attempt.relayed, !attempt.reached, !introducerLeft, reason == .unavailable || reason == .timedOut,
               shared.withLock({ $0.machine.primaryLink(for: peer) == nil })

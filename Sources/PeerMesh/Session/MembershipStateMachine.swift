@@ -128,7 +128,8 @@ struct MembershipStateMachine: Sendable {
         // introduced them to each other itself). Followed: to no one.
         guard let listed = introduction.listed else { return [] }
         let unknown = others.filter {
-            $0.identity != introduction.member && !listed.contains($0.identity) && introducedVia[$0.identity] != introduction.membershipOnly
+            $0.identity != introduction.member && !listed.contains($0.identity)
+                && introducedVia[$0.identity] != introduction.membershipOnly
         }
         return unknown.map { ask($0, about: peer, fillsGap: true) }
     }
@@ -137,7 +138,8 @@ struct MembershipStateMachine: Sendable {
     /// `peer` now, and those we asked before or that the peer's introducer asked).
     private mutating func ask(_ member: PeerID, about peer: PeerID, fillsGap: Bool) -> Action {
         asked[peer.identity, default: [:]][member.identity, default: 0] += 1
-        let listed = members.filter { $0 != peer && $0.publicKey != nil }.map(\.identity).sorted().prefix(MeshFrame.maximumListed)
+        let listed = members.filter { $0 != peer && $0.publicKey != nil }.map(\.identity).sorted()
+            .prefix(MeshFrame.maximumListed)
         return .send(member, .introRequest(peer: peer, members: Array(listed), fillsGap: fillsGap))
     }
 
@@ -173,9 +175,9 @@ struct MembershipStateMachine: Sendable {
             guard topology == .mesh, newcomer != me, newcomer != peer, !members.contains(newcomer),
                   members.count + 1 < maximumPeers, var introduction = introduction(by: peer)
             else { return [.send(peer, .introData(forIdentity: newcomer.identity, data: []))] }
-            // Nothing is kept of it here: the data's ticket (`DirectAcceptor`, at most 16 live per member) carries this
-            // member's introduction and whom it listed, and the link a newcomer makes with it by following that
-            // introduction ("PMINT1") introduces it only to members the introducer did not list.
+            // Nothing is kept of it here: the data's ticket (`DirectAcceptor`, at most 16 live per member and kind)
+            // carries this member's introduction and whom it listed, and the link a newcomer makes with it by
+            // following that introduction ("PMINT1") introduces it only to members the introducer did not list.
             introduction.listed = Set(listed)
             introduction.fillsGap = fillsGap
             return [.makeData(for: newcomer, replyTo: peer, introduction: introduction)]

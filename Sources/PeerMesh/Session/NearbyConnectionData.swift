@@ -151,14 +151,14 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
 
     deinit { advertiser.stopAdvertisingPeer() }
 
-    /// Live tickets at most; past it the oldest made for an introduction goes (the app's own only when there are no
-    /// others).
+    /// Live tickets the app made at most, and as many made for members' introductions: two budgets, so that neither
+    /// kind evicts the other. Past the app's, its oldest goes; past the introductions', the oldest of the member that
+    /// holds the most (so that members, each within its own share, cannot together flush an honest member's few).
     static let maximumTickets = 256
     /// Live tickets made for one member's requests of one kind at most (for its newcomers, or to fill a gap, §3.8);
     /// past it that member's oldest of that kind goes, so that a member that asks for introductions without end
-    /// spends its own tickets, never those made for others or for the app; and a lying member whose introduced peers
-    /// make another member fill gaps without end spends only that member's gap tickets, never those made for its
-    /// newcomers.
+    /// spends its own tickets first; and a lying member whose introduced peers make another member fill gaps without
+    /// end spends only that member's gap tickets, never those made for its newcomers.
     static let maximumTicketsPerIntroducer = 16
 
     /// A new ticket for `peer`, made at the app's request or, with `introduction`, for a member's introduction.
@@ -177,12 +177,14 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
                 }
                 if t.values.count(where: sameKind) >= Self.maximumTicketsPerIntroducer { evictOldest(where: sameKind) }
             }
-            if t.count >= Self.maximumTickets {
-                if t.values.contains(where: { $0.introduction != nil }) {
-                    evictOldest { $0.introduction != nil }
-                } else {
-                    evictOldest { _ in true }
+            if let introduction {
+                let held = Dictionary(grouping: t.values.compactMap { $0.introduction?.member }, by: { $0 }).mapValues(\.count)
+                if held.values.reduce(0, +) >= Self.maximumTickets,
+                   let most = held.max(by: { ($0.value, $0.key == introduction.member ? 1 : 0) < ($1.value, $1.key == introduction.member ? 1 : 0) }) {
+                    evictOldest { $0.introduction?.member == most.key }
                 }
+            } else if t.values.count(where: { $0.introduction == nil }) >= Self.maximumTickets {
+                evictOldest { $0.introduction == nil }
             }
             t[ticket] = Ticket(forPeer: peer, expires: now + Self.lifetime, introduction: introduction)
         }

@@ -133,8 +133,8 @@ public struct SessionStatistics: Sendable, Equatable, BitwiseCopyable {
     /// all joined its founder, only the founder asks.
     public var introductionsAsked: UInt64 = 0
     /// Those of `introductionsAsked` that filled a gap: a peer came to us by a member's introduction whose request did
-    /// not list one of our members (two joins crossed, docs/PROTOCOL.md §3.8). An honest mesh leaves it at 0 unless
-    /// peers join different members at the same moment.
+    /// not list one of our members (docs/PROTOCOL.md §3.8): two joins crossed, or the member lacks a link we have (one
+    /// that dropped, or past the 255 members a request lists).
     public var gapIntroductionsAsked: UInt64 = 0
 
     public init() {}
