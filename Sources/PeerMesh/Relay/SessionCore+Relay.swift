@@ -89,6 +89,10 @@ extension SessionCore {
         var attempt = DirectAttempt(data: data, introducer: introducer, timeout: introductionTimeout)
         attempt.introduction = io.value.membership.introduction(by: introducer)
         if configuration.relaysIntroductions { attempt.endpoints.removeAll() }  // straight to the call
+        if configuration.introductionDelayNanos > 0 {  // tests only
+            loop.schedule(at: MonotonicClock.nowNanos() + configuration.introductionDelayNanos) { [self] in _ = advance(attempt) }
+            return true
+        }
         return advance(attempt) == nil  // when nothing could be started, nothing is held and nothing reported
     }
 
@@ -243,7 +247,8 @@ extension SessionCore {
     /// `link`'s invitation ended without a connection, for `reason`. An attempt whose address did not lead to the
     /// peer (refused, no answer, another key) goes on to the next address, and after the last to the introducer.
     /// One whose peer answered and then declined or timed out, whose peer connected meanwhile, or whose introducer
-    /// has left (its introductions are no longer followed) ends.
+    /// has left (its introductions are no longer followed) ends; an introduction's that ends because its peer joined
+    /// us by another link (`joinedOtherwise`) is not reported.
     func continueAttempt(after link: LinkID, _ reason: DeclineReason) -> AttemptOutcome {
         guard let attempt = io.value.attempts.removeValue(forKey: link) else { return .none }
         let peer = attempt.peer

@@ -152,13 +152,16 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
     deinit { advertiser.stopAdvertisingPeer() }
 
     /// Live tickets the app made at most, and as many made for members' introductions: two budgets, so that neither
-    /// kind evicts the other. Past the app's, its oldest goes; past the introductions', the oldest of the member that
-    /// holds the most (so that members, each within its own share, cannot together flush an honest member's few).
+    /// kind evicts the other. Past the app's, its oldest goes; past the introductions', the oldest of the member and
+    /// kind that holds the most (so that members, each within its own share, flush the largest holders first: an
+    /// honest member's few newcomer tickets go only when more than 256 holders, identities that asked within a
+    /// ticket's lifetime, share the budget).
     static let maximumTickets = 256
     /// Live tickets made for one member's requests of one kind at most (for its newcomers, or to fill a gap, §3.8);
     /// past it that member's oldest of that kind goes, so that a member that asks for introductions without end
     /// spends its own tickets first; and a lying member whose introduced peers make another member fill gaps without
-    /// end spends only that member's gap tickets, never those made for its newcomers.
+    /// end spends that member's gap tickets, not those made for its newcomers (until the budget for all members'
+    /// requests is full: then the largest holders lose theirs first).
     static let maximumTicketsPerIntroducer = 16
 
     /// A new ticket for `peer`, made at the app's request or, with `introduction`, for a member's introduction.
@@ -178,10 +181,22 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
                 if t.values.count(where: sameKind) >= Self.maximumTicketsPerIntroducer { evictOldest(where: sameKind) }
             }
             if let introduction {
-                let held = Dictionary(grouping: t.values.compactMap { $0.introduction?.member }, by: { $0 }).mapValues(\.count)
-                if held.values.reduce(0, +) >= Self.maximumTickets,
-                   let most = held.max(by: { ($0.value, $0.key == introduction.member ? 1 : 0) < ($1.value, $1.key == introduction.member ? 1 : 0) }) {
-                    evictOldest { $0.introduction?.member == most.key }
+                // Held by (member, kind): how many, and the oldest's expiry. The largest holder loses its oldest; on a
+                // tie, the requester's own kind, then the holder whose oldest is oldest.
+                struct Holder: Hashable { let member: UInt64, fillsGap: Bool }
+                let own = Holder(member: introduction.member, fillsGap: introduction.fillsGap)
+                var held: [Holder: (count: Int, oldest: Nanos)] = [:]
+                for ticket in t.values {
+                    guard let i = ticket.introduction else { continue }
+                    let h = Holder(member: i.member, fillsGap: i.fillsGap), was = held[h] ?? (0, .max)
+                    held[h] = (was.count + 1, min(was.oldest, ticket.expires))
+                }
+                func rank(_ e: (key: Holder, value: (count: Int, oldest: Nanos))) -> (Int, Int, Nanos) {
+                    (e.value.count, e.key == own ? 1 : 0, .max - e.value.oldest)
+                }
+                if held.values.reduce(0, { $0 + $1.count }) >= Self.maximumTickets,
+                   let most = held.max(by: { rank($0) < rank($1) })?.key {
+                    evictOldest { $0.introduction?.member == most.member && $0.introduction?.fillsGap == most.fillsGap }
                 }
             } else if t.values.count(where: { $0.introduction == nil }) >= Self.maximumTickets {
                 evictOldest { $0.introduction == nil }

@@ -212,6 +212,8 @@ public final class Session: Sendable {
         public var datagramDelivery: DatagramDelivery = .delegate
         /// Tests only: introduced members skip the direct connection and call through the introducer at once.
         var relaysIntroductions = false
+        /// Tests only: an introduction is followed this long after it came, so that a test can have joins cross it.
+        var introductionDelayNanos: Nanos = 0
         /// Tests only: the bytes free on the filesystem of a path (nil: unknown), in place of `statvfs`'s.
         var freeSpace: @Sendable (String) -> UInt64? = { try? FileSystem.availableBytes(at: $0) }
         /// Whether admitting a caller forgives its try at the advertiser that handed it over (docs/PROTOCOL.md
