@@ -89,8 +89,12 @@ extension SessionCore {
         var attempt = DirectAttempt(data: data, introducer: introducer, timeout: introductionTimeout)
         attempt.introduction = io.value.membership.introduction(by: introducer)
         if configuration.relaysIntroductions { attempt.endpoints.removeAll() }  // straight to the call
-        if configuration.introductionDelayNanos > 0 {  // tests only
-            loop.schedule(at: MonotonicClock.nowNanos() + configuration.introductionDelayNanos) { [self] in _ = advance(attempt) }
+        if configuration.introductionDelayNanos > 0 {  // tests only: followed later, or counted as not followed
+            loop.schedule(at: MonotonicClock.nowNanos() + configuration.introductionDelayNanos) { [weak self] in
+                guard let self, advance(attempt) != nil else { return }
+                io.value.membership.notFollowed(peer, introducedBy: introducer)
+                counters.add { $0.introductionsNotFollowed += 1 }
+            }
             return true
         }
         return advance(attempt) == nil  // when nothing could be started, nothing is held and nothing reported

@@ -153,9 +153,9 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
 
     /// Live tickets the app made at most, and as many made for members' introductions: two budgets, so that neither
     /// kind evicts the other. Past the app's, its oldest goes; past the introductions', the oldest of the member and
-    /// kind that holds the most (so that members, each within its own share, flush the largest holders first: an
-    /// honest member's few newcomer tickets go only when more than 256 holders, identities that asked within a
-    /// ticket's lifetime, share the budget).
+    /// kind that holds the most (so that members, each within its own share, flush the largest holders first: a
+    /// holder of k tickets loses one only when no holder has more, that is with 256/k holders or more, identities that
+    /// asked within a ticket's lifetime; its last one only with more than 256).
     static let maximumTickets = 256
     /// Live tickets made for one member's requests of one kind at most (for its newcomers, or to fill a gap, §3.8);
     /// past it that member's oldest of that kind goes, so that a member that asks for introductions without end
