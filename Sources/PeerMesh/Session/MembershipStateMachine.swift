@@ -121,7 +121,7 @@ struct MembershipStateMachine: Sendable {
         let others = members.filter { $0 != peer && $0.publicKey != nil }.sorted { $0.identity < $1.identity }
         guard byIntroduction, let introduction else {
             // A newcomer: introduced to every other member.
-            return others.map { ask($0, about: peer, fillsGap: false) }
+            return ask(others, about: peer, fillsGap: false)
         }
         // Introduced, with data we made for its introducer's request: to those of our members the request did not
         // list (the introducer did not know them then); not to peers the same membership introduced to us (it
@@ -131,16 +131,19 @@ struct MembershipStateMachine: Sendable {
             $0.identity != introduction.member && !listed.contains($0.identity)
                 && introducedVia[$0.identity] != introduction.membershipOnly
         }
-        return unknown.map { ask($0, about: peer, fillsGap: true) }
+        return ask(unknown, about: peer, fillsGap: true)
     }
 
-    /// Asks `member` for connection data that lets `peer` connect to it, listing our other members (those we ask about
-    /// `peer` now, and those we asked before or that the peer's introducer asked).
-    private mutating func ask(_ member: PeerID, about peer: PeerID, fillsGap: Bool) -> Action {
-        asked[peer.identity, default: [:]][member.identity, default: 0] += 1
-        let listed = members.filter { $0 != peer && $0.publicKey != nil }.map(\.identity).sorted()
-            .prefix(MeshFrame.maximumListed)
-        return .send(member, .introRequest(peer: peer, members: Array(listed), fillsGap: fillsGap))
+    /// Asks each of `askees` for connection data that lets `peer` connect to it, listing our other members (those we
+    /// ask about `peer` now, and those we asked before or that the peer's introducer asked).
+    private mutating func ask(_ askees: [PeerID], about peer: PeerID, fillsGap: Bool) -> [Action] {
+        guard !askees.isEmpty else { return [] }
+        let listed = Array(members.filter { $0 != peer && $0.publicKey != nil }.map(\.identity).sorted()
+            .prefix(MeshFrame.maximumListed))
+        return askees.map { member in
+            asked[peer.identity, default: [:]][member.identity, default: 0] += 1
+            return .send(member, .introRequest(peer: peer, members: listed, fillsGap: fillsGap))
+        }
     }
 
     /// `peer` is no longer connected (the driver also says so of a peer that never joined: an invitation to it, or

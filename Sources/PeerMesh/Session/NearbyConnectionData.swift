@@ -133,6 +133,21 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
         var introduction: MembershipStateMachine.Introduction?
     }
 
+    /// Whose share a ticket made for a member's request counts in: the member's (whatever its membership), by kind.
+    private struct Holder: Hashable {
+        let member: UInt64
+        let fillsGap: Bool
+
+        init(_ introduction: MembershipStateMachine.Introduction) {
+            (member, fillsGap) = (introduction.member, introduction.fillsGap)
+        }
+
+        init?(_ ticket: Ticket) {
+            guard let introduction = ticket.introduction else { return nil }
+            self.init(introduction)
+        }
+    }
+
     /// How long connection data stays good.
     static let lifetime: Nanos = 600_000_000_000
 
@@ -173,22 +188,17 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
             func evictOldest(where matches: (Ticket) -> Bool) {
                 if let oldest = t.filter({ matches($0.value) }).min(by: { $0.value.expires < $1.value.expires }) { t[oldest.key] = nil }
             }
-            // Counted by member, whatever its membership (one that leaves and comes back gets no more), and by kind.
-            if let introduction {
-                func sameKind(_ other: Ticket) -> Bool {
-                    other.introduction?.member == introduction.member && other.introduction?.fillsGap == introduction.fillsGap
+            if let own = introduction.map(Holder.init) {
+                // Counted by member, whatever its membership (one that leaves and comes back gets no more), and kind.
+                if t.values.count(where: { Holder($0) == own }) >= Self.maximumTicketsPerIntroducer {
+                    evictOldest { Holder($0) == own }
                 }
-                if t.values.count(where: sameKind) >= Self.maximumTicketsPerIntroducer { evictOldest(where: sameKind) }
-            }
-            if let introduction {
-                // Held by (member, kind): how many, and the oldest's expiry. The largest holder loses its oldest; on a
-                // tie, the requester's own kind, then the holder whose oldest is oldest.
-                struct Holder: Hashable { let member: UInt64, fillsGap: Bool }
-                let own = Holder(member: introduction.member, fillsGap: introduction.fillsGap)
+                // Past the budget, the largest holder loses its oldest; on a tie, the requester's own kind, then the
+                // holder whose oldest is oldest.
                 var held: [Holder: (count: Int, oldest: Nanos)] = [:]
                 for ticket in t.values {
-                    guard let i = ticket.introduction else { continue }
-                    let h = Holder(member: i.member, fillsGap: i.fillsGap), was = held[h] ?? (0, .max)
+                    guard let h = Holder(ticket) else { continue }
+                    let was = held[h] ?? (0, .max)
                     held[h] = (was.count + 1, min(was.oldest, ticket.expires))
                 }
                 func rank(_ e: (key: Holder, value: (count: Int, oldest: Nanos))) -> (Int, Int, Nanos) {
@@ -196,7 +206,7 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
                 }
                 if held.values.reduce(0, { $0 + $1.count }) >= Self.maximumTickets,
                    let most = held.max(by: { rank($0) < rank($1) })?.key {
-                    evictOldest { $0.introduction?.member == most.member && $0.introduction?.fillsGap == most.fillsGap }
+                    evictOldest { Holder($0) == most }
                 }
             } else if t.values.count(where: { $0.introduction == nil }) >= Self.maximumTickets {
                 evictOldest { $0.introduction == nil }
