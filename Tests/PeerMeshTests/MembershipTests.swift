@@ -388,7 +388,7 @@ struct MembershipStateMachineTests {
         #expect(w.links.count == 6, "4 members, 6 links: \(w.links.map { $0.map { id in w.peer(id).displayName } })")
         #expect(w.links.contains(World.pair(x.identity, n.identity)), "x and n meet")
         // The two first requests, then one each from M (about N, as it came from H) and H (about X, as it came from M):
-        // the same pair, introduced in one direction; the second introduction finds the pair linked.
+        // the pair introduced both ways; whichever connection comes first links it, and the other finds it linked.
         #expect(w.requests == 4)
         #expect(w.notFollowed == 0)
         w.checkViews()
