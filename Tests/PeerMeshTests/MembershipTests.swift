@@ -31,6 +31,10 @@ struct MembershipStateMachineTests {
         var connects: [(from: PeerID, to: PeerID, introducer: PeerID)] = []
         /// The introduction each member's latest data carries, by maker, peer it was made for, and introducer.
         var tickets: [[UInt64]: MembershipStateMachine.Introduction] = [:]
+        /// MESH_RELINKs sent, by everyone.
+        var relinks = 0
+        /// The world's clock, as the machines are told it when a link is lost.
+        var now: Nanos = 0
 
         init(maximumPeers: Int = 8) { self.maximumPeers = maximumPeers }
 
@@ -59,23 +63,27 @@ struct MembershipStateMachineTests {
             run(second, at: b)
         }
 
+        /// `p` leaves by a GOODBYE on each of its links; links it relayed are lost under their ends (the pipe closes).
         mutating func leave(_ p: PeerID) {
             machines[p.identity] = nil
             for key in links where key.contains(p.identity) {
                 unlink(key)
             }
             // Links it relayed go with it.
-            for (key, via) in relayedVia where via == p.identity { unlink(key) }
+            for (key, via) in relayedVia where via == p.identity { unlink(key, lost: true) }
             peers.removeAll { $0 == p }
         }
 
-        mutating func unlink(_ key: [UInt64]) {
+        /// The link `key` ends: by a GOODBYE, or `lost` under both ends (its path failed).
+        mutating func unlink(_ key: [UInt64], lost: Bool = false) {
             guard links.remove(key) != nil else { return }
             relayedVia[key] = nil
             frames[key] = nil
             frames[[key[1], key[0]]] = nil
             for (me, other) in [(key[0], key[1]), (key[1], key[0])] {
-                if let o = peers.first(where: { $0.identity == other }) { _ = machines[me]?.disconnected(o) }
+                guard let o = peers.first(where: { $0.identity == other }), machines[me] != nil else { continue }
+                let actions = machines[me]!.disconnected(o, lost: lost, now: now)
+                run(actions, at: peer(me))
             }
         }
 
@@ -139,6 +147,7 @@ struct MembershipStateMachineTests {
                 switch a {
                 case .send(let to, let frame):
                     if case .introRequest = frame { requests += 1 }
+                    if case .relink = frame { relinks += 1 }
                     send(frame, from: node, to: to)
                 case .makeData(let newcomer, let introducer, let introduction):
                     #expect(introduction.member == introducer.identity, "the ticket carries its introducer")
@@ -488,6 +497,170 @@ struct MembershipStateMachineTests {
         #expect(w.links.isEmpty && w.relayedVia.isEmpty)
         w.checkViews()
     }
+
+    /// Four members, all linked: p1 joined p0, then p2 and p3.
+    static func fourLinked() throws -> (World, [PeerID]) {
+        var w = World()
+        let peers = try (0..<4).map { try PeerID(displayName: "p\($0)") }
+        peers.forEach { w.add($0) }
+        for p in peers.dropFirst() { w.link(p, peers[0]) }
+        #expect(w.links.count == 6)
+        return (w, peers)
+    }
+
+    @Test("A link lost between two members (its path failed; neither said goodbye) is made again through the members they share; one that ended by a GOODBYE is not")
+    func aLostLinkIsMadeAgain() throws {
+        var (w, peers) = try Self.fourLinked()
+        let (requests, key) = (w.requests, World.pair(peers[1].identity, peers[2].identity))
+        w.now = 1_000_000_000
+        w.unlink(key, lost: true)
+        #expect(w.links.count == 6 && w.links.contains(key), "made again")
+        w.checkViews()
+        // Each end asked the two others; the first end's asks found the far end still holding its link (empty answers),
+        // the second's were answered: p1, asked first about p2 by each member, made data twice (one link).
+        #expect(w.relinks == 4)
+        #expect(w.requests - requests == 4, "one MESH_INTRO_REQUEST per MESH_RELINK")
+        #expect(w.notFollowed == 0)
+        // The link made again is an introduced one: no one else is asked about either end.
+        #expect(w.requests - requests == 4)
+
+        // By a GOODBYE (an app's disconnect): not made again.
+        let other = World.pair(peers[0].identity, peers[3].identity)
+        w.unlink(other)
+        #expect(w.links.count == 5 && !w.links.contains(other))
+        #expect(w.relinks == 4)
+        w.checkViews()
+    }
+
+    @Test("A peer is asked for again at most once per 10 s: a link lost again within that stays lost; after it, it is made again")
+    func relinksAreRationedPerPeer() throws {
+        var (w, peers) = try Self.fourLinked()
+        let key = World.pair(peers[1].identity, peers[2].identity)
+        w.now = 5_000_000_000
+        w.unlink(key, lost: true)
+        #expect(w.links.contains(key))
+        w.now += MembershipStateMachine.relinkInterval - 1
+        w.unlink(key, lost: true)
+        #expect(!w.links.contains(key), "a second loss within 10 s: no MESH_RELINK")
+        #expect(w.relinks == 4)
+        // Another pair is not held back by the first.
+        let third = World.pair(peers[0].identity, peers[3].identity)
+        w.unlink(third, lost: true)
+        #expect(w.links.contains(third) && w.relinks == 8)
+        // Brought back by hand (a new invitation), then lost once more after the interval: made again.
+        w.link(peers[1], peers[2])
+        w.now += 1
+        w.unlink(key, lost: true)
+        #expect(w.links.contains(key) && w.relinks == 12)
+        w.checkViews()
+    }
+
+    @Test("An unreachable pair whose relaying member leaves is linked again through another member, relayed by it")
+    func aRelayedLinkWhoseRelayLeavesIsMadeAgain() throws {
+        var w = World()
+        let peers = try (0..<4).map { try PeerID(displayName: "p\($0)") }
+        peers.forEach { w.add($0) }
+        let pair = World.pair(peers[1].identity, peers[2].identity)
+        w.unreachable.insert(pair)
+        for p in peers.dropFirst() { w.link(p, peers[0]) }
+        #expect(w.links.count == 6 && w.relayedVia == [pair: peers[0].identity])
+        w.leave(peers[0])
+        #expect(w.links.count == 3 && w.relayedVia == [pair: peers[3].identity], "\(w.relayedVia)")
+        w.checkViews()
+        // With no member left to relay it, the pair stays apart.
+        w.leave(peers[3])
+        #expect(w.links.isEmpty && w.relayedVia.isEmpty)
+        w.checkViews()
+    }
+
+    @Test("MESH_RELINK: only about a keyed member other than the asker, in a mesh, and never a second request while one is open")
+    func whatARelinkAsks() throws {
+        let (me, asker, lost) = (try PeerID(displayName: "h"), try PeerID(displayName: "x"), try PeerID(displayName: "y"))
+        let keyless = try PeerID(displayName: "k", identity: 0x1234)
+        var m = MembershipStateMachine(me: me, topology: .mesh, maximumPeers: 8)
+        _ = m.connected(asker, introducedBy: nil)
+        _ = m.connected(lost, introducedBy: nil)
+        _ = m.connected(keyless, introducedBy: nil)
+        for id in [me.identity, asker.identity, keyless.identity, 12345] {
+            #expect(m.received(.relink(identity: id), from: asker).isEmpty, "about \(id): nothing to introduce")
+        }
+        #expect(m.received(.relink(identity: lost.identity), from: keyless).isEmpty, "a keyless asker pins no key")
+        let asks = m.received(.relink(identity: lost.identity), from: asker)
+        guard case .send(let to, .introRequest(let about, let listed, let fillsGap))? = asks.first, asks.count == 1 else {
+            Issue.record("\(asks)")
+            return
+        }
+        #expect(to == lost && about == asker && fillsGap && listed.contains(lost.identity))
+        #expect(m.received(.relink(identity: lost.identity), from: asker).isEmpty, "the request is open")
+        // Answered (empty: the lost member still held the link): asked again, a request again.
+        #expect(m.received(.introData(forIdentity: asker.identity, data: []), from: lost).isEmpty)
+        #expect(m.received(.relink(identity: lost.identity), from: asker).count == 1)
+        // A star relinks no one.
+        var star = MembershipStateMachine(me: me, topology: .star, maximumPeers: 8)
+        _ = star.connected(asker, introducedBy: nil)
+        _ = star.connected(lost, introducedBy: nil)
+        #expect(star.received(.relink(identity: lost.identity), from: asker).isEmpty)
+        #expect(star.disconnected(lost, lost: true, now: 1).isEmpty)
+    }
+
+    @Test("A lost peer is asked about to every other keyed member, once; a peer that leaves by a GOODBYE or was never a member, to no one")
+    func whoIsAskedAfterALoss() throws {
+        let (me, a, b) = (try PeerID(displayName: "me"), try PeerID(displayName: "a"), try PeerID(displayName: "b"))
+        let keyless = try PeerID(displayName: "k", identity: 0x1234)
+        var m = MembershipStateMachine(me: me, topology: .mesh, maximumPeers: 8)
+        for p in [a, b, keyless] { _ = m.connected(p, introducedBy: nil) }
+        let lostFirst = a.identity < b.identity ? a : b, other = lostFirst == a ? b : a
+        #expect(m.disconnected(lostFirst, lost: true, now: 7) == [.send(other, .relink(identity: lostFirst.identity))])
+        #expect(m.disconnected(lostFirst, lost: true, now: 8).isEmpty, "no longer a member")
+        #expect(m.disconnected(keyless, lost: true, now: 9).isEmpty, "a keyless peer cannot be introduced")
+        _ = m.connected(lostFirst, introducedBy: nil)
+        #expect(m.disconnected(lostFirst, lost: false, now: 10).isEmpty, "a GOODBYE: gone by choice")
+        #expect(m.disconnected(other, lost: true, now: 11).isEmpty, "no keyed member left to ask")
+    }
+
+    /// Random joins, leaves (by GOODBYE), lost links and partitions mixed: whatever is lost between members that
+    /// stay is made again through the others (directly, or relayed where the pair cannot reach each other), so every
+    /// member of a connected group is linked to all of it.
+    @Test(arguments: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10] as [UInt64])
+    func randomLossesLeavesAndPartitionsConverge(_ seed: UInt64) throws {
+        var rng = SeededRandom(seed: seed)
+        var w = World()
+        var serial = 0
+        for _ in 0..<60 {
+            w.now += 11_000_000_000  // past the interval: every loss may be mended
+            let live = w.peers
+            let roll = rng.next() % 4
+            if live.count < 3 || (live.count < 7 && roll == 0) {
+                serial += 1
+                let p = try PeerID(displayName: "p\(serial)")
+                w.add(p)
+                let host = live.randomElement(using: &rng)
+                for other in live where other != host && rng.next() % 4 == 0 {
+                    w.unreachable.insert(World.pair(p.identity, other.identity))
+                }
+                if let host { w.link(p, host) }
+            } else if roll == 1, let gone = live.randomElement(using: &rng) {
+                w.leave(gone)
+            } else if let key = w.links.sorted(by: { ($0[0], $0[1]) < ($1[0], $1[1]) }).randomElement(using: &rng) {
+                w.unlink(key, lost: true)
+            }
+            w.checkViews()
+            #expect(Set(w.relayedVia.keys).isSubset(of: w.unreachable))
+            // Each group (members linked by any path) is a full mesh. A pair whose relaying member left may have no
+            // one left to relay it: then they are in two groups.
+            for p in w.peers {
+                var group: Set<UInt64> = [p.identity], next = [p.identity]
+                while let id = next.popLast() {
+                    for key in w.links where key.contains(id) {
+                        let other = key[0] == id ? key[1] : key[0]
+                        if group.insert(other).inserted { next.append(other) }
+                    }
+                }
+                #expect(w.degree(p) == group.count - 1, "seed \(seed): \(p.displayName) has \(w.degree(p)) links in a group of \(group.count)")
+            }
+        }
+        #expect(w.relinks > 0)
+    }
 }
 
 @Suite("Full-mesh sessions over real sockets on 127.0.0.1", .serialized)
@@ -501,10 +674,13 @@ struct MeshSessionTests {
 
         /// `unansweredInvitationBurst`: each member's ration of invitations that give its digits away unanswered.
         /// `configure`: what to set on each member's log before anyone joins.
+        /// `relaysIntroductions`: introduced members call through their introducer at once (relayed links).
         init(_ n: Int, topology: Session.Topology = .mesh, peerTimeout: Duration = .seconds(2),
-             unansweredInvitationBurst: Int = 16, configure: (Int, MeshEventLog) -> Void = { _, _ in }) throws {
+             unansweredInvitationBurst: Int = 16, relaysIntroductions: Bool = false,
+             configure: (Int, MeshEventLog) -> Void = { _, _ in }) throws {
             var config = Session.Configuration(peerTimeout: peerTimeout, bindHost: "127.0.0.1", topology: topology)
             config.unansweredInvitationBurst = unansweredInvitationBurst
+            config.relaysIntroductions = relaysIntroductions
             let made = try (0..<n).map { try Session(peer: try PeerID(displayName: "m\($0)"), configuration: config) }
             let madeLogs = made.map { _ in MeshEventLog() }
             for (s, l) in zip(made, madeLogs) { s.delegate = l }
@@ -614,6 +790,51 @@ struct MeshSessionTests {
             for s in all { s.disconnect() }
         }
         #expect(crossed == 4, "the joins crossed in \(crossed) of 4 rounds")
+    }
+
+    @Test("A link between two members that breaks under them (no GOODBYE) is made again through the third, directly or relayed, and each app sees the peer go and come back; one that a member ends by disconnecting it is not", arguments: [false, true])
+    func aBrokenLinkIsMadeAgain(relayed: Bool) throws {
+        let g = try Group(3, relaysIntroductions: relayed)
+        let peers = g.peers
+        #expect(eventually(10) { g.converged { Set(peers).subtracting([peers[$0]]) } })
+        #expect(g.sessions[1].isRelayed(peers[2]) == relayed)
+        let asked = g.sessions[0].statistics.gapIntroductionsAsked
+        // m1's socket to m2 fails under it (as when a path breaks and TCP gives up): both ends read its end, no GOODBYE.
+        let core = g.sessions[1].core
+        core.loop.submitAndWait {
+            guard let link = core.shared.withLock({ $0.machine.primaryLink(for: peers[2]) }),
+                  let c = core.io.value.connections[link] else {
+                Issue.record("no link from m1 to m2")
+                return
+            }
+            _ = Glibc.shutdown(c.socket.fd, Int32(SHUT_RDWR))
+        }
+        for (log, other) in [(g.logs[1], peers[2]), (g.logs[2], peers[1])] {
+            #expect(log.wait(10) { _ in
+                let states = log.states(of: other)
+                return states.last == .connected && states.filter { $0 == .connected }.count == 2
+            }, "\(log.states(of: other))")
+            #expect(log.states(of: other).contains(.notConnected))
+        }
+        #expect(eventually(5) { g.converged { Set(peers).subtracting([peers[$0]]) } })
+        #expect(g.sessions[1].isRelayed(peers[2]) == relayed)
+        // Each end asked the one member it has; m0 asked (at least) the one that no longer held the link.
+        #expect(g.sessions[1].statistics.relinksAsked == 1 && g.sessions[2].statistics.relinksAsked == 1)
+        #expect(g.sessions[0].statistics.relinksAsked == 0)
+        #expect(g.sessions[0].statistics.gapIntroductionsAsked > asked)
+        for (i, s) in g.sessions.enumerated() {
+            #expect(s.statistics.peerFaults == 0, "m\(i)")
+            #expect(g.logs[i].snapshot.failures.isEmpty, "m\(i): \(g.logs[i].snapshot.failures)")
+        }
+        try g.sessions[1].send(Data("again".utf8), toPeers: [peers[2]], with: .reliable)
+        #expect(g.logs[2].wait(5) { $0.reliable.contains { $0.0 == peers[1] && $0.1 == Data("again".utf8) } })
+        // m1's app ends the link itself (a GOODBYE): it stays ended.
+        g.sessions[1].disconnect(peers[2])
+        #expect(eventually(5) { !g.sessions[2].connectedPeers.contains(peers[1]) })
+        usleep(1_000_000)
+        #expect(!g.sessions[1].connectedPeers.contains(peers[2]) && !g.sessions[2].connectedPeers.contains(peers[1]))
+        #expect(g.sessions[1].statistics.relinksAsked == 1 && g.sessions[2].statistics.relinksAsked == 1)
+        for s in g.sessions { s.disconnect() }
     }
 
     @Test("A member that dies leaves everyone's connectedPeers within peerTimeout")

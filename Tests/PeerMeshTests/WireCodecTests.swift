@@ -87,6 +87,7 @@ private let sampleFrames: [ControlFrame] = [
     .mesh(.introData(forIdentity: 7, data: [])),
     .mesh(.introData(forIdentity: .max, data: [UInt8](repeating: 3, count: MeshFrame.maximumData))),
     .mesh(.introduce(peer: try! PeerID(displayName: "member"), data: [1, 2, 3])),
+    .mesh(.relink(identity: .max)),
     .relay(.request(pipe: 1, peer: try! PeerID(displayName: "far member"))),
     .relay(.incoming(pipe: .max, peer: try! PeerID(displayName: "caller"))),
     .relay(.data(pipe: 3, opener: true, bytes: [UInt8](repeating: 9, count: RelayFrame.maximumData))),
@@ -142,6 +143,17 @@ private let sampleFrames: [ControlFrame] = [
         #expect(decode(fills) == .success(.mesh(.introRequest(peer: newcomer, members: [1, 0x0102_0304_0506_0708], fillsGap: true))))
         fills[peerBytes] = 2
         #expect(decode(fills) == .failure(.badField("mesh request purpose")))
+    }
+
+    @Test("MESH_RELINK: type 27, the lost member's identity (u64); nothing more, nothing less")
+    func aMeshRelinkNamesTheLostMember() {
+        let bytes = ControlFrame.mesh(.relink(identity: 0x0102_0304_0506_0708)).encoded()
+        #expect(bytes == [0, 0, 0, 9, 27] + be64(0x0102_0304_0506_0708))
+        let body = Array(bytes[4...])
+        #expect(decode(body) == .success(.mesh(.relink(identity: 0x0102_0304_0506_0708))))
+        #expect(decode(Array(body.dropLast())) == .failure(.truncated))
+        #expect(decode([27]) == .failure(.truncated))
+        #expect(decode(body + [0]) == .failure(.trailingBytes))
     }
 
     @Test func everyFrameRoundTrips() {
@@ -234,7 +246,7 @@ private let sampleFrames: [ControlFrame] = [
 
     @Test func otherFrameFailures() {
         #expect(decode([]) == .failure(.truncated))
-        for t: UInt8 in [0, 27, 28, 0x80, 0xff] { #expect(decode([t]) == .failure(.unknownType(t))) }
+        for t: UInt8 in [0, 28, 29, 0x80, 0xff] { #expect(decode([t]) == .failure(.unknownType(t))) }
         #expect(decode([6, 0]) == .failure(.trailingBytes))
         #expect(decode([7, 1, 2]) == .failure(.trailingBytes))
         #expect(decode([3, 0, 1] + be64(1) + [0]) == .failure(.trailingBytes))

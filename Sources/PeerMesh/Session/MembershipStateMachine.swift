@@ -79,6 +79,10 @@ struct MembershipStateMachine: Sendable {
     /// and goes (newcomers choose their identities); what older ones were still owed moves to `owedUntracked`.
     private var departed: [UInt64] = []
     static let maximumDeparted = 32
+    /// Peers we asked the members to introduce us to again (MESH_RELINK), and when: kept `relinkInterval`.
+    private var relinked: [UInt64: Nanos] = [:]
+    /// How long after asking for a lost peer we do not ask for it again.
+    static let relinkInterval: Nanos = 10_000_000_000
     /// For each member asked: answers it still owes about newcomers whose entries were forgotten. One count per member,
     /// so that no number of newcomers coming and going makes an honest member's late answer a fault.
     private var owedUntracked: [UInt64: Int] = [:]
@@ -147,8 +151,15 @@ struct MembershipStateMachine: Sendable {
     }
 
     /// `peer` is no longer connected (the driver also says so of a peer that never joined: an invitation to it, or
-    /// an introduction's last attempt, failed; what is expected of it stays as it was).
-    mutating func disconnected(_ peer: PeerID) -> [Action] {
+    /// an introduction's last attempt, failed; what is expected of it stays as it was). `lost`: its link ended
+    /// without a GOODBYE either way (its socket closed under it, or it went silent), at `now`.
+    ///
+    /// A member lost so may still be in the mesh, cut off from us alone (a path between two members that failed, or
+    /// the member that relayed our link left): we ask each other member with a key to introduce us to each other again
+    /// (MESH_RELINK), at most once per `relinkInterval` for each peer. The peer asks too, as it lost us: whichever of
+    /// the two finds the other no longer connected to itself gets the introduction. A peer that left by a GOODBYE,
+    /// or whose link one side closed for a fault, chose to go, and is not asked about.
+    mutating func disconnected(_ peer: PeerID, lost: Bool = false, now: Nanos = 0) -> [Action] {
         guard members.remove(peer) != nil else { return [] }
         memberships[peer.identity] = nil
         introducedVia[peer.identity] = nil
@@ -166,7 +177,18 @@ struct MembershipStateMachine: Sendable {
                 for (member, count) in gone { owedUntracked[member, default: 0] += count }
             }
         }
-        return []
+        return lost ? relink(peer, now: now) : []
+    }
+
+    /// Asks every other member with a key to introduce us to `peer` again, unless we did so less than
+    /// `relinkInterval` ago (a peer that lets links up and drops them at once cannot keep us reconnecting).
+    private mutating func relink(_ peer: PeerID, now: Nanos) -> [Action] {
+        relinked = relinked.filter { now &- $0.value < Self.relinkInterval }
+        guard topology == .mesh, peer.publicKey != nil, relinked[peer.identity] == nil else { return [] }
+        let askees = members.filter { $0.publicKey != nil }.sorted { $0.identity < $1.identity }
+        guard !askees.isEmpty else { return [] }
+        relinked[peer.identity] = now
+        return askees.map { .send($0, .relink(identity: peer.identity)) }
     }
 
     /// `frame` arrived from the connected peer `from`.
@@ -208,6 +230,16 @@ struct MembershipStateMachine: Sendable {
             list.append(other.identity)
             introducedBy[peer.identity] = list
             return [.connect(other, data: data, introducer: peer)]
+        case .relink(let id):
+            // The member lost its link to our member `lost` (or says so): introduced to each other again as a newcomer
+            // of ours is, filling a gap (its ticket counted apart). Not while a request about the asker is open with
+            // `lost`: asking again could only have `lost` make another ticket for it. A peer we do not have (it left,
+            // or we lost it too) is no fault: nothing to do.
+            guard topology == .mesh, peer.publicKey != nil,
+                  let lost = members.first(where: { $0.identity == id && $0 != peer && $0.publicKey != nil }),
+                  asked[peer.identity]?[id] == nil
+            else { return [] }
+            return ask([lost], about: peer, fillsGap: true)
         }
     }
 

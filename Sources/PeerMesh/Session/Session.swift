@@ -134,8 +134,13 @@ public struct SessionStatistics: Sendable, Equatable, BitwiseCopyable {
     public var introductionsAsked: UInt64 = 0
     /// Those of `introductionsAsked` that filled a gap: a peer came to us by a member's introduction whose request did
     /// not list one of our members (docs/PROTOCOL.md §3.8): two joins crossed, or the member lacks a link we have (one
-    /// that dropped, or past the 255 members a request lists).
+    /// that dropped, or past the 255 members a request lists); and those asked because a member lost its link to
+    /// another and asked us to introduce the two again (MESH_RELINK).
     public var gapIntroductionsAsked: UInt64 = 0
+    /// MESH_RELINKs this member sent: one to each other member each time a member's link to us ended without a
+    /// GOODBYE (its socket closed under it, or it went silent), asking to be introduced to it again, at most once per
+    /// 10 s for each peer (docs/PROTOCOL.md §3.8). A member that died is asked about too: the others drop the request.
+    public var relinksAsked: UInt64 = 0
 
     public init() {}
 }

@@ -10,11 +10,14 @@ extension SessionCore {
                 guard let link = shared.withLock({ $0.machine.primaryLink(for: peer) }),
                       let connection = io.value.connections[link] else { continue }
                 connection.send(.mesh(frame))
-                if case .introRequest(_, _, let fillsGap) = frame {
+                switch frame {
+                case .introRequest(_, _, let fillsGap):
                     counters.add {
                         $0.introductionsAsked += 1
                         if fillsGap { $0.gapIntroductionsAsked += 1 }
                     }
+                case .relink: counters.add { $0.relinksAsked += 1 }
+                case .introData, .introduce: break
                 }
             case .makeData(let newcomer, let introducer, let introduction):
                 guard let link = shared.withLock({ $0.machine.primaryLink(for: introducer) }),

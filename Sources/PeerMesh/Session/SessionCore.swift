@@ -433,6 +433,9 @@ final class SessionCore: Sendable {
         var superseded: [(PeerID, [LinkID])] = []
         // Links these actions brought up, by peer: the link a `.connected` report below is about.
         var upLinks: [PeerID: LinkID] = [:]
+        // Peers whose connected link these actions found ended without a GOODBYE: a `.notConnected` report below is
+        // a loss, which the mesh may mend.
+        var lost: Set<PeerID> = []
         defer {
             for l in closed {  // details no failure report took, and attempts no failure continued
                 io.value.failureDetail[l] = nil
@@ -450,7 +453,8 @@ final class SessionCore: Sendable {
                 switch st {
                 case .connected:
                     performMembership(io.value.membership.connected(p, introducedBy: introduction))
-                case .notConnected: performMembership(io.value.membership.disconnected(p))
+                case .notConnected:
+                    performMembership(io.value.membership.disconnected(p, lost: lost.contains(p), now: MonotonicClock.nowNanos()))
                 case .connecting: break
                 }
             case .deliver(let p, let bytes):
@@ -527,7 +531,8 @@ final class SessionCore: Sendable {
                 performMembership(io.value.membership.received(frame, from: p))
             case .relay(let l, let p, let frame):
                 receivedRelay(frame, on: l, from: p)
-            case .linkDown(let l):
+            case .linkDown(let l, let p, let wasLost):
+                if wasLost { lost.insert(p) } else { lost.remove(p) }
                 io.value.relayedLinks = io.value.relayedLinks.filter { $0.value != l }
                 if io.value.routes.removeValue(forKey: l) != nil { publishRoutes() }
                 publishSendTable()

@@ -30,8 +30,9 @@ struct SessionStateMachine: Sendable {
         case close(LinkID)
         /// `link` is connected: route datagrams to and from it.
         case linkUp(LinkID, PeerID, remoteUDPPort: UInt16, remoteToken: UInt64)
-        /// `link` no longer carries datagrams.
-        case linkDown(LinkID)
+        /// `link`, `peer`'s connected link, no longer carries datagrams. `lost`: it ended without a GOODBYE either way
+        /// (its socket closed under it, or the peer went silent for `peerTimeout`), not by a choice of either side.
+        case linkDown(LinkID, PeerID, lost: Bool)
         /// Deliver a reliable message from `peer`.
         case deliver(PeerID, [UInt8])
         /// An invitation this session sent ended without a connection.
@@ -311,7 +312,7 @@ struct SessionStateMachine: Sendable {
         var actions: [Action] = []
         for link in links.keys.sorted() {
             let state = links[link]!
-            if case .connected = state { actions.append(.linkDown(link)) }
+            if case .connected(let peer, _, _) = state { actions.append(.linkDown(link, peer, lost: false)) }
             if case .inviting = state {} else { actions.append(.send(link, .goodbye)) }
             actions.append(.close(link))
             if let f = failure(for: state, reason: .unavailable) { actions.append(.invitationFailed(link, f.0, f.1)) }
@@ -386,7 +387,9 @@ struct SessionStateMachine: Sendable {
         case .awaitingReply(let p, _, _): peer = p
         case .connected(let p, _, _):
             peer = p
-            actions.append(.linkDown(link))
+            // No GOODBYE either way: the socket closed under it, or it timed out (a fault, or a GOODBYE received,
+            // says goodbye).
+            actions.append(.linkDown(link, p, lost: !sendGoodbye))
         }
         if sendGoodbye, case .connected = state { actions.append(.send(link, .goodbye)) }
         actions.append(.close(link))

@@ -91,6 +91,7 @@ enum ControlFrame: Equatable, Sendable {
         case relayRequest = 20, relayIncoming = 21, relayData = 22, relayCredit = 23, relayClose = 24
         case datagram = 25
         case sasNonce = 26
+        case meshRelink = 27
     }
 
     /// The frame's name, for diagnostics.
@@ -253,7 +254,7 @@ enum ControlFrame: Equatable, Sendable {
             case .success(let f): frame = .stream(f)
             case .failure(let e): return .failure(e)
             }
-        case .meshIntroRequest, .meshIntroData, .meshIntroduce:
+        case .meshIntroRequest, .meshIntroData, .meshIntroduce, .meshRelink:
             switch MeshFrame.decode(kind, &r) {
             case .success(let f): frame = .mesh(f)
             case .failure(let e): return .failure(e)

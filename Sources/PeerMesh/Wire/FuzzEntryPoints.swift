@@ -165,7 +165,7 @@ package enum FuzzEntryPoints {
             .stream(.open(id: 1, name: "mic")), .stream(.data(id: 1, bytes: [9, 9])), .stream(.credit(id: 1, bytes: 2)),
             .stream(.close(id: 1, byWriter: true, .finished)),
             .mesh(.introRequest(peer: fixtures.responder, members: [5, 6], fillsGap: true)), .mesh(.introData(forIdentity: 9, data: [1, 2])),
-            .mesh(.introduce(peer: fixtures.responder, data: [3])),
+            .mesh(.introduce(peer: fixtures.responder, data: [3])), .mesh(.relink(identity: 11)),
             .relay(.request(pipe: 1, peer: fixtures.responder)), .relay(.incoming(pipe: 2, peer: fixtures.responder)),
             .relay(.data(pipe: 1, opener: true, bytes: [7, 7])), .relay(.credit(pipe: 1, opener: false, bytes: 2)),
             .relay(.close(pipe: 2, opener: false)), .datagram([1, 2, 3]),

@@ -12,6 +12,9 @@ enum MeshFrame: Equatable, Sendable {
     case introData(forIdentity: UInt64, data: [UInt8])
     /// Introducer → newcomer: connect to `peer` with `data`.
     case introduce(peer: PeerID, data: [UInt8])
+    /// Member → member: my link to the member with identity `identity` ended without a GOODBYE (its socket closed,
+    /// or it went silent for `peerTimeout`); if it is still your member, introduce us to each other again.
+    case relink(identity: UInt64)
 
     /// Longest connection data carried.
     static let maximumData = 1_024
@@ -23,6 +26,7 @@ enum MeshFrame: Equatable, Sendable {
         case .introRequest: "MESH_INTRO_REQUEST"
         case .introData: "MESH_INTRO_DATA"
         case .introduce: "MESH_INTRODUCE"
+        case .relink: "MESH_RELINK"
         }
     }
 
@@ -43,6 +47,9 @@ enum MeshFrame: Equatable, Sendable {
             w.u8(ControlFrame.Kind.meshIntroduce.rawValue)
             Self.write(peer, into: &w)
             w.raw(data)
+        case .relink(let id):
+            w.u8(ControlFrame.Kind.meshRelink.rawValue)
+            w.u64(id)
         }
     }
 
@@ -92,6 +99,9 @@ enum MeshFrame: Equatable, Sendable {
                 guard (1...maximumData).contains(data.count) else { return .failure(.badField("mesh data length")) }
                 return .success(.introduce(peer: peer, data: Array(data)))
             }
+        case .meshRelink:
+            guard let id = r.u64() else { return .failure(.truncated) }
+            return .success(.relink(identity: id))
         default:
             return .failure(.unknownType(kind.rawValue))
         }
