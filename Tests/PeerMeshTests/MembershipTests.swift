@@ -74,16 +74,28 @@ struct MembershipStateMachineTests {
             peers.removeAll { $0 == p }
         }
 
-        /// The link `key` ends: by a GOODBYE, or `lost` under both ends (its path failed).
-        mutating func unlink(_ key: [UInt64], lost: Bool = false) {
+        /// The link `key` ends: by a GOODBYE, or `lost` under both ends (its path failed). One end hears of it and
+        /// acts before the other hears of it, or (`together`) both hear of it before either acts.
+        mutating func unlink(_ key: [UInt64], lost: Bool = false, together: Bool = false) {
             guard links.remove(key) != nil else { return }
             relayedVia[key] = nil
             frames[key] = nil
             frames[[key[1], key[0]]] = nil
+            var heard: [(PeerID, [MembershipStateMachine.Action])] = []
             for (me, other) in [(key[0], key[1]), (key[1], key[0])] {
                 guard let o = peers.first(where: { $0.identity == other }), machines[me] != nil else { continue }
                 let actions = machines[me]!.disconnected(o, lost: lost, now: now)
-                run(actions, at: peer(me))
+                if together { heard.append((peer(me), actions)) } else { run(actions, at: peer(me)) }
+            }
+            for (node, actions) in heard { run(actions, at: node) }
+        }
+
+        /// Time passes to `time`: what waited for it (relinks past their interval) is carried out.
+        mutating func tick(to time: Nanos) {
+            now = time
+            for p in peers where machines[p.identity] != nil {
+                let actions = machines[p.identity]!.tick(now: now)
+                run(actions, at: p)
             }
         }
 
@@ -517,42 +529,110 @@ struct MembershipStateMachineTests {
         #expect(w.links.count == 6 && w.links.contains(key), "made again")
         w.checkViews()
         // Each end asked the two others; the first end's asks found the far end still holding its link (empty answers),
-        // the second's were answered: p1, asked first about p2 by each member, made data twice (one link).
+        // the second's were answered: p1, asked about p2 by each member, made data twice (one link). One
+        // MESH_INTRO_REQUEST per MESH_RELINK, and none more: the link made again, an introduced one, asks no one.
         #expect(w.relinks == 4)
-        #expect(w.requests - requests == 4, "one MESH_INTRO_REQUEST per MESH_RELINK")
-        #expect(w.notFollowed == 0)
-        // The link made again is an introduced one: no one else is asked about either end.
         #expect(w.requests - requests == 4)
+        #expect(w.notFollowed == 0)
+
+        // Both ends hear of the loss before either asks: the first end's asks are answered, and make the link; the
+        // second's find it made.
+        w.now += MembershipStateMachine.relinkInterval
+        w.unlink(key, lost: true, together: true)
+        #expect(w.links.count == 6 && w.links.contains(key), "made again")
+        #expect(w.relinks == 8 && w.requests - requests == 8)
+        w.checkViews()
+        // Both at once, and delivered in a random order (queued): one link.
+        for seed in 1...20 as ClosedRange<UInt64> {
+            var q = w
+            q.queued = true
+            q.now += MembershipStateMachine.relinkInterval * seed
+            var rng = SeededRandom(seed: seed)
+            q.unlink(key, lost: true, together: true)
+            q.settle { Int(rng.next() % UInt64($0)) }
+            #expect(q.links.count == 6 && q.links.contains(key), "seed \(seed)")
+            q.checkViews()
+        }
 
         // By a GOODBYE (an app's disconnect): not made again.
         let other = World.pair(peers[0].identity, peers[3].identity)
         w.unlink(other)
         #expect(w.links.count == 5 && !w.links.contains(other))
-        #expect(w.relinks == 4)
+        #expect(w.relinks == 8)
         w.checkViews()
     }
 
-    @Test("A peer is asked for again at most once per 10 s: a link lost again within that stays lost; after it, it is made again")
+    @Test("A peer is asked for at most once per 10 s: a link lost again within that is asked for when the 10 s end, unless an end's app ended it meanwhile")
     func relinksAreRationedPerPeer() throws {
         var (w, peers) = try Self.fourLinked()
         let key = World.pair(peers[1].identity, peers[2].identity)
-        w.now = 5_000_000_000
+        let start: Nanos = 5_000_000_000
+        w.now = start
         w.unlink(key, lost: true)
         #expect(w.links.contains(key))
-        w.now += MembershipStateMachine.relinkInterval - 1
+        w.now = start + MembershipStateMachine.relinkInterval - 1
         w.unlink(key, lost: true)
-        #expect(!w.links.contains(key), "a second loss within 10 s: no MESH_RELINK")
+        #expect(!w.links.contains(key), "a second loss within 10 s: no MESH_RELINK yet")
         #expect(w.relinks == 4)
+        #expect(w.machines[peers[1].identity]!.nextDeadline == start + MembershipStateMachine.relinkInterval)
         // Another pair is not held back by the first.
         let third = World.pair(peers[0].identity, peers[3].identity)
         w.unlink(third, lost: true)
         #expect(w.links.contains(third) && w.relinks == 8)
-        // Brought back by hand (a new invitation), then lost once more after the interval: made again.
-        w.link(peers[1], peers[2])
-        w.now += 1
-        w.unlink(key, lost: true)
-        #expect(w.links.contains(key) && w.relinks == 12)
+        w.tick(to: start + MembershipStateMachine.relinkInterval - 1)
+        #expect(!w.links.contains(key) && w.relinks == 8)
+        // The 10 s end: asked for, and made again (by the first end to ask; the other finds it made, and asks nothing).
+        w.tick(to: start + MembershipStateMachine.relinkInterval)
+        #expect(w.links.contains(key) && w.relinks == 10)
+        #expect(w.machines[peers[1].identity]!.nextDeadline == nil)
         w.checkViews()
+        // p1's app ends the link (disconnect), and its GOODBYE is lost with the connection: p2 takes the link as lost
+        // and asks at once (its last ask was 10 s ago); p1 asks nothing, and makes no data when p2's asks reach it
+        // through the others. It stays ended.
+        w.machines[peers[1].identity]!.endedByChoice(peers[2], until: .max)
+        w.unlink(key, lost: true)
+        #expect(!w.links.contains(key) && w.relinks == 12, "p2 asked the two others")
+        w.tick(to: w.now + 10 * MembershipStateMachine.relinkInterval)
+        #expect(!w.links.contains(key) && w.relinks == 12, "nothing waits")
+        w.checkViews()
+    }
+
+    @Test("A peer this side ended by choice (the app's disconnect: until it connects again; a fault: for 60 s) is not brought back: no data for requests about it, its introductions not followed, no relink")
+    func aPeerEndedByChoiceStaysEnded() throws {
+        let (me, m, y) = (try PeerID(displayName: "me"), try PeerID(displayName: "m"), try PeerID(displayName: "y"))
+        var s = MembershipStateMachine(me: me, topology: .mesh, maximumPeers: 8)
+        _ = s.connected(m, introducedBy: nil)
+        _ = s.connected(y, introducedBy: nil)
+        s.endedByChoice(y, until: .max)
+        #expect(s.disconnected(y, lost: true, now: 1).isEmpty, "no relink")
+        #expect(s.received(.introRequest(peer: y), from: m) == [.send(m, .introData(forIdentity: y.identity, data: []))])
+        #expect(s.received(.introduce(peer: y, data: [1]), from: m).isEmpty, "not followed, not counted")
+        #expect(s.nextDeadline == nil, "the app's choice does not expire")
+        #expect(s.tick(now: .max - 1).isEmpty)
+        #expect(s.received(.introRequest(peer: y), from: m) == [.send(m, .introData(forIdentity: y.identity, data: []))])
+        // Connected again (the app invited it, or accepted its invitation): the choice is gone.
+        _ = s.connected(y, introducedBy: nil)
+        _ = s.disconnected(y)
+        #expect(s.received(.introRequest(peer: y), from: m).count == 1)
+        if case .makeData? = s.received(.introRequest(peer: y), from: m).first {} else { Issue.record("data for y again") }
+
+        // A fault's quarantine ends.
+        let f = try PeerID(displayName: "f")
+        s.endedByChoice(f, until: 100)
+        #expect(s.nextDeadline == 100)
+        #expect(s.received(.introRequest(peer: f), from: m) == [.send(m, .introData(forIdentity: f.identity, data: []))])
+        #expect(s.tick(now: 99).isEmpty && s.nextDeadline == 100)
+        _ = s.tick(now: 100)
+        #expect(s.nextDeadline == nil)
+        if case .makeData? = s.received(.introRequest(peer: f), from: m).first {} else { Issue.record("data for f after its quarantine") }
+
+        // Bounded: past 256 choices, the one that ends first is forgotten.
+        s.endedByChoice(f, until: 50)
+        for i in 0..<MembershipStateMachine.maximumEndedByChoice {
+            s.endedByChoice(try PeerID(displayName: "e\(i)"), until: .max)
+        }
+        if case .makeData? = s.received(.introRequest(peer: f), from: m).first {} else { Issue.record("f's choice was the one forgotten") }
+        #expect(s.received(.introRequest(peer: y), from: m).count == 1)
     }
 
     @Test("An unreachable pair whose relaying member leaves is linked again through another member, relayed by it")
@@ -834,6 +914,22 @@ struct MeshSessionTests {
         usleep(1_000_000)
         #expect(!g.sessions[1].connectedPeers.contains(peers[2]) && !g.sessions[2].connectedPeers.contains(peers[1]))
         #expect(g.sessions[1].statistics.relinksAsked == 1 && g.sessions[2].statistics.relinksAsked == 1)
+        for s in g.sessions { s.disconnect() }
+    }
+
+    @Test("A member whose link another closes for a fault is not brought back by the mesh: the two stay apart, neither asks for the other, and both keep the third")
+    func aFaultyMemberIsNotLinkedAgain() throws {
+        let g = try Group(3)
+        let peers = g.peers
+        #expect(eventually(10) { g.converged { Set(peers).subtracting([peers[$0]]) } })
+        // m2 answers m1 a question m1 never asked: a fault; m1 closes the link, saying GOODBYE.
+        injectFrames([.mesh(.introData(forIdentity: 42, data: [1]))], from: g.sessions[2], to: peers[1])
+        #expect(eventually(5) { !g.sessions[1].connectedPeers.contains(peers[2]) && !g.sessions[2].connectedPeers.contains(peers[1]) })
+        usleep(1_500_000)
+        #expect(!g.sessions[1].connectedPeers.contains(peers[2]) && !g.sessions[2].connectedPeers.contains(peers[1]))
+        #expect(g.sessions.map(\.statistics.peerFaults) == [0, 1, 0])
+        #expect(g.sessions.map(\.statistics.relinksAsked) == [0, 0, 0])
+        #expect(Set(g.sessions[0].connectedPeers) == [peers[1], peers[2]])
         for s in g.sessions { s.disconnect() }
     }
 

@@ -218,6 +218,29 @@ typealias SeededRNG = SeededRandom
         #expect(high.primaryLink(for: me) == 2)
     }
 
+    /// A decline that comes after the peer connected by the winning invitation leaves no yield behind: a later loss of
+    /// that link is `notConnected` at once (a loss the mesh may mend), not `connecting` until the yield runs out.
+    @Test func aLateDeclineLeavesNoYield() {
+        var high = machine(bob)
+        _ = high.inviteStarted(link: 1, expected: me, context: [], timeout: 5 * sec, localUDPPort: 1, localToken: 1, now: 0)
+        _ = connectIncoming(&high, link: 2, from: me)
+        _ = high.received(.hello(peer: me), on: 1, now: 1)
+        #expect(high.received(.decline(.simultaneousInvite, "x"), on: 1, now: 2)
+                == [.close(1), .invitationFailed(1, me, .simultaneousInvite)])
+        #expect(high.linkClosed(2) == [.linkDown(2, me, lost: true), .close(2), .report(me, .notConnected)])
+    }
+
+    /// A fault the driver found (a mesh, relay, resource or stream frame against the rules, a garbage stream) closes
+    /// the link by choice: GOODBYE to a connected peer, and not lost.
+    @Test func aFaultTheDriverFoundClosesByChoice() {
+        var m = machine()
+        connectOutgoing(&m, link: 1, to: bob)
+        #expect(m.closeForFault(1) == [.linkDown(1, bob, lost: false), .send(1, .goodbye), .close(1), .report(bob, .notConnected)])
+        #expect(m.closeForFault(1) == [])
+        _ = m.inviteStarted(link: 2, expected: carol, context: [], timeout: sec, localUDPPort: 1, localToken: 1, now: 0)
+        #expect(m.closeForFault(2) == [.close(2), .invitationFailed(2, carol, .unavailable), .report(carol, .notConnected)])
+    }
+
     /// The decline can overtake the winning invitation (different TCP connections): the peer stays connecting.
     @Test func simultaneousDeclineBeforeWinningInvitation() {
         var high = machine(bob)

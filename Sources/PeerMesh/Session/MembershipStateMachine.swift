@@ -16,6 +16,10 @@
 /// do the same for N; the two invitations cross, and the session keeps one link (the lower identity's invitation
 /// wins, or the later finds the pair connected). A member answers with data only for a peer it is not connected
 /// to, and each answer makes at most one link, so these introductions end.
+///
+/// A link between two members that is lost (it ended with no GOODBYE either way) is made again the same way: each
+/// end asks the other members to introduce them again (MESH_RELINK), unless this side ended that peer by choice.
+/// See docs/PROTOCOL.md §3.8, "Links that break".
 struct MembershipStateMachine: Sendable {
     /// What the driver must do.
     enum Action: Equatable, Sendable {
@@ -81,8 +85,15 @@ struct MembershipStateMachine: Sendable {
     static let maximumDeparted = 32
     /// Peers we asked the members to introduce us to again (MESH_RELINK), and when: kept `relinkInterval`.
     private var relinked: [UInt64: Nanos] = [:]
+    /// Peers lost again within `relinkInterval` of being asked for: asked for when it ends, if still lost.
+    private var waitingRelinks: [UInt64: PeerID] = [:]
     /// How long after asking for a lost peer we do not ask for it again.
     static let relinkInterval: Nanos = 10_000_000_000
+    /// Peers this side ended by choice, and until when the mesh does not bring them back (`endedByChoice(_:until:)`).
+    private var refusedUntil: [UInt64: Nanos] = [:]
+    static let maximumEndedByChoice = 256
+    /// How long a peer whose link we closed for a fault is not brought back by the mesh.
+    static let faultQuarantine: Nanos = 60_000_000_000
     /// For each member asked: answers it still owes about newcomers whose entries were forgotten. One count per member,
     /// so that no number of newcomers coming and going makes an honest member's late answer a fault.
     private var owedUntracked: [UInt64: Int] = [:]
@@ -113,6 +124,9 @@ struct MembershipStateMachine: Sendable {
     /// neither introduced to the others nor asked to make data for a newcomer.
     mutating func connected(_ peer: PeerID, introducedBy introduction: Introduction?) -> [Action] {
         guard members.insert(peer).inserted else { return [] }
+        // Connected again (by the app's invitation, or one it accepted): no choice against it stands, nothing waits.
+        refusedUntil[peer.identity] = nil
+        waitingRelinks[peer.identity] = nil
         memberships[peer.identity] = nextMembership
         nextMembership += 1
         // It has joined: no member's introduction of it is outstanding any more.
@@ -156,9 +170,10 @@ struct MembershipStateMachine: Sendable {
     ///
     /// A member lost so may still be in the mesh, cut off from us alone (a path between two members that failed, or
     /// the member that relayed our link left): we ask each other member with a key to introduce us to each other again
-    /// (MESH_RELINK), at most once per `relinkInterval` for each peer. The peer asks too, as it lost us: whichever of
-    /// the two finds the other no longer connected to itself gets the introduction. A peer that left by a GOODBYE,
-    /// or whose link one side closed for a fault, chose to go, and is not asked about.
+    /// (MESH_RELINK), at most once per `relinkInterval` for each peer (a loss within it is asked about when it ends,
+    /// by `tick`). The peer asks too, as it lost us: whichever of the two finds the other no longer connected to itself
+    /// gets the introduction. A link that ended by a GOODBYE was ended by choice, and one this side ended by choice
+    /// (`endedByChoice(_:until:)`) may look lost to us too: neither is asked about.
     mutating func disconnected(_ peer: PeerID, lost: Bool = false, now: Nanos = 0) -> [Action] {
         guard members.remove(peer) != nil else { return [] }
         memberships[peer.identity] = nil
@@ -177,18 +192,58 @@ struct MembershipStateMachine: Sendable {
                 for (member, count) in gone { owedUntracked[member, default: 0] += count }
             }
         }
-        return lost ? relink(peer, now: now) : []
+        guard lost, topology == .mesh, peer.publicKey != nil, refusedUntil[peer.identity] == nil else { return [] }
+        relinked = relinked.filter { now &- $0.value < Self.relinkInterval }
+        guard relinked[peer.identity] == nil else {
+            // Asked for less than `relinkInterval` ago: asked for again when the interval ends (`tick`), if still lost.
+            waitingRelinks[peer.identity] = peer
+            return []
+        }
+        return relink(peer, now: now)
     }
 
-    /// Asks every other member with a key to introduce us to `peer` again, unless we did so less than
-    /// `relinkInterval` ago (a peer that lets links up and drops them at once cannot keep us reconnecting).
+    /// Asks every other member with a key to introduce us to `peer` again.
     private mutating func relink(_ peer: PeerID, now: Nanos) -> [Action] {
-        relinked = relinked.filter { now &- $0.value < Self.relinkInterval }
-        guard topology == .mesh, peer.publicKey != nil, relinked[peer.identity] == nil else { return [] }
         let askees = members.filter { $0.publicKey != nil }.sorted { $0.identity < $1.identity }
         guard !askees.isEmpty else { return [] }
         relinked[peer.identity] = now
         return askees.map { .send($0, .relink(identity: peer.identity)) }
+    }
+
+    /// This side ended its link to `peer` by choice, until `until`: the app disconnected it (`.max`: until it connects
+    /// again), or we closed it for a fault (`faultQuarantine`). The far side may take that link as lost (a GOODBYE
+    /// can be lost with the connection, and a garbage stream carries none) and ask the members to introduce us again;
+    /// meanwhile a request about `peer` gets empty data, its introductions are not followed, and it is not asked for
+    /// again after a loss. At most `maximumEndedByChoice` are kept: past that, the one that ends first goes.
+    mutating func endedByChoice(_ peer: PeerID, until: Nanos) {
+        refusedUntil[peer.identity] = max(until, refusedUntil[peer.identity] ?? 0)
+        waitingRelinks[peer.identity] = nil
+        if refusedUntil.count > Self.maximumEndedByChoice,
+           let first = refusedUntil.min(by: { ($0.value, $0.key) < ($1.value, $1.key) }) {
+            refusedUntil[first.key] = nil
+        }
+    }
+
+    /// The earliest time `tick` has something to do: a relink waiting for its interval, or a choice that expires.
+    var nextDeadline: Nanos? {
+        let relinks = waitingRelinks.keys.map { (relinked[$0] ?? 0) &+ Self.relinkInterval }
+        let choices = refusedUntil.values.filter { $0 != .max }
+        return (relinks + choices).min()
+    }
+
+    /// Time passed: relinks whose interval ended are asked for (if their peers are still lost), and choices that
+    /// expired are forgotten.
+    mutating func tick(now: Nanos) -> [Action] {
+        refusedUntil = refusedUntil.filter { $0.value > now }
+        var actions: [Action] = []
+        for (id, peer) in waitingRelinks.sorted(by: { $0.key < $1.key })
+        where now >= (relinked[id] ?? 0) &+ Self.relinkInterval {
+            waitingRelinks[id] = nil
+            guard !members.contains(peer), refusedUntil[id] == nil else { continue }
+            actions += relink(peer, now: now)
+        }
+        relinked = relinked.filter { now &- $0.value < Self.relinkInterval || waitingRelinks[$0.key] != nil }
+        return actions
     }
 
     /// `frame` arrived from the connected peer `from`.
@@ -198,6 +253,7 @@ struct MembershipStateMachine: Sendable {
         case .introRequest(let newcomer, let listed, let fillsGap):
             // Data is made only when it is needed and there is room: an empty answer says so.
             guard topology == .mesh, newcomer != me, newcomer != peer, !members.contains(newcomer),
+                  refusedUntil[newcomer.identity] == nil,
                   members.count + 1 < maximumPeers, var introduction = introduction(by: peer)
             else { return [.send(peer, .introData(forIdentity: newcomer.identity, data: []))] }
             // Nothing is kept of it here: the data's ticket (`DirectAcceptor`, at most 16 live per member and kind)
@@ -221,7 +277,7 @@ struct MembershipStateMachine: Sendable {
             guard !data.isEmpty, let newcomer = members.first(where: { $0.identity == id }) else { return [] }
             return [.send(newcomer, .introduce(peer: peer, data: data))]
         case .introduce(let other, let data):
-            guard topology == .mesh, other != me, !members.contains(other) else { return [] }
+            guard topology == .mesh, other != me, !members.contains(other), refusedUntil[other.identity] == nil else { return [] }
             // No room, or past its share: not followed.
             var list = introducedBy[peer.identity, default: []]
             guard members.count + 1 < maximumPeers, list.count < maximumIntroducedPerMember else {

@@ -138,8 +138,10 @@ public struct SessionStatistics: Sendable, Equatable, BitwiseCopyable {
     /// another and asked us to introduce the two again (MESH_RELINK).
     public var gapIntroductionsAsked: UInt64 = 0
     /// MESH_RELINKs this member sent: one to each other member each time a member's link to us ended without a
-    /// GOODBYE (its socket closed under it, or it went silent), asking to be introduced to it again, at most once per
-    /// 10 s for each peer (docs/PROTOCOL.md §3.8). A member that died is asked about too: the others drop the request.
+    /// GOODBYE (its socket closed under it, it went silent, or the member relaying it left), asking to be introduced to
+    /// it again; at most once per 10 s for each peer, a loss within them asked about when they end (docs/PROTOCOL.md
+    /// §3.8). A member that died is asked about too, by each survivor: the others drop the request, or ask the dead
+    /// member until its link ends.
     public var relinksAsked: UInt64 = 0
 
     public init() {}

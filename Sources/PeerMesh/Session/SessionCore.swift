@@ -58,6 +58,9 @@ final class SessionCore: Sendable {
         var resourceBytesUnchecked = 0
         var streams = StreamStateMachine()
         var membership: MembershipStateMachine
+        /// Peers whose connected link ended without a GOODBYE (`linkDown(lost: true)`) and that are not yet reported
+        /// `notConnected` (that report, in the same actions or after a hold or a yield, is a loss the mesh may mend).
+        var lostPeers: Set<PeerID> = []
         var outputStreams: [StreamKey: OutputByteStream] = [:]
         var inputStreams: [StreamKey: InputByteStream] = [:]
         var relay: RelayStateMachine
@@ -309,7 +312,13 @@ final class SessionCore: Sendable {
     func faulted(_ link: LinkID, _ fault: PeerFault) {
         counters.add { $0.peerFaults += 1 }
         io.value.failureDetail[link] = fault.description
-        let actions = shared.withLock { $0.machine.linkClosed(link) }
+        closeForFault(link)
+    }
+
+    /// Closes `link` for its peer's fault: by choice (GOODBYE), and the mesh does not bring the peer back for a while.
+    private func closeForFault(_ link: LinkID) {
+        let (peer, actions) = shared.withLock { ($0.machine.peer(on: link), $0.machine.closeForFault(link)) }
+        if let peer { io.value.membership.endedByChoice(peer, until: MonotonicClock.nowNanos() &+ MembershipStateMachine.faultQuarantine) }
         perform(actions)
     }
 
@@ -324,6 +333,8 @@ final class SessionCore: Sendable {
     func disconnect(_ peer: PeerID) {
         let actions = shared.withLock { $0.machine.disconnect(peer) }
         loop.execute { [self] in
+            // The app's choice stands until it connects the peer again: the mesh does not bring it back.
+            io.value.membership.endedByChoice(peer, until: .max)
             stopAttempts(to: peer)
             perform(actions)
         }
@@ -417,6 +428,7 @@ final class SessionCore: Sendable {
             if fault != .notReading { counters.add { $0.garbageConnections += 1 } }
             counters.add { $0.peerFaults += 1 }
             io.value.failureDetail[link] = fault.description
+            return closeForFault(link)
         }
         let actions = shared.withLock { $0.machine.linkClosed(link) }
         perform(actions)
@@ -433,9 +445,6 @@ final class SessionCore: Sendable {
         var superseded: [(PeerID, [LinkID])] = []
         // Links these actions brought up, by peer: the link a `.connected` report below is about.
         var upLinks: [PeerID: LinkID] = [:]
-        // Peers whose connected link these actions found ended without a GOODBYE: a `.notConnected` report below is
-        // a loss, which the mesh may mend.
-        var lost: Set<PeerID> = []
         defer {
             for l in closed {  // details no failure report took, and attempts no failure continued
                 io.value.failureDetail[l] = nil
@@ -452,9 +461,11 @@ final class SessionCore: Sendable {
                 if let s = receiver.0, let d = receiver.1 { d.session(s, peer: p, didChange: st) }
                 switch st {
                 case .connected:
+                    io.value.lostPeers.remove(p)
                     performMembership(io.value.membership.connected(p, introducedBy: introduction))
                 case .notConnected:
-                    performMembership(io.value.membership.disconnected(p, lost: lost.contains(p), now: MonotonicClock.nowNanos()))
+                    let lost = io.value.lostPeers.remove(p) != nil
+                    performMembership(io.value.membership.disconnected(p, lost: lost, now: MonotonicClock.nowNanos()))
                 case .connecting: break
                 }
             case .deliver(let p, let bytes):
@@ -531,8 +542,9 @@ final class SessionCore: Sendable {
                 performMembership(io.value.membership.received(frame, from: p))
             case .relay(let l, let p, let frame):
                 receivedRelay(frame, on: l, from: p)
-            case .linkDown(let l, let p, let wasLost):
-                if wasLost { lost.insert(p) } else { lost.remove(p) }
+            case .linkDown(let l, let p, let lost):
+                // Whether the peer's `.notConnected`, in these actions or later (after a hold or a yield), is a loss.
+                if lost { io.value.lostPeers.insert(p) } else { io.value.lostPeers.remove(p) }
                 io.value.relayedLinks = io.value.relayedLinks.filter { $0.value != l }
                 if io.value.routes.removeValue(forKey: l) != nil { publishRoutes() }
                 publishSendTable()
@@ -549,7 +561,7 @@ final class SessionCore: Sendable {
     /// turn of a handshake waiting for the ration of our shares of the digits.
     func armTimer() {
         let machineDeadline = shared.withLock { $0.machine.nextDeadline() }
-        var next = min(machineDeadline ?? .max, io.value.shares.nextDeadline() ?? .max)
+        var next = min(machineDeadline ?? .max, io.value.shares.nextDeadline() ?? .max, io.value.membership.nextDeadline ?? .max)
         if !io.value.routes.isEmpty { next = min(next, io.value.nextPing) }
         io.value.timer.arm(next, on: loop) { [weak self] in self?.timerFired() }
     }
@@ -571,6 +583,7 @@ final class SessionCore: Sendable {
             }
         }
         perform(actions)
+        performMembership(io.value.membership.tick(now: now))
         finishHandshakes(io.value.shares.expire(now: now))
         armTimer()
     }

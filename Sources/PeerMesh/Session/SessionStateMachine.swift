@@ -240,6 +240,14 @@ struct SessionStateMachine: Sendable {
         return drop(link, failure: failure(for: state, reason: .unavailable), sendGoodbye: false)
     }
 
+    /// We close `link` for a fault of its peer's that the driver found (a mesh, relay, resource or stream frame that
+    /// breaks its rules, or a byte stream that is garbage): by choice, so a connected peer is told GOODBYE (where the
+    /// stream still carries one) and the link does not count as lost.
+    mutating func closeForFault(_ link: LinkID) -> [Action] {
+        guard let state = links[link] else { return [] }
+        return drop(link, failure: failure(for: state, reason: .unavailable))
+    }
+
     /// Time passed: send heartbeats, expire invitations and silent peers.
     mutating func tick(now: Nanos) -> [Action] {
         var actions: [Action] = []
@@ -409,7 +417,10 @@ struct SessionStateMachine: Sendable {
             default: break
             }
         }
-        if best == .connected { held[peer] = nil }  // nothing left to wait for
+        if best == .connected {  // nothing left to wait for (a late decline's yield would make a later loss `connecting`)
+            held[peer] = nil
+            yielding[peer] = nil
+        }
         if best == .notConnected, yielding[peer] != nil || held[peer] != nil { best = .connecting }
         let old = reported[peer] ?? .notConnected
         guard best != old else { return [] }
