@@ -124,8 +124,9 @@ struct MembershipStateMachine: Sendable {
     /// neither introduced to the others nor asked to make data for a newcomer.
     mutating func connected(_ peer: PeerID, introducedBy introduction: Introduction?) -> [Action] {
         guard members.insert(peer).inserted else { return [] }
-        // Connected again (by the app's invitation, or one it accepted): no choice against it stands, nothing waits.
-        refusedUntil[peer.identity] = nil
+        // Connected again by the app's invitation, one it accepted, or its connection data: no choice against it
+        // stands (an introduced link leaves a choice as it is: the introduction was not the app's doing).
+        if introduction == nil { refusedUntil[peer.identity] = nil }
         waitingRelinks[peer.identity] = nil
         memberships[peer.identity] = nextMembership
         nextMembership += 1
@@ -211,10 +212,12 @@ struct MembershipStateMachine: Sendable {
     }
 
     /// This side ended its link to `peer` by choice, until `until`: the app disconnected it (`.max`: until it connects
-    /// again), or we closed it for a fault (`faultQuarantine`). The far side may take that link as lost (a GOODBYE
-    /// can be lost with the connection, and a garbage stream carries none) and ask the members to introduce us again;
-    /// meanwhile a request about `peer` gets empty data, its introductions are not followed, and it is not asked for
-    /// again after a loss. At most `maximumEndedByChoice` are kept: past that, the one that ends first goes.
+    /// again other than by an introduction), or we closed it for a fault (`faultQuarantine`; nothing is asked again
+    /// when it ends). The far side may take that link as lost (a GOODBYE can be lost with the connection, and a
+    /// garbage stream carries none) and ask the members to introduce us again; meanwhile a request about `peer` gets
+    /// empty data, its introductions are not followed, it is not asked for again after a loss, and the driver turns
+    /// away a caller that comes with an introduction's ticket for it (`refuses`). At most `maximumEndedByChoice` are
+    /// kept: past that, the one that ends first goes.
     mutating func endedByChoice(_ peer: PeerID, until: Nanos) {
         refusedUntil[peer.identity] = max(until, refusedUntil[peer.identity] ?? 0)
         waitingRelinks[peer.identity] = nil
@@ -222,6 +225,16 @@ struct MembershipStateMachine: Sendable {
            let first = refusedUntil.min(by: { ($0.value, $0.key) < ($1.value, $1.key) }) {
             refusedUntil[first.key] = nil
         }
+    }
+
+    /// Whether a choice of this side's against `peer` stands (`endedByChoice(_:until:)`): a caller that comes with a
+    /// ticket made for a member's introduction of it is turned away.
+    func refuses(_ peer: PeerID) -> Bool { refusedUntil[peer.identity] != nil }
+
+    /// The app left the session (`disconnect()`): no relink waits, and none is held back.
+    mutating func forgetRelinks() {
+        waitingRelinks.removeAll()
+        relinked.removeAll()
     }
 
     /// The earliest time `tick` has something to do: a relink waiting for its interval, or a choice that expires.

@@ -61,6 +61,9 @@ final class SessionCore: Sendable {
         /// Peers whose connected link ended without a GOODBYE (`linkDown(lost: true)`) and that are not yet reported
         /// `notConnected` (that report, in the same actions or after a hold or a yield, is a loss the mesh may mend).
         var lostPeers: Set<PeerID> = []
+        /// Links being closed for their peer's fault: a connected one's peer is not brought back by the mesh for
+        /// `MembershipStateMachine.faultQuarantine` (its far end may take the end as a loss). Until the link closes.
+        var faultedLinks: Set<LinkID> = []
         var outputStreams: [StreamKey: OutputByteStream] = [:]
         var inputStreams: [StreamKey: InputByteStream] = [:]
         var relay: RelayStateMachine
@@ -315,17 +318,21 @@ final class SessionCore: Sendable {
         closeForFault(link)
     }
 
-    /// Closes `link` for its peer's fault: by choice (GOODBYE), and the mesh does not bring the peer back for a while.
+    /// Closes `link` for its peer's fault: by choice (GOODBYE), and a connected peer is not brought back by the mesh
+    /// for a while (`perform`, at its `linkDown`).
     private func closeForFault(_ link: LinkID) {
-        let (peer, actions) = shared.withLock { ($0.machine.peer(on: link), $0.machine.closeForFault(link)) }
-        if let peer { io.value.membership.endedByChoice(peer, until: MonotonicClock.nowNanos() &+ MembershipStateMachine.faultQuarantine) }
-        perform(actions)
+        io.value.faultedLinks.insert(link)
+        perform(shared.withLock { $0.machine.closeForFault(link) })
+        io.value.faultedLinks.remove(link)  // closed by now, or not the machine's
     }
 
     func disconnect() {
         let actions = shared.withLock { $0.machine.disconnect() }
         loop.execute { [self] in
             stopAttempts(to: nil)
+            // Leaving by choice: nothing is lost, and nothing waits to be asked for if the app joins again.
+            io.value.lostPeers.removeAll()
+            io.value.membership.forgetRelinks()
             perform(actions)
         }
     }
@@ -451,6 +458,7 @@ final class SessionCore: Sendable {
                 io.value.failureReason[l] = nil
                 io.value.attempts[l] = nil
                 io.value.introducedLinks[l] = nil
+                io.value.faultedLinks.remove(l)
             }
         }
         for a in actions {
@@ -490,6 +498,7 @@ final class SessionCore: Sendable {
             case .fault(let l, let f):
                 counters.add { $0.peerFaults += 1 }
                 io.value.failureDetail[l] = f.description
+                io.value.faultedLinks.insert(l)
             case .send(let l, let f):
                 io.value.connections[l]?.send(f)
             case .close(let l):
@@ -545,6 +554,9 @@ final class SessionCore: Sendable {
             case .linkDown(let l, let p, let lost):
                 // Whether the peer's `.notConnected`, in these actions or later (after a hold or a yield), is a loss.
                 if lost { io.value.lostPeers.insert(p) } else { io.value.lostPeers.remove(p) }
+                if io.value.faultedLinks.contains(l) {
+                    io.value.membership.endedByChoice(p, until: MonotonicClock.nowNanos() &+ MembershipStateMachine.faultQuarantine)
+                }
                 io.value.relayedLinks = io.value.relayedLinks.filter { $0.value != l }
                 if io.value.routes.removeValue(forKey: l) != nil { publishRoutes() }
                 publishSendTable()
