@@ -228,13 +228,15 @@ struct MembershipStateMachine: Sendable {
     }
 
     /// Whether a choice of this side's against `peer` stands (`endedByChoice(_:until:)`): a caller that comes with a
-    /// ticket made for a member's introduction of it is turned away.
+    /// ticket made for a member's introduction of it, however it presents it, is turned away (`DirectAcceptor`).
     func refuses(_ peer: PeerID) -> Bool { refusedUntil[peer.identity] != nil }
 
-    /// The app left the session (`disconnect()`): no relink waits, and none is held back.
-    mutating func forgetRelinks() {
+    /// The app left the session (`disconnect()`): no relink waits, none is held back, and no choice stands (the app
+    /// starts again from nothing).
+    mutating func leftSession() {
         waitingRelinks.removeAll()
         relinked.removeAll()
+        refusedUntil.removeAll()
     }
 
     /// The earliest time `tick` has something to do: a relink waiting for its interval, or a choice that expires.

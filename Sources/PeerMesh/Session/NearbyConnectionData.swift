@@ -247,7 +247,16 @@ final class DirectAcceptor: NearbyServiceAdvertiserDelegate, Sendable {
         // A ticket made for a member's introduction, presented by a peer that says it follows that introduction, makes
         // an introduced link (§3.8); the app's own data, or such a ticket handed over otherwise, a newcomer's.
         let followsIntroduction = presented?.followsIntroduction == true
-        invitation.accept(into: session, introducedBy: followsIntroduction ? admitted.introduction : nil)
+        guard admitted.introduction != nil else { return invitation.accept(into: session, introducedBy: nil) }
+        // A member's ticket does not bring back a peer this side ended by choice (its app disconnected it, or its link
+        // was closed for a fault), however it is presented, even one made before (§3.8): asked on the session's loop.
+        let core = session.core
+        core.loop.execute {
+            if core.io.value.membership.refuses(invitation.peer) {
+                return invitation.decline(.declined, message: "this member ended its link to \(invitation.peer.displayName); an introduction does not make it again")
+            }
+            invitation.accept(into: session, introducedBy: followsIntroduction ? admitted.introduction : nil)
+        }
     }
 }
 
@@ -324,7 +333,7 @@ extension Session {
 
     /// Cancels a connection to `peer` in progress or made, on both sides, as MC's `cancelConnectPeer(_:)`: the
     /// invitation is withdrawn (or the link closed with GOODBYE) and any connection data made for `peer` stops
-    /// working.
+    /// working. A link it ends is the app's choice, as with `disconnect(_:)`.
     public func cancelConnectPeer(_ peer: PeerID) {
         direct.withLock { $0 }?.revoke(for: peer)
         disconnect(peer)

@@ -137,10 +137,10 @@ public struct SessionStatistics: Sendable, Equatable, BitwiseCopyable {
     /// that dropped, or past the 255 members a request lists); and those asked because a member lost its link to
     /// another and asked us to introduce the two again (MESH_RELINK).
     public var gapIntroductionsAsked: UInt64 = 0
-    /// MESH_RELINKs this member sent: one to each other member each time a member's link to us ended without a
-    /// GOODBYE (its socket closed under it, it went silent, or the member relaying it left), asking to be introduced to
-    /// it again; at most once per 10 s for each peer, a loss within them asked about when they end (docs/PROTOCOL.md
-    /// §3.8). A member that died is asked about too, by each survivor: the others drop the request, or ask the dead
+    /// MESH_RELINKs this member sent: one to each other member with a key each time a member's link to us ended
+    /// without a GOODBYE (its socket closed under it, it went silent, or the member relaying it left), asking to be
+    /// introduced to it again; at most once per 10 s for each peer, a loss within them asked about when they end; not
+    /// for a peer this side ended by choice (docs/PROTOCOL.md §3.8). A member that died is asked about too, by each survivor: the others drop the request, or ask the dead
     /// member until its link ends.
     public var relinksAsked: UInt64 = 0
 
@@ -428,10 +428,13 @@ public final class Session: Sendable {
         try core.invite(expected: nil, endpoint: endpoint, context: context, timeout: timeout)
     }
 
-    /// Says goodbye to every peer and reports each `notConnected`. The session stays usable.
+    /// Says goodbye to every peer and reports each `notConnected`. The session stays usable, and starts again from
+    /// nothing: no choice made with `disconnect(_:)` stands.
     public func disconnect() { core.disconnect() }
 
-    /// Says goodbye to `peer` only (and cancels an invitation to it in progress).
+    /// Says goodbye to `peer` only (and cancels an invitation to it in progress). In a full mesh, a peer whose link
+    /// this ends is not brought back by the other members' introductions until this app connects it again (an
+    /// invitation either way, or its own connection data) — docs/PROTOCOL.md §3.8.
     public func disconnect(_ peer: PeerID) { core.disconnect(peer) }
 
     /// The short authentication string of the encrypted link to `peer` (six digits, the same on both sides), or

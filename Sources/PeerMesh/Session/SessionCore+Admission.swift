@@ -20,11 +20,6 @@ extension SessionCore {
         if preference == .required, !connection.isEncrypted {
             return decline(.declined, "this session requires encryption")
         }
-        // A member's introduction of a peer this side ended by choice (its app disconnected it, or its link was
-        // closed for a fault) does not bring it back, whatever tickets were made before (docs/PROTOCOL.md §3.8).
-        if introduction != nil, io.value.membership.refuses(peer) {
-            return decline(.declined, "\(peer.displayName) was disconnected here; an introduction does not bring it back")
-        }
         let hostKey = connection.remote?.hostBytes ?? []
         let sameHost = io.value.connections.values.filter { $0.remote?.hostBytes == hostKey }.count
             + io.value.admitting[hostKey, default: 0]

@@ -332,16 +332,18 @@ final class SessionCore: Sendable {
             stopAttempts(to: nil)
             // Leaving by choice: nothing is lost, and nothing waits to be asked for if the app joins again.
             io.value.lostPeers.removeAll()
-            io.value.membership.forgetRelinks()
+            io.value.membership.leftSession()
             perform(actions)
         }
     }
 
     func disconnect(_ peer: PeerID) {
         let actions = shared.withLock { $0.machine.disconnect(peer) }
+        // Ending a link is a choice against the peer; cancelling an invitation to it is not.
+        let endsALink = actions.contains { if case .linkDown(_, let p, _) = $0 { p == peer } else { false } }
         loop.execute { [self] in
             // The app's choice stands until it connects the peer again: the mesh does not bring it back.
-            io.value.membership.endedByChoice(peer, until: .max)
+            if endsALink { io.value.membership.endedByChoice(peer, until: .max) }
             stopAttempts(to: peer)
             perform(actions)
         }
@@ -419,6 +421,8 @@ final class SessionCore: Sendable {
     }
 
     func ended(_ link: LinkID, _ why: ConnectionEnd) {
+        // On a relayed link, bytes that do not open may be the relaying member's doing, not the peer's.
+        let relayed = io.value.connections[link]?.isRelayed ?? false
         io.value.connections[link] = nil
         io.value.introducedLinks[link] = nil
         io.value.shares.ended(link)
@@ -435,7 +439,8 @@ final class SessionCore: Sendable {
             if fault != .notReading { counters.add { $0.garbageConnections += 1 } }
             counters.add { $0.peerFaults += 1 }
             io.value.failureDetail[link] = fault.description
-            return closeForFault(link)
+            // Our choice, unless the link was relayed: then it counts as lost, and the mesh may mend it.
+            if !relayed { return closeForFault(link) }
         }
         let actions = shared.withLock { $0.machine.linkClosed(link) }
         perform(actions)
