@@ -139,9 +139,9 @@ public struct SessionStatistics: Sendable, Equatable, BitwiseCopyable {
     public var gapIntroductionsAsked: UInt64 = 0
     /// MESH_RELINKs this member sent: one to each other member with a key each time a member's link to us ended
     /// without a GOODBYE (its socket closed under it, it went silent, or the member relaying it left), asking to be
-    /// introduced to it again; at most once per 10 s for each peer, a loss within them asked about when they end; not
-    /// for a peer this side ended by choice (docs/PROTOCOL.md §3.8). A member that died is asked about too, by each survivor: the others drop the request, or ask the dead
-    /// member until its link ends.
+    /// introduced to it again; at most once per 10 s for each peer, a loss within them asked about when they end;
+    /// not for a peer this side ended by choice (docs/PROTOCOL.md §3.8). A member that died is asked about too, by
+    /// each survivor: the others drop the request, or ask the dead member until its link ends.
     public var relinksAsked: UInt64 = 0
 
     public init() {}
@@ -429,7 +429,7 @@ public final class Session: Sendable {
     }
 
     /// Says goodbye to every peer and reports each `notConnected`. The session stays usable, and starts again from
-    /// nothing: no choice made with `disconnect(_:)` stands.
+    /// nothing: no choice stands (a `disconnect(_:)`'s, or a fault's 60 s; docs/PROTOCOL.md §3.8).
     public func disconnect() { core.disconnect() }
 
     /// Says goodbye to `peer` only (and cancels an invitation to it in progress). In a full mesh, a peer whose link

@@ -344,6 +344,8 @@ final class SessionCore: Sendable {
         loop.execute { [self] in
             // The app's choice stands until it connects the peer again: the mesh does not bring it back.
             if endsALink { io.value.membership.endedByChoice(peer, until: .max) }
+            // A loss of it not yet reported (held, or yielding) is the app's letting go now, not a loss to mend.
+            io.value.lostPeers.remove(peer)
             stopAttempts(to: peer)
             perform(actions)
         }
@@ -421,7 +423,8 @@ final class SessionCore: Sendable {
     }
 
     func ended(_ link: LinkID, _ why: ConnectionEnd) {
-        // On a relayed link, bytes that do not open may be the relaying member's doing, not the peer's.
+        // On a relayed link, a stream fault (bytes that do not open, or a stalled reader) may be the relaying member's
+        // doing, not the peer's.
         let relayed = io.value.connections[link]?.isRelayed ?? false
         io.value.connections[link] = nil
         io.value.introducedLinks[link] = nil

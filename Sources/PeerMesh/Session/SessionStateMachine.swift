@@ -241,8 +241,8 @@ struct SessionStateMachine: Sendable {
     }
 
     /// We close `link` for a fault of its peer's that the driver found (a mesh, relay, resource or stream frame that
-    /// breaks its rules, or a byte stream that is garbage): by choice, so a connected peer is told GOODBYE (where the
-    /// stream still carries one) and the link does not count as lost.
+    /// breaks its rules, a byte stream that is garbage, a peer that stopped reading): by choice, so a connected peer is
+    /// told GOODBYE (where the stream still carries one) and the link does not count as lost.
     mutating func closeForFault(_ link: LinkID) -> [Action] {
         guard let state = links[link] else { return [] }
         return drop(link, failure: failure(for: state, reason: .unavailable))
