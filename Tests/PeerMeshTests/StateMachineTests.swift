@@ -227,7 +227,7 @@ typealias SeededRNG = SeededRandom
         _ = high.received(.hello(peer: me), on: 1, now: 1)
         #expect(high.received(.decline(.simultaneousInvite, "x"), on: 1, now: 2)
                 == [.close(1), .invitationFailed(1, me, .simultaneousInvite)])
-        #expect(high.linkClosed(2) == [.linkDown(2, me, lost: true), .close(2), .report(me, .notConnected)])
+        #expect(high.linkClosed(2) == [.linkDown(2, me, .lost), .close(2), .report(me, .notConnected)])
     }
 
     /// A fault the driver found (a mesh, relay, resource or stream frame against the rules, a garbage stream) closes
@@ -235,7 +235,7 @@ typealias SeededRNG = SeededRandom
     @Test func aFaultTheDriverFoundClosesByChoice() {
         var m = machine()
         connectOutgoing(&m, link: 1, to: bob)
-        #expect(m.closeForFault(1) == [.linkDown(1, bob, lost: false), .send(1, .goodbye), .close(1), .report(bob, .notConnected)])
+        #expect(m.closeForFault(1) == [.linkDown(1, bob, .fault), .send(1, .goodbye), .close(1), .report(bob, .notConnected)])
         #expect(m.closeForFault(1) == [])
         _ = m.inviteStarted(link: 2, expected: carol, context: [], timeout: sec, localUDPPort: 1, localToken: 1, now: 0)
         #expect(m.closeForFault(2) == [.close(2), .invitationFailed(2, carol, .unavailable), .report(carol, .notConnected)])
@@ -295,7 +295,7 @@ typealias SeededRNG = SeededRandom
                 == [.linkUp(2, bob, remoteUDPPort: 5000, remoteToken: 2), .report(bob, .connected)])
         #expect(m.release(bob) == [], "connecting cleared the hold")
         // Gone again: nothing holds it any more.
-        #expect(m.linkClosed(2) == [.linkDown(2, bob, lost: true), .close(2), .report(bob, .notConnected)])
+        #expect(m.linkClosed(2) == [.linkDown(2, bob, .lost), .close(2), .report(bob, .notConnected)])
 
         // Every address fails: `notConnected` comes once, when the driver releases the peer.
         var n = machine()
@@ -390,7 +390,7 @@ typealias SeededRNG = SeededRandom
         var m = machine()
         connectOutgoing(&m, link: 1, to: bob)
         #expect(m.received(.goodbye, on: 1, now: 1)
-                == [.linkDown(1, bob, lost: false), .send(1, .goodbye), .close(1), .report(bob, .notConnected)])
+                == [.linkDown(1, bob, .chosen), .send(1, .goodbye), .close(1), .report(bob, .notConnected)])
         #expect(m.received(.goodbye, on: 1, now: 2) == [])
         #expect(m.linkClosed(1) == [])
         #expect(m.connectedPeers == [])
@@ -400,7 +400,7 @@ typealias SeededRNG = SeededRandom
     @Test func endOfFileReportsNotConnected() {
         var m = machine()
         _ = connectIncoming(&m, link: 4, from: bob)
-        #expect(m.linkClosed(4) == [.linkDown(4, bob, lost: true), .close(4), .report(bob, .notConnected)])
+        #expect(m.linkClosed(4) == [.linkDown(4, bob, .lost), .close(4), .report(bob, .notConnected)])
         #expect(m.linkClosed(4) == [])
         #expect(m.tick(now: 100 * sec) == [])
     }
@@ -422,7 +422,7 @@ typealias SeededRNG = SeededRandom
         _ = connectIncoming(&m, link: 1, from: bob, now: 0)
         for s in 1..<10 { #expect(m.tick(now: Nanos(s) * sec) == [.send(1, .heartbeat)]) }
         #expect(m.tick(now: 10 * sec - 1) == [])
-        #expect(m.tick(now: 10 * sec) == [.linkDown(1, bob, lost: true), .close(1), .report(bob, .notConnected)])
+        #expect(m.tick(now: 10 * sec) == [.linkDown(1, bob, .lost), .close(1), .report(bob, .notConnected)])
         #expect(m.tick(now: 11 * sec) == [])
     }
 
@@ -435,7 +435,7 @@ typealias SeededRNG = SeededRandom
         #expect(m.state(of: bob) == .connected)
         #expect(m.nextDeadline() == 11 * sec)
         #expect(m.tick(now: 19 * sec - 1) == [.send(1, .heartbeat)])
-        #expect(m.tick(now: 19 * sec) == [.linkDown(1, bob, lost: true), .close(1), .report(bob, .notConnected)])
+        #expect(m.tick(now: 19 * sec) == [.linkDown(1, bob, .lost), .close(1), .report(bob, .notConnected)])
     }
 
     @Test(arguments: [ControlFrame.heartbeat, .data([1])])
@@ -444,7 +444,7 @@ typealias SeededRNG = SeededRandom
         _ = connectIncoming(&m, link: 1, from: bob, now: 0)
         _ = m.received(frame, on: 1, now: 8 * sec)
         #expect(m.tick(now: 17 * sec) == [.send(1, .heartbeat)])
-        #expect(m.tick(now: 18 * sec) == [.linkDown(1, bob, lost: true), .close(1), .report(bob, .notConnected)])
+        #expect(m.tick(now: 18 * sec) == [.linkDown(1, bob, .lost), .close(1), .report(bob, .notConnected)])
     }
 
     @Test func datagramDoesNotRescueAPendingInvitation() {
@@ -545,8 +545,8 @@ typealias SeededRNG = SeededRandom
         _ = m.inviteStarted(link: 4, expected: erin, context: [], timeout: sec, localUDPPort: 1, localToken: 1, now: 0)
         _ = m.received(.hello(peer: erin), on: 4, now: 0)
         #expect(m.disconnect() == [
-            .linkDown(1, bob, lost: false), .send(1, .goodbye), .close(1),
-            .linkDown(2, carol, lost: false), .send(2, .goodbye), .close(2),
+            .linkDown(1, bob, .chosen), .send(1, .goodbye), .close(1),
+            .linkDown(2, carol, .chosen), .send(2, .goodbye), .close(2),
             .close(3), .invitationFailed(3, dave, .unavailable),
             .send(4, .goodbye), .close(4), .invitationFailed(4, erin, .unavailable),
             .report(bob, .notConnected), .report(carol, .notConnected), .report(dave, .notConnected), .report(erin, .notConnected),
@@ -575,10 +575,10 @@ typealias SeededRNG = SeededRandom
 
         _ = connectIncoming(&m, link: 4, from: carol)
         #expect(m.received(.hello(peer: carol), on: 4, now: 1)
-                == [.fault(4, .unexpectedFrame("HELLO")), .linkDown(4, carol, lost: false), .send(4, .goodbye), .close(4), .report(carol, .notConnected)])
+                == [.fault(4, .unexpectedFrame("HELLO")), .linkDown(4, carol, .fault), .send(4, .goodbye), .close(4), .report(carol, .notConnected)])
         _ = connectIncoming(&m, link: 5, from: carol)
         #expect(m.received(.accept(udpPort: 1, token: 1), on: 5, now: 1)
-                == [.fault(5, .unexpectedFrame("ACCEPT")), .linkDown(5, carol, lost: false), .send(5, .goodbye), .close(5), .report(carol, .notConnected)])
+                == [.fault(5, .unexpectedFrame("ACCEPT")), .linkDown(5, carol, .fault), .send(5, .goodbye), .close(5), .report(carol, .notConnected)])
         #expect(m.received(.data([1]), on: 42, now: 1) == [])
     }
 

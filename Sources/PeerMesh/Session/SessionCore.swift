@@ -58,12 +58,9 @@ final class SessionCore: Sendable {
         var resourceBytesUnchecked = 0
         var streams = StreamStateMachine()
         var membership: MembershipStateMachine
-        /// Peers whose connected link ended without a GOODBYE (`linkDown(lost: true)`) and that are not yet reported
+        /// Peers whose connected link ended without a GOODBYE (`linkDown(…, .lost)`) and that are not yet reported
         /// `notConnected` (that report, in the same actions or after a hold or a yield, is a loss the mesh may mend).
         var lostPeers: Set<PeerID> = []
-        /// Links being closed for their peer's fault: a connected one's peer is not brought back by the mesh for
-        /// `MembershipStateMachine.faultQuarantine` (its far end may take the end as a loss). Until the link closes.
-        var faultedLinks: Set<LinkID> = []
         var outputStreams: [StreamKey: OutputByteStream] = [:]
         var inputStreams: [StreamKey: InputByteStream] = [:]
         var relay: RelayStateMachine
@@ -321,9 +318,7 @@ final class SessionCore: Sendable {
     /// Closes `link` for its peer's fault: by choice (GOODBYE), and a connected peer is not brought back by the mesh
     /// for a while (`perform`, at its `linkDown`).
     private func closeForFault(_ link: LinkID) {
-        io.value.faultedLinks.insert(link)
         perform(shared.withLock { $0.machine.closeForFault(link) })
-        io.value.faultedLinks.remove(link)  // closed by now, or not the machine's
     }
 
     func disconnect() {
@@ -466,7 +461,6 @@ final class SessionCore: Sendable {
                 io.value.failureReason[l] = nil
                 io.value.attempts[l] = nil
                 io.value.introducedLinks[l] = nil
-                io.value.faultedLinks.remove(l)
             }
         }
         for a in actions {
@@ -506,7 +500,6 @@ final class SessionCore: Sendable {
             case .fault(let l, let f):
                 counters.add { $0.peerFaults += 1 }
                 io.value.failureDetail[l] = f.description
-                io.value.faultedLinks.insert(l)
             case .send(let l, let f):
                 io.value.connections[l]?.send(f)
             case .close(let l):
@@ -559,10 +552,11 @@ final class SessionCore: Sendable {
                 performMembership(io.value.membership.received(frame, from: p))
             case .relay(let l, let p, let frame):
                 receivedRelay(frame, on: l, from: p)
-            case .linkDown(let l, let p, let lost):
+            case .linkDown(let l, let p, let end):
                 // Whether the peer's `.notConnected`, in these actions or later (after a hold or a yield), is a loss.
-                if lost { io.value.lostPeers.insert(p) } else { io.value.lostPeers.remove(p) }
-                if io.value.faultedLinks.contains(l) {
+                if end == .lost { io.value.lostPeers.insert(p) } else { io.value.lostPeers.remove(p) }
+                // Its far end may take a link we closed for a fault as lost: the mesh does not bring it back for a while.
+                if end == .fault {
                     io.value.membership.endedByChoice(p, until: MonotonicClock.nowNanos() &+ MembershipStateMachine.faultQuarantine)
                 }
                 io.value.relayedLinks = io.value.relayedLinks.filter { $0.value != l }

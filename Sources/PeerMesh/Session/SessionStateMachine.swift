@@ -30,9 +30,8 @@ struct SessionStateMachine: Sendable {
         case close(LinkID)
         /// `link` is connected: route datagrams to and from it.
         case linkUp(LinkID, PeerID, remoteUDPPort: UInt16, remoteToken: UInt64)
-        /// `link`, `peer`'s connected link, no longer carries datagrams. `lost`: it ended without a GOODBYE either way
-        /// (its socket closed under it, or the peer went silent for `peerTimeout`), not by a choice of either side.
-        case linkDown(LinkID, PeerID, lost: Bool)
+        /// `link`, `peer`'s connected link, no longer carries datagrams; how it ended.
+        case linkDown(LinkID, PeerID, LinkEnd)
         /// Deliver a reliable message from `peer`.
         case deliver(PeerID, [UInt8])
         /// An invitation this session sent ended without a connection.
@@ -49,6 +48,16 @@ struct SessionStateMachine: Sendable {
         case relay(LinkID, PeerID, RelayFrame)
         /// Deliver an unreliable message that came on the connection (a relayed link's).
         case deliverDatagram(PeerID, [UInt8])
+    }
+
+    /// How a connected link ended.
+    enum LinkEnd: Equatable, Sendable {
+        /// With no GOODBYE either way: its socket closed under it, or the peer went silent for `peerTimeout`.
+        case lost
+        /// By a choice: a GOODBYE received, or sent (the app's disconnect, the session closing).
+        case chosen
+        /// Closed by this side for the peer's fault, with a GOODBYE where the stream still carries one.
+        case fault
     }
 
     /// Timing and limits.
@@ -168,7 +177,7 @@ struct SessionStateMachine: Sendable {
         case (.inviting(let expected, let deadline, let token), .hello(let peer)):
             if let expected, expected != peer {
                 // A different peer (another key) answers at that address: a stale advertisement, or an impostor.
-                return [.fault(link, .wrongPeer)] + drop(link, failure: (expected, .unavailable))
+                return [.fault(link, .wrongPeer)] + drop(link, failure: (expected, .unavailable), end: .fault)
             }
             if peer == config.localPeer { return drop(link, failure: (peer, .unavailable)) }
             if expected == nil, reported[peer] == .connected {
@@ -195,7 +204,7 @@ struct SessionStateMachine: Sendable {
         case (.connected, .data(let bytes)) where bytes.count > config.maximumMessageSize:
             // The frame limit lets frames of other kinds (resource chunks) be larger than the messages taken.
             return [.fault(link, .malformedFrame("a message of \(bytes.count) bytes, over the \(config.maximumMessageSize) this side takes"))]
-                + drop(link, failure: nil)
+                + drop(link, failure: nil, end: .fault)
         case (.connected(let peer, _, let next), _) where frame.isTraffic:
             // Whatever a connected peer sends proves it alive; each kind goes to its own consumer.
             links[link] = .connected(peer: peer, lastHeard: now, nextHeartbeat: next)
@@ -208,7 +217,7 @@ struct SessionStateMachine: Sendable {
         default:
             // A frame that makes no sense in this state: the peer is broken. Close its link.
             return [.fault(link, .unexpectedFrame(frame.name))]
-                + drop(link, failure: failure(for: state, reason: .unavailable))
+                + drop(link, failure: failure(for: state, reason: .unavailable), end: .fault)
         }
     }
 
@@ -237,7 +246,7 @@ struct SessionStateMachine: Sendable {
     /// `link`'s socket reached end-of-file or failed, or its byte stream was garbage.
     mutating func linkClosed(_ link: LinkID) -> [Action] {
         guard let state = links[link] else { return [] }
-        return drop(link, failure: failure(for: state, reason: .unavailable), sendGoodbye: false)
+        return drop(link, failure: failure(for: state, reason: .unavailable), end: .lost)
     }
 
     /// We close `link` for a fault of its peer's that the driver found (a mesh, relay, resource or stream frame that
@@ -245,7 +254,7 @@ struct SessionStateMachine: Sendable {
     /// told GOODBYE (where the stream still carries one) and the link does not count as lost.
     mutating func closeForFault(_ link: LinkID) -> [Action] {
         guard let state = links[link] else { return [] }
-        return drop(link, failure: failure(for: state, reason: .unavailable))
+        return drop(link, failure: failure(for: state, reason: .unavailable), end: .fault)
     }
 
     /// Time passed: send heartbeats, expire invitations and silent peers.
@@ -266,7 +275,7 @@ struct SessionStateMachine: Sendable {
             case .connected(let peer, let lastHeard, let next):
                 // `lastHeard` may be a little after `now` (another thread read the clock later): never wrap.
                 if now > lastHeard, now - lastHeard >= config.peerTimeout {
-                    actions += drop(link, failure: nil, sendGoodbye: false)
+                    actions += drop(link, failure: nil, end: .lost)
                 } else if now >= next {
                     links[link] = .connected(peer: peer, lastHeard: lastHeard, nextHeartbeat: now &+ config.heartbeatInterval)
                     actions.append(.send(link, .heartbeat))
@@ -320,7 +329,7 @@ struct SessionStateMachine: Sendable {
         var actions: [Action] = []
         for link in links.keys.sorted() {
             let state = links[link]!
-            if case .connected(let peer, _, _) = state { actions.append(.linkDown(link, peer, lost: false)) }
+            if case .connected(let peer, _, _) = state { actions.append(.linkDown(link, peer, .chosen)) }
             if case .inviting = state {} else { actions.append(.send(link, .goodbye)) }
             actions.append(.close(link))
             if let f = failure(for: state, reason: .unavailable) { actions.append(.invitationFailed(link, f.0, f.1)) }
@@ -386,7 +395,8 @@ struct SessionStateMachine: Sendable {
         }
     }
 
-    private mutating func drop(_ link: LinkID, failure: (PeerID?, DeclineReason)?, sendGoodbye: Bool = true) -> [Action] {
+    /// Ends `link`: a connected peer is told GOODBYE unless the link was `lost`.
+    private mutating func drop(_ link: LinkID, failure: (PeerID?, DeclineReason)?, end: LinkEnd = .chosen) -> [Action] {
         guard let state = links.removeValue(forKey: link) else { return [] }
         var actions: [Action] = []
         var peer: PeerID?
@@ -395,11 +405,9 @@ struct SessionStateMachine: Sendable {
         case .awaitingReply(let p, _, _): peer = p
         case .connected(let p, _, _):
             peer = p
-            // No GOODBYE either way: the socket closed under it, or it timed out (a fault, or a GOODBYE received,
-            // says goodbye).
-            actions.append(.linkDown(link, p, lost: !sendGoodbye))
+            actions.append(.linkDown(link, p, end))
         }
-        if sendGoodbye, case .connected = state { actions.append(.send(link, .goodbye)) }
+        if end != .lost, case .connected = state { actions.append(.send(link, .goodbye)) }
         actions.append(.close(link))
         if let failure { actions.append(.invitationFailed(link, failure.0, failure.1)) }
         if let peer { actions += refresh(peer) }
