@@ -996,6 +996,29 @@ struct MeshSessionTests {
         for s in g.sessions { s.disconnect() }
     }
 
+    @Test("Cancelling an invitation is no choice against its peer; ending its link is: only then do introductions of it stop being taken")
+    func onlyEndingALinkIsAChoice() throws {
+        let g = try Group.meshed(3)
+        let (m1, peers) = (g.sessions[1], g.peers)
+        // An invitation that stays open: the kernel completes the connection (a listener's backlog), nobody answers.
+        let silent = try FileDescriptor.tcpListener(SocketAddress(numericHost: "127.0.0.1", port: 0)!)
+        defer { silent.close() }
+        let stranger = try PeerID(displayName: "stranger")
+        let data = NearbyConnectionData(peer: stranger, forIdentity: m1.myPeerID.identity, ticket: [UInt8](repeating: 7, count: 16),
+                                        port: try silent.localAddress().port, addresses: ["127.0.0.1"])
+        try m1.connectPeer(stranger, withNearbyConnectionData: Data(data.encoded()))
+        #expect(g.logs[1].wait(5) { _ in g.logs[1].states(of: stranger) == [.connecting] })
+        m1.disconnect(stranger)
+        #expect(g.logs[1].wait(5) { _ in g.logs[1].states(of: stranger) == [.connecting, .notConnected] })
+        let refuses = { (p: PeerID) in m1.core.loop.submitAndWait { m1.core.io.value.membership.refuses(p) } }
+        #expect(!refuses(stranger), "a cancelled invitation")
+        m1.disconnect(peers[2])
+        #expect(eventually(5) { !g.sessions[2].connectedPeers.contains(peers[1]) })
+        #expect(refuses(peers[2]), "an ended link")
+        for s in g.sessions { s.disconnect() }
+        #expect(!refuses(peers[2]), "the app left the session: no choice stands")
+    }
+
     @Test("A link broken twice within 10 s is made again when the 10 s since the first relink end, by the session's timer")
     func aSecondBreakWithinTenSecondsIsMendedWhenTheyEnd() throws {
         let g = try Group.meshed(3)
