@@ -194,7 +194,7 @@ struct MembershipStateMachine: Sendable {
             }
         }
         guard lost, topology == .mesh, peer.publicKey != nil, refusedUntil[peer.identity] == nil else { return [] }
-        relinked = relinked.filter { now &- $0.value < Self.relinkInterval }
+        forgetRelinks(before: now)
         guard relinked[peer.identity] == nil else {
             // Asked for less than `relinkInterval` ago: asked for again when the interval ends (`tick`), if still lost.
             waitingRelinks[peer.identity] = peer
@@ -241,7 +241,7 @@ struct MembershipStateMachine: Sendable {
 
     /// The earliest time `tick` has something to do: a relink waiting for its interval, or a choice that expires.
     var nextDeadline: Nanos? {
-        let relinks = waitingRelinks.keys.map { (relinked[$0] ?? 0) &+ Self.relinkInterval }
+        let relinks = waitingRelinks.keys.map(relinkDue)
         let choices = refusedUntil.values.filter { $0 != .max }
         return (relinks + choices).min()
     }
@@ -252,13 +252,22 @@ struct MembershipStateMachine: Sendable {
         refusedUntil = refusedUntil.filter { $0.value > now }
         var actions: [Action] = []
         for (id, peer) in waitingRelinks.sorted(by: { $0.key < $1.key })
-        where now >= (relinked[id] ?? 0) &+ Self.relinkInterval {
+        where now >= relinkDue(id) {
             waitingRelinks[id] = nil
             guard !members.contains(peer), refusedUntil[id] == nil else { continue }
             actions += relink(peer, now: now)
         }
-        relinked = relinked.filter { now &- $0.value < Self.relinkInterval || waitingRelinks[$0.key] != nil }
+        // A relink still waiting is due after `now`, so its ask is younger than the interval and stays.
+        forgetRelinks(before: now)
         return actions
+    }
+
+    /// When the peer with `id` may be asked for again: `relinkInterval` after the last ask (at once if none is kept).
+    private func relinkDue(_ id: UInt64) -> Nanos { (relinked[id] ?? 0) &+ Self.relinkInterval }
+
+    /// Forgets asks that `relinkInterval` has passed since, by `now`.
+    private mutating func forgetRelinks(before now: Nanos) {
+        relinked = relinked.filter { now &- $0.value < Self.relinkInterval }
     }
 
     /// `frame` arrived from the connected peer `from`.
