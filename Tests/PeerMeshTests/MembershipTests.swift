@@ -212,7 +212,8 @@ struct MembershipStateMachineTests {
         #expect(m.received(.introduce(peer: c, data: [1]), from: b).isEmpty)
     }
 
-    @Test func aPeerWithoutAKeyIsNeitherIntroducedNorAskedToIntroduce() throws {
+    @Test("A member whose link carries no key is neither introduced, nor asked to introduce, nor followed when it asks for data or introduces")
+    func aPeerWithoutAKeyIsNeitherIntroducedNorAskedToIntroduce() throws {
         // An `.optional` session: b and c joined encrypted, p in plaintext (its PeerID carries no key).
         let a = try PeerID(displayName: "a"), b = try PeerID(displayName: "b"), c = try PeerID(displayName: "c")
         let p = try PeerID(displayName: "p", identity: 0x1234)
@@ -220,6 +221,15 @@ struct MembershipStateMachineTests {
         #expect(m.connected(b, introducedBy: nil).isEmpty)
         #expect(m.connected(p, introducedBy: nil).isEmpty, "nothing to pin: p is not introduced (a zero key would break b's link)")
         #expect(m.connected(c, introducedBy: nil) == [.send(b, .introRequest(peer: c, members: [b.identity]))], "b is asked about c; p is not, nor listed")
+        // p proved no identity: it may not bring anyone in. Its request gets empty data (no ticket is made), its
+        // introduction is not followed, and neither counts against anyone's share.
+        let e = try PeerID(displayName: "e")
+        #expect(m.received(.introRequest(peer: e, members: [a.identity], fillsGap: false), from: p)
+                == [.send(p, .introData(forIdentity: e.identity, data: []))])
+        #expect(m.received(.introduce(peer: e, data: [1, 2, 3]), from: p).isEmpty)
+        #expect(m.expectedIntroductions.introduced == 0)
+        // A keyed member's are taken as before.
+        #expect(m.received(.introduce(peer: e, data: [1, 2, 3]), from: b) == [.connect(e, data: [1, 2, 3], introducer: b)])
     }
 
     @Test func unsolicitedDataIsAFaultAndAFullMemberMakesNone() throws {

@@ -140,6 +140,20 @@ struct ResourceStateMachineTests {
         #expect(why.contains("larger than the 1000 bytes"))
     }
 
+    @Test("A limit of 0 takes no resource, an empty one included: refused, no file opened")
+    func aLimitOfZeroTakesNone() {
+        var limits = ResourceStateMachine.Limits()
+        limits.maximumSize = 0
+        var m = ResourceStateMachine(limits: limits)
+        for (id, size) in [(UInt32(1), UInt64(0)), (2, 1)] {
+            let actions = m.received(.start(id: id, size: size, name: "empty"), on: link, from: peer)
+            #expect(actions == [.send(link, .result(id: id, .refused, "this peer takes no resources"))], "\(actions)")
+            #expect(m.received(.end(id: id, sha256: [UInt8](repeating: 0, count: 32)), on: link, from: peer).isEmpty,
+                    "its END opens and delivers nothing")
+        }
+        #expect(m.counts == (0, 0))
+    }
+
     @Test("A name that hides something (a bidi override) is refused, not a fault: its chunks are dropped until the sender closes the id")
     func aNameThatHidesSomethingIsRefused() {
         var m = ResourceStateMachine()

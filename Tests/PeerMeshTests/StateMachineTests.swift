@@ -134,6 +134,34 @@ typealias SeededRNG = SeededRandom
         #expect(m.tick(now: 5 * sec) == [.close(1), .invitationFailed(1, bob, .timedOut), .report(bob, .notConnected)])
     }
 
+    @Test("A reach timeout: the peer must say HELLO within it; then its app has the rest of the invitation's timeout to answer")
+    func reachTimeoutThenTheAnswersTime() {
+        var m = SM(configuration: .init(localPeer: me, maximumPeers: 8, peerTimeout: 10 * sec, heartbeatInterval: 1 * sec,
+                                        reachTimeout: 5 * sec))
+        // Nothing answers at the address: failed at 5 s, not at the invitation's 60.
+        let started = m.inviteStarted(link: 1, expected: bob, context: [], timeout: 60 * sec, localUDPPort: 4000, localToken: 77, now: 100)
+        #expect(started.contains(.send(1, invite(timeout: 60 * sec))), "the INVITE carries the whole timeout: \(started)")
+        #expect(m.nextDeadline() == 100 + 5 * sec)
+        #expect(m.tick(now: 100 + 5 * sec - 1) == [])
+        #expect(m.tick(now: 100 + 5 * sec) == [.close(1), .invitationFailed(1, bob, .timedOut), .report(bob, .notConnected)])
+        // The peer says HELLO in time: its app may take until the invitation's own timeout to answer.
+        _ = m.inviteStarted(link: 2, expected: bob, context: [], timeout: 60 * sec, localUDPPort: 4000, localToken: 77, now: 10 * sec)
+        #expect(m.received(.hello(peer: bob), on: 2, now: 11 * sec) == [])
+        #expect(m.nextDeadline() == 70 * sec)
+        #expect(m.tick(now: 50 * sec) == [], "past the reach timeout, an answer is still awaited")
+        #expect(m.received(.accept(udpPort: 5000, token: 2), on: 2, now: 59 * sec)
+                == [.linkUp(2, bob, remoteUDPPort: 5000, remoteToken: 2), .report(bob, .connected)])
+        // A reach timeout longer than the invitation's changes nothing; a timeout of .max never comes.
+        var n = SM(configuration: .init(localPeer: me, maximumPeers: 8, peerTimeout: 10 * sec, heartbeatInterval: 1 * sec,
+                                        reachTimeout: 30 * sec))
+        _ = n.inviteStarted(link: 1, expected: carol, context: [], timeout: 5 * sec, localUDPPort: 4000, localToken: 77, now: 0)
+        #expect(n.tick(now: 5 * sec) == [.close(1), .invitationFailed(1, carol, .timedOut), .report(carol, .notConnected)])
+        _ = n.inviteStarted(link: 2, expected: carol, context: [], timeout: .max, localUDPPort: 4000, localToken: 77, now: 10)
+        #expect(n.nextDeadline() == 10 + 30 * sec)
+        _ = n.received(.hello(peer: carol), on: 2, now: 20)
+        #expect(n.nextDeadline() == .max)
+    }
+
     @Test func directConnectReportsConnectingOnlyAtHello() {
         var m = machine()
         #expect(m.inviteStarted(link: 1, expected: nil, context: [7], timeout: 5 * sec, localUDPPort: 4000, localToken: 77, now: 0)

@@ -164,6 +164,8 @@ struct ResourceStateMachine: Sendable {
             let active = incoming.filter { $0.key.link == link && $0.value != .discarding }.count
             let why: String? = if !ResourceName.isValid(name) {
                 "its name holds control or invisible characters"
+            } else if limits.maximumSize == 0 {
+                "this peer takes no resources"
             } else if size > limits.maximumSize {
                 "larger than the \(limits.maximumSize) bytes accepted"
             } else if active >= limits.maximumIncomingPerLink {

@@ -275,8 +275,9 @@ struct MembershipStateMachine: Sendable {
         guard members.contains(peer) else { return [] }
         switch frame {
         case .introRequest(let newcomer, let listed, let fillsGap):
-            // Data is made only when it is needed and there is room: an empty answer says so.
-            guard topology == .mesh, newcomer != me, newcomer != peer, !members.contains(newcomer),
+            // Data is made only when it is needed and there is room: an empty answer says so. A member whose link
+            // carries no key (a plaintext link of an `.optional` session) proved no identity: it may not bring anyone in.
+            guard topology == .mesh, peer.publicKey != nil, newcomer != me, newcomer != peer, !members.contains(newcomer),
                   refusedUntil[newcomer.identity] == nil,
                   members.count + 1 < maximumPeers, var introduction = introduction(by: peer)
             else { return [.send(peer, .introData(forIdentity: newcomer.identity, data: []))] }
@@ -301,7 +302,9 @@ struct MembershipStateMachine: Sendable {
             guard !data.isEmpty, let newcomer = members.first(where: { $0.identity == id }) else { return [] }
             return [.send(newcomer, .introduce(peer: peer, data: data))]
         case .introduce(let other, let data):
-            guard topology == .mesh, other != me, !members.contains(other), refusedUntil[other.identity] == nil else { return [] }
+            // Not from a member that proved no identity (its link carries no key): it may not bring anyone in.
+            guard topology == .mesh, peer.publicKey != nil, other != me, !members.contains(other),
+                  refusedUntil[other.identity] == nil else { return [] }
             // No room, or past its share: not followed.
             var list = introducedBy[peer.identity, default: []]
             guard members.count + 1 < maximumPeers, list.count < maximumIntroducedPerMember else {

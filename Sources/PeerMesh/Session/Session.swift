@@ -205,8 +205,9 @@ public final class Session: Sendable {
         /// Where incoming resources are written, each in a new directory of its own with mode 0700 (default `""`:
         /// `$TMPDIR`, else `/tmp`).
         public var resourceDirectory: String = ""
-        /// Largest resource accepted from a peer, in bytes (default 64 GiB); a larger one is refused. Values above
-        /// `Int64.max` (what `ResourceProgress` counts) mean `Int64.max`.
+        /// Largest resource accepted from a peer, in bytes (default 64 GiB); a larger one is refused, and 0 refuses
+        /// every resource (an empty one too: no file is made). Values above `Int64.max` (what `ResourceProgress`
+        /// counts) mean `Int64.max`.
         public var maximumResourceSize: UInt64 = 1 << 36
         /// Free space kept on `resourceDirectory`'s filesystem (default 256 MiB), so that peers cannot fill the disk,
         /// however many send at once: a resource whose bytes, with those the other transfers on its link still owe,
@@ -217,6 +218,12 @@ public final class Session: Sendable {
         public var topology: Topology = .mesh
         /// `.delegate` (default) or `.reader`: see `DatagramDelivery`.
         public var datagramDelivery: DatagramDelivery = .delegate
+        /// How long one of this session's invitations may take to reach its peer: the TCP connect, the handshake and
+        /// the peer's first frame (default nil: the invitation's whole timeout). The rest of an invitation's timeout
+        /// is its peer's app's, to answer. An app whose peers may put the question to a person (a host that asks its
+        /// operator) invites with a timeout long enough for a person, and sets this short, so that an address where
+        /// nothing answers fails as fast as before.
+        public var reachTimeout: Duration?
         /// Tests only: introduced members skip the direct connection and call through the introducer at once.
         var relaysIntroductions = false
         /// Tests only: an introduction is followed this long after it came, so that a test can have joins cross it.

@@ -131,6 +131,7 @@ final class SessionCore: Sendable {
             guard beat > 0, beat < timeout else { throw .invalidParameter("heartbeatInterval must be positive and below peerTimeout") }
         }
         heartbeat = beat
+        if let reach = c.reachTimeout, reach <= .zero { throw .invalidParameter("reachTimeout must be positive") }
         guard let bind = SocketAddress.bindAddress(c.bindHost, port: c.udpPort) else {
             throw .invalidParameter("bindHost \"\(c.bindHost)\" is not a numeric IPv4 or IPv6 address (or \"\" for all)")
         }
@@ -148,7 +149,8 @@ final class SessionCore: Sendable {
         reader = latchWaker.map { DatagramReader(path: path, latchWaker: $0) }
         let machine = SessionStateMachine(configuration: .init(localPeer: peer, maximumPeers: c.maximumPeers,
                                                                peerTimeout: timeout, heartbeatInterval: beat,
-                                                               maximumMessageSize: c.maximumMessageSize))
+                                                               maximumMessageSize: c.maximumMessageSize,
+                                                               reachTimeout: c.reachTimeout?.nanoseconds))
         shared = Mutex(Shared(machine: machine))
         var limits = ResourceStateMachine.Limits()
         // Progress counts in Int64: a larger limit (`.max` for "no limit") means as large as that can count.

@@ -68,11 +68,15 @@ struct SessionStateMachine: Sendable {
         var heartbeatInterval: Nanos
         /// The largest message (DATA) taken from a peer: one larger breaks this side's limit, and closes its link.
         var maximumMessageSize = ControlFrame.maximumReliableMessage
+        /// How long an invitation may take to reach its peer (connect, handshake, the peer's HELLO), when shorter than
+        /// the invitation's timeout; nil: the whole timeout.
+        var reachTimeout: Nanos? = nil
     }
 
     private enum LinkState {
-        /// We invited; the peer has not said HELLO yet.
-        case inviting(expected: PeerID?, deadline: Nanos, localToken: UInt64)
+        /// We invited; the peer has not said HELLO yet. It must by `deadline` (the connect, the handshake and its
+        /// HELLO: `Configuration.reachTimeout`, or the invitation's whole timeout); its app must answer by `answerBy`.
+        case inviting(expected: PeerID?, deadline: Nanos, answerBy: Nanos, localToken: UInt64)
         /// We invited and know who answered; waiting for ACCEPT or DECLINE.
         case awaitingReply(peer: PeerID, deadline: Nanos, localToken: UInt64)
         /// Both sides agreed; data flows.
@@ -126,8 +130,9 @@ struct SessionStateMachine: Sendable {
         if expected.map({ reported[$0] == nil }) ?? true, occupancy >= config.maximumPeers {
             return [.close(link), .invitationFailed(link, expected, .peerLimit)]
         }
-        let (deadline, overflow) = now.addingReportingOverflow(timeout)  // a timeout of .max never comes
-        links[link] = .inviting(expected: expected, deadline: overflow ? .max : deadline, localToken: localToken)
+        let answerBy = Self.after(timeout, from: now)
+        let reachBy = config.reachTimeout.map { min(answerBy, Self.after($0, from: now)) } ?? answerBy
+        links[link] = .inviting(expected: expected, deadline: reachBy, answerBy: answerBy, localToken: localToken)
         let invite = ControlFrame.InviteBody(context: context, timeoutMillis: UInt32(clamping: timeout / 1_000_000),
                                              udpPort: localUDPPort, token: localToken)
         var actions: [Action] = [.send(link, .hello(peer: config.localPeer)), .send(link, .invite(invite))]
@@ -145,7 +150,7 @@ struct SessionStateMachine: Sendable {
         if reported[peer] == .connected { return decline(.alreadyConnected) }
         let pendingOutgoing = links.filter { (_, s) in
             switch s {
-            case .inviting(let e, _, _): e == peer
+            case .inviting(let e, _, _, _): e == peer
             case .awaitingReply(let p, _, _): p == peer
             case .connected: false
             }
@@ -174,7 +179,7 @@ struct SessionStateMachine: Sendable {
     mutating func received(_ frame: ControlFrame, on link: LinkID, now: Nanos) -> [Action] {
         guard let state = links[link] else { return [] }
         switch (state, frame) {
-        case (.inviting(let expected, let deadline, let token), .hello(let peer)):
+        case (.inviting(let expected, _, let answerBy, let token), .hello(let peer)):
             if let expected, expected != peer {
                 // A different peer (another key) answers at that address: a stale advertisement, or an impostor.
                 return [.fault(link, .wrongPeer)] + drop(link, failure: (expected, .unavailable), end: .fault)
@@ -187,7 +192,7 @@ struct SessionStateMachine: Sendable {
                 // A direct connect only learns who it reached now: the limit is checked here.
                 return drop(link, failure: (peer, .peerLimit))
             }
-            links[link] = .awaitingReply(peer: peer, deadline: deadline, localToken: token)
+            links[link] = .awaitingReply(peer: peer, deadline: answerBy, localToken: token)
             return refresh(peer)
         case (.awaitingReply(let peer, _, _), .accept(let udpPort, let token)):
             if reported[peer] == .connected {
@@ -266,7 +271,7 @@ struct SessionStateMachine: Sendable {
         for link in links.keys.sorted() {
             guard let state = links[link] else { continue }
             switch state {
-            case .inviting(let expected, let deadline, _) where now >= deadline:
+            case .inviting(let expected, let deadline, _, _) where now >= deadline:
                 if let expected { timedOut.insert(expected) }
                 actions += drop(link, failure: (expected, .timedOut))
             case .awaitingReply(let peer, let deadline, _) where now >= deadline:
@@ -347,7 +352,7 @@ struct SessionStateMachine: Sendable {
         var actions: [Action] = []
         for link in links.keys.sorted() {
             switch links[link]! {
-            case .inviting(let e?, _, _) where e == peer: actions += drop(link, failure: (peer, .unavailable))
+            case .inviting(let e?, _, _, _) where e == peer: actions += drop(link, failure: (peer, .unavailable))
             case .awaitingReply(let p, _, _) where p == peer: actions += drop(link, failure: (peer, .unavailable))
             case .connected(let p, _, _) where p == peer: actions += drop(link, failure: nil)
             default: break
@@ -361,7 +366,7 @@ struct SessionStateMachine: Sendable {
     /// The peer on `link`, if known.
     func peer(on link: LinkID) -> PeerID? {
         switch links[link] {
-        case .inviting(let e, _, _): e
+        case .inviting(let e, _, _, _): e
         case .awaitingReply(let p, _, _), .connected(let p, _, _): p
         case nil: nil
         }
@@ -370,7 +375,7 @@ struct SessionStateMachine: Sendable {
     /// Links that are not closed, with their peers when known.
     var openLinks: [LinkID: PeerID?] { links.mapValues { s in
         switch s {
-        case .inviting(let e, _, _): e
+        case .inviting(let e, _, _, _): e
         case .awaitingReply(let p, _, _), .connected(let p, _, _): p
         }
     } }
@@ -379,7 +384,7 @@ struct SessionStateMachine: Sendable {
     func nextDeadline() -> Nanos? {
         (links.values.map { s -> Nanos in
             switch s {
-            case .inviting(_, let d, _), .awaitingReply(_, let d, _): d
+            case .inviting(_, let d, _, _), .awaitingReply(_, let d, _): d
             case .connected(_, let heard, let next): min(next, heard &+ config.peerTimeout)
             }
         } + yielding.values + held.values).min()
@@ -387,9 +392,15 @@ struct SessionStateMachine: Sendable {
 
     // MARK: Helpers
 
+    /// `now + duration`, or `.max` (never) when that would overflow: a timeout of `.max` never comes.
+    private static func after(_ duration: Nanos, from now: Nanos) -> Nanos {
+        let (sum, overflow) = now.addingReportingOverflow(duration)
+        return overflow ? .max : sum
+    }
+
     private func failure(for state: LinkState, reason: DeclineReason) -> (PeerID?, DeclineReason)? {
         switch state {
-        case .inviting(let e, _, _): (e, reason)
+        case .inviting(let e, _, _, _): (e, reason)
         case .awaitingReply(let p, _, _): (p, reason)
         case .connected: nil
         }
@@ -401,7 +412,7 @@ struct SessionStateMachine: Sendable {
         var actions: [Action] = []
         var peer: PeerID?
         switch state {
-        case .inviting(let e, _, _): peer = e
+        case .inviting(let e, _, _, _): peer = e
         case .awaitingReply(let p, _, _): peer = p
         case .connected(let p, _, _):
             peer = p
@@ -421,7 +432,7 @@ struct SessionStateMachine: Sendable {
             switch state {
             case .connected(let p, _, _) where p == peer: best = .connected
             case .awaitingReply(let p, _, _) where p == peer && best == .notConnected: best = .connecting
-            case .inviting(let e?, _, _) where e == peer && best == .notConnected: best = .connecting
+            case .inviting(let e?, _, _, _) where e == peer && best == .notConnected: best = .connecting
             default: break
             }
         }
