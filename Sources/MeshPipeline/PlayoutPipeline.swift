@@ -183,7 +183,7 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
          drift: DriftController, resampler: DriftResampler) {
         self.packets = packets
         self.controls = controls
-        output = OutputStage(sampleRate: format.sampleRate, channels: format.channels)
+        output = OutputStage(sampleRate: format.sampleRate, channels: format.channels, continuing: controls)
         self.upstream = upstream
         self.drift = drift
         self.resampler = resampler

@@ -67,6 +67,34 @@ struct OutputControlsTests {
         #expect(quiet.allSatisfy { $0 == 0 })
     }
 
+    @Test("A stage built for a new pipeline (a format change) goes on where the controls stand: no beep played again, no ramp from full volume")
+    func aNewStageContinuesTheControls() {
+        let controls = OutputControls()
+        controls.volumeDB = -20
+        controls.beep()
+        var stage = OutputStage(sampleRate: 44_100, channels: 1, continuing: controls)
+        var block = [Float](repeating: 0.5, count: 4410)
+        block.withUnsafeMutableBufferPointer {
+            stage.process($0.baseAddress!, frames: 4410, target: controls.targetGain, beeps: controls.beepCount, muted: false)
+        }
+        #expect(block.allSatisfy { $0 == 0.5 * controls.targetGain }, "at -20 dB from the first frame, and no beep")
+        #expect(stage.gain == controls.targetGain)
+        // The next beep asked for is played.
+        controls.beep()
+        var next = [Float](repeating: 0, count: 4410)
+        next.withUnsafeMutableBufferPointer {
+            stage.process($0.baseAddress!, frames: 4410, target: controls.targetGain, beeps: controls.beepCount, muted: false)
+        }
+        #expect(next.reduce(0) { $0 + $1 * $1 } > 50)
+        // A stage made the old way (a pipeline's first) starts at unity and plays the count it has not seen.
+        var fresh = OutputStage(sampleRate: 44_100, channels: 1)
+        var first = [Float](repeating: 0, count: 4410)
+        first.withUnsafeMutableBufferPointer {
+            fresh.process($0.baseAddress!, frames: 4410, target: controls.targetGain, beeps: controls.beepCount, muted: false)
+        }
+        #expect(first.reduce(0) { $0 + $1 * $1 } > 50)
+    }
+
     @Test func aHeldPipelinePlaysSilenceDropsWhatArrivesAndResumesAtTheLiveEdge() throws {
         var sim = try RelayRendererSim(mode: .auto)
         sim.periods = 1500

@@ -214,4 +214,45 @@ struct RelayDriftTests {
         print("speex q5 at \(ppm) ppm: SNR \(snr) dB")
         #expect(snr >= 60)
     }
+
+    /// The frames made from the input after its first second (which holds the filter's latency), and what the nominal
+    /// rates make of that input: `seconds` of input, in blocks of 960 frames (an Opus frame at 48 kHz).
+    private func framesOutPerNominal(inputRate: Int, outputRate: Int, seconds: Int, correctionPPM: Double = 0) throws -> (made: Int, nominal: Double) {
+        let r = try SpeexResampler(channels: 1, inputRate: inputRate, outputRate: outputRate, maximumCorrectionPPM: 100)
+        if correctionPPM != 0 { try r.setCorrection(ppm: correctionPPM) }
+        let input = [Float](repeating: 0.25, count: 960)
+        var output = [Float](repeating: 0, count: 2048)
+        var fed = 0, produced = 0
+        var first: (fed: Int, produced: Int)?
+        while fed < inputRate * seconds {
+            var offset = 0
+            while offset < input.count {
+                let res = try input.withUnsafeBufferPointer { i in
+                    try output.withUnsafeMutableBufferPointer { o in
+                        try r.process(input: UnsafeBufferPointer(rebasing: i[offset...]), output: o)
+                    }
+                }
+                offset += res.consumed
+                produced += res.produced
+            }
+            fed += input.count
+            if first == nil, fed >= inputRate { first = (fed, produced) }
+        }
+        let start = first ?? (0, 0)
+        return (produced - start.produced, Double(fed - start.fed) * Double(outputRate) / Double(inputRate))
+    }
+
+    @Test("48 kHz to 44.1 kHz and back for five minutes: exactly the nominal frames, not 10 ppm more (the ratio is not rounded)",
+          arguments: [(48_000, 44_100), (44_100, 48_000)])
+    func aRateConverterKeepsTheExactRatio(rates: (Int, Int)) throws {
+        let (inRate, outRate) = rates
+        let out = try framesOutPerNominal(inputRate: inRate, outputRate: outRate, seconds: 300)
+        #expect(abs(Double(out.made) - out.nominal) <= 1.5, "\(out.made) frames made for \(out.nominal) nominal")
+        // A correction still applies: +50 ppm consumes 50 ppm more, so makes fewer (to within the rounding of the
+        // corrected ratio to 1/65536 of input frames: half a step of 65536·in/out).
+        let corrected = try framesOutPerNominal(inputRate: inRate, outputRate: outRate, seconds: 300, correctionPPM: 50)
+        let ppm = (Double(corrected.made) / corrected.nominal - 1) * 1e6
+        let rounding = 0.5 / (65_536 * Double(inRate) / Double(outRate)) * 1e6
+        #expect(abs(-ppm - SpeexResampler.quantizedPPM(50)) <= rounding + 0.5, "\(ppm) ppm")
+    }
 }

@@ -22,8 +22,11 @@ final class OpusFramer: @unchecked Sendable {  // Owned by one Packetizer, which
     private let pending: UnsafeMutableBufferPointer<Float>
     private let resampled: UnsafeMutableBufferPointer<Float>
     private var pendingFrames = 0
-    /// 48 kHz frames produced so far (the wire index of the next one).
+    /// 48 kHz frames produced so far (the wire index of the next one), the frames a capture gap skipped included.
     private var producedFrames: UInt64 = 0
+    /// The source frame the next chunk should start at (nil before the first): a chunk that starts later follows a
+    /// gap (a capture overrun).
+    private var nextInputIndex: UInt64?
     private static let blockFrames = 256
 
     init(inputFormat: AudioFormat, frameSize: Int, bitrate: Int) throws(AudioPacketError) {
@@ -61,11 +64,26 @@ final class OpusFramer: @unchecked Sendable {  // Owned by one Packetizer, which
                scratch: UnsafeMutableRawBufferPointer, emit: (UnsafeRawBufferPointer) throws -> Void) rethrows -> Int {
         let channels = inputFormat.channels
         let frames = min(chunk.frames, samples.count / channels)
-        // Where 48 kHz frame j sits on the host's clock: it is input frame j·in/48000 (the resampler skipped its
-        // leading zeros), and the chunk tells the time of its own first input frame.
+        // Where 48 kHz frame j sits on the host's clock: it is input frame j·in/48000 (`encodePending`), and the
+        // chunk tells the time of its own first input frame.
         let inRate = Double(inputFormat.sampleRate)
-        let anchorIndex = Double(chunk.firstFrameIndex), anchorTime = Double(chunk.timestampNanos)
+        let anchor = (index: Double(chunk.firstFrameIndex), time: Double(chunk.timestampNanos))
         var consumed = 0, emitted = 0
+        if let expected = nextInputIndex, chunk.firstFrameIndex > expected {
+            // The source lost frames (a capture overrun): the wire skips them too, so that the player conceals a gap
+            // there, as it does for PCM, and what follows keeps its place on the host's clock. The frame begun
+            // before the gap goes out first, its rest silence.
+            if pendingFrames > 0 {
+                UnsafeMutableBufferPointer(rebasing: pending[(pendingFrames * channels)...]).update(repeating: 0)
+                producedFrames &+= UInt64(frameSize - pendingFrames)
+                pendingFrames = 0
+                try encodePending(sequence: &sequence, hostLatencyFrames: hostLatencyFrames, anchor: anchor, scratch: scratch, emit: emit)
+                emitted += 1
+            }
+            let lost = Double(chunk.firstFrameIndex - expected) * Double(Opus.sampleRate) / inRate
+            producedFrames &+= UInt64(lost.rounded())
+        }
+        nextInputIndex = chunk.firstFrameIndex &+ UInt64(frames)
         while consumed < frames {
             let input = UnsafeBufferPointer(rebasing: samples[(consumed * channels)..<(frames * channels)])
             let got: Int
@@ -88,24 +106,33 @@ final class OpusFramer: @unchecked Sendable {  // Owned by one Packetizer, which
                 producedFrames &+= UInt64(n)
                 guard pendingFrames == frameSize else { continue }
                 pendingFrames = 0
-                let first = producedFrames &- UInt64(frameSize)
-                // The first sample this packet decodes to entered the encoder `lookahead` frames earlier.
-                let sourceFrame = (Double(first) - Double(encoder.lookahead)) * inRate / Double(Opus.sampleRate)
-                let time = anchorTime + (sourceFrame - anchorIndex) * 1e9 / inRate
-                let h = AudioPacketHeader(sequence: sequence, firstFrameIndex: first, frameCount: frameSize, format: wireFormat,
-                                          captureTimeNanos: Opus.nanos(time),
-                                          hostLatencyFrames: hostLatencyFrames, encoding: .opus)
-                let body = UnsafeMutableRawBufferPointer(rebasing: scratch[AudioPacket.headerSize...])
-                // Our own invariants (a valid encoder, a whole frame, room for the largest packet) make this
-                // infallible; a failure would be a bug of ours, not of a peer.
-                let size = try! encoder.encode(UnsafeBufferPointer(pending), frames: frameSize, into: body)
-                AudioPacket.writeHeader(h, into: scratch)
-                sequence &+= 1
+                try encodePending(sequence: &sequence, hostLatencyFrames: hostLatencyFrames, anchor: anchor, scratch: scratch, emit: emit)
                 emitted += 1
-                try emit(UnsafeRawBufferPointer(rebasing: scratch[0..<(AudioPacket.headerSize + size)]))
             }
         }
         return emitted
+    }
+
+    /// Encodes the whole frame in `pending`, the last `frameSize` of `producedFrames`, into one packet for `emit`.
+    /// `anchor` places a source frame on the host's clock (a chunk's first frame and its capture time).
+    private func encodePending(sequence: inout UInt32, hostLatencyFrames: UInt32, anchor: (index: Double, time: Double),
+                               scratch: UnsafeMutableRawBufferPointer, emit: (UnsafeRawBufferPointer) throws -> Void) rethrows {
+        let inRate = Double(inputFormat.sampleRate)
+        let first = producedFrames &- UInt64(frameSize)
+        // Wire frame j is source frame j·in/48000 (the resampler skipped its leading zeros, and a gap skipped as many
+        // of each); the first sample this packet decodes to entered the encoder `lookahead` frames earlier.
+        let sourceFrame = (Double(first) - Double(encoder.lookahead)) * inRate / Double(Opus.sampleRate)
+        let time = anchor.time + (sourceFrame - anchor.index) * 1e9 / inRate
+        let h = AudioPacketHeader(sequence: sequence, firstFrameIndex: first, frameCount: frameSize, format: wireFormat,
+                                  captureTimeNanos: Opus.nanos(time),
+                                  hostLatencyFrames: hostLatencyFrames, encoding: .opus)
+        let body = UnsafeMutableRawBufferPointer(rebasing: scratch[AudioPacket.headerSize...])
+        // Our own invariants (a valid encoder, a whole frame, room for the largest packet) make this
+        // infallible; a failure would be a bug of ours, not of a peer.
+        let size = try! encoder.encode(UnsafeBufferPointer(pending), frames: frameSize, into: body)
+        AudioPacket.writeHeader(h, into: scratch)
+        sequence &+= 1
+        try emit(UnsafeRawBufferPointer(rebasing: scratch[0..<(AudioPacket.headerSize + size)]))
     }
 
     /// The host report in 48 kHz frames: the capture device's delay (given in source frames).

@@ -85,6 +85,14 @@ public struct OutputStage: Sendable {
         beepFrames = sampleRate / 10
     }
 
+    /// A stage that goes on where `controls` stand: at their gain, with the beeps asked for so far already played. A
+    /// pipeline built for a format change neither replays the last beep nor ramps from full volume.
+    public init(sampleRate: Int, channels: Int, continuing controls: OutputControls) {
+        self.init(sampleRate: sampleRate, channels: channels)
+        gain = controls.targetGain
+        beepsSeen = controls.beepCount
+    }
+
     /// Applies `target` gain (ramped) and any beep requested (`beeps` is the controls' running count) to `frames`
     /// interleaved frames at `out`.
     public mutating func process(_ out: UnsafeMutablePointer<Float>, frames: Int, target: Float, beeps: UInt32, muted: Bool) {

@@ -75,12 +75,22 @@ public final class SpeexResampler {
     /// Consumption ratio (input frames per output frame, relative to the nominal rates).
     public var ratio: Double { Double(ratioNumerator) / Double(Self.ratioDenominator) }
 
-    /// Sets the ratio to `numerator / ratioDenominator` (`speex_resampler_set_rate_frac`). No-op when unchanged.
+    /// Sets the ratio to `numerator / ratioDenominator` (`speex_resampler_set_rate_frac`).
+    ///
+    /// At `ratioDenominator` (no correction) the ratio is the nominal rates' own, exactly (libspeexdsp reduces
+    /// 48000/44100 to 160/147): a converter between two rates must not gain or lose frames over hours. With a
+    /// correction, `numerator·inputRate/outputRate` is rounded to the nearest 1/65536 (libspeexdsp resamples at
+    /// exactly the fraction it is given; a drift correction is quantized to that step anyway).
     public func setRatio(numerator: UInt32) throws(SpeexResamplerError) {
-        let den = Self.ratioDenominator
-        let num64 = UInt64(numerator) * UInt64(inputRate) / UInt64(outputRate)
-        try Self.check(speex_resampler_set_rate_frac(
-            state, UInt32(truncatingIfNeeded: num64), den, UInt32(inputRate), UInt32(outputRate)))
+        let (inRate, outRate) = (UInt32(inputRate), UInt32(outputRate))
+        if numerator == Self.ratioDenominator {
+            try Self.check(speex_resampler_set_rate_frac(state, inRate, outRate, inRate, outRate))
+        } else {
+            let scaled = UInt64(numerator) * UInt64(inRate)
+            let num64 = (scaled + UInt64(outRate) / 2) / UInt64(outRate)
+            try Self.check(speex_resampler_set_rate_frac(
+                state, UInt32(truncatingIfNeeded: num64), Self.ratioDenominator, inRate, outRate))
+        }
         ratioNumerator = numerator
     }
 
