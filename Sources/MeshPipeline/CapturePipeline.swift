@@ -22,7 +22,7 @@ import Synchronization
 public final class CapturePipeline<Audience>: Sendable {
     /// Counters and levels, readable from any thread.
     public struct Statistics: Sendable, Equatable {
-        /// Packets that went out.
+        /// Packets that went out, one for each listener a packet reached.
         public var packetsSent: UInt64 = 0
         /// Frames read from the source.
         public var framesCaptured: UInt64 = 0
@@ -51,11 +51,12 @@ public final class CapturePipeline<Audience>: Sendable {
     /// Assembles the chain from `source` to the network (not started yet). Throws when the source's format cannot be
     /// packetized. `tap`, when given, sees every captured chunk (after the mute) on the capture thread, before it is
     /// packetized — the clip recorder's pre-roll; it must not block. `encoding` is how the samples travel, and
-    /// `opusBitrate` the bitrate of `.opus`.
+    /// `opusBitrate` the bitrate of `.opus`. `send` sends a packet to the audience and returns how many of its
+    /// listeners it reached (those that left since the snapshot are skipped).
     public init(source: any AudioSource, encoding: SampleEncoding = .float32,
                 opusBitrate: Int = Packetizer.defaultOpusBitrate, sendThread: SendThread = .source,
                 withAudience: @escaping @Sendable (_ use: (Audience) -> Void) -> Void,
-                send: @escaping @Sendable (UnsafeRawBufferPointer, Audience) -> Bool,
+                send: @escaping @Sendable (UnsafeRawBufferPointer, Audience) -> Int,
                 tap: (@Sendable (UnsafeBufferPointer<Float>) -> Void)? = nil) throws {
         self.source = source
         self.sendThread = sendThread
@@ -102,7 +103,7 @@ public final class CapturePipeline<Audience>: Sendable {
 final class SendStage<Audience>: CaptureConsumer, @unchecked Sendable {  // The packetizer and scratch: the sending thread's only.
     private var packetizer: Packetizer
     private let withAudience: @Sendable (_ use: (Audience) -> Void) -> Void
-    private let send: @Sendable (UnsafeRawBufferPointer, Audience) -> Bool
+    private let send: @Sendable (UnsafeRawBufferPointer, Audience) -> Int
     private let tap: (@Sendable (UnsafeBufferPointer<Float>) -> Void)?
     private let scratch: UnsafeMutableRawBufferPointer
     private let packetsSent = Atomic<UInt64>(0)
@@ -113,7 +114,7 @@ final class SendStage<Audience>: CaptureConsumer, @unchecked Sendable {  // The 
     let muted = Atomic<Bool>(false)
 
     init(packetizer: Packetizer, withAudience: @escaping @Sendable (_ use: (Audience) -> Void) -> Void,
-         send: @escaping @Sendable (UnsafeRawBufferPointer, Audience) -> Bool,
+         send: @escaping @Sendable (UnsafeRawBufferPointer, Audience) -> Int,
          tap: (@Sendable (UnsafeBufferPointer<Float>) -> Void)?) {
         self.tap = tap
         self.packetizer = packetizer
@@ -166,7 +167,7 @@ final class SendStage<Audience>: CaptureConsumer, @unchecked Sendable {  // The 
         withAudience { listeners in
             packetizer.packetize(chunkSamples, chunk: chunk, scratch: scratch) {
                 // A listener may leave between the snapshot and the send; the next chunk skips it.
-                if send($0, listeners) { sent += 1 }
+                sent &+= UInt64(max(0, send($0, listeners)))
             }
         }
         let n = samples.count

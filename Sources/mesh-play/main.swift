@@ -148,12 +148,10 @@ do {
 }
 
 // The listener's controls: keys on a terminal, one command a line otherwise. Results are event lines.
-let talking = Mutex(false)
 @Sendable func apply(_ command: ListenerCommand) {
     let controls = player.controls
     switch command {
     case .remote(let c):
-        if case .talk(let on) = c { talking.withLock { $0 = on } }
         player.send(c)
     case .mute(let on):
         controls.muted = on
@@ -168,7 +166,7 @@ let talking = Mutex(false)
     case .togglePause:
         player.send(player.statistics.hostControl?.paused == true ? .resume : .pause)
     case .toggleTalk:
-        apply(.remote(.talk(!talking.withLock { $0 })))
+        apply(.remote(.talk(!player.talkRequested)))
     }
 }
 let input = StandardInputReader(key: { byte in

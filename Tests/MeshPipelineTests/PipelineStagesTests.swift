@@ -175,7 +175,7 @@ struct PipelineStagesTests {
             let name = (try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8)) ?? ""
             sendThread.update { $0 = name.trimmingCharacters(in: .newlines) }
             sent.update { $0.append(packet) }
-            return who == "player"
+            return who == "player" ? 1 : 0
         }
         try capture.start()
         #expect(waitUntil { capture.statistics.framesCaptured >= 128 * 20 })

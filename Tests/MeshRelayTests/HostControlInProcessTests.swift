@@ -286,6 +286,35 @@ struct TalkbackEndsInProcessTests {
         #expect(eventually(2) { lines.withLock { $0 }.contains { $0.hasPrefix("talk on: not sent: ") } }, "\(lines.withLock { $0 })")
     }
 
+    @Test("A talk request answered busy (another player holds the floor) leaves push-to-talk off, so that a toggle asks again; the host's leave turns it off too")
+    func aBusyAnswerTurnsPushToTalkOff() throws {
+        let host = try makeHost { format in try WAVFileSink(path: Rig.tempPath("talk-\(UUID().uuidString.prefix(6)).wav"), format: format, periodFrames: 128) }
+        defer { host.stop() }
+        let other = try RawControlClient(identity: try paired.playerIdentity(1), endpoint: PeerEndpoint(host: "127.0.0.1", port: host.port))
+        defer { other.stop() }
+        other.send(1, .talk(true))
+        #expect(eventually(5) { other.reply(to: 1) == .ok }, "the other player holds the floor")
+        let lines = Mutex<[String]>([])
+        let player = try makeTalker(endpoint: PeerEndpoint(host: "127.0.0.1", port: host.port),
+                                    talk: try ToneSource(frequency: 880, amplitude: 0.5, format: .default, periodFrames: 128)) { line in
+            lines.withLock { $0.append(line) }
+        }
+        defer { player.stop() }
+        #expect(eventually(10) { player.statistics.hostControl?.features.contains(.talk) == true }, "the host offers talkback")
+        player.send(.talk(true))
+        #expect(eventually(3) { lines.withLock { $0 }.contains("talk on: busy") }, "\(lines.withLock { $0 })")
+        #expect(!player.talkRequested && !player.statistics.talking)
+        // The floor is free again: a toggle (talk on, since it is off) gets it.
+        other.send(2, .talk(false))
+        #expect(eventually(3) { other.reply(to: 2) == .ok })
+        player.send(.talk(!player.talkRequested))
+        #expect(eventually(5) { player.statistics.talking && host.statistics.players.contains { $0.talking } })
+        #expect(player.talkRequested)
+        // The host goes: push-to-talk is off for the next visit.
+        host.stop()
+        #expect(eventually(5) { !player.talkRequested && !player.statistics.talking })
+    }
+
     @Test("The host's talkback output fails: the talker is released (not talking, not held), talkback is no longer offered, and a talk request is answered that it is unavailable")
     func talkbackOutputThatFailsReleasesTheTalker() throws {
         let sink = Mutex<FailingSink?>(nil)

@@ -54,6 +54,38 @@ struct JoinStateMachineTests {
         #expect(m.tick(now: 300 * ms) == [.announce("found host garage; joining"), .invite(other)])
     }
 
+    @Test("An invitation given up on by the safety deadline that connects after all is joined, not ignored")
+    func aLateConnectionIsJoined() {
+        let e = PeerEndpoint(host: "127.0.0.1", port: 9)
+        var m = JoinStateMachine(target: .direct(e), maximumAttempts: 5, inviteTimeoutNanos: 1_000 * ms)
+        _ = m.start(now: 0)
+        #expect(m.tick(now: 2_000 * ms) == [.announce("could not join 127.0.0.1:9: no answer")])
+        #expect(m.phase == .searching)
+        #expect(m.sessionState(host, .connected, now: 2_100 * ms) == [.announce("joined kitchen")])
+        #expect(m.phase == .joined("kitchen"))
+        #expect(m.tick(now: 5_000 * ms) == [], "no retry once joined")
+    }
+
+    @Test("Any host will do: one that refuses for good (not paired, declined) is dropped and another found is tried at once; with none other, or with --host, the join ends")
+    func aRefusingHostIsDroppedWhenAnyWillDo() {
+        var m = JoinStateMachine(target: .discover(hostName: nil))
+        _ = m.start(now: 0)
+        _ = m.found(host, now: 0)
+        _ = m.found(other, now: 0)
+        #expect(m.invitationFailed(host, reason: "kitchen: not paired", permanent: true, now: 10 * ms)
+                == [.announce("kitchen: not paired; trying another host"), .announce("found host garage; joining"), .invite(other)])
+        #expect(m.found(host, now: 20 * ms) == [], "it re-advertises: not invited again in this run")
+        // The last one left refuses too: the join ends, saying why.
+        #expect(m.invitationFailed(other, reason: "garage declined", permanent: true, now: 30 * ms) == [.giveUp("garage declined")])
+        #expect(m.phase == .stopped)
+
+        var named = JoinStateMachine(target: .discover(hostName: "kitchen"))
+        _ = named.start(now: 0)
+        _ = named.found(host, now: 0)
+        #expect(named.invitationFailed(host, reason: "kitchen: not paired", permanent: true, now: 10 * ms)
+                == [.giveUp("kitchen: not paired")], "the host asked for by name refused: nothing else will do")
+    }
+
     @Test("A stale record (killed host) costs one failed attempt: the host is tried again the moment it re-advertises")
     func staleRecordWaitsForTheReadvertisement() {
         var m = JoinStateMachine(target: .discover(hostName: nil))
@@ -156,6 +188,34 @@ struct JoinStateMachineTests {
         _ = m.sessionState(host, .notConnected, now: 2)
         #expect(m.tick(now: 300 * ms) == [.connect(e)])
         #expect(m.invitationFailed(nil, reason: "refused", now: 310 * ms).first == .announce("could not join 127.0.0.1:9: refused"))
+    }
+
+    @Test("Direct by name: a name that does not resolve ends the join before the first; after it (the host rebooting takes its .local name with it) it is one more failed attempt")
+    func directUnresolvableName() {
+        let e = PeerEndpoint(host: "kitchen.local", port: 7000)
+        var fresh = JoinStateMachine(target: .direct(e), maximumAttempts: 5)
+        _ = fresh.start(now: 0)
+        #expect(fresh.invitationFailed(nil, reason: "no such name", unresolvable: true, now: 1) == [.giveUp("no such name")])
+        var m = JoinStateMachine(target: .direct(e), maximumAttempts: 2)
+        _ = m.start(now: 0)
+        _ = m.sessionState(host, .connected, now: 1)
+        _ = m.sessionState(host, .notConnected, now: 2)
+        #expect(m.tick(now: 300 * ms) == [.connect(e)])
+        #expect(m.invitationFailed(nil, reason: "no such name", unresolvable: true, now: 310 * ms)
+                == [.announce("could not join kitchen.local:7000: no such name")])
+        #expect(m.tick(now: 2 * 1_000 * ms) == [.connect(e)], "tried again")
+        // Bounded all the same: the round's attempts used up, it gives up.
+        #expect(m.invitationFailed(nil, reason: "no such name", unresolvable: true, now: 2_100 * ms)
+                == [.giveUp("cannot join kitchen.local:7000: no such name (2 attempts)")])
+        // The host is back before that: joined again.
+        var back = JoinStateMachine(target: .direct(e), maximumAttempts: 5)
+        _ = back.start(now: 0)
+        _ = back.sessionState(host, .connected, now: 1)
+        _ = back.sessionState(host, .notConnected, now: 2)
+        _ = back.tick(now: 300 * ms)
+        _ = back.invitationFailed(nil, reason: "no such name", unresolvable: true, now: 310 * ms)
+        #expect(back.tick(now: 2_000 * ms) == [.connect(e)])
+        #expect(back.sessionState(host, .connected, now: 2_010 * ms) == [.announce("joined \(host.displayName)")])
     }
 
     @Test("A paired host goes by the name it was paired under: --host matches it, announcements and the phase use it")

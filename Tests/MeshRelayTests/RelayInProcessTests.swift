@@ -95,6 +95,8 @@ struct RelayInProcessTests {
             #expect(largestJump(body) < 0.5 * 2 * Float.pi * 440 / 44_100 * 1.25)
         }
         print("fan-out: packets received per player \(totals)")
+        // The host counts a packet for each player it reached: at least what they received together.
+        #expect(host.statistics.packetsSent >= totals.reduce(0, +), "sent \(host.statistics.packetsSent), received \(totals)")
     }
 
     @Test("A host format the player's output refuses: playback falls back to a pipeline that keeps reading, not to none")
@@ -129,6 +131,75 @@ struct RelayInProcessTests {
         #expect(after > before + 50, "the host's packets still reach a pipeline (counted as another format): \(before) → \(after)")
         #expect(player.statistics.format == .default)
         #expect(asked.withLock { $0.filter { $0 == 48_000 }.count } == 1, "a format the output refused is not tried again: \(asked.withLock { $0 })")
+    }
+
+    @Test("A host restarted in another format, played to an output that takes one client at a time (an ALSA hw: device): the player frees it and plays the new format")
+    func formatChangeOnAnExclusiveOutput() throws {
+        var host: RelayHost? = try makeHost(name: "exclusive-host")
+        let port = try #require(host?.port)
+        let output = ExclusiveOutput()
+        let asked = Mutex<[(Int, RelayPlayer.SinkRequest)]>([])
+        let logged = Mutex<[String]>([])
+        let config = RelayPlayer.Configuration(target: .direct(PeerEndpoint(host: "127.0.0.1", port: port)),
+                                               identity: try paired.playerIdentity(0), hosts: .paired(paired.playerTrust(0)),
+                                               discovery: InProcessDiscovery())
+        let player = try RelayPlayer(configuration: config, makeSink: { format, request in
+            asked.withLock { $0.append((format.sampleRate, request)) }
+            let path = Rig.tempPath("exclusive-\(format.sampleRate)-\(UUID().uuidString.prefix(6)).wav")
+            return try output.open { try WAVFileSink(path: path, format: format, periodFrames: 128) }
+        }, log: { line in logged.withLock { $0.append(line) } })
+        try player.start()
+        defer { player.stop() }
+        #expect(eventually(10) { player.statistics.playout.received > 50 }, "playing the 44.1 kHz host")
+        host?.stop()
+        host = nil  // its session's UDP port goes with it
+
+        // The same host, back on the same port at 48 kHz (as soon as the port is free).
+        let format48 = AudioFormat(sampleRate: 48_000, channels: 1, sampleType: .float32LE)
+        var config48 = RelayHost.Configuration(identity: try paired.host.renamed("exclusive-host"), trust: paired.hostTrust,
+                                               serviceType: "pmr-inproc", port: port, maximumPeers: 4,
+                                               discovery: InProcessDiscovery())
+        config48.maximumPlayersPerAddress = 8
+        var restarted: RelayHost?
+        #expect(eventually(5) {
+            restarted = try? RelayHost(configuration: config48, source: try ToneSource(frequency: 440, amplitude: 0.5, format: format48,
+                                                                                        periodFrames: 128))
+            return restarted != nil
+        }, "port \(port) free again")
+        let host48 = try #require(restarted)
+        try host48.start()
+        defer { host48.stop() }
+        #expect(eventually(15) { player.statistics.format.sampleRate == 48_000 && player.statistics.playout.received > 50 },
+                "the 48 kHz stream plays: \(logged.withLock { $0 })")
+        #expect(player.statistics.playout.formatMismatches == 0)
+        #expect(asked.withLock { $0.map(\.0) } == [44_100, 48_000, 48_000], "asked twice for 48 kHz: refused while held, then given")
+        #expect(asked.withLock { $0.last?.1 } == .formatChange)
+        #expect(!logged.withLock { $0 }.contains { $0.contains("cannot play") }, "\(logged.withLock { $0 })")
+        #expect(output.live.load(ordering: .relaxed) == 1, "one output open at a time")
+    }
+
+    @Test("A second connection under a listening player's identity, from another address, is turned away and leaves the player's address as it was")
+    func aDuplicateIdentityLeavesTheListenersAddress() throws {
+        let (host, player, endpoint) = try makeListenedHost(name: "duplicate-host")
+        defer { host.stop(); player.stop() }
+        #expect(eventually(5) { host.statistics.players.first?.address == "127.0.0.1" })
+        #expect(host.admissionsWaiting == 0, "the listener's admission was taken when it connected")
+        var config = RelayPlayer.Configuration(target: .direct(endpoint), identity: try paired.playerIdentity(0),
+                                               hosts: .paired(paired.playerTrust(0)), discovery: InProcessDiscovery())
+        config.bindHost = "127.0.0.2"
+        config.maximumConnectAttempts = 1
+        let gaveUp = Mutex<String?>(nil)
+        let twin = try RelayPlayer(configuration: config, makeSink: { format, _ in
+            try WAVFileSink(path: Rig.tempPath("duplicate-twin.wav"), format: format, periodFrames: 128)
+        }, onGiveUp: { why in gaveUp.withLock { $0 = why } })
+        try twin.start()
+        defer { twin.stop() }
+        #expect(eventually(10) { gaveUp.withLock { $0 } != nil }, "the twin is turned away")
+        let players = host.statistics.players
+        #expect(players.count == 1 && players.first?.address == "127.0.0.1", "\(players)")
+        #expect(host.admissionsWaiting == 1, "the twin's admission waits to be forgotten, apart from the listener's")
+        let received = player.statistics.playout.received
+        #expect(eventually(3) { player.statistics.playout.received > received + 50 }, "the listener plays on")
     }
 
     @Test("Someone searching for a matching check code (answered, hung up, again) is refused, counted and reported; the listener plays on")
@@ -455,5 +526,41 @@ struct RelayInProcessTests {
         let zeroJump = largestJump(zeroFilled[...])
         print("largest sample-to-sample jump: concealed \(concealedJump), zero-filled \(zeroJump)")
         #expect(concealedJump < zeroJump / 4)
+    }
+}
+
+/// An output that, like an ALSA `hw:` device, one client at a time may hold: opening it while another of its sinks is
+/// alive (not yet released: a device is closed when its `Player` goes) fails, as `snd_pcm_open` does with EBUSY.
+private final class ExclusiveOutput: Sendable {
+    struct Busy: Error {}
+    /// Its sinks alive now.
+    let live = Atomic<Int>(0)
+
+    func open(_ make: () throws -> any AudioSink) throws -> any AudioSink {
+        guard live.compareExchange(expected: 0, desired: 1, ordering: .relaxed).exchanged else { throw Busy() }
+        do { return Sink(try make(), output: self) } catch {
+            live.store(0, ordering: .relaxed)
+            throw error
+        }
+    }
+
+    private final class Sink: AudioSink {
+        private let inner: any AudioSink
+        private let output: ExclusiveOutput
+
+        init(_ inner: any AudioSink, output: ExclusiveOutput) {
+            self.inner = inner
+            self.output = output
+        }
+        deinit { output.live.subtract(1, ordering: .relaxed) }
+
+        var format: AudioFormat { inner.format }
+        var periodFrames: Int { inner.periodFrames }
+        var servesInput: Bool { inner.servesInput }
+        func start(renderer: any AudioRenderer) throws { try inner.start(renderer: renderer) }
+        func stop() { inner.stop() }
+        var stats: AudioStats { inner.stats }
+        var fault: (any Error)? { inner.fault }
+        var schedulingNote: String? { inner.schedulingNote }
     }
 }

@@ -71,6 +71,11 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         var admittedByTrust: [PeerID: PublicKey] = [:]
         /// Where each player connected from.
         var addresses: [PeerID: String] = [:]
+        /// Players let in and handed to the session, not connected yet: where from, their key if the trust store
+        /// admitted them, and when (monotonic ns). Moved to `addresses` and `admittedByTrust` when they connect; the
+        /// session may turn one away without a word (its peer limit, a second link of a connected identity), so an
+        /// entry older than `admissionWait` is dropped, and at most `maximumAdmitting` are kept.
+        var admitting: [PeerID: (address: String?, trustedKey: PublicKey?, atNanos: UInt64)] = [:]
         /// The names connected paired players were paired under, with the number of the connection that noted each:
         /// logs and status call them so, whatever name they give now (a paired device cannot pass for another by
         /// taking its name). A connection's leave removes only its own note, never a rejoin's.
@@ -212,7 +217,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         var tap: (@Sendable (UnsafeBufferPointer<Float>) -> Void)?
         if let recorder = clips { tap = { recorder.tap($0) } }
         capture = try CapturePipeline(source: source, encoding: configuration.codec, opusBitrate: configuration.opusBitrate, withAudience: { [audience = players.audience] use in audience.withPeers(use) }, send: { bytes, peers in
-            session.sendDatagram(bytes, toConnected: peers) == 0
+            peers.count - session.sendDatagram(bytes, toConnected: peers)
         }, tap: tap)
         session.delegate = self
         advertiser.delegate = self
@@ -588,6 +593,14 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             let address = self.state.withLock { s in
                 s.connections += 1
                 s.pairedNames[peer] = paired.map { (s.connections, $0.name) }
+                if let admitted = s.admitting.removeValue(forKey: peer) {
+                    s.addresses[peer] = admitted.address
+                    s.admittedByTrust[peer] = admitted.trustedKey
+                } else if paired != nil, let key = peer.publicKey {
+                    // Its admission was dropped before it connected: a paired key answers to the trust store all
+                    // the same (the watch disconnects it if it is forgotten).
+                    s.admittedByTrust[peer] = key
+                }
                 return s.addresses[peer]
             }
             let alias = paired.map { $0.name == peer.displayName ? "" : ", calls itself \"\(peer.displayName)\"" } ?? ", not paired"
@@ -598,6 +611,7 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             let (name, connection) = self.state.withLock { s in
                 s.admittedByTrust[peer] = nil
                 s.addresses[peer] = nil
+                s.admitting[peer] = nil
                 return (s.pairedNames[peer]?.name ?? peer.displayName, s.pairedNames[peer]?.connection)
             }
             // Its command budget and the throttles of its log lines outlive the visit: coming back buys nothing.
@@ -642,9 +656,13 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         let key = invitation.certificate?.publicKey
         let trusted = isTrusted(key, peer: peer)
         @Sendable func admit(byTrust: Bool) {
-            state.withLock {
-                $0.addresses[peer] = invitation.address
-                if byTrust, let key { $0.admittedByTrust[peer] = key }
+            let now = MonotonicClock.nowNanos()
+            state.withLock { s in
+                s.admitting = s.admitting.filter { now &- $0.value.atNanos < Self.admissionWait }
+                if s.admitting.count >= Self.maximumAdmitting, let oldest = s.admitting.min(by: { $0.value.atNanos < $1.value.atNanos }) {
+                    s.admitting[oldest.key] = nil
+                }
+                s.admitting[peer] = (invitation.address, byTrust ? key : nil, now)
             }
             invitation.accept(into: session)
         }
@@ -666,7 +684,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
             }
             let address = invitation.address ?? "?"
             guard state.withLock({ $0.asking.insert(address).inserted }) else {
-                return invitation.decline(.declined, message: "a request from \(address) is already waiting for an answer")
+                // Not a refusal of this player: it may ask again once that question is answered.
+                return invitation.decline(.unavailable, message: "a request from \(address) is already waiting for an answer")
             }
             // A stranger that gives a paired player's name is not that player: the question says so.
             let namesake = ((try? configuration.trust?.list()) ?? nil).flatMap { entries in
@@ -734,9 +753,18 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         }
     }
 
+    /// Admissions whose players have not connected yet (tests).
+    var admissionsWaiting: Int { state.withLock { $0.admitting.count } }
+
     /// The invitation context of a player that comes to pair (`mesh-play --pair`) rather than to listen.
     public static let pairingContext = PairingResponder.context
 
     /// The largest reliable message the relay's sessions take: room for any control message (`ControlMessage`).
     static let maximumControlMessageSize = 1024
+
+    /// How long a player let in may take to connect before its admission is forgotten (the session connects one
+    /// within a round trip, or turns it away).
+    static let admissionWait: UInt64 = 10_000_000_000
+    /// The most admissions kept waiting for their players to connect (`HostState.admitting`).
+    static let maximumAdmitting = 256
 }

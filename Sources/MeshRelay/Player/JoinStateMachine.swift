@@ -59,6 +59,13 @@ public struct JoinStateMachine: Sendable {
     /// Failed invitations in a row per discovered host (not unreachable ones): the next try backs off 0.25 s, 0.5 s,
     /// 1 s, then 2 s, so a host that keeps refusing (full, busy) is not invited four times a second for ever.
     private var failures: [PeerID: Int] = [:]
+    /// Hosts that refused this player for good (not paired, declined) while others were found to try: not invited
+    /// again in this run (at most `maximumRefused` are kept).
+    private var refused: Set<PeerID> = []
+    private static let maximumRefused = 256
+    /// Whether a host was joined since the start: a name that does not resolve then is the host gone (rebooting),
+    /// not a typo.
+    private var hasJoined = false
     /// The names hosts were paired under, as the driver said when it found them or joined them: announcements and
     /// phases call a host so. Kept for hosts found and for the host joined.
     private var pairedNames: [PeerID: String] = [:]
@@ -121,6 +128,7 @@ public struct JoinStateMachine: Sendable {
     public mutating func found(_ peer: PeerID, pairedName: String? = nil, nameIsPaired: Bool = false, now: UInt64) -> [Action] {
         guard case .discover(let wanted) = target else { return [] }
         if let wanted, !Self.matches(peer, pairedName: pairedName, name: wanted, nameIsPaired: nameIsPaired) { return [] }
+        guard !refused.contains(peer) else { return [] }
         pairedNames[peer] = pairedName
         let known = candidates.firstIndex(of: peer)
         if let i = known { candidates[i] = peer } else { candidates.append(peer) }
@@ -152,9 +160,17 @@ public struct JoinStateMachine: Sendable {
     /// The session reported a state for `peer`. `pairedName`, when given with `.connected`, is the name the host was
     /// paired under (what a direct connect learns only now).
     public mutating func sessionState(_ peer: PeerID, _ s: SessionState, pairedName: String? = nil, now: UInt64) -> [Action] {
+        let expected: Bool = switch state {
+        case .joining(let host, _): host == nil || host == peer
+        // An invitation this machine had given up on (its safety deadline passed first: the driver's queue was held
+        // up) connected after all: the player's session connects only hosts it invited, so it is joined.
+        case .waitingToRetry, .searching: true
+        case .joined, .stopped: false
+        }
         switch (state, s) {
-        case (.joining(let host, _), .connected) where host == nil || host == peer:
+        case (_, .connected) where expected:
             state = .joined(host: peer)
+            hasJoined = true
             attempts = 0
             stale[peer] = nil
             failures[peer] = nil
@@ -169,13 +185,25 @@ public struct JoinStateMachine: Sendable {
     }
 
     /// An invitation failed (declined, timed out, refused). A permanent failure (the host does not trust this
-    /// player, or its operator said no, or the address does not exist) ends the join: retrying would not help.
+    /// player, or its operator said no) ends the join: retrying would not help.
     /// `unreachable` says nothing answered at the host's address (refused, or no answer): for a discovered host,
-    /// its record is stale until it re-advertises.
+    /// its record is stale until it re-advertises. `unresolvable` says the host's name does not resolve: permanent
+    /// before the first join (a name that does not exist), one more failed attempt after it (a host that reboots
+    /// takes its name with it until it is back).
     public mutating func invitationFailed(_ peer: PeerID?, reason: String, permanent: Bool = false, unreachable: Bool = false,
-                                          now: UInt64) -> [Action] {
+                                          unresolvable: Bool = false, now: UInt64) -> [Action] {
         guard case .joining(let host, _) = state, peer == nil || host == nil || host == peer else { return [] }
-        if permanent {
+        if permanent || (unresolvable && !hasJoined) {
+            if case .discover(nil) = target, let host, candidates.contains(where: { $0 != host }) {
+                // Any host will do, and others were found: this one's answer is this host's alone.
+                if refused.count >= Self.maximumRefused, let any = refused.first { refused.remove(any) }
+                refused.insert(host)
+                candidates.removeAll { $0 == host }
+                stale[host] = nil
+                failures[host] = nil
+                let next = candidates.first { stale[$0] == nil } ?? candidates[0]
+                return [.announce("\(reason); trying another host")] + join(next, now: now)
+            }
             state = .stopped
             return [.giveUp(reason)]
         }

@@ -78,6 +78,11 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     private let sightingLines = Mutex((logged: 0, throttle: LogThrottle<Int>(interval: 10_000_000_000)))
     /// How many sighting lines are logged before they are throttled.
     static let freeSightingLines = 16
+    /// How long a host has to answer an invitation: enough for its operator to compare the check code and say yes
+    /// (`--accept ask`), and the most a host waits for its app (`NearbyServiceAdvertiser.maximumInvitationWait`).
+    static let answerTimeout: Duration = .seconds(60)
+    /// How long an invitation may take to reach a host (connect, handshake, the host's first frame).
+    static let reachTimeout: Duration = .seconds(5)
     /// Whether the clip being recorded is one this player asked for (it beeps when it is saved).
     private let ownsClip = Atomic<Bool>(false)
     /// Push-to-talk: the capture chain of the talk input (talk input → packetize → send), and where it goes now
@@ -106,6 +111,10 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                                                          maximumMessageSize: RelayHost.maximumControlMessageSize,
                                                          maximumResourceSize: 0, topology: .star)
         sessionConfiguration.datagramDelivery = .reader
+        // A host that asks its operator (`--accept ask`) holds the invitation while a person compares the check
+        // code: its answer may take up to `answerTimeout`. Reaching it may not: an address where nothing answers
+        // fails in `reachTimeout`, as every invitation did before.
+        sessionConfiguration.reachTimeout = Self.reachTimeout
         let session = try Session(securityIdentity: configuration.identity, encryptionPreference: configuration.encryption,
                                   configuration: sessionConfiguration)
         self.session = session
@@ -115,12 +124,13 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         } else {
             browser = nil
         }
-        join = Mutex(JoinStateMachine(target: configuration.target, maximumAttempts: configuration.maximumConnectAttempts))
+        join = Mutex(JoinStateMachine(target: configuration.target, maximumAttempts: configuration.maximumConnectAttempts,
+                                      inviteTimeoutNanos: Self.answerTimeout.nanoseconds))
         let target = Audience()
         talkTarget = target
         talkCapture = try configuration.talkSource.map { source in
             try CapturePipeline(source: source, withAudience: { use in target.withPeers(use) }, send: { bytes, peers in
-                session.sendDatagram(bytes, toConnected: peers) == 0
+                peers.count - session.sendDatagram(bytes, toConnected: peers)
             })
         }
         control.setSpecific(key: onControlKey, value: true)
@@ -219,7 +229,13 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
             if arrivals.inPipeline.load(ordering: .acquiring) { request = .formatChange } else { playout.replace(with: nil)?.stop() }
         }
         arrivals.inPipeline.store(false, ordering: .releasing)
-        let sink = try makeSink(format, request)
+        let sink: any AudioSink
+        do { sink = try makeSink(format, request) } catch where request == .formatChange {
+            // An output that takes one client at a time (an ALSA `hw:` device, a card without dmix) is still held by
+            // the pipeline being replaced: free it (the old format's packets have stopped coming) and ask once more.
+            playout.replace(with: nil)?.stop()
+            sink = try makeSink(format, request)
+        }
         let pipeline = try PlayoutPipeline(format: format, configuration: .init(mode: configuration.latency),
                                            sink: sink, controls: controls, readingInput: sink.servesInput)
         if sink.servesInput {
@@ -289,6 +305,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 if case .talk(true) = command, reply == .ok, let host, talkWanted.load(ordering: .relaxed) {
                     talkTarget.publish([host])
                 }
+                // Refused (busy: another player talks): the listener's push-to-talk is off again.
+                if case .talk(true) = command, reply != .ok { talkWanted.store(false, ordering: .relaxed) }
                 log("\(command): \(reply)")
             case .stateChanged(let state, let previous):
                 controls.held = state.paused
@@ -332,15 +350,17 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
             switch a {
             case .announce(let text): log(text)
             case .invite(let host):
-                do { try browser?.invitePeer(host, to: session, withContext: nil, timeout: .seconds(5)) } catch {
+                do { try browser?.invitePeer(host, to: session, withContext: nil, timeout: Self.answerTimeout) } catch {
                     let more = join.withLock { $0.invitationFailed(host, reason: "\(error)", now: monotonicNow()) }
                     perform(more)
                 }
             case .connect(let endpoint):
-                do { try session.connect(to: endpoint, timeout: .seconds(5)) } catch {
-                    let permanent: Bool
-                    if case .unresolvable = error { permanent = true } else { permanent = false }
-                    let more = join.withLock { $0.invitationFailed(nil, reason: "\(error)", permanent: permanent, now: monotonicNow()) }
+                do { try session.connect(to: endpoint, timeout: Self.answerTimeout) } catch {
+                    let unresolvable: Bool
+                    if case .unresolvable = error { unresolvable = true } else { unresolvable = false }
+                    let more = join.withLock {
+                        $0.invitationFailed(nil, reason: "\(error)", unresolvable: unresolvable, now: monotonicNow())
+                    }
                     perform(more)
                 }
             case .giveUp(let why):
@@ -348,6 +368,10 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
             }
         }
     }
+
+    /// Whether push-to-talk is on as far as the listener is concerned: asked for, and neither turned off, refused by
+    /// the host, nor ended with the host's visit or the talk input. A toggle (a key, a headset button) flips this.
+    public var talkRequested: Bool { talkWanted.load(ordering: .relaxed) }
 
     /// Push-to-talk off without the listener asking (its talk input ended; the control queue): nothing more is sent,
     /// and a host that gave this player the floor, or is about to, is told `talk off` so that it frees it and stops
@@ -467,6 +491,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
             case .notConnected:
                 let left = self.remote.withLock { $0.left() }
                 self.talkTarget.publish([])
+                // Push-to-talk was the host's to grant: a new host, or this one back, starts with it off.
+                self.talkWanted.store(false, ordering: .relaxed)
                 self.controls.held = false
                 self.ownsClip.store(false, ordering: .relaxed)
                 self.performControl(left, host: nil)
@@ -500,8 +526,11 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         // Nothing answered at the advertised address (our own connect failed: refused, no route): the record may be
         // a killed host's. A decline or a timeout came from a live host, and is retried with backoff instead.
         let unreachable = reason == .unavailable && detail.hasPrefix("cannot connect to")
+        // "Already connected" is the host still holding a link of this player's that is gone (its machine dropped
+        // off the network, and the player restarted): the host lets it go within its peer timeout, so it is retried.
+        let permanent = reason.isPermanent && reason != .alreadyConnected
         let actions = join.withLock {
-            $0.invitationFailed(peer, reason: message, permanent: reason.isPermanent, unreachable: unreachable, now: monotonicNow())
+            $0.invitationFailed(peer, reason: message, permanent: permanent, unreachable: unreachable, now: monotonicNow())
         }
         control.async { self.perform(actions) }
     }
