@@ -166,7 +166,7 @@ do {
     case .togglePause:
         player.send(player.statistics.hostControl?.paused == true ? .resume : .pause)
     case .toggleTalk:
-        apply(.remote(.talk(!player.talkRequested)))
+        player.toggleTalk()
     }
 }
 let input = StandardInputReader(key: { byte in

@@ -86,28 +86,38 @@ struct OpusCodecTests {
         #expect(mean > 20 && mean < 40, "mean Opus payload \(mean) B")
     }
 
-    @Test("A capture gap (an overrun lost 1792 frames) is a gap on the wire too: the frame begun before it goes out padded, the next starts 1950 frames (40.6 ms at 48 kHz) on, and capture times stay on the host's clock")
-    func aCaptureGapIsAGapOnTheWire() throws {
+    /// Opus packets for 200 chunks of 128 frames of a tone at 44.1 kHz, the source losing `lost` frames before chunk
+    /// 100 (a capture overrun), decoded to their headers.
+    static func headersAcrossACaptureGap(lost: UInt64) throws -> [AudioPacketHeader] {
         var p = try Packetizer(format: .default, encoding: .opus)
         let tone = (0..<128).map { 0.5 * sinf(2 * .pi * 440 * Float($0) / 44_100) }
         var packets: [[UInt8]] = []
         var index: UInt64 = 0
         for c in 0..<200 {
-            if c == 100 { index += 14 * 128 }  // 1792 frames the source lost
+            if c == 100 { index += lost }
             let chunk = ChunkInfo(firstFrameIndex: index, frames: 128, timestampNanos: 1_000_000_000 + index * 1_000_000_000 / 44_100)
             packets += p.packets(tone, chunk: chunk)
             index += 128
         }
         let headers = try packets.map { try $0.withUnsafeBytes { try AudioPacket.decodeHeader($0) } }
         #expect(headers.map(\.sequence) == (0..<UInt32(headers.count)).map { $0 }, "no sequence number is skipped")
-        let steps = zip(headers, headers.dropFirst()).map { $1.firstFrameIndex - $0.firstFrameIndex }
-        let jumps = steps.enumerated().filter { $0.element != 120 }
-        #expect(jumps.count == 1 && jumps.first?.element == 120 + 1_950, "\(jumps)")
         // Every packet's capture time is where its frames sit on the host's clock, across the gap too.
         for (a, b) in zip(headers, headers.dropFirst()) {
             let expected = Double(b.firstFrameIndex - a.firstFrameIndex) * 1e9 / 48_000
             #expect(abs(Double(b.captureTimeNanos) - Double(a.captureTimeNanos) - expected) < 30_000, "packet \(b.sequence)")
         }
+        return headers
+    }
+
+    @Test("A capture gap is a gap on the wire too: 1792 frames lost (1950 at 48 kHz) drop the frame begun and the next packet starts that much later; a gap of one frame is silence inside the frame begun")
+    func aCaptureGapIsAGapOnTheWire() throws {
+        let long = try Self.headersAcrossACaptureGap(lost: 1_792)
+        let jumps = zip(long, long.dropFirst()).map { $1.firstFrameIndex - $0.firstFrameIndex }.filter { $0 != 120 }
+        // The step holds the packet before's 120 frames, the 1950 lost, and the frame begun before the gap (0…119
+        // frames), which is dropped: never more than the gap and one frame.
+        #expect(jumps.count == 1 && (120 + 1_950 ..< 120 + 1_950 + 120).contains(jumps.first ?? 0), "\(jumps)")
+        let short = try Self.headersAcrossACaptureGap(lost: 1)
+        #expect(zip(short, short.dropFirst()).allSatisfy { $1.firstFrameIndex - $0.firstFrameIndex == 120 }, "no jump")
     }
 
     @Test("The decoder is made on the first Opus packet, off the producer's thread: that packet is counted undecoded, the stream then decodes")

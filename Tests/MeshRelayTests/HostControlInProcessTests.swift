@@ -307,7 +307,7 @@ struct TalkbackEndsInProcessTests {
         // The floor is free again: a toggle (talk on, since it is off) gets it.
         other.send(2, .talk(false))
         #expect(eventually(3) { other.reply(to: 2) == .ok })
-        player.send(.talk(!player.talkRequested))
+        player.toggleTalk()
         #expect(eventually(5) { player.statistics.talking && host.statistics.players.contains { $0.talking } })
         #expect(player.talkRequested)
         // The host goes: push-to-talk is off for the next visit.

@@ -79,6 +79,15 @@ struct JoinStateMachineTests {
         #expect(m.invitationFailed(other, reason: "garage declined", permanent: true, now: 30 * ms) == [.giveUp("garage declined")])
         #expect(m.phase == .stopped)
 
+        // A stale record (a killed host's, lingering) is no host to go on for: the refusal ends the join.
+        var withStale = JoinStateMachine(target: .discover(hostName: nil))
+        _ = withStale.start(now: 0)
+        _ = withStale.found(other, now: 0)
+        _ = withStale.invitationFailed(other, reason: "Connection refused", unreachable: true, now: 5 * ms)
+        #expect(withStale.found(host, now: 10 * ms) == [.announce("found host kitchen; joining"), .invite(host)])
+        #expect(withStale.invitationFailed(host, reason: "kitchen: not paired", permanent: true, now: 20 * ms)
+                == [.giveUp("kitchen: not paired")])
+
         var named = JoinStateMachine(target: .discover(hostName: "kitchen"))
         _ = named.start(now: 0)
         _ = named.found(host, now: 0)

@@ -1,5 +1,5 @@
 import Foundation
-import MeshAudio
+@testable import MeshAudio
 import MeshImpair
 import MeshPipeline
 import MeshTestSupport
@@ -133,21 +133,40 @@ struct RelayInProcessTests {
         #expect(asked.withLock { $0.filter { $0 == 48_000 }.count } == 1, "a format the output refused is not tried again: \(asked.withLock { $0 })")
     }
 
-    @Test("A host restarted in another format, played to an output that takes one client at a time (an ALSA hw: device): the player frees it and plays the new format")
-    func formatChangeOnAnExclusiveOutput() throws {
+    /// How an output answers a 48 kHz sink while it plays 44.1 kHz.
+    enum Output48k: Sendable, CaseIterable {
+        /// One client at a time: busy while the 44.1 kHz sink is alive, given once it is gone.
+        case exclusive
+        /// Busy whatever is freed (another program holds it).
+        case alwaysBusy
+        /// Refuses the rate (not busy).
+        case refusesTheRate
+    }
+
+    @Test("A host restarted at 48 kHz while the player records it at 44.1 kHz: an output that one client holds at a time is freed and asked again; one that stays busy leaves a 44.1 kHz pipeline asked as a format change (what was recorded is never overwritten); one that refuses the rate keeps the old pipeline",
+          arguments: Output48k.allCases)
+    func formatChangeOnAnOutputThatSaysNo(_ output48k: Output48k) throws {
         var host: RelayHost? = try makeHost(name: "exclusive-host")
         let port = try #require(host?.port)
         let output = ExclusiveOutput()
         let asked = Mutex<[(Int, RelayPlayer.SinkRequest)]>([])
         let logged = Mutex<[String]>([])
-        let config = RelayPlayer.Configuration(target: .direct(PeerEndpoint(host: "127.0.0.1", port: port)),
+        var config = RelayPlayer.Configuration(target: .direct(PeerEndpoint(host: "127.0.0.1", port: port)),
                                                identity: try paired.playerIdentity(0), hosts: .paired(paired.playerTrust(0)),
                                                discovery: InProcessDiscovery())
+        config.maximumConnectAttempts = 100  // however long the restarted host takes on a loaded machine
+        let gaveUp = Mutex<String?>(nil)
         let player = try RelayPlayer(configuration: config, makeSink: { format, request in
             asked.withLock { $0.append((format.sampleRate, request)) }
+            if format.sampleRate == 48_000, output48k == .alwaysBusy {
+                throw ALSAError(kind: .busy, device: "hw:0", call: "snd_pcm_open", code: -16, message: "Device or resource busy")
+            }
+            if format.sampleRate == 48_000, output48k == .refusesTheRate {
+                throw ALSAError(kind: .formatRefused, device: "hw:0", call: "snd_pcm_hw_params_set_rate", code: -22, message: "Invalid argument")
+            }
             let path = Rig.tempPath("exclusive-\(format.sampleRate)-\(UUID().uuidString.prefix(6)).wav")
             return try output.open { try WAVFileSink(path: path, format: format, periodFrames: 128) }
-        }, log: { line in logged.withLock { $0.append(line) } })
+        }, log: { line in logged.withLock { $0.append(line) } }, onGiveUp: { why in gaveUp.withLock { $0 = why } })
         try player.start()
         defer { player.stop() }
         #expect(eventually(10) { player.statistics.playout.received > 50 }, "playing the 44.1 kHz host")
@@ -169,13 +188,27 @@ struct RelayInProcessTests {
         let host48 = try #require(restarted)
         try host48.start()
         defer { host48.stop() }
-        #expect(eventually(15) { player.statistics.format.sampleRate == 48_000 && player.statistics.playout.received > 50 },
-                "the 48 kHz stream plays: \(logged.withLock { $0 })")
-        #expect(player.statistics.playout.formatMismatches == 0)
-        #expect(asked.withLock { $0.map(\.0) } == [44_100, 48_000, 48_000], "asked twice for 48 kHz: refused while held, then given")
-        #expect(asked.withLock { $0.last?.1 } == .formatChange)
-        #expect(!logged.withLock { $0 }.contains { $0.contains("cannot play") }, "\(logged.withLock { $0 })")
+        let requests = { asked.withLock { $0.map { "\($0.0) \($0.1)" } } }
+        switch output48k {
+        case .exclusive:
+            #expect(eventually(15) { player.statistics.format.sampleRate == 48_000 && player.statistics.playout.received > 50 },
+                    "the 48 kHz stream plays: \(logged.withLock { $0 })")
+            #expect(player.statistics.playout.formatMismatches == 0)
+            #expect(requests() == ["44100 fresh", "48000 formatChange", "48000 formatChange"], "refused while held, then given")
+            #expect(!logged.withLock { $0 }.contains { $0.contains("cannot play") }, "\(logged.withLock { $0 })")
+        case .alwaysBusy:
+            #expect(eventually(15) { requests().count == 4 && player.statistics.playout.formatMismatches > 50 },
+                    "a pipeline reads (and counts) the 48 kHz packets: \(requests())")
+            #expect(requests() == ["44100 fresh", "48000 formatChange", "48000 formatChange", "44100 formatChange"],
+                    "the fallback is a format change: a file output gets a new path")
+            #expect(player.statistics.format.sampleRate == 44_100)
+        case .refusesTheRate:
+            #expect(eventually(15) { player.statistics.playout.formatMismatches > 50 }, "\(logged.withLock { $0 })")
+            #expect(requests() == ["44100 fresh", "48000 formatChange"], "not freed for a refusal: the old pipeline plays on")
+            #expect(player.statistics.format.sampleRate == 44_100)
+        }
         #expect(output.live.load(ordering: .relaxed) == 1, "one output open at a time")
+        #expect(gaveUp.withLock { $0 } == nil)
     }
 
     @Test("A second connection under a listening player's identity, from another address, is turned away and leaves the player's address as it was")
@@ -530,14 +563,15 @@ struct RelayInProcessTests {
 }
 
 /// An output that, like an ALSA `hw:` device, one client at a time may hold: opening it while another of its sinks is
-/// alive (not yet released: a device is closed when its `Player` goes) fails, as `snd_pcm_open` does with EBUSY.
+/// alive (not yet released: a device is closed when its `Player` goes) fails as `snd_pcm_open` does: EBUSY.
 private final class ExclusiveOutput: Sendable {
-    struct Busy: Error {}
     /// Its sinks alive now.
     let live = Atomic<Int>(0)
 
     func open(_ make: () throws -> any AudioSink) throws -> any AudioSink {
-        guard live.compareExchange(expected: 0, desired: 1, ordering: .relaxed).exchanged else { throw Busy() }
+        guard live.compareExchange(expected: 0, desired: 1, ordering: .relaxed).exchanged else {
+            throw ALSAError(kind: .busy, device: "hw:0", call: "snd_pcm_open", code: -16, message: "Device or resource busy")
+        }
         do { return Sink(try make(), output: self) } catch {
             live.store(0, ordering: .relaxed)
             throw error

@@ -15,6 +15,8 @@ public struct ALSAError: Error, Equatable, Sendable, CustomStringConvertible {
         case formatRefused
         /// The device stopped moving: no period for seconds, and no error either (its sound server died or hangs).
         case stalled
+        /// Another client holds the device, which takes one at a time (`snd_pcm_open`: EBUSY).
+        case busy
         /// Any other failure.
         case failed
     }
@@ -163,6 +165,11 @@ final class PCMHandle: @unchecked Sendable {  // Used by one thread at a time: t
         var result = snd_pcm_open(&opened, name, stream.alsaValue, SND_PCM_NONBLOCK)
         while result == -EINTR { result = snd_pcm_open(&opened, name, stream.alsaValue, SND_PCM_NONBLOCK) }
         guard result >= 0, let pcm = opened else {
+            if result == -EBUSY {
+                throw makeError(.busy, device: name, call: "snd_pcm_open", code: result,
+                                hint: "another program holds it (a device such as hw:0 takes one client at a time; `default`, "
+                                    + "dmix or a sound server share one)")
+            }
             let missing = result == -ENOENT || result == -ENODEV || result == -ENXIO
             throw makeError(missing ? .deviceNotFound : .failed, device: name, call: "snd_pcm_open", code: result,
                             hint: "cannot open it for \(stream.noun); list the available devices with `\(stream.listCommand)` "

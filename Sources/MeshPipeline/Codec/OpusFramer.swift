@@ -70,18 +70,20 @@ final class OpusFramer: @unchecked Sendable {  // Owned by one Packetizer, which
         let anchor = (index: Double(chunk.firstFrameIndex), time: Double(chunk.timestampNanos))
         var consumed = 0, emitted = 0
         if let expected = nextInputIndex, chunk.firstFrameIndex > expected {
-            // The source lost frames (a capture overrun): the wire skips them too, so that the player conceals a gap
-            // there, as it does for PCM, and what follows keeps its place on the host's clock. The frame begun
-            // before the gap goes out first, its rest silence.
-            if pendingFrames > 0 {
-                UnsafeMutableBufferPointer(rebasing: pending[(pendingFrames * channels)...]).update(repeating: 0)
-                producedFrames &+= UInt64(frameSize - pendingFrames)
+            // The source lost frames (a capture overrun), or nobody listened for a while (unheard chunks are not
+            // framed): the wire skips them too, so that the player conceals a gap there, as it does for PCM, and what
+            // follows keeps its place on the host's clock. A gap shorter than the rest of the frame begun is silence
+            // in that frame; a longer one drops the frame begun (it is part of what the player conceals: after an
+            // unheard while, its audio would be stale).
+            let lost = Int((Double(chunk.firstFrameIndex - expected) * Double(Opus.sampleRate) / inRate).rounded())
+            if lost < frameSize - pendingFrames {
+                UnsafeMutableBufferPointer(rebasing: pending[(pendingFrames * channels)..<((pendingFrames + lost) * channels)])
+                    .update(repeating: 0)
+                pendingFrames += lost
+            } else {
                 pendingFrames = 0
-                try encodePending(sequence: &sequence, hostLatencyFrames: hostLatencyFrames, anchor: anchor, scratch: scratch, emit: emit)
-                emitted += 1
             }
-            let lost = Double(chunk.firstFrameIndex - expected) * Double(Opus.sampleRate) / inRate
-            producedFrames &+= UInt64(lost.rounded())
+            producedFrames &+= UInt64(lost)
         }
         nextInputIndex = chunk.firstFrameIndex &+ UInt64(frames)
         while consumed < frames {

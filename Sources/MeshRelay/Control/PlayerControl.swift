@@ -122,4 +122,6 @@ public struct PlayerControl: Sendable {
 
     /// Commands waiting for answers.
     public var pendingCount: Int { pending.count }
+    /// Whether a talk command waits for its answer.
+    public var awaitsTalk: Bool { pending.values.contains { if case .talk = $0 { true } else { false } } }
 }

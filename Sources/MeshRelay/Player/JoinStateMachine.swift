@@ -188,20 +188,21 @@ public struct JoinStateMachine: Sendable {
     /// player, or its operator said no) ends the join: retrying would not help.
     /// `unreachable` says nothing answered at the host's address (refused, or no answer): for a discovered host,
     /// its record is stale until it re-advertises. `unresolvable` says the host's name does not resolve: permanent
-    /// before the first join (a name that does not exist), one more failed attempt after it (a host that reboots
-    /// takes its name with it until it is back).
+    /// before the first join (a name that does not exist); after it, one more failed attempt of the bounded round a
+    /// loss starts, as an address that stops answering is (a `.local` name goes away with its host).
     public mutating func invitationFailed(_ peer: PeerID?, reason: String, permanent: Bool = false, unreachable: Bool = false,
                                           unresolvable: Bool = false, now: UInt64) -> [Action] {
         guard case .joining(let host, _) = state, peer == nil || host == nil || host == peer else { return [] }
         if permanent || (unresolvable && !hasJoined) {
-            if case .discover(nil) = target, let host, candidates.contains(where: { $0 != host }) {
-                // Any host will do, and others were found: this one's answer is this host's alone.
+            if case .discover(nil) = target, let host, candidates.contains(where: { $0 != host && stale[$0] == nil }) {
+                // Any host will do, and another that answers was found: this one's answer is this host's alone. (A
+                // stale record is no host to go on for: with only those left, the join ends as it would alone.)
                 if refused.count >= Self.maximumRefused, let any = refused.first { refused.remove(any) }
                 refused.insert(host)
                 candidates.removeAll { $0 == host }
                 stale[host] = nil
                 failures[host] = nil
-                let next = candidates.first { stale[$0] == nil } ?? candidates[0]
+                let next = candidates.first { stale[$0] == nil }!
                 return [.announce("\(reason); trying another host")] + join(next, now: now)
             }
             state = .stopped

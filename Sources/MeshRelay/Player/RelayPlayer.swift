@@ -83,6 +83,9 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     static let answerTimeout: Duration = .seconds(60)
     /// How long an invitation may take to reach a host (connect, handshake, the host's first frame).
     static let reachTimeout: Duration = .seconds(5)
+    /// Whether a pipeline of this run has carried audio from a host: every sink asked for after that is a
+    /// `formatChange` (the control queue's; an atomic for `Sendable`).
+    private let carriedAudio = Atomic<Bool>(false)
     /// Whether the clip being recorded is one this player asked for (it beeps when it is saved).
     private let ownsClip = Atomic<Bool>(false)
     /// Push-to-talk: the capture chain of the talk input (talk input → packetize → send), and where it goes now
@@ -221,17 +224,22 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     // MARK: Pipeline (control queue only)
 
     /// Builds and starts a pipeline for `format`, swaps it in, then stops the one it replaces. A pipeline that never
-    /// carried audio from a host (the one built before the first packet) is stopped first instead, and the new sink
-    /// is `fresh`: a file output is then written at its own path, not at a numbered one.
+    /// carried audio from a host (the one built before the first packet) is stopped first instead. The new sink is
+    /// `fresh` (a file output written at its own path) until some pipeline of this run has carried audio, and
+    /// `formatChange` (a numbered path: what was recorded is never overwritten) from then on.
     private func buildPipeline(_ format: AudioFormat) throws {
-        var request = SinkRequest.fresh
         if playout.withCurrent({ $0 != nil }) {
-            if arrivals.inPipeline.load(ordering: .acquiring) { request = .formatChange } else { playout.replace(with: nil)?.stop() }
+            if arrivals.inPipeline.load(ordering: .acquiring) {
+                carriedAudio.store(true, ordering: .relaxed)
+            } else {
+                playout.replace(with: nil)?.stop()
+            }
         }
+        let request: SinkRequest = carriedAudio.load(ordering: .relaxed) ? .formatChange : .fresh
         arrivals.inPipeline.store(false, ordering: .releasing)
         let sink: any AudioSink
-        do { sink = try makeSink(format, request) } catch where request == .formatChange {
-            // An output that takes one client at a time (an ALSA `hw:` device, a card without dmix) is still held by
+        do { sink = try makeSink(format, request) } catch let error as ALSAError where error.kind == .busy && playout.withCurrent({ $0 != nil }) {
+            // An output that one client at a time may hold (an ALSA `hw:` device, a card without dmix) is held by
             // the pipeline being replaced: free it (the old format's packets have stopped coming) and ask once more.
             playout.replace(with: nil)?.stop()
             sink = try makeSink(format, request)
@@ -267,24 +275,34 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     /// Asks the host for `command` (pause, resume, capture, talk). The outcome is one event line: the host's answer,
     /// or why it was not sent (the host does not offer it, or no host is joined).
     public func send(_ command: PlayerCommand) {
-        control.async { [self] in
-            let host = self.host.withLock { $0 }
-            let action: PlayerControl.Action
-            if host == nil {
-                action = .refused(command, "not joined to a host")
-            } else if case .talk(true) = command, talkCapture == nil, remote.withLock({ $0.features.contains(.talk) }) {
-                action = .refused(command, "this player has no talk input (mesh-play --talk-device DEV or --talk-input SRC)")
-            } else if case .talk(true) = command, let fault = configuration.talkSource?.fault {
-                action = .refused(command, "the talk input ended: \(fault)")
-            } else {
-                // Talk off stops sending at once, before the host answers; and whichever the listener asked for
-                // last is what an answer may act on.
-                if case .talk(let on) = command { talkWanted.store(on, ordering: .relaxed) }
-                if case .talk(false) = command { talkTarget.publish([]) }
-                action = remote.withLock { $0.request(command, now: monotonicNow()) }
-            }
-            performControl([action], host: host)
+        control.async { [self] in request(command) }
+    }
+
+    /// Push-to-talk's toggle (a key, a headset button): talk off if push-to-talk is on (`talkRequested`), else on.
+    /// Decided on the control queue, in turn with the commands before it, so that presses made while it is busy
+    /// alternate as they were made.
+    public func toggleTalk() {
+        control.async { [self] in request(.talk(!talkWanted.load(ordering: .relaxed))) }
+    }
+
+    /// The control queue: `send`'s work.
+    private func request(_ command: PlayerCommand) {
+        let host = self.host.withLock { $0 }
+        let action: PlayerControl.Action
+        if host == nil {
+            action = .refused(command, "not joined to a host")
+        } else if case .talk(true) = command, talkCapture == nil, remote.withLock({ $0.features.contains(.talk) }) {
+            action = .refused(command, "this player has no talk input (mesh-play --talk-device DEV or --talk-input SRC)")
+        } else if case .talk(true) = command, let fault = configuration.talkSource?.fault {
+            action = .refused(command, "the talk input ended: \(fault)")
+        } else {
+            // Talk off stops sending at once, before the host answers; and whichever the listener asked for
+            // last is what an answer may act on.
+            if case .talk(let on) = command { talkWanted.store(on, ordering: .relaxed) }
+            if case .talk(false) = command { talkTarget.publish([]) }
+            action = remote.withLock { $0.request(command, now: monotonicNow()) }
         }
+        performControl([action], host: host)
     }
 
     /// The control queue: what the control state machine decided.
@@ -305,8 +323,11 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 if case .talk(true) = command, reply == .ok, let host, talkWanted.load(ordering: .relaxed) {
                     talkTarget.publish([host])
                 }
-                // Refused (busy: another player talks): the listener's push-to-talk is off again.
-                if case .talk(true) = command, reply != .ok { talkWanted.store(false, ordering: .relaxed) }
+                // Refused (busy: another player talks): the listener's push-to-talk is off again, unless a later talk
+                // command of the listener's still waits for its answer (that one decides).
+                if case .talk(true) = command, reply != .ok, !remote.withLock({ $0.awaitsTalk }) {
+                    talkWanted.store(false, ordering: .relaxed)
+                }
                 log("\(command): \(reply)")
             case .stateChanged(let state, let previous):
                 controls.held = state.paused
@@ -526,11 +547,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         // Nothing answered at the advertised address (our own connect failed: refused, no route): the record may be
         // a killed host's. A decline or a timeout came from a live host, and is retried with backoff instead.
         let unreachable = reason == .unavailable && detail.hasPrefix("cannot connect to")
-        // "Already connected" is the host still holding a link of this player's that is gone (its machine dropped
-        // off the network, and the player restarted): the host lets it go within its peer timeout, so it is retried.
-        let permanent = reason.isPermanent && reason != .alreadyConnected
         let actions = join.withLock {
-            $0.invitationFailed(peer, reason: message, permanent: permanent, unreachable: unreachable, now: monotonicNow())
+            $0.invitationFailed(peer, reason: message, permanent: reason.isPermanent, unreachable: unreachable, now: monotonicNow())
         }
         control.async { self.perform(actions) }
     }

@@ -35,6 +35,9 @@ struct MembershipStateMachine: Sendable {
         /// An introduction by the member `introducer` is not followed: there is no room for its peer, or the member's
         /// share is spent. Count it (`SessionStatistics.introductionsNotFollowed`).
         case notFollowed(introducer: PeerID)
+        /// A request of `member`'s was answered with empty data: it asks faster than `requestPace`. Count it
+        /// (`SessionStatistics.introRequestsRationed`).
+        case rationed(PeerID)
     }
 
     /// A member's introduction, as the link it made carries it (`introduction(by:)`): the member, and which of its
@@ -94,6 +97,14 @@ struct MembershipStateMachine: Sendable {
     static let maximumEndedByChoice = 256
     /// How long a peer whose link we closed for a fault is not brought back by the mesh.
     static let faultQuarantine: Nanos = 60_000_000_000
+    /// Each member's requests for connection data (MESH_INTRO_REQUEST), as a ration's debt (`requestPace`): making
+    /// data costs this side a look at its interfaces and a ticket, so a member that asks without end is answered
+    /// with empty data past its pace. Kept across visits (coming back buys nothing); an entry whose debt is paid is
+    /// dropped.
+    private var requestDebt: [UInt64: Nanos] = [:]
+    /// 64 requests at once (more than an honest member sends when a whole session joins it, or relinks), then 10 a
+    /// second.
+    static let requestPace = RationPace(burst: 64, interval: 100_000_000)
     /// For each member asked: answers it still owes about newcomers whose entries were forgotten. One count per member,
     /// so that no number of newcomers coming and going makes an honest member's late answer a fault.
     private var owedUntracked: [UInt64: Int] = [:]
@@ -270,8 +281,8 @@ struct MembershipStateMachine: Sendable {
         relinked = relinked.filter { now &- $0.value < Self.relinkInterval }
     }
 
-    /// `frame` arrived from the connected peer `from`.
-    mutating func received(_ frame: MeshFrame, from peer: PeerID) -> [Action] {
+    /// `frame` arrived from the connected peer `from`, at `now`.
+    mutating func received(_ frame: MeshFrame, from peer: PeerID, now: Nanos = 0) -> [Action] {
         guard members.contains(peer) else { return [] }
         switch frame {
         case .introRequest(let newcomer, let listed, let fillsGap):
@@ -281,6 +292,12 @@ struct MembershipStateMachine: Sendable {
                   refusedUntil[newcomer.identity] == nil,
                   members.count + 1 < maximumPeers, var introduction = introduction(by: peer)
             else { return [.send(peer, .introData(forIdentity: newcomer.identity, data: []))] }
+            let debt = requestDebt[peer.identity] ?? 0
+            if Self.requestPace.isRationed(debt, now: now) {
+                return [.send(peer, .introData(forIdentity: newcomer.identity, data: [])), .rationed(peer)]
+            }
+            requestDebt = requestDebt.filter { $0.value > now }
+            requestDebt[peer.identity] = Self.requestPace.charged(debt, now: now)
             // Nothing is kept of it here: the data's ticket (`DirectAcceptor`, at most 16 live per member and kind)
             // carries this member's introduction and whom it listed, and the link a newcomer makes with it by
             // following that introduction ("PMINT1") introduces it only to members the introducer did not list.
