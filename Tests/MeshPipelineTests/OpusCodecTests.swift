@@ -86,16 +86,16 @@ struct OpusCodecTests {
         #expect(mean > 20 && mean < 40, "mean Opus payload \(mean) B")
     }
 
-    /// Opus packets for 200 chunks of 128 frames of a tone at 44.1 kHz, the source losing `lost` frames before chunk
-    /// 100 (a capture overrun), decoded to their headers.
-    static func headersAcrossACaptureGap(lost: UInt64) throws -> [AudioPacketHeader] {
-        var p = try Packetizer(format: .default, encoding: .opus)
-        let tone = (0..<128).map { 0.5 * sinf(2 * .pi * 440 * Float($0) / 44_100) }
+    /// The headers of the Opus packets for 200 chunks of 128 frames of a tone at `rate`, the source losing `lost`
+    /// frames before chunk 100 (a capture overrun).
+    static func headersAcrossACaptureGap(lost: UInt64, rate: Int) throws -> [AudioPacketHeader] {
+        var p = try Packetizer(format: AudioFormat(sampleRate: rate, channels: 1), encoding: .opus)
+        let tone = (0..<128).map { 0.5 * sinf(2 * .pi * 440 * Float($0) / Float(rate)) }
         var packets: [[UInt8]] = []
         var index: UInt64 = 0
         for c in 0..<200 {
             if c == 100 { index += lost }
-            let chunk = ChunkInfo(firstFrameIndex: index, frames: 128, timestampNanos: 1_000_000_000 + index * 1_000_000_000 / 44_100)
+            let chunk = ChunkInfo(firstFrameIndex: index, frames: 128, timestampNanos: 1_000_000_000 + index * 1_000_000_000 / UInt64(rate))
             packets += p.packets(tone, chunk: chunk)
             index += 128
         }
@@ -109,15 +109,20 @@ struct OpusCodecTests {
         return headers
     }
 
-    @Test("A capture gap is a gap on the wire too: 1792 frames lost (1950 at 48 kHz) drop the frame begun and the next packet starts that much later; a gap of one frame is silence inside the frame begun")
+    @Test("A capture gap is a gap on the wire too: at 48 kHz (no resampler: exact), 1792 frames lost drop the 80 frames of the frame begun, and the next packet starts 1792 + 80 frames after the last one's end; a gap of one frame is silence inside the frame begun; at 44.1 kHz the gap is scaled (1950 frames)")
     func aCaptureGapIsAGapOnTheWire() throws {
-        let long = try Self.headersAcrossACaptureGap(lost: 1_792)
-        let jumps = zip(long, long.dropFirst()).map { $1.firstFrameIndex - $0.firstFrameIndex }.filter { $0 != 120 }
-        // The step holds the packet before's 120 frames, the 1950 lost, and the frame begun before the gap (0…119
-        // frames), which is dropped: never more than the gap and one frame.
-        #expect(jumps.count == 1 && (120 + 1_950 ..< 120 + 1_950 + 120).contains(jumps.first ?? 0), "\(jumps)")
-        let short = try Self.headersAcrossACaptureGap(lost: 1)
+        // 100 chunks of 128 frames are 12 800: 106 whole packets (12 720 frames) and 80 in the frame begun.
+        let long = try Self.headersAcrossACaptureGap(lost: 1_792, rate: 48_000)
+        let steps = zip(long, long.dropFirst()).map { $1.firstFrameIndex - $0.firstFrameIndex }
+        #expect(steps.filter { $0 != 120 } == [120 + 80 + 1_792], "\(steps.filter { $0 != 120 })")
+        #expect(long[106].firstFrameIndex == 12_800 + 1_792, "the frame begun (12 720…) is not sent")
+        let short = try Self.headersAcrossACaptureGap(lost: 1, rate: 48_000)
         #expect(zip(short, short.dropFirst()).allSatisfy { $1.firstFrameIndex - $0.firstFrameIndex == 120 }, "no jump")
+        #expect(short.count == 213, "one frame more than the 25 600 captured: 213 whole packets")
+        // Resampled: the gap in 48 kHz frames, the frame begun (0…119 frames) dropped with it.
+        let resampled = try Self.headersAcrossACaptureGap(lost: 1_792, rate: 44_100)
+        let jumps = zip(resampled, resampled.dropFirst()).map { $1.firstFrameIndex - $0.firstFrameIndex }.filter { $0 != 120 }
+        #expect(jumps.count == 1 && (120 + 1_950 ..< 120 + 1_950 + 120).contains(jumps.first ?? 0), "\(jumps)")
     }
 
     @Test("The decoder is made on the first Opus packet, off the producer's thread: that packet is counted undecoded, the stream then decodes")

@@ -522,6 +522,22 @@ struct PlayerControlTests {
         #expect(p.received(ControlMessage.command(id: 5, .pause).encoded) == [.malformed("the host sent a command")])
     }
 
+    @Test("Whether a talk command waits for its answer: an answer to an older talk on then knows a later one decides")
+    func aTalkCommandThatWaitsIsKnown() throws {
+        var p = PlayerControl()
+        p.joined()
+        _ = p.received(HostControlState(features: [.control, .talk]).encodedState)
+        #expect(!p.awaitsTalk)
+        guard case .send(let on) = p.request(.talk(true), now: 0), case .command(let first, _) = try ControlMessage.decode(on),
+              case .send(let off) = p.request(.talk(false), now: 0), case .command(let second, _) = try ControlMessage.decode(off)
+        else { Issue.record("not sent"); return }
+        _ = p.request(.pause, now: 0)
+        #expect(p.received(ControlMessage.reply(id: first, .busy).encoded) == [.answered(.talk(true), .busy)])
+        #expect(p.awaitsTalk, "talk off still waits")
+        _ = p.received(ControlMessage.reply(id: second, .ok).encoded)
+        #expect(!p.awaitsTalk, "a pause waiting is no talk command")
+    }
+
     @Test func stateChangesAreReportedOnceAndTheHostLeavingAnswersWhatWaits() {
         var p = PlayerControl()
         p.joined()

@@ -207,17 +207,10 @@ final class FailingSource: AudioSource, Sendable {
 }
 
 /// A WAV file output that fails on demand, as a talkback device that went away.
-final class FailingSink: AudioSink, Sendable {
-    private let file: WAVFileSink
+final class FailingSink: WrappedSink, @unchecked Sendable {  // Sendable: its state is behind a Mutex.
     private let failure = Mutex<(any Error)?>(nil)
-    init(path: String, format: AudioFormat) throws { file = try WAVFileSink(path: path, format: format, periodFrames: 128) }
-    var format: AudioFormat { file.format }
-    var periodFrames: Int { file.periodFrames }
-    var servesInput: Bool { file.servesInput }
-    func start(renderer: any AudioRenderer) throws { try file.start(renderer: renderer) }
-    func stop() { file.stop() }
-    var stats: AudioStats { file.stats }
-    var fault: (any Error)? { failure.withLock { $0 } }
+    init(path: String, format: AudioFormat) throws { super.init(try WAVFileSink(path: path, format: format, periodFrames: 128)) }
+    override var fault: (any Error)? { failure.withLock { $0 } }
     func fail() { failure.withLock { $0 = DeviceGone(text: "the talkback device went away") } }
 }
 

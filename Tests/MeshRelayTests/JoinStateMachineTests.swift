@@ -44,12 +44,18 @@ struct JoinStateMachineTests {
         #expect(m.sessionState(restarted, .connected, now: 400 * ms) == [.announce("joined kitchen")])
     }
 
-    @Test("A host whose invitation fails is retried after the others")
-    func failedHostIsDemoted() {
+    /// A machine for any host that has found `host`, then `other`, and invites `host`.
+    func anyHostOfTwo() -> JoinStateMachine {
         var m = JoinStateMachine(target: .discover(hostName: nil))
         _ = m.start(now: 0)
         _ = m.found(host, now: 0)
         _ = m.found(other, now: 0)
+        return m
+    }
+
+    @Test("A host whose invitation fails is retried after the others")
+    func failedHostIsDemoted() {
+        var m = anyHostOfTwo()
         #expect(m.invitationFailed(host, reason: "refused", now: 10 * ms) == [.announce("could not join kitchen: refused")])
         #expect(m.tick(now: 300 * ms) == [.announce("found host garage; joining"), .invite(other)])
     }
@@ -68,10 +74,7 @@ struct JoinStateMachineTests {
 
     @Test("Any host will do: one that refuses for good (not paired, declined) is dropped and another found is tried at once; with none other, or with --host, the join ends")
     func aRefusingHostIsDroppedWhenAnyWillDo() {
-        var m = JoinStateMachine(target: .discover(hostName: nil))
-        _ = m.start(now: 0)
-        _ = m.found(host, now: 0)
-        _ = m.found(other, now: 0)
+        var m = anyHostOfTwo()
         #expect(m.invitationFailed(host, reason: "kitchen: not paired", permanent: true, now: 10 * ms)
                 == [.announce("kitchen: not paired; trying another host"), .announce("found host garage; joining"), .invite(other)])
         #expect(m.found(host, now: 20 * ms) == [], "it re-advertises: not invited again in this run")

@@ -234,14 +234,16 @@ struct MembershipStateMachineTests {
         #expect(m.received(.introduce(peer: e, data: [1, 2, 3]), from: b) == [.connect(e, data: [1, 2, 3], introducer: b)])
     }
 
-    @Test("A member that asks for data without end is answered with empty data past 64 at once and 10 a second, and coming back buys it nothing; another member is not held up")
+    @Test("A member that asks for data without end is answered with empty data past 64 at once (or twice maximumPeers) and 10 a second, its gap requests apart from its newcomers'; coming back buys it nothing; another member is not held up")
     func requestsForDataAreRationedPerMember() throws {
         let a = try PeerID(displayName: "a"), b = try PeerID(displayName: "b"), c = try PeerID(displayName: "c")
         var m = MembershipStateMachine(me: a, topology: .mesh, maximumPeers: 8)
+        #expect(m.requestPace.burst == 64)
+        #expect(MembershipStateMachine(me: a, topology: .mesh, maximumPeers: 50).requestPace.burst == 100)
         _ = m.connected(b, introducedBy: nil)
         _ = m.connected(c, introducedBy: nil)
-        func ask(from member: PeerID, at now: Nanos) throws -> [MembershipStateMachine.Action] {
-            m.received(.introRequest(peer: try PeerID(displayName: "n")), from: member, now: now)
+        func ask(from member: PeerID, at now: Nanos, fillsGap: Bool = false) throws -> [MembershipStateMachine.Action] {
+            m.received(.introRequest(peer: try PeerID(displayName: "n"), fillsGap: fillsGap), from: member, now: now)
         }
         func madeData(_ actions: [MembershipStateMachine.Action]) -> Bool {
             if case .makeData? = actions.first { true } else { false }
@@ -252,6 +254,7 @@ struct MembershipStateMachineTests {
         #expect(over.count == 2 && over.last == .rationed(b), "\(over)")
         if case .send(b, .introData(_, let data))? = over.first { #expect(data.isEmpty) } else { Issue.record("\(over)") }
         #expect(madeData(try ask(from: c, at: start)), "c has a pace of its own")
+        #expect(madeData(try ask(from: b, at: start, fillsGap: true)), "b's gap requests have a pace of their own")
         #expect(madeData(try ask(from: b, at: start + 100_000_000)), "one more each 100 ms")
         #expect(!madeData(try ask(from: b, at: start + 100_000_000)))
         // Leaving and coming back restores nothing.
@@ -306,7 +309,7 @@ struct MembershipStateMachineTests {
             let newcomer = try PeerIdentity.generate(displayName: "n\(i)").peerID
             named.append(newcomer)
             let answer = m.received(.introRequest(peer: newcomer), from: liar, now: 1_000_000_000)
-            if i < MembershipStateMachine.requestPace.burst {
+            if i < m.requestPace.burst {
                 #expect(answer == [.makeData(for: newcomer, replyTo: liar, introduction: try ticket(liar, m))])
             } else {
                 // Past its pace: empty data, counted, no ticket.

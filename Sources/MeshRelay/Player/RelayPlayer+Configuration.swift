@@ -126,14 +126,16 @@ extension RelayPlayer {
 
     /// Why a sink is asked for.
     public enum SinkRequest: Sendable, Equatable {
-        /// The first sink, or one replacing a sink that never played audio from a host (it was stopped first, so a
-        /// file at the same path may be written again: nothing in it is lost).
+        /// No sink of this run has carried audio from a host yet: the first, or one replacing such a sink (stopped
+        /// first, so a file at the same path may be written again: nothing in it is lost).
         case fresh
-        /// The host changed format mid-stream: the previous sink carried its audio (a file output must not be
-        /// truncated: write another one).
+        /// A sink of this run has carried audio from a host (a file output must not be truncated: write another one).
+        /// The host changed format mid-stream, or its new format could not be played and the player falls back.
         case formatChange
     }
 
-    /// Builds the sink for a format (an ALSA `Player`, or a `WAVFileSink`).
+    /// Builds the sink for a format (an ALSA `Player`, or a `WAVFileSink`). A factory that opens a device which
+    /// takes one client at a time throws the `ALSAError` (kind `.busy`) as it is: the player then frees the sink it
+    /// replaces, if any, and asks once more.
     public typealias SinkFactory = @Sendable (AudioFormat, SinkRequest) throws -> any AudioSink
 }

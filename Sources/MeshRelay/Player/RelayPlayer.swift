@@ -297,10 +297,13 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
             action = .refused(command, "the talk input ended: \(fault)")
         } else {
             // Talk off stops sending at once, before the host answers; and whichever the listener asked for
-            // last is what an answer may act on.
-            if case .talk(let on) = command { talkWanted.store(on, ordering: .relaxed) }
-            if case .talk(false) = command { talkTarget.publish([]) }
+            // last is what an answer may act on. Talk on counts as asked for once it is sent.
+            if case .talk(false) = command {
+                talkWanted.store(false, ordering: .relaxed)
+                talkTarget.publish([])
+            }
             action = remote.withLock { $0.request(command, now: monotonicNow()) }
+            if case .talk(true) = command, case .send = action { talkWanted.store(true, ordering: .relaxed) }
         }
         performControl([action], host: host)
     }
@@ -318,15 +321,17 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 log("\(command): not sent: \(why)")
             case .answered(let command, let reply):
                 if case .capture = command, reply == .recording { ownsClip.store(true, ordering: .relaxed) }
-                // Talk on, accepted: the talk input goes to the host from the next chunk — unless the listener has
-                // turned talk off since (an answer that comes late must not turn the microphone back on).
-                if case .talk(true) = command, reply == .ok, let host, talkWanted.load(ordering: .relaxed) {
-                    talkTarget.publish([host])
-                }
-                // Refused (busy: another player talks): the listener's push-to-talk is off again, unless a later talk
-                // command of the listener's still waits for its answer (that one decides).
-                if case .talk(true) = command, reply != .ok, !remote.withLock({ $0.awaitsTalk }) {
-                    talkWanted.store(false, ordering: .relaxed)
+                // The answer to a talk on decides only if no later talk command of the listener's waits for its own
+                // (that one decides). Accepted: the talk input goes to the host from the next chunk, unless the
+                // listener has turned talk off since (a late answer must not turn the microphone back on). Refused
+                // (busy: another player talks): push-to-talk is off again, and nothing goes to the host.
+                if case .talk(true) = command, !remote.withLock({ $0.awaitsTalk }) {
+                    if reply == .ok, let host, talkWanted.load(ordering: .relaxed) {
+                        talkTarget.publish([host])
+                    } else if reply != .ok {
+                        talkWanted.store(false, ordering: .relaxed)
+                        talkTarget.publish([])
+                    }
                 }
                 log("\(command): \(reply)")
             case .stateChanged(let state, let previous):
@@ -447,13 +452,16 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
             case .allow:
                 log("host sends \(f); reopening playback")
                 do { try buildPipeline(f) } catch {
-                    // Not tried again: the output said no (its packets are dropped and counted as another format).
-                    formatChanges.withLock { $0.cannotPlay(f) }
+                    // A format the output refused is not tried again (its packets are dropped and counted as another
+                    // format); one it could not open because another program holds the device is, as the host's
+                    // packets ask again (at the limiter's pace).
+                    if (error as? ALSAError)?.kind != .busy { formatChanges.withLock { $0.cannotPlay(f) } }
                     log("cannot play \(f): \(error); its packets are dropped")
-                    // The idle pipeline was stopped for it: put one back in the format the player started with, so
-                    // that packets are still read (and counted) and a later format can still be played.
+                    // The pipeline before was stopped for it: put one back in the format the player started with, so
+                    // that packets are still read (and counted) and a later format can still be played. With none,
+                    // nothing would be read or played: the player ends, saying why.
                     if playout.withCurrent({ $0 == nil }) {
-                        do { try buildPipeline(configuration.initialFormat) } catch { log("cannot reopen playback: \(error)") }
+                        do { try buildPipeline(configuration.initialFormat) } catch { giveUp("cannot reopen playback: \(error)") }
                     }
                 }
             case .refuseAndSay:
