@@ -522,20 +522,30 @@ struct PlayerControlTests {
         #expect(p.received(ControlMessage.command(id: 5, .pause).encoded) == [.malformed("the host sent a command")])
     }
 
-    @Test("Whether a talk command waits for its answer: an answer to an older talk on then knows a later one decides")
-    func aTalkCommandThatWaitsIsKnown() throws {
+    @Test("Only the answer to the latest talk command decides: an earlier one's comes back superseded, whatever it says and whenever it comes")
+    func anEarlierTalkAnswerIsSuperseded() throws {
         var p = PlayerControl()
         p.joined()
         _ = p.received(HostControlState(features: [.control, .talk]).encodedState)
-        #expect(!p.awaitsTalk)
-        guard case .send(let on) = p.request(.talk(true), now: 0), case .command(let first, _) = try ControlMessage.decode(on),
-              case .send(let off) = p.request(.talk(false), now: 0), case .command(let second, _) = try ControlMessage.decode(off)
-        else { Issue.record("not sent"); return }
-        _ = p.request(.pause, now: 0)
-        #expect(p.received(ControlMessage.reply(id: first, .busy).encoded) == [.answered(.talk(true), .busy)])
-        #expect(p.awaitsTalk, "talk off still waits")
-        _ = p.received(ControlMessage.reply(id: second, .ok).encoded)
-        #expect(!p.awaitsTalk, "a pause waiting is no talk command")
+        func sent(_ command: PlayerCommand) throws -> UInt32? {
+            guard case .send(let bytes) = p.request(command, now: 0), case .command(let id, _) = try ControlMessage.decode(bytes) else { return nil }
+            return id
+        }
+        let on = try #require(try sent(.talk(true))), off = try #require(try sent(.talk(false))), again = try #require(try sent(.talk(true)))
+        let pause = try #require(try sent(.pause))
+        #expect(p.received(ControlMessage.reply(id: on, .busy).encoded) == [.superseded(.talk(true), .busy)])
+        #expect(p.received(ControlMessage.reply(id: pause, .ok).encoded) == [.answered(.pause, .ok)], "other commands are as before")
+        #expect(p.received(ControlMessage.reply(id: off, .ok).encoded) == [.superseded(.talk(false), .ok)])
+        #expect(p.received(ControlMessage.reply(id: again, .ok).encoded) == [.answered(.talk(true), .ok)], "the latest decides")
+        // One that never comes back does not hold up the next.
+        _ = try #require(try sent(.talk(false)))
+        let last = try #require(try sent(.talk(true)))
+        #expect(p.received(ControlMessage.reply(id: last, .busy).encoded) == [.answered(.talk(true), .busy)])
+        // The release sent outside the budget is a talk command too.
+        guard case .send(let bytes) = p.releaseTalk(), case .command(let release, _) = try ControlMessage.decode(bytes) else {
+            Issue.record("not sent"); return
+        }
+        #expect(p.received(ControlMessage.reply(id: release, .ok).encoded) == [.answered(.talk(false), .ok)])
     }
 
     @Test func stateChangesAreReportedOnceAndTheHostLeavingAnswersWhatWaits() {

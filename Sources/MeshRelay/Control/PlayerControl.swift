@@ -10,6 +10,8 @@ public struct PlayerControl: Sendable {
         case refused(PlayerCommand, String)
         /// The host answered a command.
         case answered(PlayerCommand, HostReply)
+        /// The host answered a talk command that a later one (sent since) supersedes: that one's answer decides.
+        case superseded(PlayerCommand, HostReply)
         /// The host's state changed (`previous` is nil for its first state after joining).
         case stateChanged(HostControlState, previous: HostControlState?)
         /// The host sent something that is not a valid answer (counted, ignored).
@@ -26,6 +28,8 @@ public struct PlayerControl: Sendable {
 
     private var nextID: UInt32 = 1
     private var pending: [UInt32: PlayerCommand] = [:]
+    /// The id of the latest talk command sent: only its answer decides whether this player talks.
+    private var latestTalk: UInt32?
     /// The features the host's TXT record advertised, when it was found by DNS-SD.
     private var advertised: ControlFeatures?
     /// The host's latest state (nil until it sends one after joining).
@@ -91,6 +95,7 @@ public struct PlayerControl: Sendable {
         let id = nextID
         nextID = nextID == UInt32.max ? 1 : nextID + 1
         pending[id] = command
+        if case .talk = command { latestTalk = id }
         return .send(ControlMessage.command(id: id, command).encoded)
     }
 
@@ -112,6 +117,7 @@ public struct PlayerControl: Sendable {
                 malformed &+= 1
                 return [.malformed("a reply to no command (id \(id))")]
             }
+            if case .talk = command, id != latestTalk { return [.superseded(command, reply)] }
             return [.answered(command, reply)]
         case .state(let s):
             let previous = host
@@ -122,6 +128,5 @@ public struct PlayerControl: Sendable {
 
     /// Commands waiting for answers.
     public var pendingCount: Int { pending.count }
-    /// Whether a talk command waits for its answer.
-    public var awaitsTalk: Bool { pending.values.contains { if case .talk = $0 { true } else { false } } }
+
 }

@@ -135,7 +135,8 @@ extension RelayPlayer {
     }
 
     /// Builds the sink for a format (an ALSA `Player`, or a `WAVFileSink`). A factory that opens a device which
-    /// takes one client at a time throws the `ALSAError` (kind `.busy`) as it is: the player then frees the sink it
-    /// replaces, if any, and asks once more.
+    /// takes one client at a time throws the `ALSAError` (kind `.busy`) as it is: when a pipeline that carried audio
+    /// still holds the device, the player frees it and asks once more; otherwise the error stands (and a player left
+    /// with no pipeline at all ends, saying why).
     public typealias SinkFactory = @Sendable (AudioFormat, SinkRequest) throws -> any AudioSink
 }

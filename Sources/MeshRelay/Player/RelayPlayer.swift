@@ -321,18 +321,23 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 log("\(command): not sent: \(why)")
             case .answered(let command, let reply):
                 if case .capture = command, reply == .recording { ownsClip.store(true, ordering: .relaxed) }
-                // The answer to a talk on decides only if no later talk command of the listener's waits for its own
-                // (that one decides). Accepted: the talk input goes to the host from the next chunk, unless the
-                // listener has turned talk off since (a late answer must not turn the microphone back on). Refused
+                // The answer to the listener's latest talk command (an earlier one's is `superseded`). Accepted: the
+                // talk input goes to the host from the next chunk; but if the listener turned talk off since and that
+                // could not be sent (its command budget), the host is told now, so that it frees the floor. Refused
                 // (busy: another player talks): push-to-talk is off again, and nothing goes to the host.
-                if case .talk(true) = command, !remote.withLock({ $0.awaitsTalk }) {
-                    if reply == .ok, let host, talkWanted.load(ordering: .relaxed) {
-                        talkTarget.publish([host])
-                    } else if reply != .ok {
+                if case .talk(true) = command {
+                    if reply != .ok {
                         talkWanted.store(false, ordering: .relaxed)
                         talkTarget.publish([])
+                    } else if talkWanted.load(ordering: .relaxed) {
+                        if let host { talkTarget.publish([host]) }
+                    } else {
+                        performControl([remote.withLock { $0.releaseTalk() }], host: host)
                     }
                 }
+                log("\(command): \(reply)")
+            case .superseded(let command, let reply):
+                // Said as any answer; what it means for talking is the later command's answer's to decide.
                 log("\(command): \(reply)")
             case .stateChanged(let state, let previous):
                 controls.held = state.paused
