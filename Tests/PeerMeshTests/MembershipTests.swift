@@ -107,7 +107,7 @@ struct MembershipStateMachineTests {
             if queued {
                 frames[[from.identity, to.identity], default: []].append(frame)
             } else {
-                run(machines[to.identity]!.received(frame, from: from), at: to)
+                run(machines[to.identity]!.received(frame, from: from, now: now), at: to)
             }
         }
 
@@ -136,7 +136,7 @@ struct MembershipStateMachineTests {
                 let frame = frames[way]!.removeFirst()
                 guard let from = peers.first(where: { $0.identity == way[0] }),
                       let to = peers.first(where: { $0.identity == way[1] }), machines[to.identity] != nil else { return true }
-                run(machines[to.identity]!.received(frame, from: from), at: to)
+                run(machines[to.identity]!.received(frame, from: from, now: now), at: to)
             } else {
                 let c = connects.remove(at: chosen - ways.count)
                 guard machines[c.from.identity] != nil else { return true }
@@ -179,6 +179,8 @@ struct MembershipStateMachineTests {
                     Issue.record("\(node) faulted \(p): \(f)")
                 case .notFollowed:
                     notFollowed += 1
+                case .rationed(let p):
+                    Issue.record("\(node) rationed \(p)'s requests: an honest member asks no faster than requestPace")
                 }
             }
         }
@@ -232,6 +234,38 @@ struct MembershipStateMachineTests {
         #expect(m.received(.introduce(peer: e, data: [1, 2, 3]), from: b) == [.connect(e, data: [1, 2, 3], introducer: b)])
     }
 
+    @Test("A member that asks for data without end is answered with empty data past 64 at once (or twice maximumPeers) and 10 a second, its gap requests apart from its newcomers'; coming back buys it nothing; another member is not held up")
+    func requestsForDataAreRationedPerMember() throws {
+        let a = try PeerID(displayName: "a"), b = try PeerID(displayName: "b"), c = try PeerID(displayName: "c")
+        var m = MembershipStateMachine(me: a, topology: .mesh, maximumPeers: 8)
+        #expect(m.requestPace.burst == 64)
+        #expect(MembershipStateMachine(me: a, topology: .mesh, maximumPeers: 50).requestPace.burst == 100)
+        #expect(MembershipStateMachine(me: a, topology: .mesh, maximumPeers: .max).requestPace.burst == 1 << 21, "no limit: no trap")
+        _ = m.connected(b, introducedBy: nil)
+        _ = m.connected(c, introducedBy: nil)
+        func ask(from member: PeerID, at now: Nanos, fillsGap: Bool = false) throws -> [MembershipStateMachine.Action] {
+            m.received(.introRequest(peer: try PeerID(displayName: "n"), fillsGap: fillsGap), from: member, now: now)
+        }
+        func madeData(_ actions: [MembershipStateMachine.Action]) -> Bool {
+            if case .makeData? = actions.first { true } else { false }
+        }
+        let start: Nanos = 1_000_000_000
+        for i in 0..<64 { #expect(madeData(try ask(from: b, at: start)), "request \(i) of the burst") }
+        let over = try ask(from: b, at: start)
+        #expect(over.count == 2 && over.last == .rationed(b), "\(over)")
+        if case .send(b, .introData(_, let data))? = over.first { #expect(data.isEmpty) } else { Issue.record("\(over)") }
+        #expect(madeData(try ask(from: c, at: start)), "c has a pace of its own")
+        #expect(madeData(try ask(from: b, at: start, fillsGap: true)), "b's gap requests have a pace of their own")
+        #expect(madeData(try ask(from: b, at: start + 100_000_000)), "one more each 100 ms")
+        #expect(!madeData(try ask(from: b, at: start + 100_000_000)))
+        // Leaving and coming back restores nothing.
+        _ = m.disconnected(b)
+        _ = m.connected(b, introducedBy: nil)
+        #expect(!madeData(try ask(from: b, at: start + 150_000_000)))
+        // Paid off in 6.4 s: the whole burst again.
+        for _ in 0..<64 { #expect(madeData(try ask(from: b, at: start + 10_000_000_000))) }
+    }
+
     @Test func unsolicitedDataIsAFaultAndAFullMemberMakesNone() throws {
         let a = try PeerID(displayName: "a"), b = try PeerID(displayName: "b"), c = try PeerID(displayName: "c")
         var m = MembershipStateMachine(me: a, topology: .mesh, maximumPeers: 3)
@@ -259,7 +293,7 @@ struct MembershipStateMachineTests {
         return (m, liar, honest)
     }
 
-    @Test("A member that names newcomers without end: each is answered and nothing of it is kept; a named newcomer that joins by an invitation of its own is introduced to every other member")
+    @Test("A member that names newcomers without end: each is answered (past 64 at once, with empty data) and nothing of it is kept; a named newcomer that joins by an invitation of its own is introduced to every other member")
     func aMemberThatNamesNewcomersWithoutEnd() throws {
         let (machine, liar, honest) = try Self.withALiarAndAnHonestMember()
         var m = machine
@@ -275,7 +309,13 @@ struct MembershipStateMachineTests {
         for i in 0..<200 {
             let newcomer = try PeerIdentity.generate(displayName: "n\(i)").peerID
             named.append(newcomer)
-            #expect(m.received(.introRequest(peer: newcomer), from: liar) == [.makeData(for: newcomer, replyTo: liar, introduction: try ticket(liar, m))])
+            let answer = m.received(.introRequest(peer: newcomer), from: liar, now: 1_000_000_000)
+            if i < m.requestPace.burst {
+                #expect(answer == [.makeData(for: newcomer, replyTo: liar, introduction: try ticket(liar, m))])
+            } else {
+                // Past its pace: empty data, counted, no ticket.
+                #expect(answer == [.send(liar, .introData(forIdentity: newcomer.identity, data: [])), .rationed(liar)])
+            }
         }
         // Its data's tickets are the acceptor's to bound (16 live per member); this machine expects no one.
         #expect(m.expectedIntroductions.introduced == 0)

@@ -35,6 +35,9 @@ struct MembershipStateMachine: Sendable {
         /// An introduction by the member `introducer` is not followed: there is no room for its peer, or the member's
         /// share is spent. Count it (`SessionStatistics.introductionsNotFollowed`).
         case notFollowed(introducer: PeerID)
+        /// A request of `member`'s was answered with empty data: it asks faster than `requestPace`. Count it
+        /// (`SessionStatistics.introRequestsRationed`).
+        case rationed(PeerID)
     }
 
     /// A member's introduction, as the link it made carries it (`introduction(by:)`): the member, and which of its
@@ -94,6 +97,20 @@ struct MembershipStateMachine: Sendable {
     static let maximumEndedByChoice = 256
     /// How long a peer whose link we closed for a fault is not brought back by the mesh.
     static let faultQuarantine: Nanos = 60_000_000_000
+    /// Each member's requests for connection data (MESH_INTRO_REQUEST), as a ration's debt (`requestPace`), apart for
+    /// its newcomers' and for gaps (as tickets are counted: a member that another makes ask about gaps over and over,
+    /// with MESH_RELINK, spends its gap requests, not its newcomers'). Making data costs this side a look at its
+    /// interfaces and a ticket, so a member that asks without end is answered with empty data past its pace. Kept
+    /// across visits (coming back buys nothing); an entry whose debt is paid is dropped.
+    private var requestDebt: [RequestKind: Nanos] = [:]
+    private struct RequestKind: Hashable {
+        let member: UInt64
+        let fillsGap: Bool
+    }
+    /// `2 × maximumPeers` requests at once (a limit of a million or more counts as a million), and at least 64 (more
+    /// than an honest member sends when a whole session joins it, or relinks: the asker does not ask again after an
+    /// empty answer), then 10 a second.
+    let requestPace: RationPace
     /// For each member asked: answers it still owes about newcomers whose entries were forgotten. One count per member,
     /// so that no number of newcomers coming and going makes an honest member's late answer a fault.
     private var owedUntracked: [UInt64: Int] = [:]
@@ -102,6 +119,7 @@ struct MembershipStateMachine: Sendable {
         self.me = me
         self.topology = topology
         self.maximumPeers = maximumPeers
+        requestPace = RationPace(burst: max(64, 2 * min(maximumPeers, 1 << 20)), interval: 100_000_000)
     }
 
     /// The introduction by `member` as a link it makes will carry it (taken when we follow one of its introductions,
@@ -270,8 +288,8 @@ struct MembershipStateMachine: Sendable {
         relinked = relinked.filter { now &- $0.value < Self.relinkInterval }
     }
 
-    /// `frame` arrived from the connected peer `from`.
-    mutating func received(_ frame: MeshFrame, from peer: PeerID) -> [Action] {
+    /// `frame` arrived from the connected peer `from`, at `now`.
+    mutating func received(_ frame: MeshFrame, from peer: PeerID, now: Nanos = 0) -> [Action] {
         guard members.contains(peer) else { return [] }
         switch frame {
         case .introRequest(let newcomer, let listed, let fillsGap):
@@ -281,6 +299,13 @@ struct MembershipStateMachine: Sendable {
                   refusedUntil[newcomer.identity] == nil,
                   members.count + 1 < maximumPeers, var introduction = introduction(by: peer)
             else { return [.send(peer, .introData(forIdentity: newcomer.identity, data: []))] }
+            let kind = RequestKind(member: peer.identity, fillsGap: fillsGap)
+            let debt = requestDebt[kind] ?? 0
+            if requestPace.isRationed(debt, now: now) {
+                return [.send(peer, .introData(forIdentity: newcomer.identity, data: [])), .rationed(peer)]
+            }
+            requestDebt = requestDebt.filter { $0.value > now }
+            requestDebt[kind] = requestPace.charged(debt, now: now)
             // Nothing is kept of it here: the data's ticket (`DirectAcceptor`, at most 16 live per member and kind)
             // carries this member's introduction and whom it listed, and the link a newcomer makes with it by
             // following that introduction ("PMINT1") introduces it only to members the introducer did not list.

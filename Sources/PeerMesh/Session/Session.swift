@@ -143,6 +143,10 @@ public struct SessionStatistics: Sendable, Equatable, BitwiseCopyable {
     /// not for a peer this side ended by choice (docs/PROTOCOL.md §3.8). A member that died is asked about too, by
     /// each survivor: the others drop the request, or ask the dead member until its link ends.
     public var relinksAsked: UInt64 = 0
+    /// MESH_INTRO_REQUESTs from members answered with empty data because the member asked faster than twice
+    /// `maximumPeers` (at least 64) at once and then 10 a second, its requests that fill gaps counted apart (making
+    /// data costs a look at the interfaces and a ticket; docs/PROTOCOL.md §3.8). An honest member never does.
+    public var introRequestsRationed: UInt64 = 0
 
     public init() {}
 }

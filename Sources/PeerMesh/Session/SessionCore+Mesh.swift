@@ -36,6 +36,8 @@ extension SessionCore {
                 }
             case .notFollowed:
                 counters.add { $0.introductionsNotFollowed += 1 }
+            case .rationed:
+                counters.add { $0.introRequestsRationed += 1 }
             case .fault(let peer, let fault):
                 guard let link = shared.withLock({ $0.machine.primaryLink(for: peer) }) else { continue }
                 faulted(link, fault)

@@ -551,7 +551,7 @@ final class SessionCore: Sendable {
             case .stream(let l, let p, let frame):
                 performStreams(io.value.streams.received(frame, on: l, from: p))
             case .mesh(let p, let frame):
-                performMembership(io.value.membership.received(frame, from: p))
+                performMembership(io.value.membership.received(frame, from: p, now: MonotonicClock.nowNanos()))
             case .relay(let l, let p, let frame):
                 receivedRelay(frame, on: l, from: p)
             case .linkDown(let l, let p, let end):
