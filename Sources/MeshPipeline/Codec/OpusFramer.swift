@@ -64,10 +64,10 @@ final class OpusFramer: @unchecked Sendable {  // Owned by one Packetizer, which
                scratch: UnsafeMutableRawBufferPointer, emit: (UnsafeRawBufferPointer) throws -> Void) rethrows -> Int {
         let channels = inputFormat.channels
         let frames = min(chunk.frames, samples.count / channels)
-        // Where 48 kHz frame j sits on the host's clock: it is input frame j·in/48000 (`encodePending`), and the
-        // chunk tells the time of its own first input frame.
+        // Where 48 kHz frame j sits on the host's clock: it is input frame j·in/48000 (below), and the chunk tells
+        // the time of its own first input frame.
         let inRate = Double(inputFormat.sampleRate)
-        let anchor = (index: Double(chunk.firstFrameIndex), time: Double(chunk.timestampNanos))
+        let anchorIndex = Double(chunk.firstFrameIndex), anchorTime = Double(chunk.timestampNanos)
         var consumed = 0, emitted = 0
         if let expected = nextInputIndex, chunk.firstFrameIndex > expected {
             // The source lost frames (a capture overrun), or nobody listened for a while (unheard chunks are not
@@ -108,33 +108,26 @@ final class OpusFramer: @unchecked Sendable {  // Owned by one Packetizer, which
                 producedFrames &+= UInt64(n)
                 guard pendingFrames == frameSize else { continue }
                 pendingFrames = 0
-                try encodePending(sequence: &sequence, hostLatencyFrames: hostLatencyFrames, anchor: anchor, scratch: scratch, emit: emit)
+                let first = producedFrames &- UInt64(frameSize)
+                // Wire frame j is source frame j·in/48000 (the resampler skipped its leading zeros, and a gap skipped
+                // as many of each); the first sample this packet decodes to entered the encoder `lookahead` frames
+                // earlier.
+                let sourceFrame = (Double(first) - Double(encoder.lookahead)) * inRate / Double(Opus.sampleRate)
+                let time = anchorTime + (sourceFrame - anchorIndex) * 1e9 / inRate
+                let h = AudioPacketHeader(sequence: sequence, firstFrameIndex: first, frameCount: frameSize, format: wireFormat,
+                                          captureTimeNanos: Opus.nanos(time),
+                                          hostLatencyFrames: hostLatencyFrames, encoding: .opus)
+                let body = UnsafeMutableRawBufferPointer(rebasing: scratch[AudioPacket.headerSize...])
+                // Our own invariants (a valid encoder, a whole frame, room for the largest packet) make this
+                // infallible; a failure would be a bug of ours, not of a peer.
+                let size = try! encoder.encode(UnsafeBufferPointer(pending), frames: frameSize, into: body)
+                AudioPacket.writeHeader(h, into: scratch)
+                sequence &+= 1
                 emitted += 1
+                try emit(UnsafeRawBufferPointer(rebasing: scratch[0..<(AudioPacket.headerSize + size)]))
             }
         }
         return emitted
-    }
-
-    /// Encodes the whole frame in `pending`, the last `frameSize` of `producedFrames`, into one packet for `emit`.
-    /// `anchor` places a source frame on the host's clock (a chunk's first frame and its capture time).
-    private func encodePending(sequence: inout UInt32, hostLatencyFrames: UInt32, anchor: (index: Double, time: Double),
-                               scratch: UnsafeMutableRawBufferPointer, emit: (UnsafeRawBufferPointer) throws -> Void) rethrows {
-        let inRate = Double(inputFormat.sampleRate)
-        let first = producedFrames &- UInt64(frameSize)
-        // Wire frame j is source frame j·in/48000 (the resampler skipped its leading zeros, and a gap skipped as many
-        // of each); the first sample this packet decodes to entered the encoder `lookahead` frames earlier.
-        let sourceFrame = (Double(first) - Double(encoder.lookahead)) * inRate / Double(Opus.sampleRate)
-        let time = anchor.time + (sourceFrame - anchor.index) * 1e9 / inRate
-        let h = AudioPacketHeader(sequence: sequence, firstFrameIndex: first, frameCount: frameSize, format: wireFormat,
-                                  captureTimeNanos: Opus.nanos(time),
-                                  hostLatencyFrames: hostLatencyFrames, encoding: .opus)
-        let body = UnsafeMutableRawBufferPointer(rebasing: scratch[AudioPacket.headerSize...])
-        // Our own invariants (a valid encoder, a whole frame, room for the largest packet) make this
-        // infallible; a failure would be a bug of ours, not of a peer.
-        let size = try! encoder.encode(UnsafeBufferPointer(pending), frames: frameSize, into: body)
-        AudioPacket.writeHeader(h, into: scratch)
-        sequence &+= 1
-        try emit(UnsafeRawBufferPointer(rebasing: scratch[0..<(AudioPacket.headerSize + size)]))
     }
 
     /// The host report in 48 kHz frames: the capture device's delay (given in source frames).

@@ -238,7 +238,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         let request: SinkRequest = carriedAudio.load(ordering: .relaxed) ? .formatChange : .fresh
         arrivals.inPipeline.store(false, ordering: .releasing)
         let sink: any AudioSink
-        do { sink = try makeSink(format, request) } catch let error as ALSAError where error.kind == .busy && playout.withCurrent({ $0 != nil }) {
+        do { sink = try makeSink(format, request) } catch where Self.heldByAnother(error) && playout.withCurrent({ $0 != nil }) {
             // An output that one client at a time may hold (an ALSA `hw:` device, a card without dmix) is held by
             // the pipeline being replaced: free it (the old format's packets have stopped coming) and ask once more.
             playout.replace(with: nil)?.stop()
@@ -256,6 +256,10 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         if let note = sink.schedulingNote, !schedulingNoted.exchange(true, ordering: .relaxed) { log(note) }
         playout.replace(with: pipeline)?.stop()
     }
+
+    /// Whether opening an output failed only because another client holds it (ALSA's EBUSY): worth asking again once
+    /// it is free, unlike a format the output refuses.
+    private static func heldByAnother(_ error: any Error) -> Bool { (error as? ALSAError)?.kind == .busy }
 
     /// Starts the `pm-net` thread that reads datagrams into the current pipeline, for sinks that do not (once).
     private func startPump() throws {
@@ -460,7 +464,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                     // A format the output refused is not tried again (its packets are dropped and counted as another
                     // format); one it could not open because another program holds the device is, as the host's
                     // packets ask again (at the limiter's pace).
-                    if (error as? ALSAError)?.kind != .busy { formatChanges.withLock { $0.cannotPlay(f) } }
+                    if !Self.heldByAnother(error) { formatChanges.withLock { $0.cannotPlay(f) } }
                     log("cannot play \(f): \(error); its packets are dropped")
                     // The pipeline before was stopped for it: put one back in the format the player started with, so
                     // that packets are still read (and counted) and a later format can still be played. With none,
