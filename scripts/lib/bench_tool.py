@@ -562,16 +562,23 @@ def report(raw_path, out_json, out_md, meta_path):
 def smoke(raw_path, sections):
     """--smoke's verdict on the raw results: fails (1) when a process crashed (a "CRASH:" note), when the latency
     section ran and the mesh default path (mesh-record --host → mesh-play --find) has no measured latency (its table
-    row shows n/m), or when the join section ran and no join time was measured (its row shows n/m, or there is none).
+    row shows n/m) while the rig's floor (arecord | aplay) has one, or when the join section ran and no join time was measured (its row shows n/m, or there is none).
     SECTIONS is bench's --only list: a section that was not run is not judged."""
     rows = read_rows(raw_path)
     wanted = set(sections.split(","))
     problems = [r.get("text", "") for r in rows if r.get("section") == "note" and r.get("text", "").startswith("CRASH:")]
     if "latency" in wanted:
         default = [r for r in rows if r.get("section") == "latency" and r.get("path") == "mesh-default"]
+        floors = [r for r in rows if r.get("section") == "latency" and r.get("path") == "floor"]
         if not any(r.get("frames") for r in default):
             why = "; ".join(r.get("note", "") for r in default if r.get("note")) or "no row"
-            problems.append(f"the mesh default latency (mesh-record --host → mesh-play --find) is n/m: {why}")
+            if floors and not any(r.get("frames") for r in floors):
+                # The rig's own floor (arecord | aplay, no PeerMesh) was not measured either: the JACK graph did not
+                # carry the test signal, so nothing is known of the relay's path. Said, not judged.
+                print(f"bench: smoke: not judged: the mesh default latency is n/m ({why}), and so is the floor "
+                      "(arecord | aplay): the JACK rig did not carry the test signal", file=sys.stderr)
+            else:
+                problems.append(f"the mesh default latency (mesh-record --host → mesh-play --find) is n/m: {why}")
     if "join" in wanted:
         join_rows = [r for r in rows if r.get("section") == "join"]
         if not join_rows or join_rows[-1].get("medianMs") is None:
