@@ -5,6 +5,7 @@
                                              (VmHWM) of its processes, shell wrappers (bash/sh/setsid) left out
   bench_tool.py iodelay LOG SKIP_LINES       JSON: median/min/max of jack_iodelay readings after SKIP_LINES lines
   bench_tool.py freeport [N]                 N (default 1) distinct free TCP+UDP port numbers on 127.0.0.1
+  bench_tool.py measured RAW PATH            exit 0 if a latency row of PATH in RAW has a measured figure, else 1
   bench_tool.py join RUNS SERVICE MESH_PLAY STATE_DIR  join time: see join() below
   bench_tool.py report RAW.jsonl OUT.json TABLE.md META.json   merge results, write JSON and the Markdown table
   bench_tool.py smoke RAW.jsonl SECTIONS     --smoke's verdict (exit 1 with the reasons): see smoke() below
@@ -559,6 +560,11 @@ def report(raw_path, out_json, out_md, meta_path):
     return 0 if any(line.startswith("| ") for line in md) else 1
 
 
+def latency_measured(rows, path):
+    """Whether some latency row of `path` (mesh-default, floor…) has a measured figure."""
+    return any(r.get("section") == "latency" and r.get("path") == path and r.get("frames") for r in rows)
+
+
 def smoke(raw_path, sections):
     """--smoke's verdict on the raw results: fails (1) when a process crashed (a "CRASH:" note), when the latency
     section ran and the mesh default path (mesh-record --host → mesh-play --find) has no measured latency (its table
@@ -570,9 +576,9 @@ def smoke(raw_path, sections):
     if "latency" in wanted:
         default = [r for r in rows if r.get("section") == "latency" and r.get("path") == "mesh-default"]
         floors = [r for r in rows if r.get("section") == "latency" and r.get("path") == "floor"]
-        if not any(r.get("frames") for r in default):
+        if not latency_measured(rows, "mesh-default"):
             why = "; ".join(r.get("note", "") for r in default if r.get("note")) or "no row"
-            if floors and not any(r.get("frames") for r in floors):
+            if floors and not latency_measured(rows, "floor"):
                 # The rig's own floor (arecord | aplay, no PeerMesh) was not measured either: the JACK graph did not
                 # carry the test signal, so nothing is known of the relay's path. Said, not judged.
                 print(f"bench: smoke: not judged: the mesh default latency is n/m ({why}), and so is the floor "
@@ -604,6 +610,8 @@ def main():
         sys.exit(report(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]))
     elif cmd == "smoke":
         sys.exit(smoke(sys.argv[2], sys.argv[3]))
+    elif cmd == "measured":
+        sys.exit(0 if latency_measured(read_rows(sys.argv[2]), sys.argv[3]) else 1)
     else:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
