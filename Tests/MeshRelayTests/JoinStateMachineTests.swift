@@ -191,7 +191,7 @@ struct JoinStateMachineTests {
         #expect(m.phase == .stopped)
     }
 
-    @Test("Direct: after a join, a loss starts a fresh round of attempts")
+    @Test("Direct: after a join, a loss starts a fresh round of attempts, and when it is used up the attempts go on every 2 s for as long as the host is away (10 minutes here); back, it is joined")
     func directRejoins() {
         let e = PeerEndpoint(host: "127.0.0.1", port: 9)
         var m = JoinStateMachine(target: .direct(e), maximumAttempts: 2)
@@ -200,6 +200,23 @@ struct JoinStateMachineTests {
         _ = m.sessionState(host, .notConnected, now: 2)
         #expect(m.tick(now: 300 * ms) == [.connect(e)])
         #expect(m.invitationFailed(nil, reason: "refused", now: 310 * ms).first == .announce("could not join 127.0.0.1:9: refused"))
+        var now: UInt64 = 310 * ms
+        var connects: [UInt64] = []
+        var said: [JoinStateMachine.Action] = []
+        while now < 600_000 * ms {
+            now += 50 * ms
+            let t = m.tick(now: now)
+            guard !t.isEmpty else { continue }
+            #expect(t == [.connect(e)])
+            connects.append(now)
+            said += m.invitationFailed(nil, reason: "refused", now: now + 10 * ms)
+        }
+        #expect(said == [.announce("cannot join 127.0.0.1:9: refused (2 attempts); trying every 2 s until it is back")])
+        let gaps = zip(connects.dropFirst(), connects).map { $0 - $1 }
+        #expect(gaps.dropFirst().allSatisfy { $0 >= 2_000 * ms && $0 <= 2_100 * ms }, "\(gaps.prefix(4))")
+        #expect(connects.count > 290)
+        #expect(m.sessionState(host, .connected, now: now + 20 * ms) == [.announce("joined \(host.displayName)")])
+        #expect(m.phase == .joined(host.displayName))
     }
 
     @Test("Direct by name: a name that does not resolve ends the join before the first; after it (the host rebooting takes its .local name with it) it is one more failed attempt")
@@ -216,9 +233,14 @@ struct JoinStateMachineTests {
         #expect(m.invitationFailed(nil, reason: "no such name", unresolvable: true, now: 310 * ms)
                 == [.announce("could not join kitchen.local:7000: no such name")])
         #expect(m.tick(now: 2 * 1_000 * ms) == [.connect(e)], "tried again")
-        // Bounded all the same: the round's attempts used up, it gives up.
+        // The round's attempts used up: it says so once, and goes on every 2 s (a host that was joined is away, not
+        // a mistake).
         #expect(m.invitationFailed(nil, reason: "no such name", unresolvable: true, now: 2_100 * ms)
-                == [.giveUp("cannot join kitchen.local:7000: no such name (2 attempts)")])
+                == [.announce("cannot join kitchen.local:7000: no such name (2 attempts); trying every 2 s until it is back")])
+        #expect(m.tick(now: 4_000 * ms) == [])
+        #expect(m.tick(now: 4_100 * ms) == [.connect(e)])
+        #expect(m.invitationFailed(nil, reason: "no such name", unresolvable: true, now: 4_200 * ms) == [], "said once")
+        #expect(m.phase == .searching)
         // The host is back before that: joined again.
         var back = JoinStateMachine(target: .direct(e), maximumAttempts: 5)
         _ = back.start(now: 0)

@@ -154,7 +154,6 @@ struct RelayInProcessTests {
         var config = RelayPlayer.Configuration(target: .direct(PeerEndpoint(host: "127.0.0.1", port: port)),
                                                identity: try paired.playerIdentity(0), hosts: .paired(paired.playerTrust(0)),
                                                discovery: InProcessDiscovery())
-        config.maximumConnectAttempts = 100  // however long the restarted host takes on a loaded machine
         let gaveUp = Mutex<String?>(nil)
         let player = try RelayPlayer(configuration: config, makeSink: { format, request in
             asked.withLock { $0.append((format.sampleRate, request)) }
@@ -208,6 +207,40 @@ struct RelayInProcessTests {
         }
         #expect(output.live.load(ordering: .relaxed) == (output48k == .takenByAnother ? 0 : 1), "one output open at a time")
         if output48k != .takenByAnother { #expect(gaveUp.withLock { $0 } == nil) }
+    }
+
+    @Test("Joined by address, a host away for longer than a round of attempts (restarting, rebooting) is tried every 2 s, and joined again when it is back: the player does not give up")
+    func aDirectPlayerWaitsForItsHost() throws {
+        var host: RelayHost? = try makeHost(name: "away-host")
+        let port = try #require(host?.port)
+        let logged = Mutex<[String]>([])
+        let gaveUp = Mutex<String?>(nil)
+        var config = RelayPlayer.Configuration(target: .direct(PeerEndpoint(host: "127.0.0.1", port: port)),
+                                               identity: try paired.playerIdentity(0), hosts: .paired(paired.playerTrust(0)),
+                                               discovery: InProcessDiscovery())
+        config.maximumConnectAttempts = 2  // a round of 0.25 s
+        let player = try RelayPlayer(configuration: config, makeSink: { format, _ in
+            try WAVFileSink(path: Rig.tempPath("away-\(UUID().uuidString.prefix(6)).wav"), format: format, periodFrames: 128)
+        }, log: { line in logged.withLock { $0.append(line) } }, onGiveUp: { why in gaveUp.withLock { $0 = why } })
+        try player.start()
+        defer { player.stop() }
+        #expect(eventually(10) { player.statistics.framesReceived > 44_100 / 2 }, "playing the host")
+        host?.stop()
+        host = nil
+        #expect(eventually(15) { logged.withLock { $0.contains { $0.hasSuffix("trying every 2 s until it is back") } } },
+                "\(logged.withLock { $0 })")
+        Thread.sleep(forTimeInterval: 4.5)  // two more attempts, at least
+        #expect(gaveUp.withLock { $0 } == nil)
+        #expect(player.statistics.phase == .searching)
+
+        var restarted: RelayHost?
+        #expect(eventually(5) { restarted = try? makeHost(name: "away-host", port: port); return restarted != nil }, "port \(port) free again")
+        defer { restarted?.stop() }
+        let before = player.statistics.framesReceived
+        #expect(eventually(10) { player.statistics.phase == .joined("inproc-host") /* the name it was paired under */ && player.statistics.framesReceived > before + 44_100 / 2 },
+                "joined again: \(logged.withLock { $0 })")
+        #expect(gaveUp.withLock { $0 } == nil)
+        #expect(logged.withLock { $0 }.filter { $0.contains("trying every 2 s") }.count == 1, "said once")
     }
 
     @Test("A second connection under a listening player's identity, from another address, is turned away and leaves the player's address as it was")

@@ -10,7 +10,8 @@ public enum JoinTarget: Sendable, Equatable {
 }
 
 /// The player's join logic as a pure state machine: search, invite, join, and after a loss go back to searching
-/// and rejoin — with bounded, backed-off retries for direct connects. Time is passed in (nanoseconds).
+/// and rejoin. Direct connects back off, and are bounded until the first join (an address that never answers is a
+/// mistake to report); after a join they go on every 2 s until the host is back. Time is passed in (nanoseconds).
 public struct JoinStateMachine: Sendable {
     /// What the driver must do.
     public enum Action: Sendable, Equatable {
@@ -42,7 +43,8 @@ public struct JoinStateMachine: Sendable {
 
     /// Which host to join: one found by DNS-SD (by display name, or the first), or the advertiser at a known address.
     public let target: JoinTarget
-    /// Direct connects tried in a row before giving up.
+    /// Direct connects tried in a row before giving up, before the first join (after it, a round this long is said
+    /// once, and the attempts go on).
     public let maximumAttempts: Int
     /// How long one invitation may take.
     public let inviteTimeout: UInt64
@@ -209,8 +211,15 @@ public struct JoinStateMachine: Sendable {
             return [.giveUp(reason)]
         }
         if case .direct(let e) = target, attempts >= maximumAttempts {
-            state = .stopped
-            return [.giveUp("cannot join \(e): \(reason) (\(attempts) attempts)")]
+            let message = "cannot join \(e): \(reason) (\(attempts) attempts)"
+            guard hasJoined else {
+                state = .stopped
+                return [.giveUp(message)]
+            }
+            // It was joined before: the host is away (restarting, rebooting), as a discovered host that goes away is
+            // searched for until it is back. Every 2 s from now on, said once.
+            state = .waitingToRetry(until: now + 2_000_000_000)
+            return attempts == maximumAttempts ? [.announce("\(message); trying every 2 s until it is back")] : []
         }
         if case .discover = target, unreachable, let host {
             if readvertisedWhileJoining {

@@ -30,7 +30,8 @@ extension RelayPlayer {
         public var discovery: (any DiscoveryBackend)?
         /// Host silent this long is gone.
         public var peerTimeout: Duration = .seconds(2)
-        /// Direct connects in a row before giving up.
+        /// Direct connects in a row before giving up, until the first join; after it, a host lost is tried every 2 s
+        /// until it is back (`JoinStateMachine`).
         public var maximumConnectAttempts: Int = 5
         /// The format assumed before the first packet says otherwise.
         public var initialFormat: AudioFormat = .default
