@@ -514,7 +514,7 @@ struct PlayerControlTests {
         var p = PlayerControl()
         p.joined()
         _ = p.received(HostControlState(features: [.control, .clips]).encodedState)
-        guard case .send(let bytes) = p.request(.capture(.single, .primary), now: 0),
+        guard case .send(let bytes, _) = p.request(.capture(.single, .primary), now: 0),
               case .command(let id, _) = try ControlMessage.decode(bytes) else { Issue.record("not sent"); return }
         #expect(p.received(ControlMessage.reply(id: id, .recording).encoded) == [.answered(.capture(.single, .primary), .recording)])
         #expect(p.received(ControlMessage.reply(id: id, .ok).encoded) == [.malformed("a reply to no command (id \(id))")])
@@ -528,7 +528,7 @@ struct PlayerControlTests {
         p.joined()
         _ = p.received(HostControlState(features: [.control, .talk]).encodedState)
         func sent(_ command: PlayerCommand) throws -> UInt32? {
-            guard case .send(let bytes) = p.request(command, now: 0), case .command(let id, _) = try ControlMessage.decode(bytes) else { return nil }
+            guard case .send(let bytes, _) = p.request(command, now: 0), case .command(let id, _) = try ControlMessage.decode(bytes) else { return nil }
             return id
         }
         let on = try #require(try sent(.talk(true))), off = try #require(try sent(.talk(false))), again = try #require(try sent(.talk(true)))
@@ -542,7 +542,7 @@ struct PlayerControlTests {
         let last = try #require(try sent(.talk(true)))
         #expect(p.received(ControlMessage.reply(id: last, .busy).encoded) == [.answered(.talk(true), .busy)])
         // The release sent outside the budget is a talk command too.
-        guard case .send(let bytes) = p.releaseTalk(), case .command(let release, _) = try ControlMessage.decode(bytes) else {
+        guard case .send(let bytes, _) = p.releaseTalk(), case .command(let release, _) = try ControlMessage.decode(bytes) else {
             Issue.record("not sent"); return
         }
         #expect(p.received(ControlMessage.reply(id: release, .ok).encoded) == [.answered(.talk(false), .ok)])
@@ -572,6 +572,26 @@ struct PlayerControlTests {
         #expect(p.pendingCount == PlayerControl.maximumPending)
     }
 
+    @Test("A command that could not be sent is answered as failed at once (push-to-talk's latest decides), leaves the table, and a late reply to it is malformed")
+    func aCommandNotSentIsSettled() {
+        var p = PlayerControl()
+        p.joined()
+        _ = p.received(HostControlState(features: [.control, .talk]).encodedState)
+        guard case .send(_, let pause) = p.request(.pause, now: 0), case .send(_, let on) = p.request(.talk(true), now: 0),
+              case .send(_, let again) = p.request(.talk(true), now: 0) else { Issue.record("not sent"); return }
+        #expect(p.notSent(id: pause, because: "the peer is not reading") == [.answered(.pause, .failed("not sent: the peer is not reading"))])
+        #expect(p.notSent(id: on, because: "x") == [.superseded(.talk(true), .failed("not sent: x"))], "an earlier talk does not decide")
+        #expect(p.notSent(id: again, because: "gone") == [.answered(.talk(true), .failed("not sent: gone"))], "the latest decides")
+        #expect(p.pendingCount == 0)
+        #expect(p.notSent(id: pause, because: "twice") == [], "settled once")
+        #expect(p.received(ControlMessage.reply(id: pause, .ok).encoded) == [.malformed("a reply to no command (id \(pause))")])
+        // So a host that cannot be written to does not fill the table: every command can still be asked for.
+        for _ in 0..<(2 * PlayerControl.maximumPending) {
+            guard case .send(_, let id) = p.request(.resume, now: 0) else { Issue.record("refused: the table filled"); return }
+            _ = p.notSent(id: id, because: "busy")
+        }
+    }
+
     /// A player whose host answers every command at once: `commands` requests at the times given; the times of the
     /// ones sent, and the reasons of the ones refused.
     static func request(_ times: [UInt64]) -> (sent: [UInt64], refused: [String]) {
@@ -581,7 +601,7 @@ struct PlayerControlTests {
         var sent: [UInt64] = [], refused: [String] = []
         for (i, t) in times.enumerated() {
             switch p.request(i % 2 == 0 ? .pause : .resume, now: t) {
-            case .send(let bytes):
+            case .send(let bytes, _):
                 sent.append(t)
                 guard case .command(let id, _)? = try? ControlMessage.decode(bytes) else { Issue.record("not a command"); continue }
                 _ = p.received(ControlMessage.reply(id: id, .ok).encoded)
@@ -602,12 +622,12 @@ struct PlayerControlTests {
         p.joined()
         _ = p.received(HostControlState(features: [.control, .talk]).encodedState)
         for _ in 0..<Int(PlayerControl.burst) {
-            if case .send(let bytes) = p.request(.pause, now: 7), case .command(let id, _)? = try? ControlMessage.decode(bytes) {
+            if case .send(let bytes, _) = p.request(.pause, now: 7), case .command(let id, _)? = try? ControlMessage.decode(bytes) {
                 _ = p.received(ControlMessage.reply(id: id, .ok).encoded)
             }
         }
         guard case .refused = p.request(.talk(false), now: 7) else { Issue.record("the budget is spent"); return }
-        guard case .send(let bytes) = p.releaseTalk(), case .command(_, .talk(false))? = try? ControlMessage.decode(bytes) else {
+        guard case .send(let bytes, _) = p.releaseTalk(), case .command(_, .talk(false))? = try? ControlMessage.decode(bytes) else {
             Issue.record("talk off was not sent when the talk input ended"); return
         }
         // A script that pipes 200 a second for 10 s: what leaves the player, bunched by the network (each one up to

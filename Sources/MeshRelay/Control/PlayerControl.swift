@@ -4,11 +4,12 @@
 public struct PlayerControl: Sendable {
     /// What the driver does.
     public enum Action: Sendable, Equatable {
-        /// Send these bytes to the host on the reliable channel.
-        case send([UInt8])
+        /// Send these bytes to the host on the reliable channel. `id` is the command's: a send that fails is told
+        /// back with it (`notSent`).
+        case send([UInt8], id: UInt32)
         /// The command was not sent, for this reason (the host does not offer it, or too many wait for answers).
         case refused(PlayerCommand, String)
-        /// The host answered a command.
+        /// The host answered a command; or, `.failed("not sent: …")`, the command could not be sent (`notSent`).
         case answered(PlayerCommand, HostReply)
         /// The host answered a talk command that a later one (sent since) supersedes: that one's answer decides.
         case superseded(PlayerCommand, HostReply)
@@ -96,7 +97,20 @@ public struct PlayerControl: Sendable {
         nextID = nextID == UInt32.max ? 1 : nextID + 1
         pending[id] = command
         if case .talk = command { latestTalk = id }
-        return .send(ControlMessage.command(id: id, command).encoded)
+        return .send(ControlMessage.command(id: id, command).encoded, id: id)
+    }
+
+    /// The command `id` (from `.send`) could not be sent (the host left meanwhile, or does not read): no answer will
+    /// come, so it is answered here as failed, as an answer from the host would be (a talk command's decides, if
+    /// it is the latest). Nothing for a command already settled.
+    public mutating func notSent(id: UInt32, because why: String) -> [Action] {
+        settle(id, .failed("not sent: \(why)")).map { [$0] } ?? []
+    }
+
+    private mutating func settle(_ id: UInt32, _ reply: HostReply) -> Action? {
+        guard let command = pending.removeValue(forKey: id) else { return nil }
+        if case .talk = command, id != latestTalk { return .superseded(command, reply) }
+        return .answered(command, reply)
     }
 
     /// A reliable message from the host.
@@ -113,12 +127,11 @@ public struct PlayerControl: Sendable {
             malformed &+= 1
             return [.malformed("the host sent a command")]
         case .reply(let id, let reply):
-            guard let command = pending.removeValue(forKey: id) else {
+            guard let settled = settle(id, reply) else {
                 malformed &+= 1
                 return [.malformed("a reply to no command (id \(id))")]
             }
-            if case .talk = command, id != latestTalk { return [.superseded(command, reply)] }
-            return [.answered(command, reply)]
+            return [settled]
         case .state(let s):
             let previous = host
             host = s

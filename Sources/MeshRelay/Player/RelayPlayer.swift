@@ -316,10 +316,13 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     private func performControl(_ actions: [PlayerControl.Action], host: PeerID?) {
         for action in actions {
             switch action {
-            case .send(let bytes):
-                guard let host else { continue }
-                do { try session.send(Data(bytes), toPeers: [host], with: .reliable) } catch {
-                    log("control: cannot send: \(error)")
+            case .send(let bytes, let id):
+                do {
+                    guard let host else { throw PeerMeshError.notConnected("not joined to a host") }
+                    try session.send(Data(bytes), toPeers: [host], with: .reliable)
+                } catch {
+                    // No answer will come: the command is settled now (push-to-talk turned off, if it asked for it).
+                    performControl(remote.withLock { $0.notSent(id: id, because: "\(error)") }, host: host)
                 }
             case .refused(let command, let why):
                 log("\(command): not sent: \(why)")
