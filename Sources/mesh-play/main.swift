@@ -220,7 +220,7 @@ if final.framesReceived == 0 {
     var why = gaveUp.withLock { $0 }
     if why == nil {
         switch target {
-        case .direct(let e): why = "no audio from \(e) (not reachable, or it did not let this player in)"
+        case .direct(let e): why = "no audio from \(e) (not reachable, it did not let this player in, or it sent none)"
         case .discover(let name):
             let wanted = name.map { "host \"\($0)\"" } ?? "paired host"
             let seen = final.seen.map { h in

@@ -219,6 +219,37 @@ struct JoinStateMachineTests {
         #expect(m.phase == .joined(host.displayName))
     }
 
+    @Test("Direct, past a round after a join: a new reason is said once (the host is back, but full); an answer 'already connected' (the host still holds this player's link from before the loss) is one more attempt, where before the first join it ends the join")
+    func directAfterARoundSaysNewReasonsAndRetriesAlreadyConnected() {
+        let e = PeerEndpoint(host: "127.0.0.1", port: 9)
+        var fresh = JoinStateMachine(target: .direct(e), maximumAttempts: 2)
+        _ = fresh.start(now: 0)
+        #expect(fresh.invitationFailed(nil, reason: "already connected", permanent: true, alreadyConnected: true, now: 1)
+                == [.giveUp("already connected")], "another player runs under this identity")
+        var m = JoinStateMachine(target: .direct(e), maximumAttempts: 2)
+        _ = m.start(now: 0)
+        _ = m.sessionState(host, .connected, now: 1)
+        _ = m.sessionState(host, .notConnected, now: 2)
+        var now: UInt64 = 2
+        var said: [JoinStateMachine.Action] = []
+        for reason in ["refused", "refused", "refused", "host is full", "host is full", "already connected"] {
+            var t: [JoinStateMachine.Action] = []
+            while t.isEmpty { now += 50 * ms; t = m.tick(now: now) }
+            #expect(t == [.connect(e)])
+            said += m.invitationFailed(nil, reason: reason, permanent: reason == "already connected",
+                                       alreadyConnected: reason == "already connected", now: now + 10 * ms)
+        }
+        #expect(said == [.announce("could not join 127.0.0.1:9: refused"),
+                         .announce("cannot join 127.0.0.1:9: refused (2 attempts); trying every 2 s until it is back"),
+                         .announce("still cannot join 127.0.0.1:9: host is full"),
+                         .announce("still cannot join 127.0.0.1:9: already connected")])
+        #expect(m.phase == .searching, "not stopped")
+        var t: [JoinStateMachine.Action] = []
+        while t.isEmpty { now += 50 * ms; t = m.tick(now: now) }
+        #expect(t == [.connect(e)])
+        #expect(m.sessionState(host, .connected, now: now + 10 * ms) == [.announce("joined \(host.displayName)")])
+    }
+
     @Test("Direct by name: a name that does not resolve ends the join before the first; after it (the host rebooting takes its .local name with it) it is one more failed attempt")
     func directUnresolvableName() {
         let e = PeerEndpoint(host: "kitchen.local", port: 7000)

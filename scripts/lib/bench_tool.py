@@ -573,8 +573,10 @@ def smoke(raw_path, sections):
     time was measured (its row shows n/m, or there is none).
     The default path's adaptive buffer follows what the rig does to the stream: a JACK dummy graph that loses periods
     (JACK xruns, counted in each row's note) moves its delay, which jack_iodelay cannot lock on; `--latency low`'s
-    fixed buffer does not move. So with only `low` measured the relay is shown to carry the signal, and the default
-    path's n/m is said with its reasons, not judged.
+    fixed buffer does not move. So when every default run got readings (the signal came through) but did not lock,
+    with JACK xruns in each, and `low` was measured, the relay is shown to carry the signal, and the default path's
+    n/m is said with its reasons, not judged. A default run with no reading at all, or one that did not lock on a
+    rig that lost nothing, fails.
     SECTIONS is bench's --only list: a section that was not run is not judged."""
     rows = read_rows(raw_path)
     wanted = set(sections.split(","))
@@ -589,14 +591,16 @@ def smoke(raw_path, sections):
                 # carry the test signal, so nothing is known of the relay's path. Said, not judged.
                 print(f"bench: smoke: not judged: the mesh default latency is n/m ({why}), and so is the floor "
                       "(arecord | aplay): the JACK rig did not carry the test signal", file=sys.stderr)
-            elif latency_measured(rows, "mesh-low"):
+            elif default and all(r.get("readings", 0) > 0 and r.get("jackXruns", 0) > 0 for r in default) \
+                    and latency_measured(rows, "mesh-low"):
                 low = next(r for r in rows if r.get("section") == "latency" and r.get("path") == "mesh-low" and r.get("frames"))
                 print(f"bench: smoke: the mesh default latency is n/m ({why}); --latency low carried the signal "
                       f"({low['frames']:.0f} frames): the relay path works, and the default path's adaptive buffer "
                       "moved with the rig", file=sys.stderr)
             else:
-                problems.append(f"no relay path was measured: the mesh default latency (mesh-record --host → "
-                                f"mesh-play --find) is n/m ({why}), and so is --latency low")
+                problems.append(f"the mesh default latency (mesh-record --host → mesh-play --find) is n/m ({why}); "
+                                "not explained by the rig (a run with no reading, or no JACK xruns), or --latency low "
+                                "was not measured either")
     if "join" in wanted:
         join_rows = [r for r in rows if r.get("section") == "join"]
         if not join_rows or join_rows[-1].get("medianMs") is None:

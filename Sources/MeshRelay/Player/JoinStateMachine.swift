@@ -68,6 +68,8 @@ public struct JoinStateMachine: Sendable {
     /// Whether a host was joined since the start: a name that does not resolve then is the host gone (rebooting),
     /// not a typo.
     private var hasJoined = false
+    /// Why the latest direct attempt past a round failed (said again only when it changes).
+    private var lastRoundReason: String?
     /// The names hosts were paired under, as the driver said when it found them or joined them: announcements and
     /// phases call a host so. Kept for hosts found and for the host joined.
     private var pairedNames: [PeerID: String] = [:]
@@ -174,6 +176,7 @@ public struct JoinStateMachine: Sendable {
             state = .joined(host: peer)
             hasJoined = true
             attempts = 0
+            lastRoundReason = nil
             stale[peer] = nil
             failures[peer] = nil
             if let pairedName { pairedNames[peer] = pairedName }
@@ -190,12 +193,15 @@ public struct JoinStateMachine: Sendable {
     /// player, or its operator said no) ends the join: retrying would not help.
     /// `unreachable` says nothing answered at the host's address (refused, or no answer): for a discovered host,
     /// its record is stale until it re-advertises. `unresolvable` says the host's name does not resolve: permanent
-    /// before the first join (a name that does not exist); after it, one more failed attempt of the bounded round a
-    /// loss starts, as an address that stops answering is (a `.local` name goes away with its host).
+    /// before the first join (a name that does not exist); after it, one more failed attempt, as an address that
+    /// stops answering is (a `.local` name goes away with its host). `alreadyConnected` (permanent: another player
+    /// runs under this identity) is likewise one more failed attempt after a join: the host still holds this player's
+    /// own link from before the loss, until it times it out.
     public mutating func invitationFailed(_ peer: PeerID?, reason: String, permanent: Bool = false, unreachable: Bool = false,
-                                          unresolvable: Bool = false, now: UInt64) -> [Action] {
+                                          unresolvable: Bool = false, alreadyConnected: Bool = false, now: UInt64) -> [Action] {
         guard case .joining(let host, _) = state, peer == nil || host == nil || host == peer else { return [] }
-        if permanent || (unresolvable && !hasJoined) {
+        let permanent = hasJoined ? permanent && !alreadyConnected : permanent || unresolvable
+        if permanent {
             if case .discover(nil) = target, let host, candidates.contains(where: { $0 != host && stale[$0] == nil }) {
                 // Any host will do, and another that answers was found: this one's answer is this host's alone. (A
                 // stale record is no host to go on for: with only those left, the join ends as it would alone.)
@@ -217,9 +223,12 @@ public struct JoinStateMachine: Sendable {
                 return [.giveUp(message)]
             }
             // It was joined before: the host is away (restarting, rebooting), as a discovered host that goes away is
-            // searched for until it is back. Every 2 s from now on, said once.
+            // searched for until it is back. Every 2 s from now on; said once, and again when the reason changes
+            // (the host is back, but full).
             state = .waitingToRetry(until: now + 2_000_000_000)
-            return attempts == maximumAttempts ? [.announce("\(message); trying every 2 s until it is back")] : []
+            defer { lastRoundReason = reason }
+            if attempts == maximumAttempts { return [.announce("\(message); trying every 2 s until it is back")] }
+            return reason == lastRoundReason ? [] : [.announce("still cannot join \(e): \(reason)")]
         }
         if case .discover = target, unreachable, let host {
             if readvertisedWhileJoining {

@@ -45,6 +45,10 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     /// The thread that reads datagrams for a sink that does not (started the first time one is used).
     private let pump = Mutex<DatagramPump?>(nil)
     private let control = DispatchQueue(label: "peermesh.relay-player.control")
+    /// Direct connects (`--connect`): a name's lookup blocks, and must not block the control queue.
+    private let connector = DispatchQueue(label: "peermesh.relay-player.connect")
+    /// Whether a direct connect is still looking up its name (on `connector`).
+    private let connecting = Atomic<Bool>(false)
     /// Marks `control`, so that `onControl` knows when it already runs there.
     private let onControlKey = DispatchSpecificKey<Bool>()
     private let seen = Mutex<[PeerID: SeenHost]>([:])
@@ -97,8 +101,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
 
     /// - Parameters:
     ///   - log: one human-readable line per event.
-    ///   - onGiveUp: called once, with the reason, when joining cannot succeed (direct connects exhausted, not
-    ///     paired, declined, a name that does not resolve) or playing cannot go on (the output device failed or
+    ///   - onGiveUp: called once, with the reason, when joining cannot succeed (direct connects exhausted before
+    ///     the first join, not paired, declined, a name that does not resolve before the first join) or playing cannot go on (the output device failed or
     ///     stopped taking audio, the output file could not be written); the reason is not also logged. It, `log`
     ///     and `makeSink` run on the player's control queue; they may call `stop()`.
     public init(configuration: Configuration, makeSink: @escaping SinkFactory,
@@ -344,7 +348,13 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 }
                 log("\(command): \(reply)")
             case .superseded(let command, let reply):
-                // Said as any answer; what it means for talking is the later command's answer's to decide.
+                // Said as any answer; what it means for talking is the later command's answer's to decide. But a talk
+                // on the host took, with push-to-talk off since, leaves the host holding the floor for this player if
+                // the talk off never reached it (it could not be sent): the host is told again (a talk off it already
+                // has is answered ok, and changes nothing).
+                if case .talk(true) = command, reply == .ok, !talkWanted.load(ordering: .relaxed) {
+                    performControl([remote.withLock { $0.releaseTalk() }], host: host)
+                }
                 log("\(command): \(reply)")
             case .stateChanged(let state, let previous):
                 controls.held = state.paused
@@ -393,13 +403,23 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                     perform(more)
                 }
             case .connect(let endpoint):
-                do { try session.connect(to: endpoint, timeout: Self.answerTimeout) } catch {
-                    let unresolvable: Bool
-                    if case .unresolvable = error { unresolvable = true } else { unresolvable = false }
-                    let more = join.withLock {
-                        $0.invitationFailed(nil, reason: "\(error)", unresolvable: unresolvable, now: monotonicNow())
+                // A name's lookup may take seconds (a `.local` host that is away, tried every 2 s): it runs on a queue
+                // of its own, so that the control queue serves the listener's commands, the ticks and `stop()`
+                // meanwhile. One at a time: an attempt made while a lookup still runs is skipped (the machine's
+                // safety deadline counts it as failed).
+                guard !connecting.exchange(true, ordering: .acquiringAndReleasing) else { continue }
+                connector.async { [self] in
+                    defer { connecting.store(false, ordering: .releasing) }
+                    do throws(PeerMeshError) { try session.connect(to: endpoint, timeout: Self.answerTimeout) } catch {
+                        let unresolvable: Bool
+                        if case .unresolvable = error { unresolvable = true } else { unresolvable = false }
+                        control.async { [self] in
+                            let more = join.withLock {
+                                $0.invitationFailed(nil, reason: "\(error)", unresolvable: unresolvable, now: monotonicNow())
+                            }
+                            perform(more)
+                        }
                     }
-                    perform(more)
                 }
             case .giveUp(let why):
                 giveUp(why)
@@ -568,7 +588,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         // a killed host's. A decline or a timeout came from a live host, and is retried with backoff instead.
         let unreachable = reason == .unavailable && detail.hasPrefix("cannot connect to")
         let actions = join.withLock {
-            $0.invitationFailed(peer, reason: message, permanent: reason.isPermanent, unreachable: unreachable, now: monotonicNow())
+            $0.invitationFailed(peer, reason: message, permanent: reason.isPermanent, unreachable: unreachable,
+                                alreadyConnected: reason == .alreadyConnected, now: monotonicNow())
         }
         control.async { self.perform(actions) }
     }
