@@ -592,6 +592,31 @@ struct PlayerControlTests {
         }
     }
 
+    @Test("A talk on the host took, superseded by a talk off that could not be sent: the host is told talk off again (outside the budget); after a talk off that was sent, nothing more")
+    func aTalkOffNotSentIsSentAgainWhenTheHostTookTheTalkOn() throws {
+        for offSent in [false, true] {
+            var p = PlayerControl()
+            p.joined()
+            _ = p.received(HostControlState(features: [.control, .talk]).encodedState)
+            guard case .send(_, let on) = p.request(.talk(true), now: 0), case .send(_, let off) = p.request(.talk(false), now: 0) else {
+                Issue.record("not sent"); return
+            }
+            if !offSent {
+                #expect(p.notSent(id: off, because: "busy") == [.answered(.talk(false), .failed("not sent: busy"))])
+            }
+            let answer = p.received(ControlMessage.reply(id: on, .ok).encoded)
+            #expect(answer.first == .superseded(.talk(true), .ok))
+            if offSent {
+                #expect(answer.count == 1, "the host has the talk off already: \(answer)")
+            } else {
+                guard answer.count == 2, case .send(let bytes, _) = answer[1] else { Issue.record("no talk off: \(answer)"); continue }
+                guard case .command(_, .talk(false)) = try ControlMessage.decode(bytes) else { Issue.record("not talk off"); continue }
+                #expect(p.received(ControlMessage.reply(id: on, .ok).encoded).first == .malformed("a reply to no command (id \(on))"),
+                        "released once")
+            }
+        }
+    }
+
     /// A player whose host answers every command at once: `commands` requests at the times given; the times of the
     /// ones sent, and the reasons of the ones refused.
     static func request(_ times: [UInt64]) -> (sent: [UInt64], refused: [String]) {

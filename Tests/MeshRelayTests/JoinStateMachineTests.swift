@@ -250,6 +250,23 @@ struct JoinStateMachineTests {
         #expect(m.sessionState(host, .connected, now: now + 10 * ms) == [.announce("joined \(host.displayName)")])
     }
 
+    @Test("Any host, after a join: 'already connected' from the host last joined (its old link) is retried; from another host (a second player under this identity is there) it is that host's answer alone")
+    func alreadyConnectedIsOwnOldLinkOnlyAtTheHostLastJoined() {
+        var m = anyHostOfTwo()   // kitchen invited first
+        _ = m.sessionState(host, .connected, now: 1)
+        _ = m.sessionState(host, .notConnected, now: 2)
+        #expect(m.tick(now: 300 * ms) == [.announce("found host garage; joining"), .invite(other)], "the other host first")
+        #expect(m.invitationFailed(other, reason: "garage: already connected", permanent: true, alreadyConnected: true, now: 310 * ms)
+                == [.announce("garage: already connected; trying another host"), .announce("found host kitchen; joining"), .invite(host)])
+        #expect(m.invitationFailed(host, reason: "kitchen: already connected", permanent: true, alreadyConnected: true, now: 320 * ms)
+                == [.announce("could not join kitchen: kitchen: already connected")], "its own old link: tried again")
+        #expect(m.found(other, now: 330 * ms) == [], "garage is not invited again in this run")
+        var t: [JoinStateMachine.Action] = []
+        var now: UInt64 = 320 * ms
+        while t.isEmpty { now += 50 * ms; t = m.tick(now: now) }
+        #expect(t == [.announce("found host kitchen; joining"), .invite(host)])
+    }
+
     @Test("Direct by name: a name that does not resolve ends the join before the first; after it (the host rebooting takes its .local name with it) it is one more failed attempt")
     func directUnresolvableName() {
         let e = PeerEndpoint(host: "kitchen.local", port: 7000)

@@ -31,6 +31,9 @@ public struct PlayerControl: Sendable {
     private var pending: [UInt32: PlayerCommand] = [:]
     /// The id of the latest talk command sent: only its answer decides whether this player talks.
     private var latestTalk: UInt32?
+    /// The latest talk command was a talk off that could not be sent (`notSent`): the host, if it took an earlier
+    /// talk on, still holds the floor for this player.
+    private var talkOffUnsent = false
     /// The features the host's TXT record advertised, when it was found by DNS-SD.
     private var advertised: ControlFeatures?
     /// The host's latest state (nil until it sends one after joining).
@@ -65,8 +68,9 @@ public struct PlayerControl: Sendable {
     /// The user asks for `command` at `now` (monotonic nanoseconds).
     public mutating func request(_ command: PlayerCommand, now: UInt64) -> Action { ask(command, budgetAt: now) }
 
-    /// `talk off` without the listener asking (the talk input ended), outside the command budget: the host frees the
-    /// floor even right after a burst of commands. It comes at most once per `talk on`, which the budget counts.
+    /// `talk off` without the listener asking (the talk input ended, or the listener's could not be sent), outside
+    /// the command budget: the host frees the floor even right after a burst of commands. It comes at most once per
+    /// `talk on` answered ok, which the budget counts.
     public mutating func releaseTalk() -> Action { ask(.talk(false), budgetAt: nil) }
 
     private mutating func ask(_ command: PlayerCommand, budgetAt now: UInt64?) -> Action {
@@ -96,7 +100,10 @@ public struct PlayerControl: Sendable {
         let id = nextID
         nextID = nextID == UInt32.max ? 1 : nextID + 1
         pending[id] = command
-        if case .talk = command { latestTalk = id }
+        if case .talk = command {
+            latestTalk = id
+            talkOffUnsent = false
+        }
         return .send(ControlMessage.command(id: id, command).encoded, id: id)
     }
 
@@ -104,7 +111,8 @@ public struct PlayerControl: Sendable {
     /// come, so it is answered here as failed, as an answer from the host would be (a talk command's decides, if
     /// it is the latest). Nothing for a command already settled.
     public mutating func notSent(id: UInt32, because why: String) -> [Action] {
-        settle(id, .failed("not sent: \(why)")).map { [$0] } ?? []
+        if id == latestTalk, case .talk(false)? = pending[id] { talkOffUnsent = true }
+        return settle(id, .failed("not sent: \(why)")).map { [$0] } ?? []
     }
 
     private mutating func settle(_ id: UInt32, _ reply: HostReply) -> Action? {
@@ -130,6 +138,10 @@ public struct PlayerControl: Sendable {
             guard let settled = settle(id, reply) else {
                 malformed &+= 1
                 return [.malformed("a reply to no command (id \(id))")]
+            }
+            // The host took a talk on whose talk off never reached it: it holds the floor for this player until told.
+            if case .superseded(.talk(true), .ok) = settled, talkOffUnsent {
+                return [settled, releaseTalk()]
             }
             return [settled]
         case .state(let s):

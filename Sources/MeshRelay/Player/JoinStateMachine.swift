@@ -70,6 +70,8 @@ public struct JoinStateMachine: Sendable {
     private var hasJoined = false
     /// Why the latest direct attempt past a round failed (said again only when it changes).
     private var lastRoundReason: String?
+    /// The host joined last (nil before the first join).
+    private var lastJoined: PeerID?
     /// The names hosts were paired under, as the driver said when it found them or joined them: announcements and
     /// phases call a host so. Kept for hosts found and for the host joined.
     private var pairedNames: [PeerID: String] = [:]
@@ -175,6 +177,7 @@ public struct JoinStateMachine: Sendable {
         case (_, .connected) where expected:
             state = .joined(host: peer)
             hasJoined = true
+            lastJoined = peer
             attempts = 0
             lastRoundReason = nil
             stale[peer] = nil
@@ -195,12 +198,16 @@ public struct JoinStateMachine: Sendable {
     /// its record is stale until it re-advertises. `unresolvable` says the host's name does not resolve: permanent
     /// before the first join (a name that does not exist); after it, one more failed attempt, as an address that
     /// stops answering is (a `.local` name goes away with its host). `alreadyConnected` (permanent: another player
-    /// runs under this identity) is likewise one more failed attempt after a join: the host still holds this player's
-    /// own link from before the loss, until it times it out.
+    /// runs under this identity) is likewise one more failed attempt from the host last joined (a direct target's
+    /// address is that host): it still holds this player's own link from before the loss, until it times it out.
     public mutating func invitationFailed(_ peer: PeerID?, reason: String, permanent: Bool = false, unreachable: Bool = false,
                                           unresolvable: Bool = false, alreadyConnected: Bool = false, now: UInt64) -> [Action] {
         guard case .joining(let host, _) = state, peer == nil || host == nil || host == peer else { return [] }
-        let permanent = hasJoined ? permanent && !alreadyConnected : permanent || unresolvable
+        let ownOldLink: Bool = switch target {
+        case .direct: alreadyConnected
+        case .discover: alreadyConnected && (peer ?? host) == lastJoined
+        }
+        let permanent = hasJoined ? permanent && !ownOldLink : permanent || unresolvable
         if permanent {
             if case .discover(nil) = target, let host, candidates.contains(where: { $0 != host && stale[$0] == nil }) {
                 // Any host will do, and another that answers was found: this one's answer is this host's alone. (A

@@ -348,13 +348,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 }
                 log("\(command): \(reply)")
             case .superseded(let command, let reply):
-                // Said as any answer; what it means for talking is the later command's answer's to decide. But a talk
-                // on the host took, with push-to-talk off since, leaves the host holding the floor for this player if
-                // the talk off never reached it (it could not be sent): the host is told again (a talk off it already
-                // has is answered ok, and changes nothing).
-                if case .talk(true) = command, reply == .ok, !talkWanted.load(ordering: .relaxed) {
-                    performControl([remote.withLock { $0.releaseTalk() }], host: host)
-                }
+                // Said as any answer; what it means for talking is the later command's answer's to decide.
                 log("\(command): \(reply)")
             case .stateChanged(let state, let previous):
                 controls.held = state.paused
@@ -407,18 +401,29 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                 // of its own, so that the control queue serves the listener's commands, the ticks and `stop()`
                 // meanwhile. One at a time: an attempt made while a lookup still runs is skipped (the machine's
                 // safety deadline counts it as failed).
-                guard !connecting.exchange(true, ordering: .acquiringAndReleasing) else { continue }
+                guard !connecting.exchange(true, ordering: .acquiringAndReleasing) else {
+                    log("still looking up \(endpoint.host); this attempt waits for it")
+                    continue
+                }
                 connector.async { [self] in
-                    defer { connecting.store(false, ordering: .releasing) }
-                    do throws(PeerMeshError) { try session.connect(to: endpoint, timeout: Self.answerTimeout) } catch {
-                        let unresolvable: Bool
-                        if case .unresolvable = error { unresolvable = true } else { unresolvable = false }
-                        control.async { [self] in
-                            let more = join.withLock {
-                                $0.invitationFailed(nil, reason: "\(error)", unresolvable: unresolvable, now: monotonicNow())
-                            }
-                            perform(more)
+                    // stop() may have come while this waited: a stopped player opens no link (and one opened as
+                    // stop() came is closed: it reads `ticking` after clearing it, this after connecting).
+                    var failure: PeerMeshError?
+                    if ticking.load(ordering: .acquiring) {
+                        do throws(PeerMeshError) { try session.connect(to: endpoint, timeout: Self.answerTimeout) } catch {
+                            failure = error
                         }
+                        if !ticking.load(ordering: .acquiring) { session.disconnect() }
+                    }
+                    connecting.store(false, ordering: .releasing)
+                    guard let failure else { return }
+                    let unresolvable: Bool
+                    if case .unresolvable = failure { unresolvable = true } else { unresolvable = false }
+                    control.async { [self] in
+                        let more = join.withLock {
+                            $0.invitationFailed(nil, reason: "\(failure)", unresolvable: unresolvable, now: monotonicNow())
+                        }
+                        perform(more)
                     }
                 }
             case .giveUp(let why):
