@@ -219,7 +219,7 @@ struct JoinStateMachineTests {
         #expect(m.phase == .joined(host.displayName))
     }
 
-    @Test("Direct, past a round after a join: a new reason is said once (the host is back, but full); an answer 'already connected' (the host still holds this player's link from before the loss) is one more attempt, where before the first join it ends the join")
+    @Test("Direct, past a round after a join: a new reason is said once (the host is back, but full); an answer 'already connected' (the host still holds this player's link from before the loss) is one more attempt, where before the first join, or from another host at the address, it ends the join")
     func directAfterARoundSaysNewReasonsAndRetriesAlreadyConnected() {
         let e = PeerEndpoint(host: "127.0.0.1", port: 9)
         var fresh = JoinStateMachine(target: .direct(e), maximumAttempts: 2)
@@ -248,6 +248,12 @@ struct JoinStateMachineTests {
         while t.isEmpty { now += 50 * ms; t = m.tick(now: now) }
         #expect(t == [.connect(e)])
         #expect(m.sessionState(host, .connected, now: now + 10 * ms) == [.announce("joined \(host.displayName)")])
+        // Another host at the address, known by its first frame, where another player runs under this identity.
+        _ = m.sessionState(host, .notConnected, now: now + 20 * ms)
+        t = []
+        while t.isEmpty { now += 50 * ms; t = m.tick(now: now) }
+        #expect(m.invitationFailed(other, reason: "already connected", permanent: true, alreadyConnected: true, now: now + 10 * ms)
+                == [.giveUp("already connected")])
     }
 
     @Test("Any host, after a join: 'already connected' from the host last joined (its old link) is retried; from another host (a second player under this identity is there) it is that host's answer alone")

@@ -31,9 +31,9 @@ public struct PlayerControl: Sendable {
     private var pending: [UInt32: PlayerCommand] = [:]
     /// The id of the latest talk command sent: only its answer decides whether this player talks.
     private var latestTalk: UInt32?
-    /// The latest talk command was a talk off that could not be sent (`notSent`): the host, if it took an earlier
+    /// The latest talk command could not be sent (`notSent`): push-to-talk is off, and the host, if it took an earlier
     /// talk on, still holds the floor for this player.
-    private var talkOffUnsent = false
+    private var latestTalkUnsent = false
     /// The features the host's TXT record advertised, when it was found by DNS-SD.
     private var advertised: ControlFeatures?
     /// The host's latest state (nil until it sends one after joining).
@@ -55,6 +55,8 @@ public struct PlayerControl: Sendable {
     public mutating func joined() {
         host = nil
         pending = [:]
+        latestTalk = nil
+        latestTalkUnsent = false
     }
 
     /// The host left: commands waiting for an answer get none, and are answered here as failed.
@@ -62,13 +64,16 @@ public struct PlayerControl: Sendable {
         let waiting = pending.sorted { $0.key < $1.key }.map { Action.answered($0.value, .failed("the host left")) }
         pending = [:]
         host = nil
+        latestTalk = nil
+        latestTalkUnsent = false
         return waiting
     }
 
     /// The user asks for `command` at `now` (monotonic nanoseconds).
     public mutating func request(_ command: PlayerCommand, now: UInt64) -> Action { ask(command, budgetAt: now) }
 
-    /// `talk off` without the listener asking (the talk input ended, or the listener's could not be sent), outside
+    /// `talk off` without the listener asking (the talk input ended, or the talk commands after a talk on the host took
+    /// could not be sent), outside
     /// the command budget: the host frees the floor even right after a burst of commands. It comes at most once per
     /// `talk on` answered ok, which the budget counts.
     public mutating func releaseTalk() -> Action { ask(.talk(false), budgetAt: nil) }
@@ -102,7 +107,7 @@ public struct PlayerControl: Sendable {
         pending[id] = command
         if case .talk = command {
             latestTalk = id
-            talkOffUnsent = false
+            latestTalkUnsent = false
         }
         return .send(ControlMessage.command(id: id, command).encoded, id: id)
     }
@@ -111,7 +116,7 @@ public struct PlayerControl: Sendable {
     /// come, so it is answered here as failed, as an answer from the host would be (a talk command's decides, if
     /// it is the latest). Nothing for a command already settled.
     public mutating func notSent(id: UInt32, because why: String) -> [Action] {
-        if id == latestTalk, case .talk(false)? = pending[id] { talkOffUnsent = true }
+        if id == latestTalk { latestTalkUnsent = true }
         return settle(id, .failed("not sent: \(why)")).map { [$0] } ?? []
     }
 
@@ -139,8 +144,9 @@ public struct PlayerControl: Sendable {
                 malformed &+= 1
                 return [.malformed("a reply to no command (id \(id))")]
             }
-            // The host took a talk on whose talk off never reached it: it holds the floor for this player until told.
-            if case .superseded(.talk(true), .ok) = settled, talkOffUnsent {
+            // The host took a talk on, and the talk commands after it never reached it: it holds the floor for this
+            // player until told.
+            if case .superseded(.talk(true), .ok) = settled, latestTalkUnsent {
                 return [settled, releaseTalk()]
             }
             return [settled]

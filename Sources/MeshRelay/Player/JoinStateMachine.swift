@@ -198,13 +198,14 @@ public struct JoinStateMachine: Sendable {
     /// its record is stale until it re-advertises. `unresolvable` says the host's name does not resolve: permanent
     /// before the first join (a name that does not exist); after it, one more failed attempt, as an address that
     /// stops answering is (a `.local` name goes away with its host). `alreadyConnected` (permanent: another player
-    /// runs under this identity) is likewise one more failed attempt from the host last joined (a direct target's
-    /// address is that host): it still holds this player's own link from before the loss, until it times it out.
+    /// runs under this identity) is likewise one more failed attempt from the host last joined (at a direct target's
+    /// address, any host whose identity is not yet known): it still holds this player's own link from before the
+    /// loss, until it times it out.
     public mutating func invitationFailed(_ peer: PeerID?, reason: String, permanent: Bool = false, unreachable: Bool = false,
                                           unresolvable: Bool = false, alreadyConnected: Bool = false, now: UInt64) -> [Action] {
         guard case .joining(let host, _) = state, peer == nil || host == nil || host == peer else { return [] }
         let ownOldLink: Bool = switch target {
-        case .direct: alreadyConnected
+        case .direct: alreadyConnected && (peer == nil || peer == lastJoined)
         case .discover: alreadyConnected && (peer ?? host) == lastJoined
         }
         let permanent = hasJoined ? permanent && !ownOldLink : permanent || unresolvable

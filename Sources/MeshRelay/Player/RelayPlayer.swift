@@ -406,8 +406,9 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                     continue
                 }
                 connector.async { [self] in
-                    // stop() may have come while this waited: a stopped player opens no link (and one opened as
-                    // stop() came is closed: it reads `ticking` after clearing it, this after connecting).
+                    // stop() may have come while this waited: a stopped player opens no link. One opened as stop()
+                    // came is closed either here or by stop(): the session's lock orders this invitation's start
+                    // against stop()'s disconnects, which come after it clears `ticking`.
                     var failure: PeerMeshError?
                     if ticking.load(ordering: .acquiring) {
                         do throws(PeerMeshError) { try session.connect(to: endpoint, timeout: Self.answerTimeout) } catch {
