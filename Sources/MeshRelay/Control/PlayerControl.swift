@@ -73,9 +73,8 @@ public struct PlayerControl: Sendable {
     public mutating func request(_ command: PlayerCommand, now: UInt64) -> Action { ask(command, budgetAt: now) }
 
     /// `talk off` without the listener asking (the talk input ended, or the talk commands after a talk on the host took
-    /// could not be sent), outside
-    /// the command budget: the host frees the floor even right after a burst of commands. It comes at most once per
-    /// `talk on` answered ok, which the budget counts.
+    /// could not be sent), outside the command budget: the host frees the floor even right after a burst of commands.
+    /// It comes at most once per `talk on` answered ok, which the budget counts.
     public mutating func releaseTalk() -> Action { ask(.talk(false), budgetAt: nil) }
 
     private mutating func ask(_ command: PlayerCommand, budgetAt now: UInt64?) -> Action {

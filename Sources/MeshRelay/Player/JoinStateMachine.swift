@@ -208,8 +208,8 @@ public struct JoinStateMachine: Sendable {
         case .direct: alreadyConnected && (peer == nil || peer == lastJoined)
         case .discover: alreadyConnected && (peer ?? host) == lastJoined
         }
-        let permanent = hasJoined ? permanent && !ownOldLink : permanent || unresolvable
-        if permanent {
+        let endsJoin = hasJoined ? permanent && !ownOldLink : permanent || unresolvable
+        if endsJoin {
             if case .discover(nil) = target, let host, candidates.contains(where: { $0 != host && stale[$0] == nil }) {
                 // Any host will do, and another that answers was found: this one's answer is this host's alone. (A
                 // stale record is no host to go on for: with only those left, the join ends as it would alone.)

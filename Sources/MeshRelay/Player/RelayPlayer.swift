@@ -102,9 +102,10 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     /// - Parameters:
     ///   - log: one human-readable line per event.
     ///   - onGiveUp: called once, with the reason, when joining cannot succeed (direct connects exhausted before
-    ///     the first join, not paired, declined, a name that does not resolve before the first join) or playing cannot go on (the output device failed or
-    ///     stopped taking audio, the output file could not be written); the reason is not also logged. It, `log`
-    ///     and `makeSink` run on the player's control queue; they may call `stop()`.
+    ///     the first join, not paired, declined, a name that does not resolve before the first join) or playing
+    ///     cannot go on (the output device failed or stopped taking audio, the output file could not be written);
+    ///     the reason is not also logged. It, `log` and `makeSink` run on the player's control queue; they may call
+    ///     `stop()`.
     public init(configuration: Configuration, makeSink: @escaping SinkFactory,
                 log: @escaping @Sendable (String) -> Void = { _ in },
                 onGiveUp: @escaping @Sendable (String) -> Void = { _ in }) throws {
@@ -399,8 +400,8 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
             case .connect(let endpoint):
                 // A name's lookup may take seconds (a `.local` host that is away, tried every 2 s): it runs on a queue
                 // of its own, so that the control queue serves the listener's commands, the ticks and `stop()`
-                // meanwhile. One at a time: an attempt made while a lookup still runs is skipped (the machine's
-                // safety deadline counts it as failed).
+                // meanwhile. One at a time: an attempt made while a lookup still runs (only after the machine's
+                // safety deadline) takes that lookup's outcome, its failure or its connection.
                 guard !connecting.exchange(true, ordering: .acquiringAndReleasing) else {
                     log("still looking up \(endpoint.host); this attempt waits for it")
                     continue
