@@ -107,19 +107,19 @@ struct RemoteControlTests {
         #expect((final["pausedMs"] as? Double ?? 0) >= 2700, "\(final)")
         #expect(a.stderr.filter { $0.contains("joined ctl-host") }.count == 1, "joined once, never lost: \(a.stderr)")
         #expect((final["lossPercent"] as? Double ?? 1) < 0.5 && (final["concealedMs"] as? Double ?? 999) < 60, "\(final)")
-        // No backlog: after the resume the buffer holds what its target asks, not the paused seconds. (The target
-        // itself may move: one late burst from a loaded machine raises it by ~10 ms, before or after the pause. The
-        // buffer follows a falling target only after the excess has lasted 2 s, so it is held to the highest target
-        // of the last three status lines, a second apart.)
+        // No backlog: after the resume the buffer holds what its target asks, not the paused seconds (a backlog
+        // would be ≥ 2.7 s). The target itself may move: one late burst from a loaded machine raises it by ~10 ms,
+        // before or after the pause, and the burst's packets sit above the target until the excess has lasted 2 s.
+        // So each of the last three status lines (a second apart) is far below a backlog, and at least one of them
+        // is within 6 ms of the highest target of the three lines up to it.
         let lines = a.jsonObjects.compactMap { o -> (buffer: Double, target: Double)? in
             guard let b = o["bufferMs"] as? Double, let t = o["targetMs"] as? Double else { return nil }
             return (b, t)
         }
-        #expect(lines.count >= 6, "\(a.jsonObjects.count) status lines")
-        for i in (lines.count - 2)..<lines.count where i >= 2 {
-            let recentTarget = lines[(i - 2)...i].map(\.target).max()!
-            #expect(lines[i].buffer <= recentTarget + 6 && lines[i].buffer < 100, "buffer/target \(lines)")
-        }
+        guard lines.count >= 6 else { Issue.record("\(a.jsonObjects.count) status lines"); return }
+        let last = (lines.count - 3)..<lines.count
+        #expect(last.allSatisfy { lines[$0].buffer < 250 }, "buffer/target \(lines)")
+        #expect(last.contains { lines[$0].buffer <= lines[($0 - 2)...$0].map(\.target).max()! + 6 }, "buffer/target \(lines)")
         // B never stopped.
         let wb = Self.windows(try readWAV(outB).samples)
         guard let startB = wb.firstIndex(where: { $0 > 0.05 }) else { Issue.record("B played nothing"); return }
