@@ -349,14 +349,19 @@ func fanout() {
     }
     // Each player has its own identity, trusted by the host (its state directory's trust store), and trusts it back.
     // Without --host-state the host is one that admits all (mesh-bench serve), and the players join any host.
+    // The players' trust store lives for this run only: its directory is removed when the players have stopped, or
+    // before a failure exits.
     let hostState = options.hostState.map(StateDirectory.init)
+    let playerTrustDirectory = NSTemporaryDirectory() + "mesh-bench-\(getpid())"
+    func removePlayerTrust() { try? FileManager.default.removeItem(atPath: playerTrustDirectory) }
+    func giveUp(_ text: String) -> Never { removePlayerTrust(); terminal.fail(text) }
     var hosts = RelayPlayer.HostPolicy.any
     if let hostState {
-        let playerTrust = TrustStore(path: NSTemporaryDirectory() + "mesh-bench-\(getpid())/paired.json")
+        let playerTrust = TrustStore(path: playerTrustDirectory + "/paired.json")
         do {
             try playerTrust.add(try PeerIdentity.load(from: hostState.identityPath).publicKey, name: "bench host")
         } catch {
-            fail("\(error)")
+            giveUp("\(error)")
         }
         hosts = .paired(playerTrust)
     }
@@ -374,7 +379,7 @@ func fanout() {
             try p.start()
             list.append(p)
         } catch {
-            fail("player \(n): \(error)")
+            giveUp("player \(n): \(error)")
         }
     }
     // Wait (bounded) until every player hears audio, then measure a clean window of `seconds`.
@@ -393,6 +398,7 @@ func fanout() {
     let host1 = hostPid.flatMap(processCPUSeconds)
     let window = Double(now() - t0) / 1e9
     for p in list { p.stop() }
+    removePlayerTrust()
 
     func cpu(_ u: rusage) -> Double {
         Double(u.ru_utime.tv_sec) + Double(u.ru_utime.tv_usec) / 1e6 + Double(u.ru_stime.tv_sec) + Double(u.ru_stime.tv_usec) / 1e6
