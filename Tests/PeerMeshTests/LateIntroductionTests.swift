@@ -21,9 +21,9 @@ struct LateIntroductionTests {
         var m = MembershipStateMachine(me: host, topology: .mesh, maximumPeers: 8)
         #expect(m.connected(guest, introducedBy: nil).isEmpty)
         #expect(m.connected(second, introducedBy: nil) == [.send(guest, .introRequest(peer: second, members: [guest.identity]))])
-        #expect(m.disconnected(second).isEmpty, "the newcomer leaves before the guest answers")
-        #expect(m.received(.introData(forIdentity: second.identity, data: [1, 2, 3]), from: guest) == [])
-        #expect(m.received(.introData(forIdentity: second.identity, data: [1]), from: guest)
+        #expect(m.disconnected(second, now: 0).isEmpty, "the newcomer leaves before the guest answers")
+        #expect(m.received(.introData(forIdentity: second.identity, data: [1, 2, 3]), from: guest, now: 0) == [])
+        #expect(m.received(.introData(forIdentity: second.identity, data: [1]), from: guest, now: 0)
                 == [.fault(guest, .unexpectedFrame("MESH_INTRO_DATA that was not asked for"))])
     }
 
@@ -32,13 +32,13 @@ struct LateIntroductionTests {
         var m = MembershipStateMachine(me: host, topology: .mesh, maximumPeers: 8)
         _ = m.connected(guest, introducedBy: nil)
         _ = m.connected(second, introducedBy: nil)
-        _ = m.disconnected(second)
+        _ = m.disconnected(second, now: 0)
         #expect(m.connected(second, introducedBy: nil) == [.send(guest, .introRequest(peer: second, members: [guest.identity]))], "asked again")
-        #expect(m.received(.introData(forIdentity: second.identity, data: [1]), from: guest)
+        #expect(m.received(.introData(forIdentity: second.identity, data: [1]), from: guest, now: 0)
                 == [.send(second, .introduce(peer: guest, data: [1]))])
-        #expect(m.received(.introData(forIdentity: second.identity, data: [2]), from: guest)
+        #expect(m.received(.introData(forIdentity: second.identity, data: [2]), from: guest, now: 0)
                 == [.send(second, .introduce(peer: guest, data: [2]))])
-        #expect(isFault(m.received(.introData(forIdentity: second.identity, data: [3]), from: guest)), "a third was not asked for")
+        #expect(isFault(m.received(.introData(forIdentity: second.identity, data: [3]), from: guest, now: 0)), "a third was not asked for")
     }
 
     @Test("Pure: a member that never answers: requests about the last 32 newcomers that left are kept whole, older ones as one count")
@@ -49,21 +49,21 @@ struct LateIntroductionTests {
         let newcomers = try (0..<count).map { try PeerID(displayName: "newcomer \($0)") }
         for n in newcomers {
             #expect(m.connected(n, introducedBy: nil) == [.send(guest, .introRequest(peer: n, members: [guest.identity]))])
-            _ = m.disconnected(n)
+            _ = m.disconnected(n, now: 0)
         }
         // Every one of the 40 answers is owed, so none is a fault: the oldest eight as a count, the latest 32 by name.
         for n in newcomers.reversed() {
-            #expect(m.received(.introData(forIdentity: n.identity, data: [7]), from: guest) == [], "\(n.displayName)")
+            #expect(m.received(.introData(forIdentity: n.identity, data: [7]), from: guest, now: 0) == [], "\(n.displayName)")
         }
-        #expect(isFault(m.received(.introData(forIdentity: newcomers[0].identity, data: []), from: guest)), "a 41st was not asked for")
+        #expect(isFault(m.received(.introData(forIdentity: newcomers[0].identity, data: []), from: guest, now: 0)), "a 41st was not asked for")
         // A member that leaves owes nothing: requests to it are dropped, and so are the counts.
         for n in newcomers.prefix(count) {
             _ = m.connected(n, introducedBy: nil)
-            _ = m.disconnected(n)
+            _ = m.disconnected(n, now: 0)
         }
-        _ = m.disconnected(guest)
+        _ = m.disconnected(guest, now: 0)
         _ = m.connected(guest, introducedBy: nil)
-        #expect(isFault(m.received(.introData(forIdentity: newcomers[0].identity, data: []), from: guest)))
+        #expect(isFault(m.received(.introData(forIdentity: newcomers[0].identity, data: []), from: guest, now: 0)))
     }
 
     @Test("Pure: a newcomer that comes back through an introduction is a member again, not one of the departed")
@@ -71,23 +71,23 @@ struct LateIntroductionTests {
         var m = MembershipStateMachine(me: host, topology: .mesh, maximumPeers: 8)
         _ = m.connected(guest, introducedBy: nil)
         _ = m.connected(second, introducedBy: nil)
-        _ = m.disconnected(second)
+        _ = m.disconnected(second, now: 0)
         // Another member asks us to make data for `second`: its next link to us comes from an introduction.
         let third = try PeerID(displayName: "third")
         _ = m.connected(third, introducedBy: nil)
         // It asked us and the guest about `second`: its ticket says so.
         var ticket = try #require(m.introduction(by: third))
         ticket.listed = [host.identity, guest.identity]
-        #expect(m.received(.introRequest(peer: second, members: [host.identity, guest.identity]), from: third)
+        #expect(m.received(.introRequest(peer: second, members: [host.identity, guest.identity]), from: third, now: 0)
                 == [.makeData(for: second, replyTo: third, introduction: ticket)])
         #expect(m.connected(second, introducedBy: ticket).isEmpty, "an introduced link introduces no one its introducer asked")
         // 40 other newcomers come and go while the guest is slow; its answer about the connected `second` is still owed.
         for i in 0..<(MembershipStateMachine.maximumDeparted + 8) {
             let n = try PeerID(displayName: "churn \(i)")
             _ = m.connected(n, introducedBy: nil)
-            _ = m.disconnected(n)
+            _ = m.disconnected(n, now: 0)
         }
-        #expect(m.received(.introData(forIdentity: second.identity, data: [1]), from: guest)
+        #expect(m.received(.introData(forIdentity: second.identity, data: [1]), from: guest, now: 0)
                 == [.send(second, .introduce(peer: guest, data: [1]))])
     }
 

@@ -210,8 +210,8 @@ struct MembershipStateMachineTests {
         let a = try PeerID(displayName: "a"), b = try PeerID(displayName: "b"), c = try PeerID(displayName: "c")
         var m = MembershipStateMachine(me: a, topology: .star, maximumPeers: 8)
         #expect(m.connected(b, introducedBy: nil).isEmpty && m.connected(c, introducedBy: nil).isEmpty)
-        #expect(m.received(.introRequest(peer: c), from: b) == [.send(b, .introData(forIdentity: c.identity, data: []))])
-        #expect(m.received(.introduce(peer: c, data: [1]), from: b).isEmpty)
+        #expect(m.received(.introRequest(peer: c), from: b, now: 0) == [.send(b, .introData(forIdentity: c.identity, data: []))])
+        #expect(m.received(.introduce(peer: c, data: [1]), from: b, now: 0).isEmpty)
     }
 
     @Test("A member whose link carries no key is neither introduced, nor asked to introduce, nor followed when it asks for data or introduces")
@@ -226,12 +226,12 @@ struct MembershipStateMachineTests {
         // p proved no identity: it may not bring anyone in. Its request gets empty data (no ticket is made), its
         // introduction is not followed, and neither counts against anyone's share.
         let e = try PeerID(displayName: "e")
-        #expect(m.received(.introRequest(peer: e, members: [a.identity], fillsGap: false), from: p)
+        #expect(m.received(.introRequest(peer: e, members: [a.identity], fillsGap: false), from: p, now: 0)
                 == [.send(p, .introData(forIdentity: e.identity, data: []))])
-        #expect(m.received(.introduce(peer: e, data: [1, 2, 3]), from: p).isEmpty)
+        #expect(m.received(.introduce(peer: e, data: [1, 2, 3]), from: p, now: 0).isEmpty)
         #expect(m.expectedIntroductions.introduced == 0)
         // A keyed member's are taken as before.
-        #expect(m.received(.introduce(peer: e, data: [1, 2, 3]), from: b) == [.connect(e, data: [1, 2, 3], introducer: b)])
+        #expect(m.received(.introduce(peer: e, data: [1, 2, 3]), from: b, now: 0) == [.connect(e, data: [1, 2, 3], introducer: b)])
     }
 
     @Test("A member that asks for data without end is answered with empty data past 64 at once (or twice maximumPeers) and 10 a second, its gap requests apart from its newcomers'; coming back buys it nothing; another member is not held up")
@@ -259,7 +259,7 @@ struct MembershipStateMachineTests {
         #expect(madeData(try ask(from: b, at: start + 100_000_000)), "one more each 100 ms")
         #expect(!madeData(try ask(from: b, at: start + 100_000_000)))
         // Leaving and coming back restores nothing.
-        _ = m.disconnected(b)
+        _ = m.disconnected(b, now: 0)
         _ = m.connected(b, introducedBy: nil)
         #expect(!madeData(try ask(from: b, at: start + 150_000_000)))
         // Paid off in 6.4 s: the whole burst again.
@@ -270,13 +270,13 @@ struct MembershipStateMachineTests {
         let a = try PeerID(displayName: "a"), b = try PeerID(displayName: "b"), c = try PeerID(displayName: "c")
         var m = MembershipStateMachine(me: a, topology: .mesh, maximumPeers: 3)
         _ = m.connected(b, introducedBy: nil)
-        #expect(m.received(.introData(forIdentity: 99, data: [1]), from: b) == [.fault(b, .unexpectedFrame("MESH_INTRO_DATA that was not asked for"))])
+        #expect(m.received(.introData(forIdentity: 99, data: [1]), from: b, now: 0) == [.fault(b, .unexpectedFrame("MESH_INTRO_DATA that was not asked for"))])
         _ = m.connected(c, introducedBy: nil)
         // Full (a, b, c = 3): no data for a fourth, and no connection to one either.
         let d = try PeerID(displayName: "d")
-        #expect(m.received(.introRequest(peer: d), from: b) == [.send(b, .introData(forIdentity: d.identity, data: []))])
-        #expect(m.received(.introduce(peer: d, data: [1]), from: b) == [.notFollowed(introducer: b)], "no room: counted")
-        #expect(m.received(.introRequest(peer: a), from: b) == [.send(b, .introData(forIdentity: a.identity, data: []))], "not about ourselves")
+        #expect(m.received(.introRequest(peer: d), from: b, now: 0) == [.send(b, .introData(forIdentity: d.identity, data: []))])
+        #expect(m.received(.introduce(peer: d, data: [1]), from: b, now: 0) == [.notFollowed(introducer: b)], "no room: counted")
+        #expect(m.received(.introRequest(peer: a), from: b, now: 0) == [.send(b, .introData(forIdentity: a.identity, data: []))], "not about ourselves")
     }
 
     /// Whether `actions` ask `member` about `peer`, whatever members the request lists.
@@ -304,7 +304,7 @@ struct MembershipStateMachineTests {
             t.listed = []
             return t
         }
-        #expect(m.received(.introRequest(peer: expected), from: honest) == [.makeData(for: expected, replyTo: honest, introduction: try ticket(honest, m))])
+        #expect(m.received(.introRequest(peer: expected), from: honest, now: 0) == [.makeData(for: expected, replyTo: honest, introduction: try ticket(honest, m))])
         var named: [PeerID] = []
         for i in 0..<200 {
             let newcomer = try PeerIdentity.generate(displayName: "n\(i)").peerID
@@ -328,7 +328,7 @@ struct MembershipStateMachineTests {
         // One that comes with data made for the liar's request is the liar's to introduce, while the liar is a member.
         let byLiar = try #require(m.introduction(by: liar))
         #expect(m.connected(named[8], introducedBy: byLiar).isEmpty)
-        _ = m.disconnected(liar)
+        _ = m.disconnected(liar, now: 0)
         // Once it has left, one that comes with its data is a plain newcomer: the liar may have introduced it to no one.
         let late = m.connected(named[9], introducedBy: byLiar)
         #expect(Self.asks(late, honest, about: named[9]) && late.count == 4, "\(late)")
@@ -349,7 +349,7 @@ struct MembershipStateMachineTests {
         for i in 0..<100 {
             let other = try PeerIdentity.generate(displayName: "o\(i)").peerID
             others.append(other)
-            let actions = m.received(.introduce(peer: other, data: [UInt8(i)]), from: liar)
+            let actions = m.received(.introduce(peer: other, data: [UInt8(i)]), from: liar, now: 0)
             if actions == [.connect(other, data: [UInt8(i)], introducer: liar)] {
                 followed += 1
             } else {
@@ -357,28 +357,28 @@ struct MembershipStateMachineTests {
             }
         }
         #expect(followed == 16, "the first 16, then none")
-        #expect(m.received(.introduce(peer: others[0], data: [7, 7]), from: liar) == [.notFollowed(introducer: liar)],
+        #expect(m.received(.introduce(peer: others[0], data: [7, 7]), from: liar, now: 0) == [.notFollowed(introducer: liar)],
                 "nor the same peer again")
         #expect(m.expectedIntroductions.introduced == 16 && m.expectedIntroductions.introducedBy == [liar.identity: 16])
         // The first address of one of them failed: the driver says it is not connected. It is still expected through
         // the introduction (the next address may work), and the link that does connect it carries the introduction.
-        #expect(m.disconnected(others[1]).isEmpty)
+        #expect(m.disconnected(others[1], now: 0).isEmpty)
         #expect(m.expectedIntroductions.introduced == 16)
         // The honest member's introductions are its own: followed.
         let real = try PeerIdentity.generate(displayName: "real").peerID
-        #expect(m.received(.introduce(peer: real, data: [1]), from: honest) == [.connect(real, data: [1], introducer: honest)])
+        #expect(m.received(.introduce(peer: real, data: [1]), from: honest, now: 0) == [.connect(real, data: [1], introducer: honest)])
         // Two of the liar's peers join: members (introduced, so they introduce no one), and two places free.
         let byLiar = try #require(m.introduction(by: liar))
         #expect(m.connected(others[1], introducedBy: byLiar).isEmpty)
         #expect(m.connected(others[3], introducedBy: byLiar).isEmpty)
         #expect(m.expectedIntroductions.introducedBy[liar.identity] == 14)
         // A peer introduced again (an honest introducer may pass on two answers about one peer) takes a place too.
-        #expect(m.received(.introduce(peer: others[0], data: [7, 7]), from: liar) == [.connect(others[0], data: [7, 7], introducer: liar)])
+        #expect(m.received(.introduce(peer: others[0], data: [7, 7]), from: liar, now: 0) == [.connect(others[0], data: [7, 7], introducer: liar)])
         let next = try PeerIdentity.generate(displayName: "next").peerID
-        #expect(m.received(.introduce(peer: next, data: [2]), from: liar) == [.connect(next, data: [2], introducer: liar)])
-        #expect(m.received(.introduce(peer: others[60], data: [3]), from: liar) == [.notFollowed(introducer: liar)], "16 again")
+        #expect(m.received(.introduce(peer: next, data: [2]), from: liar, now: 0) == [.connect(next, data: [2], introducer: liar)])
+        #expect(m.received(.introduce(peer: others[60], data: [3]), from: liar, now: 0) == [.notFollowed(introducer: liar)], "16 again")
         // The liar leaves: what it introduced that has not joined is forgotten; the honest member's is still expected.
-        _ = m.disconnected(liar)
+        _ = m.disconnected(liar, now: 0)
         #expect(m.expectedIntroductions.introduced == 1 && m.expectedIntroductions.introducedBy == [honest.identity: 1])
         // A peer the liar introduced that joins after it left is a plain newcomer: introduced to the others.
         #expect(Self.asks(m.connected(others[5], introducedBy: byLiar), honest, about: others[5]))
@@ -387,7 +387,7 @@ struct MembershipStateMachineTests {
         // place in the member's share and leaves its peer unexpected; one of two of the same peer leaves the other.
         let twice = try PeerIdentity.generate(displayName: "twice").peerID
         for data: [UInt8] in [[4], [5]] {
-            #expect(m.received(.introduce(peer: twice, data: data), from: honest) == [.connect(twice, data: data, introducer: honest)])
+            #expect(m.received(.introduce(peer: twice, data: data), from: honest, now: 0) == [.connect(twice, data: data, introducer: honest)])
         }
         #expect(m.expectedIntroductions.introducedBy == [honest.identity: 3] && m.expectedIntroductions.introduced == 2)
         m.notFollowed(twice, introducedBy: honest)
@@ -473,7 +473,7 @@ struct MembershipStateMachineTests {
         #expect(m.connected(x, introducedBy: nil) == [.send(h, .introRequest(peer: x, members: [h.identity]))], "x joined us")
         #expect(m.connected(y, introducedBy: m.introduction(by: h)).isEmpty, "we followed h's introduction to y")
         func data(for peer: PeerID, from member: PeerID, listing: [UInt64]) throws -> MembershipStateMachine.Introduction {
-            let actions = m.received(.introRequest(peer: peer, members: listing), from: member)
+            let actions = m.received(.introRequest(peer: peer, members: listing), from: member, now: 0)
             guard case .makeData(peer, member, let introduction)? = actions.first, actions.count == 1 else {
                 Issue.record("\(actions)")
                 throw CancellationError()
@@ -488,8 +488,8 @@ struct MembershipStateMachineTests {
         // The member asked makes data whose ticket is counted with the gaps we fill, apart from our newcomers'.
         var asX = MembershipStateMachine(me: x, topology: .mesh, maximumPeers: 16)
         _ = asX.connected(a, introducedBy: nil)
-        guard case .makeData(_, _, let gapTicket)? = asX.received(.introRequest(peer: n, members: [x.identity], fillsGap: true), from: a).first,
-              case .makeData(_, _, let newcomerTicket)? = asX.received(.introRequest(peer: y, members: [x.identity]), from: a).first
+        guard case .makeData(_, _, let gapTicket)? = asX.received(.introRequest(peer: n, members: [x.identity], fillsGap: true), from: a, now: 0).first,
+              case .makeData(_, _, let newcomerTicket)? = asX.received(.introRequest(peer: y, members: [x.identity]), from: a, now: 0).first
         else { Issue.record("x made no data"); return }
         #expect(gapTicket.fillsGap && !newcomerTicket.fillsGap && gapTicket.listed == [x.identity])
         // One whose request listed x too: no one to introduce it to.
@@ -498,7 +498,7 @@ struct MembershipStateMachineTests {
         // One we follow an introduction to: it is its introducer's to introduce.
         #expect(m.connected(try PeerID(displayName: "followed"), introducedBy: m.introduction(by: h)).isEmpty)
         // h leaves and comes back: y was introduced by its earlier membership, which the new one knows nothing of.
-        _ = m.disconnected(h)
+        _ = m.disconnected(h, now: 0)
         _ = m.connected(h, introducedBy: nil)
         let later = try PeerID(displayName: "later")
         let asked = m.connected(later, introducedBy: try data(for: later, from: h, listing: [a.identity, x.identity, n.identity, listedX.identity]))
@@ -656,35 +656,35 @@ struct MembershipStateMachineTests {
         _ = s.connected(y, introducedBy: nil)
         s.endedByChoice(y, until: .max)
         #expect(s.disconnected(y, lost: true, now: 1).isEmpty, "no relink")
-        #expect(s.received(.introRequest(peer: y), from: m) == [.send(m, .introData(forIdentity: y.identity, data: []))])
-        #expect(s.received(.introduce(peer: y, data: [1]), from: m).isEmpty, "not followed, not counted")
+        #expect(s.received(.introRequest(peer: y), from: m, now: 0) == [.send(m, .introData(forIdentity: y.identity, data: []))])
+        #expect(s.received(.introduce(peer: y, data: [1]), from: m, now: 0).isEmpty, "not followed, not counted")
         #expect(s.nextDeadline == nil, "the app's choice does not expire")
         #expect(s.tick(now: .max - 1).isEmpty)
-        #expect(s.received(.introRequest(peer: y), from: m) == [.send(m, .introData(forIdentity: y.identity, data: []))])
+        #expect(s.received(.introRequest(peer: y), from: m, now: 0) == [.send(m, .introData(forIdentity: y.identity, data: []))])
         // An introduced link (a ticket made before the choice) leaves it standing.
         _ = s.connected(y, introducedBy: s.introduction(by: m))
-        _ = s.disconnected(y)
-        #expect(s.received(.introRequest(peer: y), from: m) == [.send(m, .introData(forIdentity: y.identity, data: []))])
+        _ = s.disconnected(y, now: 0)
+        #expect(s.received(.introRequest(peer: y), from: m, now: 0) == [.send(m, .introData(forIdentity: y.identity, data: []))])
         // Connected again by the app (it invited it, or accepted its invitation): the choice is gone.
         _ = s.connected(y, introducedBy: nil)
-        _ = s.disconnected(y)
-        if case .makeData? = s.received(.introRequest(peer: y), from: m).first {} else { Issue.record("data for y again") }
+        _ = s.disconnected(y, now: 0)
+        if case .makeData? = s.received(.introRequest(peer: y), from: m, now: 0).first {} else { Issue.record("data for y again") }
 
         // A fault's quarantine ends.
         let f = try PeerID(displayName: "f")
         s.endedByChoice(f, until: 100)
         #expect(s.nextDeadline == 100)
-        #expect(s.received(.introRequest(peer: f), from: m) == [.send(m, .introData(forIdentity: f.identity, data: []))])
+        #expect(s.received(.introRequest(peer: f), from: m, now: 0) == [.send(m, .introData(forIdentity: f.identity, data: []))])
         #expect(s.tick(now: 99).isEmpty && s.nextDeadline == 100)
         _ = s.tick(now: 100)
         #expect(s.nextDeadline == nil)
-        if case .makeData? = s.received(.introRequest(peer: f), from: m).first {} else { Issue.record("data for f after its quarantine") }
+        if case .makeData? = s.received(.introRequest(peer: f), from: m, now: 0).first {} else { Issue.record("data for f after its quarantine") }
 
         // Bounded: past 256 choices, the one that ends first is forgotten.
         s.endedByChoice(f, until: 50)
         let others = try (0..<MembershipStateMachine.maximumEndedByChoice).map { try PeerID(displayName: "e\($0)") }
         for e in others { s.endedByChoice(e, until: .max) }
-        if case .makeData? = s.received(.introRequest(peer: f), from: m).first {} else { Issue.record("f's choice was the one forgotten") }
+        if case .makeData? = s.received(.introRequest(peer: f), from: m, now: 0).first {} else { Issue.record("f's choice was the one forgotten") }
         #expect(!s.refuses(f) && others.allSatisfy { s.refuses($0) })
     }
 
@@ -715,24 +715,24 @@ struct MembershipStateMachineTests {
         _ = m.connected(lost, introducedBy: nil)
         _ = m.connected(keyless, introducedBy: nil)
         for id in [me.identity, asker.identity, keyless.identity, 12345] {
-            #expect(m.received(.relink(identity: id), from: asker).isEmpty, "about \(id): nothing to introduce")
+            #expect(m.received(.relink(identity: id), from: asker, now: 0).isEmpty, "about \(id): nothing to introduce")
         }
-        #expect(m.received(.relink(identity: lost.identity), from: keyless).isEmpty, "a keyless asker pins no key")
-        let asks = m.received(.relink(identity: lost.identity), from: asker)
+        #expect(m.received(.relink(identity: lost.identity), from: keyless, now: 0).isEmpty, "a keyless asker pins no key")
+        let asks = m.received(.relink(identity: lost.identity), from: asker, now: 0)
         guard case .send(let to, .introRequest(let about, let listed, let fillsGap))? = asks.first, asks.count == 1 else {
             Issue.record("\(asks)")
             return
         }
         #expect(to == lost && about == asker && fillsGap && listed.contains(lost.identity))
-        #expect(m.received(.relink(identity: lost.identity), from: asker).isEmpty, "the request is open")
+        #expect(m.received(.relink(identity: lost.identity), from: asker, now: 0).isEmpty, "the request is open")
         // Answered (empty: the lost member still held the link): asked again, a request again.
-        #expect(m.received(.introData(forIdentity: asker.identity, data: []), from: lost).isEmpty)
-        #expect(m.received(.relink(identity: lost.identity), from: asker).count == 1)
+        #expect(m.received(.introData(forIdentity: asker.identity, data: []), from: lost, now: 0).isEmpty)
+        #expect(m.received(.relink(identity: lost.identity), from: asker, now: 0).count == 1)
         // A star relinks no one.
         var star = MembershipStateMachine(me: me, topology: .star, maximumPeers: 8)
         _ = star.connected(asker, introducedBy: nil)
         _ = star.connected(lost, introducedBy: nil)
-        #expect(star.received(.relink(identity: lost.identity), from: asker).isEmpty)
+        #expect(star.received(.relink(identity: lost.identity), from: asker, now: 0).isEmpty)
         #expect(star.disconnected(lost, lost: true, now: 1).isEmpty)
     }
 

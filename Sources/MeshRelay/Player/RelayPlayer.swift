@@ -419,8 +419,7 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
                     }
                     connecting.store(false, ordering: .releasing)
                     guard let failure else { return }
-                    let unresolvable: Bool
-                    if case .unresolvable = failure { unresolvable = true } else { unresolvable = false }
+                    let unresolvable = if case .unresolvable = failure { true } else { false }
                     control.async { [self] in
                         let more = join.withLock {
                             $0.invitationFailed(nil, reason: "\(failure)", unresolvable: unresolvable, now: monotonicNow())

@@ -193,7 +193,7 @@ struct MembershipStateMachine: Sendable {
     /// by `tick`). The peer asks too, as it lost us: whichever of the two finds the other no longer connected to itself
     /// gets the introduction. A link that ended by a GOODBYE was ended by choice, and one this side ended by choice
     /// (`endedByChoice(_:until:)`) may look lost to us too: neither is asked about.
-    mutating func disconnected(_ peer: PeerID, lost: Bool = false, now: Nanos = 0) -> [Action] {
+    mutating func disconnected(_ peer: PeerID, lost: Bool = false, now: Nanos) -> [Action] {
         guard members.remove(peer) != nil else { return [] }
         memberships[peer.identity] = nil
         introducedVia[peer.identity] = nil
@@ -289,7 +289,7 @@ struct MembershipStateMachine: Sendable {
     }
 
     /// `frame` arrived from the connected peer `from`, at `now`.
-    mutating func received(_ frame: MeshFrame, from peer: PeerID, now: Nanos = 0) -> [Action] {
+    mutating func received(_ frame: MeshFrame, from peer: PeerID, now: Nanos) -> [Action] {
         guard members.contains(peer) else { return [] }
         switch frame {
         case .introRequest(let newcomer, let listed, let fillsGap):
