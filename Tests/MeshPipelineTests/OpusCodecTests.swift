@@ -75,7 +75,8 @@ struct OpusCodecTests {
         #expect(headers.count >= 198 && headers.count <= 200)
         #expect(headers.allSatisfy { $0.encoding == .opus && $0.format == Self.wire48k && $0.frameCount == 120 })
         #expect(headers.map(\.sequence) == (0..<UInt32(headers.count)).map { $0 })
-        #expect(headers.map(\.firstFrameIndex) == (0..<UInt64(headers.count)).map { $0 * 120 })
+        let expected: [UInt64] = (0..<UInt64(headers.count)).map { $0 * 120 }
+        #expect(headers.map(\.firstFrameIndex) == expected)
         let gaps = zip(headers, headers.dropFirst()).map { Int64($1.captureTimeNanos) - Int64($0.captureTimeNanos) }
         #expect(gaps.allSatisfy { abs($0 - 2_500_000) < 2_000 }, "2.5 ms apart on the host's clock")
         // The first packet's sound entered the encoder its look-ahead (2.5 ms) before the stream's first frame.
@@ -114,7 +115,8 @@ struct OpusCodecTests {
         // 100 chunks of 128 frames are 12 800: 106 whole packets (12 720 frames) and 80 in the frame begun.
         let long = try Self.headersAcrossACaptureGap(lost: 1_792, rate: 48_000)
         let steps = zip(long, long.dropFirst()).map { $1.firstFrameIndex - $0.firstFrameIndex }
-        #expect(steps.filter { $0 != 120 } == [120 + 80 + 1_792], "\(steps.filter { $0 != 120 })")
+        let irregular = steps.filter { $0 != 120 }
+        #expect(irregular == [120 + 80 + 1_792], "\(irregular)")
         #expect(long[106].firstFrameIndex == 12_800 + 1_792, "the frame begun (12 720…) is not sent")
         // After chunk 1 the frame begun holds 8 frames: a gap of 100 fits in its other 112, as silence. So the wire
         // has 25 700 frames, 214 whole packets, with no jump (ignoring the gap would give 213; dropping the frame, a

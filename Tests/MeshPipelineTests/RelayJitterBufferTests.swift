@@ -60,7 +60,8 @@ struct RelayJitterBufferTests {
         #expect(c.late == 0 && c.duplicates == 0 && c.lostPackets == 0 && c.lostFrames == 0 && c.underruns == 0)
         #expect(sim.played.first == 1000)
         #expect(sim.marks.first == FrameMark.discontinuity)
-        #expect(sim.played == (0..<sim.played.count).map { Float(1000 + $0) })
+        let expected: [Float] = (0..<sim.played.count).map { Float(1000 + $0) }
+        #expect(sim.played == expected)
         #expect(sim.marks.dropFirst().allSatisfy { $0 == FrameMark.present })
         #expect(abs(sim.jb.targetFrames - 441) < 0.01)
         // Priming lasted until the 10 ms target was buffered.
@@ -73,7 +74,8 @@ struct RelayJitterBufferTests {
         sim.run(packets: 200, renders: 203) { [sim] k in [sim.nominal(k) + (k % 2 == 0 ? relayNanos(192) : 0)] }
         let c = sim.jb.snapshot
         #expect(c.accepted == 200 && c.late == 0 && c.lostFrames == 0 && c.lostPackets == 0)
-        #expect(sim.played == (0..<sim.played.count).map { Float(1000 + $0) })
+        let expected: [Float] = (0..<sim.played.count).map { Float(1000 + $0) }
+        #expect(sim.played == expected)
     }
 
     @Test func duplicatesLateAndLossAreCountedExactly() {

@@ -67,7 +67,8 @@ struct SampleEncodingTests {
             #expect(abs(Int(d.quantize(0))) <= 1)
         }
         // −32768 is exactly −1 after decoding; nothing decodes beyond full scale.
-        #expect(Float(Int16.min) * (1 / 32768) == -1)
+        let lowest: Float = Float(Int16.min) * (1 / 32768)
+        #expect(lowest == -1)
     }
 
     @Test func ditherIsTriangularAndLeavesNoDeadZone() {
