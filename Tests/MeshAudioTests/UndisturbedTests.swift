@@ -25,4 +25,10 @@ struct UndisturbedTests {
         let result = undisturbed("noisy", attempts: 3) { () -> (result: Int, disturbance: String?) in runs += 1; return (runs, "xruns: 1") }
         #expect(runs == 3 && result == 3)
     }
+
+    @Test func byDefaultADisturbedAttemptIsRunOnceMore() {
+        var runs = 0
+        let result = undisturbed("noisy twice") { () -> (result: Int, disturbance: String?) in runs += 1; return (runs, "xruns: 1") }
+        #expect(runs == 2 && result == 2)
+    }
 }

@@ -108,18 +108,22 @@ struct RemoteControlTests {
         #expect(a.stderr.filter { $0.contains("joined ctl-host") }.count == 1, "joined once, never lost: \(a.stderr)")
         #expect((final["lossPercent"] as? Double ?? 1) < 0.5 && (final["concealedMs"] as? Double ?? 999) < 60, "\(final)")
         // No backlog: after the resume the buffer holds what its target asks, not the paused seconds (a backlog
-        // would be ≥ 2.7 s). The target itself may move: one late burst from a loaded machine raises it by ~10 ms,
-        // before or after the pause, and the burst's packets sit above the target until the excess has lasted 2 s.
-        // So each of the last three status lines (a second apart) is far below a backlog, and at least one of them
-        // is within 6 ms of the highest target of the three lines up to it.
+        // would fill the buffer, which holds 750 ms). The target itself may move: one late burst from a
+        // loaded machine raises it by ~10 ms, before or after the pause, and the burst's packets sit above the
+        // target until the excess has lasted 2 s. So each of the last three status lines (a second apart) is within
+        // 50 ms of the highest target of the three lines up to it, and at least one of them within 6 ms.
         let lines = a.jsonObjects.compactMap { o -> (buffer: Double, target: Double)? in
             guard let b = o["bufferMs"] as? Double, let t = o["targetMs"] as? Double else { return nil }
             return (b, t)
         }
-        guard lines.count >= 6 else { Issue.record("\(a.jsonObjects.count) status lines"); return }
-        let last = (lines.count - 3)..<lines.count
-        #expect(last.allSatisfy { lines[$0].buffer < 250 }, "buffer/target \(lines)")
-        #expect(last.contains { lines[$0].buffer <= lines[($0 - 2)...$0].map(\.target).max()! + 6 }, "buffer/target \(lines)")
+        if lines.count >= 6 {
+            let last = (lines.count - 3)..<lines.count
+            func excess(_ i: Int) -> Double { lines[i].buffer - lines[(i - 2)...i].map(\.target).max()! }
+            #expect(last.allSatisfy { excess($0) <= 50 }, "buffer/target \(lines)")
+            #expect(last.contains { excess($0) <= 6 }, "buffer/target \(lines)")
+        } else {
+            Issue.record("\(a.jsonObjects.count) status lines")
+        }
         // B never stopped.
         let wb = Self.windows(try readWAV(outB).samples)
         guard let startB = wb.firstIndex(where: { $0 > 0.05 }) else { Issue.record("B played nothing"); return }

@@ -32,13 +32,14 @@ package func eventually(_ seconds: Double = 5, _ condition: () -> Bool) -> Bool 
     return condition()
 }
 
-/// Runs a real-time measurement up to `attempts` times, until the rig leaves one undisturbed. `attempt` returns its
+/// Runs a real-time measurement up to `attempts` times (twice by default: a lost period now and then is the machine's,
+/// one in each of two runs is worth failing for), until the rig leaves one undisturbed. `attempt` returns its
 /// result and, when a device reported an xrun (the machine did not run a real-time thread in time: CPU taken by the
 /// hypervisor on a shared VM, a JACK cycle that ran late), what disturbed it. A disturbed attempt is printed and run
 /// again; the last one's result is returned either way, so a test whose every attempt was disturbed still fails its
 /// own assertions (which include "no xruns"). For sample-exact checks only: a lost period there is the machine's,
 /// not the code's, and it breaks the exactness the test is about.
-package func undisturbed<Result>(_ label: String, attempts: Int = 3,
+package func undisturbed<Result>(_ label: String, attempts: Int = 2,
                                  _ attempt: () throws -> (result: Result, disturbance: String?)) rethrows -> Result {
     precondition(attempts >= 1)
     var n = 1
