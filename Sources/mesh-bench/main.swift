@@ -406,10 +406,13 @@ func fanout() {
     var per: [JSONObject] = []
     var worst = 0.0
     var totalReceived: UInt64 = 0, totalLost: UInt64 = 0, totalLate: UInt64 = 0
+    // A player's playout counters start again at 0 if it reopens playback in another format: what a counter lower
+    // than at the window's start shows is all since then.
+    func since(_ a: UInt64, _ b: UInt64) -> UInt64 { a >= b ? a - b : a }
     for (b, a) in zip(before, after) {
-        let received = a.playout.received &- b.playout.received
-        let lost = a.playout.lostPackets &- b.playout.lostPackets
-        let late = a.playout.late &- b.playout.late
+        let received = since(a.playout.received, b.playout.received)
+        let lost = since(a.playout.lostPackets, b.playout.lostPackets)
+        let late = since(a.playout.late, b.playout.late)
         totalReceived += received
         totalLost += lost
         totalLate += late
@@ -421,9 +424,9 @@ func fanout() {
         o.add("lost", lost)
         o.add("late", late)
         o.add("lossPercent", loss)
-        o.add("concealedFrames", a.playout.concealedFrames &- b.playout.concealedFrames)
-        o.add("underruns", a.playout.underruns &- b.playout.underruns)
-        o.add("playedFrames", a.device.framesOut &- b.device.framesOut)
+        o.add("concealedFrames", since(a.playout.concealedFrames, b.playout.concealedFrames))
+        o.add("underruns", since(a.playout.underruns, b.playout.underruns))
+        o.add("playedFrames", since(a.device.framesOut, b.device.framesOut))
         o.add("joined", a.firstAudioSeconds != nil)
         per.append(o)
     }
