@@ -406,13 +406,16 @@ func fanout() {
     var per: [JSONObject] = []
     var worst = 0.0
     var totalReceived: UInt64 = 0, totalLost: UInt64 = 0, totalLate: UInt64 = 0
-    // A player's playout counters start again at 0 if it reopens playback in another format: what a counter lower
-    // than at the window's start shows is all since then.
-    func since(_ a: UInt64, _ b: UInt64) -> UInt64 { a >= b ? a - b : a }
     for (b, a) in zip(before, after) {
-        let received = since(a.playout.received, b.playout.received)
-        let lost = since(a.playout.lostPackets, b.playout.lostPackets)
-        let late = since(a.playout.late, b.playout.late)
+        // A player that reopened playback in another format during the window started its playout counters again
+        // at 0: what they show then is all since the reopening (the part of the window before it went with the old
+        // pipeline). Decided once a player, so that its counters keep one base.
+        let reopened = a.format != b.format || a.playout.received < b.playout.received
+            || a.device.framesOut < b.device.framesOut
+        func since(_ counter: (RelayPlayer.Statistics) -> UInt64) -> UInt64 { reopened ? counter(a) : counter(a) - counter(b) }
+        let received = since { $0.playout.received }
+        let lost = since { $0.playout.lostPackets }
+        let late = since { $0.playout.late }
         totalReceived += received
         totalLost += lost
         totalLate += late
@@ -424,9 +427,10 @@ func fanout() {
         o.add("lost", lost)
         o.add("late", late)
         o.add("lossPercent", loss)
-        o.add("concealedFrames", since(a.playout.concealedFrames, b.playout.concealedFrames))
-        o.add("underruns", since(a.playout.underruns, b.playout.underruns))
-        o.add("playedFrames", since(a.device.framesOut, b.device.framesOut))
+        o.add("concealedFrames", since { $0.playout.concealedFrames })
+        o.add("underruns", since { $0.playout.underruns })
+        o.add("playedFrames", since { $0.device.framesOut })
+        o.add("reopened", reopened)
         o.add("joined", a.firstAudioSeconds != nil)
         per.append(o)
     }

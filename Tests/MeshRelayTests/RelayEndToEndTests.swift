@@ -93,21 +93,9 @@ struct RelayEndToEndTests {
         #expect((last["xruns"] as? Int) == 0)
     }
 
-    /// Three seconds of a deterministic, non-repeating signal, written to a Float32 WAV file: (samples, path).
-    func signalFile(_ name: String) throws -> ([Float], String) {
-        var rng = SplitMix(seed: 7)
-        let signal = (0..<(3 * 44_100)).map { _ in Float(Int(rng.next() % 20_001) - 10_000) / 20_000 }
-        let input = Rig.tempPath(name)
-        let sink = try WAVFileSink(path: input, format: .default, periodFrames: 1024, realtime: false, maxFrames: signal.count)
-        try sink.start(renderer: ArrayRenderer(signal))
-        #expect(sink.waitUntilFinished(timeoutNanos: 5_000_000_000))
-        sink.stop()
-        return (signal, input)
-    }
-
     @Test("--input FILE.wav on the host, --output FILE.wav on the player")
     func wavToWav() throws {
-        let (signal, input) = try signalFile("input.wav")
+        let (signal, input) = try signalWAV("input.wav", seconds: 3)
         let service = Rig.uniqueService()
         let paired = try PairedStates()
         let out = Rig.tempPath("wav-\(service).wav")
@@ -198,7 +186,7 @@ struct RelayEndToEndTests {
 
     @Test("--codec s16: half the bytes on the wire, and every sample within 1.5 LSB of 16 bits of the host's")
     func int16Codec() throws {
-        let (signal, input) = try signalFile("input-s16.wav")
+        let (signal, input) = try signalWAV("input-s16.wav", seconds: 3)
         let (host, _, final, out, _) = try relayWithCodec("s16", input: input, seconds: 5)
         #expect(final["codec"] as? String == "s16")
         #expect(host.jsonObjects.last?["codec"] as? String == "s16")
@@ -435,4 +423,17 @@ final class ArrayRenderer: AudioRenderer, @unchecked Sendable { // position is o
             position += 1
         }
     }
+}
+
+/// `seconds` of a deterministic, non-repeating signal (uniform in ±0.5, steps of 1/20 000), written to a Float32 WAV
+/// file in the tests' directory: (samples, path).
+func signalWAV(_ name: String, seconds: Int) throws -> ([Float], String) {
+    var rng = SplitMix(seed: 7)
+    let signal = (0..<(seconds * 44_100)).map { _ in Float(Int(rng.next() % 20_001) - 10_000) / 20_000 }
+    let input = Rig.tempPath(name)
+    let sink = try WAVFileSink(path: input, format: .default, periodFrames: 1024, realtime: false, maxFrames: signal.count)
+    try sink.start(renderer: ArrayRenderer(signal))
+    #expect(sink.waitUntilFinished(timeoutNanos: 5_000_000_000))
+    sink.stop()
+    return (signal, input)
 }

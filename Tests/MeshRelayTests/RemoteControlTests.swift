@@ -9,11 +9,11 @@ import MeshTestSupport
 /// and prints each answer as an event line. Real processes, encrypted and paired, over 127.0.0.1.
 @Suite(.serialized)
 struct RemoteControlTests {
-    /// A paired host serving a 440 Hz tone on a port of its own, with `extra` flags.
-    static func host(_ paired: PairedStates, _ extra: [String] = []) throws -> (CLIProcess, UInt16) {
+    /// A paired host serving `input` (a 440 Hz tone by default) on a port of its own, with `extra` flags.
+    static func host(_ paired: PairedStates, _ extra: [String] = [], input: String = "tone:440") throws -> (CLIProcess, UInt16) {
         let port = freePort()
         let host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "ctl-host", "--service", Rig.uniqueService(),
-                                                                   "--input", "tone:440", "--port", String(port)] + extra)
+                                                                   "--input", input, "--port", String(port)] + extra)
         #expect(eventually(10) { host.stderr.contains { $0.contains("on port \(port)") } }, "\(host.stderr)")
         return (host, port)
     }
@@ -47,6 +47,17 @@ struct RemoteControlTests {
         return longest
     }
 
+    /// The index just past the longest run of exactly silent windows after the first audible one (0: none).
+    static func endOfLongestSilence(_ w: [Float]) -> Int {
+        guard let start = w.firstIndex(where: { $0 > 0.05 }) else { return 0 }
+        var longest = 0, run = 0, end = 0
+        for i in start..<w.count {
+            run = w[i] == 0 ? run + 1 : 0
+            if run > longest { longest = run; end = i + 1 }
+        }
+        return end
+    }
+
     static func median(_ v: some Collection<Float>) -> Float { v.sorted()[v.count / 2] }
 
     @Test("volume -6 halfway: the second half's RMS is 0.50 ± 0.03 of the first; unsupported commands and bad lines are answered, and play goes on")
@@ -75,13 +86,15 @@ struct RemoteControlTests {
         #expect((p.jsonObjects.last?["volumeDb"] as? Double) == -6)
     }
 
-    @Test("pause for 3 s then resume: the session stays connected; silence, then the tone at the live edge (no backlog); a second player plays throughout")
+    @Test("pause for 3 s then resume: the session stays connected; silence, then the host's audio at the live edge (no backlog); a second player plays throughout")
     func pauseAndResume() throws {
         let paired = try PairedStates(players: 2, hostName: "ctl-host")
-        let (host, port) = try Self.host(paired, ["--json"])
+        // A signal that never repeats within the run, so that where A's audio sits in it says when the host captured it.
+        let (signal, input) = try signalWAV("pause-signal-\(UUID().uuidString.prefix(6)).wav", seconds: 30)
+        let (host, port) = try Self.host(paired, ["--json"], input: input)
         defer { host.kill() }
         let outA = Rig.tempPath("pause-a-\(UUID().uuidString.prefix(6)).wav"), outB = Rig.tempPath("pause-b-\(UUID().uuidString.prefix(6)).wav")
-        let (a, stdin) = try Self.player(paired, 0, port: port, seconds: 9, out: outA)
+        let (a, stdin) = try Self.player(paired, 0, port: port, seconds: 9, out: outA, ["--sample-format", "f32"])
         let (b, _) = try Self.player(paired, 1, port: port, seconds: 9, out: outB)
         #expect(eventually(10) { a.stderr.contains { $0.contains("joined ctl-host") } && b.stderr.contains { $0.contains("joined ctl-host") } })
         Thread.sleep(forTimeInterval: 1.5)
@@ -101,7 +114,22 @@ struct RemoteControlTests {
         let wa = Self.windows(sa)
         guard let longest = Self.longestSilence(wa) else { Issue.record("A played nothing"); return }
         #expect(longest >= 50 && longest <= 75, "silence of \(longest) windows of 50 ms (paused for 3 s)")
-        #expect(wa[(wa.count - 10)...].allSatisfy { $0 > 0.05 }, "the tone again after resume")
+        #expect(wa[(wa.count - 10)...].allSatisfy { $0 > 0.05 }, "audio again after resume")
+        // At the live edge: the host's signal went on during the pause as A's output did (silence, in real time), so
+        // a window of A's audio half a second after the silence sits where one half a second before it did, shifted
+        // by no more than the buffer's target moved; a backlog (what was captured during the pause, sent after it)
+        // would sit the pause's 3 s earlier in the signal.
+        let silenceEnd = Self.endOfLongestSilence(wa) * 2_205
+        let silenceStart = silenceEnd - longest * 2_205
+        func offset(near sample: Int) -> Int? {
+            stride(from: 0, to: 8_820, by: 256).lazy.compactMap { exactOffset(of: sa, at: sample + $0, in: signal) }.first
+        }
+        if let before = offset(near: silenceStart - 22_050), let after = offset(near: silenceEnd + 22_050) {
+            print("pause: the signal's offset moved \(after - before) samples across the pause")
+            #expect(abs(after - before) < 22_050, "the signal's offset moved \(after - before) samples across the pause")
+        } else {
+            Issue.record("A's audio around the pause is not the host's signal, sample for sample")
+        }
         // The pause is neither loss nor concealment, and no backlog is played.
         let final = a.jsonObjects.last { $0["final"] as? Bool == true } ?? [:]
         #expect((final["pausedMs"] as? Double ?? 0) >= 2700, "\(final)")

@@ -134,8 +134,9 @@ jack_rig_stop() {
             sleep 0.1
         done
     fi
-    # Reap it if it is our child and not reaped yet (silences the shell's "Terminated" notice; a `wait` on a child
-    # the shell reaped while it ran a signal trap blocks for ever: scripts/test's end_job).
+    # Reap it if it is our child and somehow not reaped yet (the loop above ends once the shell has reaped it: `kill
+    # -0` succeeds on a zombie). Only while /proc has it: a `wait` on a child the shell reaped while it ran a signal
+    # trap blocks for ever (scripts/test's end_job).
     if [[ -e /proc/$pid ]]; then wait "$pid" 2>/dev/null; fi
     # A jackd that had clients die on it can exit on TERM without unregistering (seen after every soak): free its
     # registry slot now that its PID is gone, so runs do not use up the machine's 8.
