@@ -39,24 +39,20 @@ struct RemoteControlTests {
         }
     }
 
-    /// The longest run of exactly silent windows after the first audible one; nil when nothing was audible.
-    static func longestSilence(_ w: [Float]) -> Int? {
+    /// The longest run of exactly silent windows after the first audible one: its length, and the index just past
+    /// it (0 and the first audible window's index when there is none); nil when nothing was audible.
+    static func longestSilentRun(_ w: [Float]) -> (count: Int, end: Int)? {
         guard let start = w.firstIndex(where: { $0 > 0.05 }) else { return nil }
-        var longest = 0, run = 0
-        for v in w[start...] { run = v == 0 ? run + 1 : 0; longest = max(longest, run) }
+        var longest = (count: 0, end: start), run = 0
+        for i in start..<w.count {
+            run = w[i] == 0 ? run + 1 : 0
+            if run > longest.count { longest = (run, i + 1) }
+        }
         return longest
     }
 
-    /// The index just past the longest run of exactly silent windows after the first audible one (0: none).
-    static func endOfLongestSilence(_ w: [Float]) -> Int {
-        guard let start = w.firstIndex(where: { $0 > 0.05 }) else { return 0 }
-        var longest = 0, run = 0, end = 0
-        for i in start..<w.count {
-            run = w[i] == 0 ? run + 1 : 0
-            if run > longest { longest = run; end = i + 1 }
-        }
-        return end
-    }
+    /// The length of `longestSilentRun`; nil when nothing was audible.
+    static func longestSilence(_ w: [Float]) -> Int? { longestSilentRun(w)?.count }
 
     static func median(_ v: some Collection<Float>) -> Float { v.sorted()[v.count / 2] }
 
@@ -112,14 +108,14 @@ struct RemoteControlTests {
         // A: tone, then at least a second of exact silence, then the tone again.
         let sa = try readWAV(outA).samples
         let wa = Self.windows(sa)
-        guard let longest = Self.longestSilence(wa) else { Issue.record("A played nothing"); return }
+        guard let (longest, silenceEndWindow) = Self.longestSilentRun(wa) else { Issue.record("A played nothing"); return }
         #expect(longest >= 50 && longest <= 75, "silence of \(longest) windows of 50 ms (paused for 3 s)")
         #expect(wa[(wa.count - 10)...].allSatisfy { $0 > 0.05 }, "audio again after resume")
         // At the live edge: the host's signal went on during the pause as A's output did (silence, in real time), so
         // a window of A's audio half a second after the silence sits where one half a second before it did, shifted
         // by no more than the buffer's target moved; a backlog (what was captured during the pause, sent after it)
         // would sit the pause's 3 s earlier in the signal.
-        let silenceEnd = Self.endOfLongestSilence(wa) * 2_205
+        let silenceEnd = silenceEndWindow * 2_205
         let silenceStart = silenceEnd - longest * 2_205
         func offset(near sample: Int) -> Int? {
             stride(from: 0, to: 8_820, by: 256).lazy.compactMap { exactOffset(of: sa, at: sample + $0, in: signal) }.first
