@@ -338,10 +338,10 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
            mesh-play --pair CODE [--host NAME]           pair with the host showing CODE (mesh-record --host --pair)
            mesh-play --list | --paired | --forget NAME|FINGERPRINT
       --host NAME|FP      only this host: the name it was paired under (any case; with --pair, the name it
-                          advertises) or a prefix of its key fingerprint
+                          advertises) or a prefix of its key fingerprint (4 characters or more)
       --connect HOST:PORT a host name, IPv4 address or [IPv6] address, and the host's --port
       --pair CODE|URI     the code the host shows (or the peermesh://pair URI of its QR code), then exit
-      --list              print the hosts found (paired or not), then exit
+      --list              print the hosts found in 2 s (paired or not; --duration S: in S), then exit
       --paired            list the paired hosts, then exit
       --forget NAME|FP    forget a paired host, then exit
       --state-dir DIR     identity and paired devices (default $XDG_CONFIG_HOME/peermesh or ~/.config/peermesh)
@@ -361,8 +361,8 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
       --quiet             no status line or event lines (errors are still printed)
       --json              one JSON status object per second on stdout
       --help, --version
-      Keys on a terminal: p = pause/resume, m = mute, + / - = volume by 3 dB, c = capture a clip.
-      Off a terminal, stdin takes one command a line: pause, resume, mute, unmute, volume DB,
+      Keys on a terminal: p = pause/resume, m = mute, + / - = volume by 3 dB, c = capture a clip, space = talk
+      (with --talk-device or --talk-input). Off a terminal, stdin takes one command a line: pause, resume, mute, unmute, volume DB,
       capture [begin|end|cancel] [secondary], talk on|off.
     """
 

@@ -184,7 +184,8 @@ do {
 } catch {
     terminal.fail("\(error)")
 }
-let keys = input.isTerminal ? ["p pause", "m mute", "+/- vol", "c clip"] : []
+// What the keys do, at the end of the status line; space talks only with a talk source.
+let keys = !input.isTerminal ? [] : ["p pause", "m mute", "+/- vol", "c clip"] + (options.talkInput == nil ? [] : ["space talk"])
 
 // Under systemd (mesh-play@HOST.service): ready once playing or searching, the phase as its status line, and a
 // watchdog fed from the I/O loop.

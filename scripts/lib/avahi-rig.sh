@@ -7,6 +7,10 @@
 #                         whose pid files name running processes (a rig started from DIR that still runs).
 #   avahi_rig_stop DIR    stop exactly what avahi_rig_start started (by PID), nothing else
 #
+# DIR must be this user's own, writable by nobody else, and not a symbolic link (made 0700 when it is not there):
+# the rig runs scripts from it as root and kills the PIDs it reads there, so a directory another user made first (a
+# fixed name in /tmp) would hand that user root. Both functions refuse any other.
+#
 # mDNS never leaves the machine: the daemon's config names its only interface (allow-interfaces=lo) and IPv6,
 # wide-area DNS-SD and the reflector are off. An avahi-daemon that is already running is reused only when its
 # config also allows nothing but `lo`; otherwise avahi_rig_start refuses (it never stops another's daemon).
@@ -158,10 +162,21 @@ EOF
   chmod +x "$dir/avahi-restart"
 }
 
+# avahi_rig__own_dir DIR — true when DIR is a directory (not a link) owned by this user that no other can write in,
+# with a message when not (see the header).
+avahi_rig__own_dir() {
+  local mode
+  if [[ -d $1 && ! -L $1 && -O $1 ]] && mode=$(stat -c %a "$1") && (((8#$mode & 8#022) == 0)); then return 0; fi
+  avahi_rig__log "$1 is not a directory of $(id -un)'s that only it can write in ($(stat -c '%U %A' "$1" 2>/dev/null ||
+    echo missing)): not using it (the rig runs scripts from it as $(id -un)); name another DIR"
+  return 1
+}
+
 # avahi_rig_start DIR — see the header. Returns non-zero (with a message) when the rig cannot be brought up.
 avahi_rig_start() {
   local dir=${1:?usage: avahi_rig_start DIR}
-  mkdir -p "$dir" || return 1
+  [[ -e $dir || -L $dir ]] || mkdir -p -m 0700 "$dir" || return 1
+  avahi_rig__own_dir "$dir" || return 1
   dir=$(cd "$dir" && pwd)
   # A rig already running from DIR keeps its records: overwriting them would leave its daemons with nobody to stop them.
   local f other_pid
@@ -235,6 +250,9 @@ avahi_rig_start() {
 # avahi_rig_stop DIR — stops the avahi-daemon and dbus-daemon this rig started, by PID. Safe to call twice.
 avahi_rig_stop() {
   local dir=${1:?usage: avahi_rig_stop DIR} pid
+  # Nothing to stop where there is no DIR; nothing run or killed from one that is not ours.
+  [[ -e $dir || -L $dir ]] || return 0
+  avahi_rig__own_dir "$dir" || return 1
   if [[ -x $dir/avahi-ctl ]]; then "$dir/avahi-ctl" stop; fi
   if [[ -s $dir/dbus.pid ]]; then
     pid=$(cat "$dir/dbus.pid")
