@@ -1,3 +1,4 @@
+import MeshPipeline
 import PeerMesh
 
 /// `mesh-bench` options: in-process measurements for scripts/bench.
@@ -32,7 +33,7 @@ package struct BenchOptions: CommandLineTool, Sendable, Equatable {
     package var payload = 1024
     package var connect: PeerEndpoint?
     package var players = 1
-    package var latency = "auto"
+    package var latency: JitterBuffer.Mode = .auto
     package var hostPID: Int32?
     package var hostState: String?
     package var playerState: String?
@@ -98,7 +99,7 @@ package struct BenchOptions: CommandLineTool, Sendable, Equatable {
                 guard let e = PeerEndpoint(parsing: v) else { throw UsageError("--connect takes HOST:PORT, got \"\(v)\"") }
                 o.connect = e
             case "--players": o.players = try cursor.int(for: flag, in: 1...256)
-            case "--latency": o.latency = try cursor.value(for: flag)
+            case "--latency": o.latency = try LatencyOption.parse(try cursor.value(for: flag))
             case "--host-pid": o.hostPID = Int32(try cursor.int(for: flag, in: 1...Int(Int32.max)))
             case "--host-state": o.hostState = try cursor.value(for: flag)
             case "--player-state": o.playerState = try cursor.value(for: flag)

@@ -355,7 +355,7 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
       --volume DB         starting volume, -60…+12 dB (default 0)
       --no-beep           no local beep when a clip is saved
       --talk-device DEV   push-to-talk from this ALSA capture device (talk on: space, "talk on", the mic-mute key)
-      --talk-input SRC    the same from tone:HZ or a sound file (tests)
+      --talk-input SRC    the same from tone:HZ or a 44.1 kHz mono sound file (tests)
       --buttons DEV       headset/media buttons (/dev/input/eventN): play/pause = pause/resume, long press = capture,
                           volume keys = volume, mic-mute = talk
       --quiet             no status line or event lines (errors are still printed)
@@ -406,17 +406,7 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
                 let v = try cursor.value(for: a)
                 guard ["s16", "s24", "f32"].contains(v) else { throw UsageError("--sample-format takes s16, s24 or f32, got \"\(v)\"") }
                 sampleFormat = v
-            case "--latency":
-                let v = try cursor.value(for: a)
-                switch v {
-                case "auto": o.latency = .auto
-                case "low": o.latency = .low
-                default:
-                    guard let ms = Double(v), ms.isFinite, ms >= 0, ms <= 2_000 else {
-                        throw UsageError("--latency takes auto, low or milliseconds (0–2000), got \"\(v)\"")
-                    }
-                    o.latency = .fixed(milliseconds: ms)
-                }
+            case "--latency": o.latency = try LatencyOption.parse(try cursor.value(for: a))
             case "--duration":
                 let v = try cursor.value(for: a)
                 guard let d = Double(v), d.isFinite, d > 0 else { throw UsageError("--duration takes positive seconds, got \"\(v)\"") }
@@ -494,6 +484,21 @@ package enum SocketAddressCheck {
 }
 
 /// Names for the further files of one `--output` (a host that changed format gets a new file, never a truncated one).
+/// `--latency auto|low|MS` (mesh-play, mesh-bench fanout): the jitter buffer's mode.
+package enum LatencyOption {
+    package static func parse(_ v: String) throws(UsageError) -> JitterBuffer.Mode {
+        switch v {
+        case "auto": return .auto
+        case "low": return .low
+        default:
+            guard let ms = Double(v), ms.isFinite, ms >= 0, ms <= 2_000 else {
+                throw UsageError("--latency takes auto, low or milliseconds (0–2000), got \"\(v)\"")
+            }
+            return .fixed(milliseconds: ms)
+        }
+    }
+}
+
 package enum OutputFiles {
     /// `dir/take.wav`, 2 → `dir/take-2.wav`; a name without an extension gets the number at its end.
     package static func numbered(_ path: String, _ n: Int) -> String {
@@ -502,5 +507,11 @@ package enum OutputFiles {
             return "\(path[..<dot])-\(n)\(path[dot...])"
         }
         return "\(path)-\(n)"
+    }
+
+    /// Whether there is anything at `path`, a link included (even one that leads nowhere: `lstat`, not `stat`).
+    package static func isTaken(_ path: String) -> Bool {
+        var info = stat()
+        return lstat(path, &info) == 0
     }
 }

@@ -341,12 +341,7 @@ func processCPUSeconds(_ pid: Int32) -> Double? {
 
 func fanout() {
     let endpoint = options.connect!, players = options.players, seconds = options.seconds
-    let latency: JitterBuffer.Mode
-    switch options.latency {
-    case "auto": latency = .auto
-    case "low": latency = .low
-    case let s: guard let ms = Double(s) else { BenchOptions.usage("--latency takes auto, low or MS") }; latency = .fixed(milliseconds: ms)
-    }
+    let latency = options.latency
     // Each player has its own identity, trusted by the host (its state directory's trust store), and trusts it back.
     // Without --host-state the host is one that admits all (mesh-bench serve), and the players join any host.
     // The players' trust store lives for this run only: its directory is removed when the players have stopped, or

@@ -249,6 +249,9 @@ final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServic
     }
 
     /// Waits (up to `seconds`) for the files being sent to finish.
+    /// Files whose sending has not finished.
+    var unfinishedSends: Int { state.withLock { s in s.sending.filter { !$0.isFinished }.count } }
+
     func waitForSends(seconds: Double) {
         let deadline = MonotonicClock.nowNanos() + UInt64(seconds * 1e9)
         while MonotonicClock.nowNanos() < deadline, state.withLock({ s in s.sending.contains { !$0.isFinished } }) {
@@ -296,19 +299,39 @@ if options.pair == .window {
     terminal.error("pairing code: \(code) (type it on the other member: mesh-chat --name NAME --pair \(code))")
 }
 
-/// Leaves the room (GOODBYE to every member) and exits 0.
-func leave() -> Never {
-    room.waitForSends(seconds: 600)
-    advertiser.stopAdvertisingPeer()
-    browser.stopBrowsingForPeers()
-    pairing.stop()
-    session.disconnect()
-    usleep(200_000)  // let the GOODBYEs go out
-    terminal.finish()
-    exit(0)
+/// Set once the program is on its way out: a signal then leaves at once.
+let leaving = Atomic<Bool>(false)
+/// Held by whichever thread ends the program (the input's at its end, a signal's): one exit, never two at once.
+let ending = Mutex(())
+
+/// Leaves the room (GOODBYE to every member) and exits: 0 after the files being sent have gone (10 minutes at the
+/// most), or at once, with 1 if any is left unfinished, when `waitingForSends` is false.
+func leave(waitingForSends: Bool = true) -> Never {
+    if waitingForSends {
+        leaving.store(true, ordering: .relaxed)
+        room.waitForSends(seconds: 600)
+    }
+    let unfinished = room.unfinishedSends
+    ending.withLock { _ -> Never in
+        advertiser.stopAdvertisingPeer()
+        browser.stopBrowsingForPeers()
+        pairing.stop()
+        session.disconnect()
+        usleep(200_000)  // let the GOODBYEs go out
+        terminal.finish()
+        if unfinished > 0 { terminal.error("left with \(unfinished) file(s) not sent whole") }
+        exit(unfinished > 0 ? 1 : 0)
+    }
 }
 
-let signals = SignalTrap { _ in leave() }
+// Ctrl-C leaves once the files being sent have gone, off the main queue so that it stays free: a second one (or one
+// while the input's end waits for them) leaves at once.
+let signals = SignalTrap { _ in
+    if leaving.exchange(true, ordering: .relaxed) { leave(waitingForSends: false) }
+    let unfinished = room.unfinishedSends
+    if unfinished > 0 { terminal.error("leaving once \(unfinished) file(s) are sent (Ctrl-C again to leave now)") }
+    DispatchQueue.global().async { leave() }
+}
 // stdin on its own thread: the main queue stays free for signals.
 OSThread.detach(name: "pm-stdin") {
     while let line = readLine(strippingNewline: true) {

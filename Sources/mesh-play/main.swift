@@ -108,7 +108,7 @@ let device = DeviceState.open(options.state, name: options.name, terminal: termi
 let target: JoinTarget = options.connect.map { .direct($0) } ?? .discover(hostName: options.hostName)
 let output = options.output
 /// Files that hold audio: a host that changes format mid-stream gets a new file (`out-2.wav`…), never a truncated
-/// one; a file that does not exist yet is the only kind written.
+/// one; a name nothing (not even a link) holds yet is the only kind written, and it is created exclusively.
 let filesWritten = Mutex(1)
 let makeSink: RelayPlayer.SinkFactory = { format, request in
     switch output {
@@ -119,10 +119,10 @@ let makeSink: RelayPlayer.SinkFactory = { format, request in
         guard request == .formatChange else { return try WAVFileSink(path: path, format: format, periodFrames: 128, encoding: encoding) }
         var file = path
         filesWritten.withLock { n in
-            repeat { n += 1; file = OutputFiles.numbered(path, n) } while FileManager.default.fileExists(atPath: file)
+            repeat { n += 1; file = OutputFiles.numbered(path, n) } while OutputFiles.isTaken(file)
         }
         terminal.log("writing \(format) to \(file) (the host changed format; \(path) is kept as it was)")
-        return try WAVFileSink(path: file, format: format, periodFrames: 128, encoding: encoding)
+        return try WAVFileSink(path: file, format: format, periodFrames: 128, encoding: encoding, exclusive: true)
     }
 }
 
@@ -135,7 +135,7 @@ do {
     if case .discover = target { config.discovery = try AvahiDiscovery(log: { terminal.log(TerminalText.escape($0)) }) }
     config.maximumConnectAttempts = 5
     config.beep = options.beep
-    config.talkSource = try options.talkInput?.makeSource(format: .default, periodFrames: 128)
+    config.talkSource = try options.talkInput?.makeSource(format: RelayPlayer.talkFormat, periodFrames: 128)
     player = try RelayPlayer(configuration: config, makeSink: makeSink, log: { terminal.log(TerminalText.escape($0)) },
                              onGiveUp: { why in
                                  gaveUp.withLock { $0 = why }

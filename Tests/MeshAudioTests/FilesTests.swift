@@ -200,6 +200,44 @@ struct FilesTests {
         #expect(SoundFile.wavDataLimitBytes + 44 <= Int(UInt32.max), "the real limit leaves room for the header")
     }
 
+    /// What a microphone heard is for its owner: a recording is made 0600 whatever the umask lets through (sf_open
+    /// would make it 0666 less the umask: 0644, readable by every local user); one written over keeps its mode.
+    /// `exclusive` (names the program chose) writes neither over a file nor through a link planted in its place.
+    @Test("Sound files are made 0600; exclusive ones never replace a file or follow a link")
+    func soundFilesArePrivateAndExclusiveOnesNeverReplace() throws {
+        let path = temporaryPath("private.wav")
+        defer { unlink(path) }
+        let previous = umask(0o022)
+        defer { umask(previous) }
+        let sink = try WAVFileSink(path: path, realtime: false)
+        sink.stop()
+        var info = stat()
+        #expect(stat(path, &info) == 0 && info.st_mode & 0o777 == 0o600)
+        // Written over (the user's own --output): truncated, its mode kept.
+        #expect(chmod(path, 0o640) == 0)
+        try SoundFiles.write(path: path, format: .default, encoding: .float32, samples: [0.5, 0.25])
+        #expect(stat(path, &info) == 0 && info.st_mode & 0o777 == 0o640)
+        #expect(try SoundFiles.read(path: path).samples == [0.5, 0.25])
+
+        // Exclusive: an existing file is left as it is, and a link (here one that leads nowhere) is not followed.
+        #expect(throws: SndfileError.self) { try WAVFileSink(path: path, realtime: false, exclusive: true) }
+        #expect(try SoundFiles.read(path: path).samples == [0.5, 0.25])
+        let link = temporaryPath("planted.wav"), target = temporaryPath("planted-target.wav")
+        defer { unlink(link); unlink(target) }
+        #expect(symlink(target, link) == 0)
+        do {
+            _ = try WAVFileSink(path: link, realtime: false, exclusive: true)
+            Issue.record("an exclusive sink wrote through a link")
+        } catch let error as SndfileError {
+            #expect(error.operation == "create" && error.message == "file exists", "\(error)")
+        }
+        #expect(access(target, F_OK) != 0, "nothing was made where the link leads")
+        let fresh = temporaryPath("fresh.wav")
+        defer { unlink(fresh) }
+        try WAVFileSink(path: fresh, realtime: false, exclusive: true).stop()
+        #expect(stat(fresh, &info) == 0 && info.st_mode & 0o777 == 0o600)
+    }
+
     @Test("libsndfile's errors come in our words, without its \"System error :\" prefix")
     func sndfileErrorsAreReworded() {
         #expect(reworded("System error : No such file or directory.") == "no such file or directory")

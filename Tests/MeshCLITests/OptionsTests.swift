@@ -1,6 +1,8 @@
 import Testing
+import Foundation
 import MeshAudio
 import MeshImpair
+import MeshPipeline
 import PeerMesh
 @testable import MeshCLI
 
@@ -183,6 +185,24 @@ struct OptionsTests {
         }
     }
 
+    /// Before, fanout kept the text and turned it into a Double later: "nan" passed, and the jitter buffer trapped.
+    @Test("mesh-bench fanout --latency takes what mesh-play --latency takes; nan, inf, -1 and 2001 are usage errors")
+    func benchFanoutLatency() throws {
+        let base = ["fanout", "--connect", "127.0.0.1:7000", "--players", "2"]
+        for (text, mode) in [("auto", JitterBuffer.Mode.auto), ("low", .low), ("40", .fixed(milliseconds: 40))] {
+            guard case .run(let b) = try BenchOptions.parse(base + ["--latency", text]),
+                  case .run(let p) = try PlayOptions.parse(["--find", "--latency", text])
+            else { Issue.record("no config for \(text)"); continue }
+            #expect(b.latency == mode && p.latency == mode, "\(text)")
+        }
+        guard case .run(let d) = try BenchOptions.parse(base) else { Issue.record("no config"); return }
+        #expect(d.latency == .auto)
+        for text in ["nan", "inf", "-1", "2001", "fast", ""] {
+            #expect(throws: UsageError.self, "\(text)") { try BenchOptions.parse(base + ["--latency", text]) }
+            #expect(throws: UsageError.self, "\(text)") { try PlayOptions.parse(["--find", "--latency", text]) }
+        }
+    }
+
     @Test("mesh-bench resource, resource-receiver and meshjoin: required flags, ranges; bad flags are usage errors")
     func benchResourceAndMeshJoin() throws {
         guard case .run(let r) = try BenchOptions.parse(["resource", "--connect", "127.0.0.1:7000", "--file", "/tmp/f", "--rounds", "2"]),
@@ -206,6 +226,17 @@ struct OptionsTests {
 }
 
 @Suite struct OutputFileNameTests {
+    @Test("A numbered output name is taken by anything there, a link that leads nowhere included")
+    func takenNames() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("pm-taken-\(getpid())").path
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        #expect(!OutputFiles.isTaken(dir + "/take-2.wav"))
+        #expect(symlink(dir + "/nowhere", dir + "/take-2.wav") == 0)
+        #expect(OutputFiles.isTaken(dir + "/take-2.wav"), "a dangling link (which fileExists calls absent) takes the name")
+        #expect(OutputFiles.isTaken(dir))
+    }
+
     @Test("Further output files are numbered before the extension")
     func numbered() {
         #expect(OutputFiles.numbered("take.wav", 2) == "take-2.wav")

@@ -236,6 +236,46 @@ struct OpusCodecTests {
         #expect(jb.expectedPackets == UInt64(packets.count + 1))
     }
 
+    /// The player's sink reads its datagrams in batches into a 32-slot ring, and takes the ring in before it reads
+    /// again. An Opus datagram after a gap fills a slot for each packet the decoder conceals, so a burst after a
+    /// stall with gaps in it overflowed the ring when read 32 at a time; read `datagramsWithRoom` at a time, nothing.
+    @Test("A burst of Opus packets with 8 lost before each, read as the sink reads: batches of datagramsWithRoom overflow nothing, batches of 32 drop packets that arrived")
+    func aBurstWithGapsReadAsTheSinkReadsFitsTheRing() throws {
+        let all = try Self.tonePackets(seconds: 0.5)
+        let burst = stride(from: 0, to: all.count, by: 1 + OpusSequence.maximumConcealedPackets).map { all[$0] }
+        func run(batch: (PacketIngress) -> Int) throws -> (overflows: UInt64, stored: Int, concealed: Int) {
+            let ring = PacketRing(capacity: 32)
+            let ingress = PacketIngress(format: Self.wire48k, ring: ring)
+            try ingress.prepareOpusDecoder()
+            var next = 0, stored = 0, concealed = 0
+            while next < burst.count {
+                for p in burst[next..<min(burst.count, next + batch(ingress))] {
+                    _ = p.withUnsafeBytes { ingress.receive($0, arrivalNanos: UInt64(next)) }
+                    next += 1
+                }
+                let got = Self.drain(ring)  // the sink's thread takes the ring in (isReady) before it reads again
+                stored += got.count
+                concealed += got.filter(\.0.concealed).count
+            }
+            return (ingress.counters.ringOverflows, stored, concealed)
+        }
+        let paced = try run { max(1, min(32, $0.datagramsWithRoom)) }
+        #expect(paced.overflows == 0)
+        #expect(paced.stored == (burst.count - 1) * 9 + 1 && paced.concealed == (burst.count - 1) * 8,
+                "every packet that arrived, and the decoder's concealment of each gap")
+        let greedy = try run { _ in 32 }
+        #expect(greedy.overflows > 0, "the defect this guards against: 32 at once do not fit")
+
+        // A PCM stream takes a slot a datagram: every free slot counts once a PCM packet has been queued.
+        let ring = PacketRing(capacity: 32)
+        let ingress = PacketIngress(format: .default, ring: ring)
+        #expect(ingress.datagramsWithRoom == 32 / 9, "nothing queued yet: room for Opus is assumed")
+        let pcm = try AudioPacket.encode(AudioPacketHeader(sequence: 0, firstFrameIndex: 0, frameCount: 2, format: .default),
+                                         samples: [0, 0])
+        #expect(pcm.withUnsafeBytes { ingress.receive($0, arrivalNanos: 0) } == .queued(frames: 2))
+        #expect(ingress.datagramsWithRoom == 31)
+    }
+
     @Test("A packet that does not decode, or not to its header's frame count, costs its own frames only: every later packet keeps its place")
     func aPacketThatDoesNotDecodeCostsItsOwnFramesOnly() throws {
         for corruptBody in [false, true] {

@@ -264,6 +264,20 @@ struct RelayJitterBufferTests {
         #expect(targets.last! < minimum + 5)
     }
 
+    /// `mesh-play --latency 2000`: the ring holds the fixed delay asked for, above the default 500 ms maximum.
+    @Test(arguments: [1_000.0, 2_000.0])
+    func fixedDelayAboveTheDefaultMaximumIsHeld(milliseconds: Double) {
+        var sim = RelayJBSim(mode: .fixed(milliseconds: milliseconds))
+        let delayPackets = Int(milliseconds * 44.1 / 128) + 200
+        sim.run(packets: delayPackets, renders: delayPackets + 1) { [sim] k in [sim.nominal(k)] }
+        #expect(abs(sim.jb.targetFrames - milliseconds * 44.1) < 0.01)
+        // Silence while the delay fills, then every frame in order from the first: played `milliseconds` late.
+        let primed = sim.results.prefix { $0 != .playing }.count
+        #expect(abs(Double(primed * 128) - milliseconds * 44.1) <= 128 * 2)
+        #expect(sim.played == (0..<sim.played.count).map { Float(1000 + $0) })
+        #expect(sim.jb.snapshot.lostFrames == 0 && sim.jb.snapshot.skippedFrames == 0)
+    }
+
     @Test func lowModePinsToMinimum() {
         var sim = RelayJBSim(mode: .low)
         sim.run(packets: 400, renders: 390) { [sim] k in [sim.nominal(k) + UInt64((k * 7919) % 3_000_000)] }

@@ -254,6 +254,26 @@ struct TalkbackEndsInProcessTests {
         return player
     }
 
+    /// The host plays talk in `RelayPlayer.talkFormat` only: a talk file in another format would be sent as packets
+    /// it drops, silence at the host while the player shows TALKING. The player refuses it at once instead.
+    @Test("A talk source in another format than 44.1 kHz mono is refused when the player is made, saying so")
+    func talkSourceInAnotherFormatIsRefused() throws {
+        let stereo48k = AudioFormat(sampleRate: 48_000, channels: 2)
+        let path = Rig.tempPath("talk48k-\(UUID().uuidString.prefix(6)).wav")
+        defer { unlink(path) }
+        try SoundFiles.write(path: path, format: stereo48k, encoding: .float32, samples: [Float](repeating: 0.25, count: 9_600))
+        let source = try WAVFileSource(path: path, periodFrames: 128, loop: true)
+        #expect(source.format == stereo48k)
+        do {
+            _ = try makeTalker(endpoint: PeerEndpoint(host: "127.0.0.1", port: 9), talk: source, log: { _ in })
+            Issue.record("a 48 kHz stereo talk source was taken")
+        } catch let error as RelayPlayer.TalkFormatError {
+            #expect(error.format == stereo48k)
+            #expect(error.description.contains("push-to-talk must be 44100 Hz, 1 ch"), "\(error)")
+        }
+        #expect(RelayPlayer.talkFormat == .default)
+    }
+
     @Test("The talk input fails 1 s after talk on: the player says talk off, the host releases it (not talking, not held), and another player may talk")
     func talkInputThatFailsReleasesTheFloor() throws {
         let host = try makeHost { format in try WAVFileSink(path: Rig.tempPath("talk-\(UUID().uuidString.prefix(6)).wav"), format: format, periodFrames: 128) }

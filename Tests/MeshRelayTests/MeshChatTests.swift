@@ -50,12 +50,12 @@ private func pairEveryone(_ names: [String], root: String) throws {
        .enabled(if: Rig.avahi, "needs MESH_AVAHI_RIG=1 (scripts/lib/avahi-rig.sh)"))
 struct MeshChatTests {
     /// `n` members who have all paired with each other, in a room of their own; returns once each saw the others join.
-    private func room(_ n: Int, open: Bool = false) throws -> [Member] {
+    private func room(_ n: Int, open: Bool = false, extra: [String] = []) throws -> [Member] {
         let service = Rig.uniqueService()
         let root = Rig.tempPath("chat-\(UUID().uuidString)")
         let names = (0..<n).map { "m\($0)" }
         if !open { try pairEveryone(names, root: root) }
-        let members = try names.map { try Member($0, service: service, root: root, extra: open ? ["--accept", "all"] : []) }
+        let members = try names.map { try Member($0, service: service, root: root, extra: (open ? ["--accept", "all"] : []) + extra) }
         // Everyone is connected to everyone: each member saw each other one join.
         // In an open room nobody is paired, and each is marked so.
         let joined = eventually(30) { members.allSatisfy { m in members.allSatisfy { $0 === m || m.count("* \($0.name)\(open ? " (not paired)" : "") joined") == 1 } } }
@@ -96,6 +96,32 @@ struct MeshChatTests {
         // End of input leaves the room and exits 0.
         for m in members.dropLast() { m.endInput() }
         for m in members.dropLast() { #expect(m.process.waitForExit(seconds: 10) == 0, "\(m.name) exit status") }
+    }
+
+    /// Ctrl-C waits for the files being sent, but never holds the program: the signal is handled off the main queue,
+    /// and a second one leaves at once (before, the first blocked the queue signals are handled on, for up to 10
+    /// minutes, and only SIGKILL ended it).
+    @Test("Ctrl-C during a send that cannot finish says so and waits; a second Ctrl-C leaves at once, exit 1")
+    func secondSignalLeavesDuringAStalledSend() throws {
+        // A peer timeout longer than the test: the stopped member must not be taken for gone (which ends the send).
+        let members = try room(2, extra: ["--peer-timeout", "60"])
+        let (a, b) = (members[0], members[1])
+        let path = a.directory + "/stalled.bin"
+        try Data(count: 64 << 20).write(to: URL(fileURLWithPath: path))
+        kill(b.process.pid, SIGSTOP)  // b takes nothing more: a's send stalls once the socket buffers are full
+        defer { kill(b.process.pid, SIGCONT); b.endInput(); _ = b.process.waitForExit(seconds: 10) }
+        a.type("/send \(path)")
+        usleep(1_500_000)
+        a.process.signal(SIGINT)
+        #expect(eventually(5) { a.process.stderr.contains { $0.contains("leaving once 1 file(s) are sent (Ctrl-C again to leave now)") } },
+                "\(a.process.stderr.suffix(5))")
+        usleep(1_000_000)
+        #expect(a.process.isRunning, "the first Ctrl-C waits for the send")
+        let second = Date()
+        a.process.signal(SIGINT)
+        #expect(a.process.waitForExit(seconds: 5) == 1)
+        #expect(Date().timeIntervalSince(second) < 3, "left \(Date().timeIntervalSince(second)) s after the second Ctrl-C")
+        #expect(a.process.stderr.contains { $0.contains("left with 1 file(s) not sent whole") })
     }
 
     @Test("A 50 MB file arrives at every member with an equal SHA-256 while another member's lines keep arriving")

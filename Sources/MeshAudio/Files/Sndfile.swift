@@ -191,9 +191,20 @@ final class SoundFile: @unchecked Sendable {  // Used by one thread at a time: t
     /// Creates (or truncates) a sound file in `encoding`. A WAV header is rewritten after every write, so the file
     /// stays valid even if the process dies before `close()`; FLAC and Ogg are finalized by `close()`. A 16- or
     /// 24-bit WAV takes at most `wavDataLimitBytes` of samples (see `SoundFileEncoding`).
-    static func create(path: String, format: AudioFormat, encoding: SoundFileEncoding,
+    ///
+    /// A new file is made mode 0600, not sf_open's 0666 less the umask: what a microphone heard is for its owner (a
+    /// file that exists keeps its mode). `exclusive` makes only a new file, and never follows a link put in its
+    /// place (`O_EXCL | O_NOFOLLOW`): for names the program chose, not the user.
+    static func create(path: String, format: AudioFormat, encoding: SoundFileEncoding, exclusive: Bool = false,
                        wavDataLimitBytes: Int = wavDataLimitBytes) throws(SndfileError) -> SoundFile {
-        try create(path: path, descriptor: nil, format: format, encoding: encoding, wavDataLimitBytes: wavDataLimitBytes)
+        let flags = O_WRONLY | O_CREAT | O_CLOEXEC | (exclusive ? O_EXCL | O_NOFOLLOW : O_TRUNC)
+        var descriptor: Int32
+        repeat { descriptor = Glibc.open(path, flags, 0o600) } while descriptor < 0 && errno == EINTR
+        guard descriptor >= 0 else {
+            throw SndfileError(path: path, operation: "create", message: reworded(String(cString: strerror(errno))))
+        }
+        return try create(path: path, descriptor: descriptor, format: format, encoding: encoding,
+                          wavDataLimitBytes: wavDataLimitBytes)
     }
 
     /// Creates a sound file in `encoding` on `descriptor`, a new, empty file opened for writing (as sf_open opens one), which the

@@ -24,13 +24,14 @@ public final class WAVFileSink: AudioSink {
     private let loop: SinkLoop
     private let lifecycle: StageLifecycle
 
-    /// Creates (or truncates) the WAV file at `path`. Throws `SndfileError` if it cannot be created and
-    /// `AudioFormatError` for an unsupported format.
+    /// Creates (or truncates) the WAV file at `path`; a new one is made mode 0600 (what a microphone heard is for its
+    /// owner). `exclusive`: only a new file, never through a link in its place (for a name the program chose).
+    /// Throws `SndfileError` if it cannot be created and `AudioFormatError` for an unsupported format.
     public init(path: String, format: AudioFormat = .default, periodFrames: Int = 128, encoding: SoundFileEncoding = .float32,
-                realtime: Bool = true, maxFrames: Int? = nil) throws {
+                realtime: Bool = true, maxFrames: Int? = nil, exclusive: Bool = false) throws {
         try format.validate()
         precondition(periodFrames > 0, "periodFrames must be positive")
-        let file = try SoundFile.create(path: path, format: format, encoding: encoding)
+        let file = try SoundFile.create(path: path, format: format, encoding: encoding, exclusive: exclusive)
         self.path = path
         self.format = format
         self.periodFrames = periodFrames

@@ -62,7 +62,8 @@ public struct JitterBuffer {
     public struct Configuration: Sendable, Equatable {
         /// How the target delay is chosen: from the measured jitter (`.auto`, the default), or fixed.
         public var mode: Mode = .auto
-        /// The most delay the buffer can hold; also bounds the target.
+        /// The most delay the buffer can hold; also bounds the target. 500 ms, or a `.fixed` delay's own when it is
+        /// longer (`init(mode:)`).
         public var maximumDelayMilliseconds: Double = 500
         /// Margin added to the structural minimum (render block + packet).
         public var safetyMilliseconds: Double = 0.5
@@ -74,8 +75,12 @@ public struct JitterBuffer {
         /// stall is concealed and does not raise the target, a step of the timeline starts the jitter window over
         /// (`.auto`; 0: every burst counts).
         public var stallSpacingSeconds: Double = 2.5
-        /// The defaults, in `mode`.
-        public init(mode: Mode = .auto) { self.mode = mode }
+        /// The defaults, in `mode`; a `.fixed` delay above the default maximum raises the maximum to hold it (a
+        /// player asked for 2 s plays 2 s behind, not the 500 ms the ring would otherwise be cut to).
+        public init(mode: Mode = .auto) {
+            self.mode = mode
+            if case .fixed(let ms) = mode, ms.isFinite { maximumDelayMilliseconds = max(maximumDelayMilliseconds, ms) }
+        }
     }
 
     /// What `insert` did with a packet.

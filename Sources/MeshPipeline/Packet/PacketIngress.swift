@@ -102,6 +102,17 @@ public final class PacketIngress: Sendable {
     /// Whether the Opus decoder has been made (a PCM stream never makes it).
     public var hasOpusDecoder: Bool { opus?.isMade ?? false }
 
+    /// Producer side: how many datagrams the ring surely has room for now. A PCM datagram takes one slot; an Opus one
+    /// up to `1 + OpusSequence.maximumConcealedPackets` (the packets its decoder conceals before it), which is what
+    /// is assumed until a PCM packet has been queued. A reader that takes no more at once loses no packet that
+    /// arrived to a ring it filled itself.
+    public var datagramsWithRoom: Int {
+        let free = max(0, ring.capacity - ring.count)
+        let pcm = latestEncoding.load(ordering: .relaxed) != 0
+            && latestEncoding.load(ordering: .relaxed) != SampleEncoding.opus.rawValue
+        return pcm ? free : free / (1 + OpusSequence.maximumConcealedPackets)
+    }
+
     /// Producer side (one network thread): takes one datagram that arrived at `arrivalNanos` (receiver clock).
     @discardableResult
     public func receive(_ datagram: UnsafeRawBufferPointer, arrivalNanos: UInt64) -> Outcome {

@@ -205,7 +205,8 @@ public final class RelayHost: SessionDelegate, NearbyServiceAdvertiserDelegate, 
         control = Mutex(HostControl(clips: configuration.clips != nil, talk: configuration.talk != nil,
                                     fullDuplex: configuration.talk?.fullDuplex ?? false, clipQuota: configuration.clipQuota))
         talkback = try configuration.talk.map { t in
-            try PlayoutPipeline(format: .default, configuration: .init(mode: .auto), sink: try t.makeSink(.default))
+            try PlayoutPipeline(format: RelayPlayer.talkFormat, configuration: .init(mode: .auto),
+                                sink: try t.makeSink(RelayPlayer.talkFormat))
         }
         // The clip recorder reports how a clip ended on its own thread; the control queue takes it from there.
         let outcomes = Mutex<(@Sendable (ClipRecorder.Outcome) -> Void)?>(nil)

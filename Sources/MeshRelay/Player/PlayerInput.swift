@@ -39,13 +39,16 @@ final class SessionPackets: PacketSource {
 
     var descriptor: Int32 { reader.descriptor }
 
-    /// Datagrams taken per read: no more than the pipeline's ring holds (the sink's thread takes them in before it
-    /// reads again).
+    /// Datagrams taken per read at the most: no more than the pipeline's ring holds (the sink's thread takes them in
+    /// before it reads again).
     static let batch = 32
 
+    /// Reads no more than the ring surely has room for (`PacketIngress.datagramsWithRoom`: an Opus datagram that
+    /// follows a gap takes a slot for each packet its decoder conceals), so that a burst after a stall is taken in a
+    /// few reads instead of overflowing the ring; at least one, so that a readable socket is always read from.
     func read(into ingress: PacketIngress) {
         let arrivals = self.arrivals
-        reader.read(maximum: Self.batch) { bytes, _ in
+        reader.read(maximum: max(1, min(Self.batch, ingress.datagramsWithRoom))) { bytes, _ in
             let now = MonotonicClock.nowNanos()
             arrivals.note(ingress.receive(bytes, arrivalNanos: now), at: now)
         }

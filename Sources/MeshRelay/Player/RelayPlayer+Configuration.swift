@@ -41,6 +41,7 @@ extension RelayPlayer {
         /// A short local beep confirms a clip the player asked for (`--no-beep` turns it off).
         public var beep = true
         /// Push-to-talk: what the player captures while talk is on (`--talk-device`, `--talk-input`); nil has none.
+        /// It must produce `RelayPlayer.talkFormat` (the host plays talk in that format only): `init` refuses another.
         public var talkSource: (any AudioSource)?
 
         /// The settings most players set; every other one keeps its default.

@@ -106,6 +106,18 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     ///     cannot go on (the output device failed or stopped taking audio, the output file could not be written);
     ///     the reason is not also logged. It, `log` and `makeSink` run on the player's control queue; they may call
     ///     `stop()`.
+    /// The format push-to-talk travels in: what a host's talkback plays (`RelayHost.Configuration.talk`).
+    public static let talkFormat = AudioFormat.default
+
+    /// A talk source in another format than `talkFormat`.
+    public struct TalkFormatError: Error, Sendable, Equatable, CustomStringConvertible {
+        /// What the source produces.
+        public let format: AudioFormat
+        public var description: String {
+            "push-to-talk must be \(RelayPlayer.talkFormat), not \(format): the host plays talk in that format only"
+        }
+    }
+
     public init(configuration: Configuration, makeSink: @escaping SinkFactory,
                 log: @escaping @Sendable (String) -> Void = { _ in },
                 onGiveUp: @escaping @Sendable (String) -> Void = { _ in }) throws {
@@ -137,7 +149,10 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         let target = Audience()
         talkTarget = target
         talkCapture = try configuration.talkSource.map { source in
-            try CapturePipeline(source: source, withAudience: { use in target.withPeers(use) }, send: { bytes, peers in
+            // The host's talkback pipeline plays one format: talk in another would reach it as packets it drops
+            // (counted as format mismatches), and the host would hear nothing while the player shows TALKING.
+            guard source.format == Self.talkFormat else { throw TalkFormatError(format: source.format) }
+            return try CapturePipeline(source: source, withAudience: { use in target.withPeers(use) }, send: { bytes, peers in
                 peers.count - session.sendDatagram(bytes, toConnected: peers)
             })
         }
