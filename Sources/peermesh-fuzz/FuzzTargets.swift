@@ -1,7 +1,7 @@
 // peermesh-fuzz: every decoder of outside bytes, one target each.
 //
 //   Built by scripts/fuzz with `-sanitize=fuzzer,address -DFUZZING`: a libFuzzer binary; the target is chosen by
-//   PEERMESH_FUZZ_TARGET (frames, channel, datagram, txt, pairing, audio, opus, wav, control, nearby, chat).
+//   PEERMESH_FUZZ_TARGET (frames, channel, datagram, txt, srv, pairing, audio, opus, wav, control, nearby, chat).
 //   Built plainly: `peermesh-fuzz TARGET PATH...` replays files (or directories of them) through the target and
 //   says how many ran; a crash is a failed replay (scripts/fuzz replays fuzz/corpus through its AddressSanitizer
 //   build instead).
@@ -22,6 +22,8 @@ enum FuzzTarget: String, CaseIterable {
     case datagram
     /// DNS-SD instance names and TXT records: `TXTRecord.decode`.
     case txt
+    /// DNS-SD SRV records from the LAN: `AvahiCore.parseSRV` and the browse table they move.
+    case srv
     /// Pairing (CPace) messages.
     case pairing
     /// Audio packets: `AudioPacket.decode` and `PacketIngress` (sample clamping, the ring).
@@ -43,6 +45,7 @@ enum FuzzTarget: String, CaseIterable {
         case .channel: FuzzEntryPoints.secureChannel(input)
         case .datagram: FuzzEntryPoints.datagram(input)
         case .txt: FuzzEntryPoints.txtRecord(input)
+        case .srv: FuzzEntryPoints.srvRecords(input)
         case .pairing: FuzzEntryPoints.pairing(input)
         case .audio: Self.audio(input)
         case .opus: Self.opus(input)

@@ -140,6 +140,41 @@ package enum FuzzEntryPoints {
         }
     }
 
+    /// SRV records from the LAN, as avahi's record browser hands them over (`AvahiCore.parseSRV`: priority, weight,
+    /// port, then the target as DNS labels), each coming or going for one of four items of a resolved peer
+    /// (`AvahiBrowseTable.srvAdded`/`srvRemoved`). The input is records, each a byte (bit 7: removed; bits 0–1: the
+    /// item), a length and that many bytes of record data. A record that parses names a port and a target of no
+    /// more characters than its data has bytes; the table never keeps more than `maximumSRVRecordsPerItem` an item,
+    /// and the peer's endpoints stay the resolver's address.
+    package static func srvRecords(_ input: [UInt8]) {
+        let peer = fixtures.initiator
+        var table = AvahiBrowseTable(serviceType: "mesh-audio", localIdentity: 1)
+        let keys = (0..<4).map { AvahiBrowseTable.ItemKey(interface: 1, proto: 0, name: peer.identityString + ($0 == 0 ? "" : " #\($0 + 1)"),
+                                                         domain: "local") }
+        let txt = TXTRecord.encode(peer: peer, discoveryInfo: ["fmt": "f32le"])
+        for key in keys {
+            _ = table.resolved(key, txt: txt, endpoint: PeerEndpoint(host: "192.0.2.1", port: 7_000), hostName: "host.local")
+        }
+        var at = 0
+        while at + 2 <= input.count {
+            let op = input[at], end = min(at + 2 + Int(input[at + 1]), input.count)
+            let rdata = input[(at + 2)..<end]
+            at = end
+            guard let srv = rdata.withUnsafeBytes({ AvahiCore.parseSRV($0) }) else { continue }
+            // Each byte decodes to one character at most (an invalid one to U+FFFD, three bytes in UTF-8).
+            precondition(srv.port != 0 && !srv.target.isEmpty && srv.target.unicodeScalars.count <= rdata.count,
+                         "an SRV record parsed to more than its data: \(srv)")
+            let key = keys[Int(op & 3)]
+            let actions = op & 0x80 == 0 ? table.srvAdded(key, srv) : table.srvRemoved(key, srv)
+            for case .deliver(.found(let found)) in actions {
+                precondition(found.endpoints.allSatisfy { $0.host == "192.0.2.1" }, "an SRV record moved a peer's address")
+            }
+            precondition(table.size.items == keys.count
+                         && table.size.srvRecords <= keys.count * AvahiBrowseTable.maximumSRVRecordsPerItem,
+                         "the browse table grew past its bound: \(table.size)")
+        }
+    }
+
     /// Pairing (CPace) messages: as message 1 to a responder, as message 2 to an initiator, as message 3 to a
     /// responder that answered a real message 1. A wrong code must never verify.
     package static func pairing(_ input: [UInt8]) {
@@ -196,6 +231,10 @@ package enum FuzzEntryPoints {
                          datagram(.ping, sequence: 2, body: [0, 0, 0, 0, 0, 0, 0, 9], sealed: true),
                          datagram(.data, sequence: 3, body: [1, 2, 3], sealed: false)],
             "txt": [txtBytes],
+            // SRV data for host.local:7000 and :7001 coming, the first going (priority and weight 0).
+            "srv": [[0, 16, 0, 0, 0, 0, 0x1b, 0x58, 4] + Array("host".utf8) + [5] + Array("local".utf8) + [0],
+                    [1, 16, 0, 0, 0, 0, 0x1b, 0x59, 4] + Array("host".utf8) + [5] + Array("local".utf8) + [0]
+                        + [0x80, 16, 0, 0, 0, 0, 0x1b, 0x58, 4] + Array("host".utf8) + [5] + Array("local".utf8) + [0]],
             "pairing": [pairingFirst, Array(pairingFirst.dropLast(3))],
             "nearby": [NearbyConnectionData(peer: fixtures.responder, forIdentity: peer.identity, ticket: Array(0..<16),
                                             port: 7_000, addresses: ["192.168.1.2", "fe80::1%1", "127.0.0.1"]).encoded(),
