@@ -203,7 +203,7 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
         // Feedback: the device's clock against the arrivals' → the jitter estimate.
         deviceClock.notePull(frames: total, nowNanos: context.nowNanos)
         upstream.jitterBuffer.deviceClockPPM = deviceClock.ppm
-        if controls.held {
+        if holdsNow {
             hold(buffer.baseAddress!, frames: total)
         } else {
             if holding {
@@ -221,11 +221,15 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
         }
         drift.noteRendered(frames: total)
         let muted = controls.muted
-        output.process(buffer.baseAddress!, frames: total, target: muted ? 0 : controls.targetGain,
+        output.process(buffer.baseAddress!, frames: total, target: muted || controls.held ? 0 : controls.targetGain,
                        beeps: controls.beepCount, muted: muted)
         meter.measure(UnsafeBufferPointer(rebasing: buffer[0..<(total * channels)]), frames: total)
         publish(deviceDelayFrames: context.deviceDelayFrames)
     }
+
+    /// Whether the pull is held: a pause (or a talk that holds playback) first fades the audio out over the output
+    /// stage's ramp (10 ms), so that the silence never starts with a step, and playing again ramps up from it.
+    private var holdsNow: Bool { controls.held && output.gain == 0 }
 
     /// Held: silence out, and whatever arrives is dropped. On the first held pull the stream is forgotten (jitter
     /// buffer, concealer and drift controller start over), so that when the hold ends the first packet primes the
@@ -245,7 +249,7 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
     /// Whether the next `frames` frames can be rendered without concealing anything for lack of data: the packets
     /// that arrived are taken in first. Real-time safe (the sink's thread).
     public func isReady(frames: Int) -> Bool {
-        if controls.held { return true }
+        if holdsNow { return true }
         absorbPackets()
         return upstream.jitterBuffer.holdsNext(resampler.upstreamFramesNeeded(forOutput: min(frames, maximumBlockFrames)))
     }

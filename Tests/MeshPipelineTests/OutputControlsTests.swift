@@ -104,10 +104,24 @@ struct OutputControlsTests {
         sim.beforeRender = { j in controls.held = (500..<900).contains(j) }
         try sim.run(network: { k in (500..<900).contains(k) ? [] : [1_000_000] })
         let s = sim.pipeline.stats
-        #expect(s.heldFrames == 400 * 128)
+        // The pause fades the audio out over the gain ramp (441 frames: 4 blocks) before it holds.
+        let ramp = OutputStage(sampleRate: 44_100, channels: 1).rampFrames
+        let fadeBlocks = (ramp + 127) / 128
+        #expect(s.heldFrames == UInt64((400 - fadeBlocks) * 128))
         #expect(s.lostPackets == 0, "the packets not sent while paused are not loss")
-        // Silence exactly while held (after the first held block).
-        #expect(sim.output[(501 * 128)..<(900 * 128)].allSatisfy { $0 == 0 })
+        func rms(_ r: Range<Int>) -> Float { (sim.output[r].map { $0 * $0 }.reduce(0, +) / Float(r.count)).squareRoot() }
+        // No step into the silence: the first held block still sounds, and the fade falls to nothing.
+        let pause = 500 * 128
+        #expect(rms(pause..<(pause + 100)) > 0.2, "the pause starts with the audio, not with a step to silence")
+        #expect(rms((pause + ramp - 100)..<(pause + ramp)) < rms(pause..<(pause + 100)) / 4)
+        // Silence exactly from the fade's end while held.
+        #expect(sim.output[(pause + ramp)..<(900 * 128)].allSatisfy { $0 == 0 })
+        // Playing again ramps up from the silence: the first sound is quiet.
+        if let first = sim.output[(900 * 128)...].firstIndex(where: { $0 != 0 }) {
+            #expect(sim.output[first..<(first + 32)].allSatisfy { abs($0) < 0.1 }, "playing again starts with a step")
+        } else {
+            Issue.record("nothing played after the hold")
+        }
         // Concealment: only what starting a stream costs, not the pause.
         #expect(s.concealedFrames < 1024, "\(s.concealedFrames)")
         // Playing again, at the latency it had before: no backlog.
