@@ -47,7 +47,8 @@ package struct ChatOptions: CommandLineTool, Sendable, Equatable {
           Lines typed on stdin go to every member. Commands:
             /to NAME text    to one member          /who          the members connected now
             /send PATH       a file to every member (a progress bar on a terminal; the receivers print where it went)
-            /quit            leave (so does the end of input)
+            /quit            leave once the files being sent have gone (so do the end of input and Ctrl-C;
+                             a second Ctrl-C leaves at once)
           --accept MODE       paired (default): only members in the state directory's trust store; all: an open room
           --pair              in the room, open a pairing window: prints a code; a member that types it is paired
           --pair CODE         pair with the member showing CODE (both trust each other from then on), then exit

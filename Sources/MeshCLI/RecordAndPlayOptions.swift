@@ -361,9 +361,9 @@ package struct PlayOptions: CommandLineTool, Sendable, Equatable {
       --quiet             no status line or event lines (errors are still printed)
       --json              one JSON status object per second on stdout
       --help, --version
-      Keys on a terminal: p = pause/resume, m = mute, + / - = volume by 3 dB, c = capture a clip, space = talk
-      (with --talk-device or --talk-input). Off a terminal, stdin takes one command a line: pause, resume, mute, unmute, volume DB,
-      capture [begin|end|cancel] [secondary], talk on|off.
+      Keys on a terminal: p = pause/resume, m = mute, + / - = volume by 3 dB, c = capture a clip,
+      space = talk (with --talk-device or --talk-input). Off a terminal, stdin takes one command a line: pause,
+      resume, mute, unmute, volume DB, capture [begin|end|cancel] [secondary], talk on|off.
     """
 
     package init() {}
@@ -483,7 +483,6 @@ package enum SocketAddressCheck {
     }
 }
 
-/// Names for the further files of one `--output` (a host that changed format gets a new file, never a truncated one).
 /// `--latency auto|low|MS` (mesh-play, mesh-bench fanout): the jitter buffer's mode.
 package enum LatencyOption {
     package static func parse(_ v: String) throws(UsageError) -> JitterBuffer.Mode {
@@ -499,6 +498,7 @@ package enum LatencyOption {
     }
 }
 
+/// Names for the further files of one `--output` (a host that changed format gets a new file, never a truncated one).
 package enum OutputFiles {
     /// `dir/take.wav`, 2 → `dir/take-2.wav`; a name without an extension gets the number at its end.
     package static func numbered(_ path: String, _ n: Int) -> String {

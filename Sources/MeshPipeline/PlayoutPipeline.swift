@@ -203,7 +203,8 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
         // Feedback: the device's clock against the arrivals' → the jitter estimate.
         deviceClock.notePull(frames: total, nowNanos: context.nowNanos)
         upstream.jitterBuffer.deviceClockPPM = deviceClock.ppm
-        if holdsNow {
+        let held = controls.held
+        if held && holding {
             hold(buffer.baseAddress!, frames: total)
         } else {
             if holding {
@@ -218,29 +219,35 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
                 done += n
             }
             if total > 0 { resampler.noteLastOutput(buffer.baseAddress! + (total - 1) * channels) }
+            // The first held pull plays its block fading out, then the hold begins: the silence never starts with a
+            // step (a click). Playing again needs nothing of the kind: the concealer fades a new stream in.
+            if held { fadeOutAndHold(buffer.baseAddress!, frames: total) }
         }
         drift.noteRendered(frames: total)
         let muted = controls.muted
-        output.process(buffer.baseAddress!, frames: total, target: muted || controls.held ? 0 : controls.targetGain,
+        output.process(buffer.baseAddress!, frames: total, target: muted ? 0 : controls.targetGain,
                        beeps: controls.beepCount, muted: muted)
         meter.measure(UnsafeBufferPointer(rebasing: buffer[0..<(total * channels)]), frames: total)
         publish(deviceDelayFrames: context.deviceDelayFrames)
     }
 
-    /// Whether the pull is held: a pause (or a talk that holds playback) first fades the audio out over the output
-    /// stage's ramp (10 ms), so that the silence never starts with a step, and playing again ramps up from it.
-    private var holdsNow: Bool { controls.held && output.gain == 0 }
-
-    /// Held: silence out, and whatever arrives is dropped. On the first held pull the stream is forgotten (jitter
-    /// buffer, concealer and drift controller start over), so that when the hold ends the first packet primes the
-    /// buffer afresh at the live edge: no backlog and no burst, and the silence is neither loss nor concealment.
-    private func hold(_ out: UnsafeMutablePointer<Float>, frames: Int) {
-        if !holding {
-            holding = true
-            upstream.jitterBuffer.reset()
-            upstream.concealer.reset()
-            drift.reset()
+    /// The first held pull (a pause, or a talk that holds playback): its block, just rendered, fades linearly to
+    /// silence; then the stream is forgotten (jitter buffer, concealer and drift controller start over), so that
+    /// when the hold ends the first packet primes the buffer afresh at the live edge: no backlog and no burst.
+    private func fadeOutAndHold(_ out: UnsafeMutablePointer<Float>, frames: Int) {
+        for f in 0..<frames {
+            let gain = Float(frames - 1 - f) / Float(max(1, frames))
+            for c in 0..<channels { out[f * channels + c] *= gain }
         }
+        holding = true
+        upstream.jitterBuffer.reset()
+        upstream.concealer.reset()
+        drift.reset()
+    }
+
+    /// Held, after the first held pull: silence out, and whatever arrives is dropped; the silence is neither loss
+    /// nor concealment.
+    private func hold(_ out: UnsafeMutablePointer<Float>, frames: Int) {
         while let _ = packets.pop({ _, _ in }) {}
         out.update(repeating: 0, count: frames * channels)
         heldFrames &+= UInt64(frames)
@@ -249,7 +256,7 @@ public final class PlayoutRenderer: AudioRenderer, @unchecked Sendable {  // Mut
     /// Whether the next `frames` frames can be rendered without concealing anything for lack of data: the packets
     /// that arrived are taken in first. Real-time safe (the sink's thread).
     public func isReady(frames: Int) -> Bool {
-        if holdsNow { return true }
+        if controls.held && holding { return true }
         absorbPackets()
         return upstream.jitterBuffer.holdsNext(resampler.upstreamFramesNeeded(forOutput: min(frames, maximumBlockFrames)))
     }

@@ -248,13 +248,13 @@ final class Room: SessionDelegate, NearbyServiceAdvertiserDelegate, NearbyServic
         terminal.status("sending [\(String(repeating: "#", count: filled))\(String(repeating: ".", count: width - filled))] \(done * 100 / total)%")
     }
 
-    /// Waits (up to `seconds`) for the files being sent to finish.
     /// Files whose sending has not finished.
     var unfinishedSends: Int { state.withLock { s in s.sending.filter { !$0.isFinished }.count } }
 
+    /// Waits (up to `seconds`) for the files being sent to finish.
     func waitForSends(seconds: Double) {
         let deadline = MonotonicClock.nowNanos() + UInt64(seconds * 1e9)
-        while MonotonicClock.nowNanos() < deadline, state.withLock({ s in s.sending.contains { !$0.isFinished } }) {
+        while MonotonicClock.nowNanos() < deadline, unfinishedSends > 0 {
             usleep(20_000)
         }
     }
@@ -304,8 +304,8 @@ let leaving = Atomic<Bool>(false)
 /// Held by whichever thread ends the program (the input's at its end, a signal's): one exit, never two at once.
 let ending = Mutex(())
 
-/// Leaves the room (GOODBYE to every member) and exits: 0 after the files being sent have gone (10 minutes at the
-/// most), or at once, with 1 if any is left unfinished, when `waitingForSends` is false.
+/// Leaves the room (GOODBYE to every member) and exits, once the files being sent have gone (10 minutes at the most)
+/// or, when `waitingForSends` is false, at once: 0, or 1 if a file was not sent whole.
 func leave(waitingForSends: Bool = true) -> Never {
     if waitingForSends {
         leaving.store(true, ordering: .relaxed)

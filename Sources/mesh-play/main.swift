@@ -117,12 +117,20 @@ let makeSink: RelayPlayer.SinkFactory = { format, request in
     case .device(let name): return try Player(device: name, format: format, periodFrames: 128, bufferFrames: 256)
     case .file(let path, let encoding):
         guard request == .formatChange else { return try WAVFileSink(path: path, format: format, periodFrames: 128, encoding: encoding) }
-        var file = path
-        filesWritten.withLock { n in
-            repeat { n += 1; file = OutputFiles.numbered(path, n) } while OutputFiles.isTaken(file)
+        while true {
+            let file = filesWritten.withLock { n in
+                var file = path
+                repeat { n += 1; file = OutputFiles.numbered(path, n) } while OutputFiles.isTaken(file)
+                return file
+            }
+            do {
+                let sink = try WAVFileSink(path: file, format: format, periodFrames: 128, encoding: encoding, exclusive: true)
+                terminal.log("writing \(format) to \(file) (the host changed format; \(path) is kept as it was)")
+                return sink
+            } catch where OutputFiles.isTaken(file) {
+                continue  // something took the name meanwhile (the exclusive create refused it): the next number
+            }
         }
-        terminal.log("writing \(format) to \(file) (the host changed format; \(path) is kept as it was)")
-        return try WAVFileSink(path: file, format: format, periodFrames: 128, encoding: encoding, exclusive: true)
     }
 }
 

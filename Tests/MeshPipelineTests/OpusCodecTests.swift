@@ -239,7 +239,7 @@ struct OpusCodecTests {
     /// The player's sink reads its datagrams in batches into a 32-slot ring, and takes the ring in before it reads
     /// again. An Opus datagram after a gap fills a slot for each packet the decoder conceals, so a burst after a
     /// stall with gaps in it overflowed the ring when read 32 at a time; read `datagramsWithRoom` at a time, nothing.
-    @Test("A burst of Opus packets with 8 lost before each, read as the sink reads: batches of datagramsWithRoom overflow nothing, batches of 32 drop packets that arrived")
+    @Test("A burst of Opus packets with 8 lost before each, read as the sink reads: batches of readBatch overflow nothing, batches of 32 drop packets that arrived")
     func aBurstWithGapsReadAsTheSinkReadsFitsTheRing() throws {
         let all = try Self.tonePackets(seconds: 0.5)
         let burst = stride(from: 0, to: all.count, by: 1 + OpusSequence.maximumConcealedPackets).map { all[$0] }
@@ -259,7 +259,7 @@ struct OpusCodecTests {
             }
             return (ingress.counters.ringOverflows, stored, concealed)
         }
-        let paced = try run { max(1, min(32, $0.datagramsWithRoom)) }
+        let paced = try run { $0.readBatch(maximum: 32) }  // what the player's SessionPackets reads
         #expect(paced.overflows == 0)
         #expect(paced.stored == (burst.count - 1) * 9 + 1 && paced.concealed == (burst.count - 1) * 8,
                 "every packet that arrived, and the decoder's concealment of each gap")
@@ -274,6 +274,9 @@ struct OpusCodecTests {
                                          samples: [0, 0])
         #expect(pcm.withUnsafeBytes { ingress.receive($0, arrivalNanos: 0) } == .queued(frames: 2))
         #expect(ingress.datagramsWithRoom == 31)
+        #expect(ingress.readBatch(maximum: 32) == 31 && ingress.readBatch(maximum: 8) == 8)
+        for _ in 0..<31 { _ = pcm.withUnsafeBytes { ingress.receive($0, arrivalNanos: 0) } }
+        #expect(ingress.datagramsWithRoom == 0 && ingress.readBatch(maximum: 32) == 1, "a readable socket is read from")
     }
 
     @Test("A packet that does not decode, or not to its header's frame count, costs its own frames only: every later packet keeps its place")

@@ -276,6 +276,11 @@ struct RelayJitterBufferTests {
         #expect(abs(Double(primed * 128) - milliseconds * 44.1) <= 128 * 2)
         #expect(sim.played == (0..<sim.played.count).map { Float(1000 + $0) })
         #expect(sim.jb.snapshot.lostFrames == 0 && sim.jb.snapshot.skippedFrames == 0)
+        // However the configuration was made: the mode set after the defaults holds it too.
+        var configuration = JitterBuffer.Configuration()
+        configuration.mode = .fixed(milliseconds: milliseconds)
+        let later = JitterBuffer(format: .default, configuration: configuration)
+        #expect(later.capacityFrames == sim.jb.capacityFrames && Double(later.capacityFrames) >= milliseconds * 44.1)
     }
 
     @Test func lowModePinsToMinimum() {

@@ -253,6 +253,39 @@ struct RelayEndToEndTests {
         host.kill()
     }
 
+    /// A host that comes back in another format gets a new file: numbered, made only where nothing is (a link that
+    /// leads nowhere, planted at the next name, is neither followed nor replaced), and like every recording, 0600.
+    @Test("A host back at 48 kHz: the player writes OUT-3.wav (OUT-2.wav is a planted link, left alone), both files 0600")
+    func formatChangeWritesANewPrivateFile() throws {
+        let service = Rig.uniqueService()
+        let paired = try PairedStates(hostName: "fmt-host")
+        let dir = Rig.tempPath("fmt-\(service)")
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        let out = dir + "/out.wav", planted = dir + "/planted-target.wav"
+        #expect(symlink(planted, dir + "/out-2.wav") == 0)
+        var host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "fmt-host", "--service", service, "--input", "tone:440"])
+        let player = try CLIProcess("mesh-play", paired.playerArgs() + ["--find", "--service", service, "--output", out, "--duration", "15"])
+        #expect(eventually(10) { player.stderr.contains { $0.contains("joined fmt-host") } }, "\(player.stderr)")
+        usleep(500_000)
+        host.kill(SIGKILL)
+        #expect(eventually(4) { player.timeOfLine(containing: "went away") != nil }, "\(player.stderr)")
+        host = try CLIProcess("mesh-record", paired.hostArgs + ["--host", "--name", "fmt-host", "--service", service, "--input", "tone:440",
+                                                 "--rate", "48000"])
+        #expect(eventually(10) { player.stderr.contains { $0.contains("to \(dir)/out-3.wav (the host changed format") } }, "\(player.stderr)")
+        usleep(1_000_000)
+        player.signal(SIGINT)
+        _ = player.waitForExit(seconds: 10)
+        host.kill()
+        var info = stat()
+        #expect(lstat(dir + "/out-2.wav", &info) == 0 && (info.st_mode & S_IFMT) == S_IFLNK, "the planted link is still a link")
+        #expect(access(planted, F_OK) != 0, "nothing was written through the link")
+        for file in [out, dir + "/out-3.wav"] {
+            #expect(stat(file, &info) == 0 && info.st_mode & 0o777 == 0o600, "\(file) is \(String(info.st_mode & 0o777, radix: 8))")
+        }
+        let second = try SoundFiles.read(path: dir + "/out-3.wav")
+        #expect(second.format.sampleRate == 48_000 && !second.samples.isEmpty)
+    }
+
     @Test("A garbage datagram flood at the host's port does not stop the stream")
     func garbageFlood() throws {
         let service = Rig.uniqueService()

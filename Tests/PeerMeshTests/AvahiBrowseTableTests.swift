@@ -199,4 +199,24 @@ import Testing
             bad.withUnsafeBytes { #expect(AvahiCore.parseSRV($0) == nil, "\(bad)") }
         }
     }
+
+    /// The `srv` fuzz target starts from its seeds: each is records that parse, so the fuzzer starts inside the
+    /// table's code rather than at the parser's first refusal.
+    @Test("The srv fuzz seeds are whole records (op, length, data) whose data parses as host.local")
+    func srvFuzzSeedsParse() throws {
+        let seeds = try #require(FuzzEntryPoints.seeds()["srv"])
+        #expect(seeds.count == 2)
+        for seed in seeds {
+            var at = 0, records = 0
+            while at + 2 <= seed.count {
+                let end = at + 2 + Int(seed[at + 1])
+                try #require(end <= seed.count, "a record runs past its seed")
+                Array(seed[(at + 2)..<end]).withUnsafeBytes { #expect(AvahiCore.parseSRV($0)?.target == "host.local") }
+                at = end
+                records += 1
+            }
+            #expect(at == seed.count && records >= 1)
+            FuzzEntryPoints.srvRecords(seed)  // and the target takes it
+        }
+    }
 }

@@ -197,14 +197,21 @@ final class SoundFile: @unchecked Sendable {  // Used by one thread at a time: t
     /// place (`O_EXCL | O_NOFOLLOW`): for names the program chose, not the user.
     static func create(path: String, format: AudioFormat, encoding: SoundFileEncoding, exclusive: Bool = false,
                        wavDataLimitBytes: Int = wavDataLimitBytes) throws(SndfileError) -> SoundFile {
+        // Checked before the file is touched: a format libsndfile cannot write leaves an existing file as it was.
+        _ = try writer(for: format, encoding: encoding, path: path)
         let flags = O_WRONLY | O_CREAT | O_CLOEXEC | (exclusive ? O_EXCL | O_NOFOLLOW : O_TRUNC)
         var descriptor: Int32
         repeat { descriptor = Glibc.open(path, flags, 0o600) } while descriptor < 0 && errno == EINTR
         guard descriptor >= 0 else {
             throw SndfileError(path: path, operation: "create", message: reworded(String(cString: strerror(errno))))
         }
-        return try create(path: path, descriptor: descriptor, format: format, encoding: encoding,
-                          wavDataLimitBytes: wavDataLimitBytes)
+        do {
+            return try create(path: path, descriptor: descriptor, format: format, encoding: encoding,
+                              wavDataLimitBytes: wavDataLimitBytes)
+        } catch {
+            if exclusive { unlink(path) }  // made by this call, and left empty: not a file anyone wrote
+            throw error
+        }
     }
 
     /// Creates a sound file in `encoding` on `descriptor`, a new, empty file opened for writing (as sf_open opens one), which the
@@ -215,24 +222,30 @@ final class SoundFile: @unchecked Sendable {  // Used by one thread at a time: t
         try create(path: path, descriptor: descriptor, format: format, encoding: encoding, wavDataLimitBytes: wavDataLimitBytes)
     }
 
-    private static func create(path: String, descriptor: Int32?, format: AudioFormat, encoding: SoundFileEncoding,
-                               wavDataLimitBytes: Int) throws(SndfileError) -> SoundFile {
-        let lib: LibSndfile
-        do { lib = try LibSndfile.shared.get() } catch {
-            if let descriptor { Glibc.close(descriptor) }
-            throw error
-        }
+    /// libsndfile, and the `SF_INFO` that asks it for `format` in `encoding`, once it has said it can write them.
+    private static func writer(for format: AudioFormat, encoding: SoundFileEncoding,
+                               path: String) throws(SndfileError) -> (lib: LibSndfile, info: SF_INFO) {
+        let lib = try LibSndfile.shared.get()
         var info = SF_INFO()
         info.samplerate = Int32(format.sampleRate)
         info.channels = Int32(format.channels)
         info.format = encoding.sndfileFormat
         guard lib.formatCheck(&info) != 0 else {
-            if let descriptor { Glibc.close(descriptor) }
             throw SndfileError(path: path, operation: "create", message: "this libsndfile cannot write \(encoding) at \(format)")
         }
+        return (lib, info)
+    }
+
+    private static func create(path: String, descriptor: Int32, format: AudioFormat, encoding: SoundFileEncoding,
+                               wavDataLimitBytes: Int) throws(SndfileError) -> SoundFile {
+        let lib: LibSndfile
+        var info: SF_INFO
+        do { (lib, info) = try writer(for: format, encoding: encoding, path: path) } catch {
+            Glibc.close(descriptor)
+            throw error
+        }
         // sf_open_fd closes the descriptor with the file (SF_TRUE), and on failure too.
-        let opened = descriptor.map { lib.openDescriptor($0, Int32(SFM_WRITE), &info, Int32(SF_TRUE)) } ?? lib.open(path, Int32(SFM_WRITE), &info)
-        guard let file = opened else {
+        guard let file = lib.openDescriptor(descriptor, Int32(SFM_WRITE), &info, Int32(SF_TRUE)) else {
             throw SndfileError(path: path, operation: "create", message: reworded(LibSndfile.text(lib.strerror(nil))))
         }
         // RF64 is written as a plain WAV until the file passes 4 GiB (decided before the first write).

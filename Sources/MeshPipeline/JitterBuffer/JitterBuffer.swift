@@ -62,8 +62,8 @@ public struct JitterBuffer {
     public struct Configuration: Sendable, Equatable {
         /// How the target delay is chosen: from the measured jitter (`.auto`, the default), or fixed.
         public var mode: Mode = .auto
-        /// The most delay the buffer can hold; also bounds the target. 500 ms, or a `.fixed` delay's own when it is
-        /// longer (`init(mode:)`).
+        /// The most delay the buffer can hold; also bounds the target. A `.fixed` delay above it raises it to that
+        /// delay (a player asked for 2 s plays 2 s behind, not the 500 ms the ring would otherwise be cut to).
         public var maximumDelayMilliseconds: Double = 500
         /// Margin added to the structural minimum (render block + packet).
         public var safetyMilliseconds: Double = 0.5
@@ -75,11 +75,13 @@ public struct JitterBuffer {
         /// stall is concealed and does not raise the target, a step of the timeline starts the jitter window over
         /// (`.auto`; 0: every burst counts).
         public var stallSpacingSeconds: Double = 2.5
-        /// The defaults, in `mode`; a `.fixed` delay above the default maximum raises the maximum to hold it (a
-        /// player asked for 2 s plays 2 s behind, not the 500 ms the ring would otherwise be cut to).
-        public init(mode: Mode = .auto) {
-            self.mode = mode
-            if case .fixed(let ms) = mode, ms.isFinite { maximumDelayMilliseconds = max(maximumDelayMilliseconds, ms) }
+        /// The defaults, in `mode`.
+        public init(mode: Mode = .auto) { self.mode = mode }
+
+        /// `maximumDelayMilliseconds`, or the `.fixed` delay when that is longer.
+        var heldDelayMilliseconds: Double {
+            guard case .fixed(let ms) = mode, ms.isFinite else { return maximumDelayMilliseconds }
+            return max(maximumDelayMilliseconds, ms)
         }
     }
 
@@ -175,7 +177,7 @@ public struct JitterBuffer {
         self.format = format
         self.configuration = configuration
         rate = Double(format.sampleRate)
-        let capacity = max(4096, Int(rate * (configuration.maximumDelayMilliseconds / 1000 + 0.25)))
+        let capacity = max(4096, Int(rate * (configuration.heldDelayMilliseconds / 1000 + 0.25)))
         frames = FrameStore(channels: format.channels, capacityFrames: capacity)
         jitter = JitterEstimator(windowSeconds: configuration.jitterWindowSeconds,
                                  stallSpacingSeconds: configuration.stallSpacingSeconds)

@@ -113,6 +113,11 @@ public final class PacketIngress: Sendable {
         return pcm ? free : free / (1 + OpusSequence.maximumConcealedPackets)
     }
 
+    /// How many datagrams a reader on the producer's thread takes at once, `maximum` at the most: no more than
+    /// `datagramsWithRoom` (a burst after a stall is then taken in over a few reads, the ring emptied between them,
+    /// instead of overflowing it), and at least one, so that a readable socket is always read from.
+    public func readBatch(maximum: Int) -> Int { max(1, min(maximum, datagramsWithRoom)) }
+
     /// Producer side (one network thread): takes one datagram that arrived at `arrivalNanos` (receiver clock).
     @discardableResult
     public func receive(_ datagram: UnsafeRawBufferPointer, arrivalNanos: UInt64) -> Outcome {

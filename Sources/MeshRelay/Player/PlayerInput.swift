@@ -43,12 +43,11 @@ final class SessionPackets: PacketSource {
     /// before it reads again).
     static let batch = 32
 
-    /// Reads no more than the ring surely has room for (`PacketIngress.datagramsWithRoom`: an Opus datagram that
-    /// follows a gap takes a slot for each packet its decoder conceals), so that a burst after a stall is taken in a
-    /// few reads instead of overflowing the ring; at least one, so that a readable socket is always read from.
+    /// Reads no more than the ring surely has room for (`PacketIngress.readBatch`: an Opus datagram that follows a
+    /// gap takes a slot for each packet its decoder conceals).
     func read(into ingress: PacketIngress) {
         let arrivals = self.arrivals
-        reader.read(maximum: max(1, min(Self.batch, ingress.datagramsWithRoom))) { bytes, _ in
+        reader.read(maximum: ingress.readBatch(maximum: Self.batch)) { bytes, _ in
             let now = MonotonicClock.nowNanos()
             arrivals.note(ingress.receive(bytes, arrivalNanos: now), at: now)
         }

@@ -99,13 +99,6 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
     /// Whether the listener's latest talk command was "on" (the control queue's; an atomic for `Sendable`).
     private let talkWanted = Atomic<Bool>(false)
 
-    /// - Parameters:
-    ///   - log: one human-readable line per event.
-    ///   - onGiveUp: called once, with the reason, when joining cannot succeed (direct connects exhausted before
-    ///     the first join, not paired, declined, a name that does not resolve before the first join) or playing
-    ///     cannot go on (the output device failed or stopped taking audio, the output file could not be written);
-    ///     the reason is not also logged. It, `log` and `makeSink` run on the player's control queue; they may call
-    ///     `stop()`.
     /// The format push-to-talk travels in: what a host's talkback plays (`RelayHost.Configuration.talk`).
     public static let talkFormat = AudioFormat.default
 
@@ -118,6 +111,15 @@ public final class RelayPlayer: SessionDelegate, NearbyServiceBrowserDelegate, S
         }
     }
 
+    /// Throws `TalkFormatError` for a talk source in another format than `talkFormat`, or what making the session
+    /// throws.
+    /// - Parameters:
+    ///   - log: one human-readable line per event.
+    ///   - onGiveUp: called once, with the reason, when joining cannot succeed (direct connects exhausted before
+    ///     the first join, not paired, declined, a name that does not resolve before the first join) or playing
+    ///     cannot go on (the output device failed or stopped taking audio, the output file could not be written);
+    ///     the reason is not also logged. It, `log` and `makeSink` run on the player's control queue; they may call
+    ///     `stop()`.
     public init(configuration: Configuration, makeSink: @escaping SinkFactory,
                 log: @escaping @Sendable (String) -> Void = { _ in },
                 onGiveUp: @escaping @Sendable (String) -> Void = { _ in }) throws {

@@ -224,6 +224,12 @@ package enum FuzzEntryPoints {
         var txtBytes = [UInt8(16)] + Array(peer.identityString.utf8)
         for t in txt { let b = Array(t.utf8.prefix(255)); txtBytes += [UInt8(b.count)] + b }
         let pairingFirst = Pairing.Initiator(code: "1234-5678", binding: fixtures.binding).firstMessage
+        /// One record of the `srv` target: `op`, the data's length, then the SRV data naming host.local:`port`.
+        func srv(_ op: UInt8, port: UInt16) -> [UInt8] {
+            let data: [UInt8] = [0, 0, 0, 0, UInt8(port >> 8), UInt8(port & 0xff), 4] + Array("host".utf8) + [5]
+                + Array("local".utf8) + [0]
+            return [op, UInt8(data.count)] + data
+        }
         return [
             "frames": [[0] + stream, [3] + stream, [255] + frames[1].encoded()],
             "channel": [[255] + handshake, [7] + handshake, [255] + SecureChannel.preamble(0) + frames[0].encoded()],
@@ -231,10 +237,9 @@ package enum FuzzEntryPoints {
                          datagram(.ping, sequence: 2, body: [0, 0, 0, 0, 0, 0, 0, 9], sealed: true),
                          datagram(.data, sequence: 3, body: [1, 2, 3], sealed: false)],
             "txt": [txtBytes],
-            // SRV data for host.local:7000 and :7001 coming, the first going (priority and weight 0).
-            "srv": [[0, 16, 0, 0, 0, 0, 0x1b, 0x58, 4] + Array("host".utf8) + [5] + Array("local".utf8) + [0],
-                    [1, 16, 0, 0, 0, 0, 0x1b, 0x59, 4] + Array("host".utf8) + [5] + Array("local".utf8) + [0]
-                        + [0x80, 16, 0, 0, 0, 0, 0x1b, 0x58, 4] + Array("host".utf8) + [5] + Array("local".utf8) + [0]],
+            // SRV data (priority and weight 0, a port, host.local): :7000 coming for the first item; then :7000 and
+            // :7001 coming for the second, and :7000 going.
+            "srv": [srv(0, port: 7_000), srv(1, port: 7_000) + srv(1, port: 7_001) + srv(0x81, port: 7_000)],
             "pairing": [pairingFirst, Array(pairingFirst.dropLast(3))],
             "nearby": [NearbyConnectionData(peer: fixtures.responder, forIdentity: peer.identity, ticket: Array(0..<16),
                                             port: 7_000, addresses: ["192.168.1.2", "fe80::1%1", "127.0.0.1"]).encoded(),
