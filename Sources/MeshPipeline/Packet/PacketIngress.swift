@@ -108,8 +108,8 @@ public final class PacketIngress: Sendable {
     /// arrived to a ring it filled itself.
     public var datagramsWithRoom: Int {
         let free = max(0, ring.capacity - ring.count)
-        let pcm = latestEncoding.load(ordering: .relaxed) != 0
-            && latestEncoding.load(ordering: .relaxed) != SampleEncoding.opus.rawValue
+        let encoding = latestEncoding.load(ordering: .relaxed)
+        let pcm = encoding != 0 && encoding != SampleEncoding.opus.rawValue
         return pcm ? free : free / (1 + OpusSequence.maximumConcealedPackets)
     }
 
