@@ -11,6 +11,14 @@ struct AvahiRigDirectoryTests {
     static let rigScript = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
         .appendingPathComponent("../../scripts/lib/avahi-rig.sh").standardized.path
 
+    /// A new directory of root's, 0700, in TMPDIR (the caller removes it).
+    func freshDirectory() throws -> URL {
+        let base = FileManager.default.temporaryDirectory.appendingPathComponent("pm-rigdir-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
+        try FileManager.default.createDirectory(at: base, withIntermediateDirectories: false,
+                                                attributes: [.posixPermissions: 0o700])
+        return base
+    }
+
     /// `avahi_rig_FUNCTION DIR` in bash, with its status and standard error.
     func rig(_ function: String, _ dir: String) throws -> (status: Int32, error: String) {
         let (status, error) = try AvahiRig.run("/bin/bash", ["-c", "source \"$0\"; avahi_rig_\(function) \"$1\"",
@@ -20,8 +28,7 @@ struct AvahiRigDirectoryTests {
 
     @Test("A directory of nobody's holding a planted avahi-ctl and a pid file: stop runs and kills nothing, start adds nothing")
     func foreignDirectory() throws {
-        let base = FileManager.default.temporaryDirectory.appendingPathComponent("pm-rigdir-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
-        try FileManager.default.createDirectory(at: base, withIntermediateDirectories: false)
+        let base = try freshDirectory()
         defer { try? FileManager.default.removeItem(at: base) }
         let foreign = base.appendingPathComponent("rig").path
         let marker = base.appendingPathComponent("ran").path
@@ -59,9 +66,7 @@ struct AvahiRigDirectoryTests {
 
     @Test("A link to a directory of root's is refused; stop where there is no directory does nothing")
     func linkAndMissing() throws {
-        let base = FileManager.default.temporaryDirectory.appendingPathComponent("pm-rigdir-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
-        try FileManager.default.createDirectory(at: base, withIntermediateDirectories: false,
-                                                attributes: [.posixPermissions: 0o700])
+        let base = try freshDirectory()
         defer { try? FileManager.default.removeItem(at: base) }
         let link = base.appendingPathComponent("link").path
         try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: base.path)
